@@ -1,0 +1,39 @@
+"""Errors that fw raises for user mistakes.
+
+The CLI prints an ``FwError`` as one line (``fw: error: ...``) with no traceback and exits
+with ``exit_code``; anything else (an error in user code) keeps its traceback.
+"""
+
+from __future__ import annotations
+
+
+class FwError(Exception):
+    """Base of every error that is the user's to fix; the message says how."""
+
+    exit_code = 1
+
+
+class ConfigError(FwError):
+    """A recipe, an override or a Trainer argument is wrong."""
+
+    exit_code = 2
+
+
+class DistributedSetupError(FwError):
+    """The distributed job cannot be set up (launcher, rendezvous, interface, backend)."""
+
+    exit_code = 1
+
+
+class CheckpointError(FwError):
+    """A checkpoint cannot be read; the file is left as it is."""
+
+    exit_code = 1
+
+
+def did_you_mean(name: str, known) -> str:
+    """Return ``" (did you mean 'x'?)"`` for the closest of ``known``, or ``""``."""
+    import difflib
+
+    close = difflib.get_close_matches(str(name), [str(k) for k in known], n=1, cutoff=0.6)
+    return f" (did you mean '{close[0]}'?)" if close else ""
