@@ -1,0 +1,34 @@
+"""fw: a PyTorch training framework. ``import framework as fw``.
+
+The public names are loaded on first use, so ``import framework`` stays light (no TensorBoard,
+rich or scikit-learn until a part that needs them runs).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+_EXPORTS = {
+    "TrainModule": "framework.module",
+    "DataModule": "framework.data",
+    "Trainer": "framework.trainer",
+    "Callback": "framework.callbacks.base",
+    "seed_everything": "framework.seed",
+    "ConfigError": "framework.errors",
+    "DistributedSetupError": "framework.errors",
+    "CheckpointError": "framework.errors",
+    "rank_zero_only": "framework.rank_zero",
+}
+
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'framework' has no attribute '{name}'")

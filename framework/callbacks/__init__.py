@@ -1,0 +1,14 @@
+"""Callbacks: checkpointing, early stopping, learning-rate and throughput logging, progress.
+
+None of these modules imports rich or tensorboard at import time.
+"""
+
+from framework.callbacks.base import Callback
+from framework.callbacks.early_stopping import EarlyStopping
+from framework.callbacks.lr_monitor import LearningRateMonitor
+from framework.callbacks.model_checkpoint import ModelCheckpoint
+from framework.callbacks.progress import RichProgressBar
+from framework.callbacks.throughput import ThroughputMonitor
+
+__all__ = ["Callback", "EarlyStopping", "LearningRateMonitor", "ModelCheckpoint", "RichProgressBar",
+           "ThroughputMonitor"]

@@ -1,0 +1,156 @@
+"""Stop training when a monitored metric stops improving.
+
+The check runs after each validation run of ``fit`` (never during the sanity check). In epochs
+where no validation ran, it runs at the end of the training epoch instead, so a training metric
+can be monitored in a run without validation. The decision is reduced across ranks (any rank
+that wants to stop stops all), and training stops by setting ``trainer.should_stop``.
+"""
+
+from __future__ import annotations
+
+import math
+
+from framework.callbacks.base import Callback
+from framework.errors import ConfigError, did_you_mean
+from framework.rank_zero import rank_zero_print, rank_zero_warn
+
+
+class EarlyStopping(Callback):
+    """Stop when ``monitor`` has not improved by more than ``min_delta`` for ``patience`` checks.
+
+    Args:
+        monitor: Key of ``trainer.callback_metrics`` to watch, e.g. ``"val/loss"``.
+        mode: ``"min"`` or ``"max"``: which way is better.
+        patience: How many checks without improvement to allow before stopping.
+        min_delta: An improvement smaller than this does not count.
+        check_on_train_epoch_end: ``True``: check only at the end of each training epoch;
+            ``False``: only after validation; ``None`` (default): after validation, and at the
+            end of training epochs in which no validation ran.
+        strict: Raise if ``monitor`` is missing when checked after validation (or at train
+            epoch end when ``check_on_train_epoch_end=True``); otherwise warn and skip.
+        verbose: Print why the best score changed or training stopped.
+        stopping_threshold: Stop as soon as the metric is better than this.
+        divergence_threshold: Stop as soon as the metric is worse than this.
+        check_finite: Stop when the metric becomes NaN or infinite.
+
+    Raises:
+        ConfigError: On an invalid ``mode`` or ``patience``, and (``strict``) a missing metric.
+    """
+
+    def __init__(self, monitor: str, mode: str = "min", patience: int = 3, min_delta: float = 0.0,
+                 check_on_train_epoch_end: bool | None = None, strict: bool = True, verbose: bool = False,
+                 stopping_threshold: float | None = None, divergence_threshold: float | None = None,
+                 check_finite: bool = True) -> None:
+        if mode not in ("min", "max"):
+            raise ConfigError(f"EarlyStopping(mode={mode!r}) must be 'min' or 'max'{did_you_mean(mode, ['min', 'max'])}")
+        if not isinstance(patience, int) or patience < 0:
+            raise ConfigError(f"EarlyStopping(patience={patience!r}) must be an int >= 0")
+        self.monitor = monitor
+        self.mode = mode
+        self.patience = patience
+        self.min_delta = abs(float(min_delta))
+        self.check_on_train_epoch_end = check_on_train_epoch_end
+        self.strict = strict
+        self.verbose = verbose
+        self.stopping_threshold = stopping_threshold
+        self.divergence_threshold = divergence_threshold
+        self.check_finite = check_finite
+
+        self.wait_count = 0
+        self.stopped_epoch = 0
+        self.best_score = math.inf if mode == "min" else -math.inf
+        self._fitting = False
+        self._validated_this_epoch = False
+        self._warned_missing = False
+
+    @property
+    def state_key(self) -> str:
+        return f"EarlyStopping{{'monitor': {self.monitor!r}, 'mode': {self.mode!r}}}"
+
+    def _better(self, a: float, b: float) -> bool:
+        return a < b if self.mode == "min" else a > b
+
+    # -- hooks ----------------------------------------------------------------------------
+    def on_fit_start(self, trainer, module) -> None:
+        self._fitting = True
+
+    def on_fit_end(self, trainer, module) -> None:
+        self._fitting = False
+
+    def on_exception(self, trainer, module, exception: BaseException) -> None:
+        self._fitting = False
+
+    def on_train_epoch_start(self, trainer, module) -> None:
+        self._validated_this_epoch = False
+
+    def on_validation_end(self, trainer, module) -> None:
+        # Not during the sanity check, nor in a stand-alone trainer.validate().
+        if trainer.sanity_checking or not self._fitting:
+            return
+        self._validated_this_epoch = True
+        if self.check_on_train_epoch_end is not True:
+            self._run_check(trainer, strict=self.strict)
+
+    def on_train_epoch_end(self, trainer, module) -> None:
+        if self.check_on_train_epoch_end is True:
+            self._run_check(trainer, strict=self.strict)
+        elif self.check_on_train_epoch_end is None and not self._validated_this_epoch:
+            # In an epoch without validation a validation metric may legitimately be missing.
+            self._run_check(trainer, strict=False)
+
+    # -- the check ------------------------------------------------------------------------
+    def _run_check(self, trainer, strict: bool) -> None:
+        value = trainer.callback_metrics.get(self.monitor)
+        if value is None:
+            self._missing_monitor(trainer, strict)
+            return
+        current = float(value.item() if hasattr(value, "item") else value)
+        should_stop, reason = self._evaluate(current)
+        should_stop = trainer.strategy.reduce_boolean_decision(should_stop, all=False)
+        trainer.should_stop = trainer.should_stop or should_stop
+        if should_stop:
+            self.stopped_epoch = trainer.current_epoch
+        if reason and self.verbose:
+            rank_zero_print(f"EarlyStopping: {reason}")
+
+    def _evaluate(self, current: float) -> tuple[bool, str | None]:
+        """Update ``best_score``/``wait_count`` with ``current``; return (stop?, why)."""
+        name = self.monitor
+        if self.check_finite and not math.isfinite(current):
+            return True, f"{name} = {current} is not finite (best was {self.best_score:.4g}); stopping."
+        if self.stopping_threshold is not None and self._better(current, self.stopping_threshold):
+            return True, f"{name} = {current:.4g} reached stopping_threshold={self.stopping_threshold}; stopping."
+        if self.divergence_threshold is not None and self._better(self.divergence_threshold, current):
+            return True, f"{name} = {current:.4g} passed divergence_threshold={self.divergence_threshold}; stopping."
+        delta = -self.min_delta if self.mode == "min" else self.min_delta
+        if self._better(current - delta, self.best_score):
+            improvement = (f"improved by {abs(current - self.best_score):.4g}"
+                           if math.isfinite(self.best_score) else "first value")
+            self.best_score, self.wait_count = current, 0
+            return False, f"{name} {improvement}: new best {current:.4g}."
+        self.wait_count += 1
+        if self.wait_count >= self.patience:
+            return True, (f"{name} did not improve by more than {self.min_delta} for {self.wait_count} checks; "
+                          f"best {self.best_score:.4g}; stopping.")
+        return False, None
+
+    def _missing_monitor(self, trainer, strict: bool) -> None:
+        available = sorted(trainer.callback_metrics)
+        message = (f"EarlyStopping(monitor={self.monitor!r}) found no metric {self.monitor!r} in "
+                   f"trainer.callback_metrics{did_you_mean(self.monitor, available)}; available: {available}. "
+                   f"HINT: log it with self.log({self.monitor!r}, value), or pass strict=False.")
+        if strict:
+            raise ConfigError(message)
+        if not self._warned_missing:
+            self._warned_missing = True
+            rank_zero_warn(message)
+
+    # -- state ----------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        return {"wait_count": self.wait_count, "stopped_epoch": self.stopped_epoch,
+                "best_score": self.best_score}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.wait_count = state["wait_count"]
+        self.stopped_epoch = state["stopped_epoch"]
+        self.best_score = float(state["best_score"])

@@ -1,0 +1,114 @@
+"""Log the learning rate (and optionally the momentum) of every optimizer.
+
+Names: ``lr-<OptimizerClass>`` or the scheduler config's ``name``; with several parameter
+groups ``/pg1``, ``/pg2``... (or a group's own ``"name"``); a repeated name gets ``-1``, ``-2``.
+Momentum is logged as ``<name>-momentum`` (SGD's ``momentum``, or ``betas[0]`` for Adam-likes).
+
+With ``logging_interval=None`` each scheduler is logged at its own interval (every optimizer
+step for ``interval="step"``, every epoch otherwise) and optimizers without a scheduler once per
+epoch; ``"step"`` or ``"epoch"`` logs all of them at that interval. Step logs honour
+``trainer.log_every_n_steps`` when the Trainer has it.
+
+Values go to ``trainer.log_metrics`` (which writes on rank 0 only) and into
+``trainer.callback_metrics`` on every rank. No collective is involved.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from framework.callbacks.base import Callback
+from framework.errors import ConfigError, did_you_mean
+from framework.rank_zero import rank_zero_warn
+
+_INTERVALS = ("step", "epoch")
+
+
+class LearningRateMonitor(Callback):
+    """Log learning rates through the Trainer's loggers.
+
+    Args:
+        logging_interval: ``None`` (each scheduler at its own interval), ``"step"`` or ``"epoch"``.
+        log_momentum: Also log the momentum of each parameter group.
+
+    Raises:
+        ConfigError: On an unknown ``logging_interval``.
+    """
+
+    def __init__(self, logging_interval: str | None = None, log_momentum: bool = False) -> None:
+        if logging_interval not in (None, *_INTERVALS):
+            raise ConfigError(f"LearningRateMonitor(logging_interval={logging_interval!r}) must be None, "
+                              f"'step' or 'epoch'{did_you_mean(logging_interval, _INTERVALS)}")
+        self.logging_interval = logging_interval
+        self.log_momentum = log_momentum
+        # (name, optimizer, interval) per optimizer; resolved in on_train_start.
+        self._tracked: list[tuple[str, torch.optim.Optimizer, str]] = []
+        self._last_step_logged = -1
+
+    def on_train_start(self, trainer, module) -> None:
+        if not trainer.loggers:
+            rank_zero_warn("LearningRateMonitor: the Trainer has no logger; learning rates only reach "
+                           "trainer.callback_metrics.")
+        self._tracked = []
+        used: dict[str, int] = {}
+        scheduled = set()
+        for config in trainer.lr_scheduler_configs:
+            optimizer = config.scheduler.optimizer
+            scheduled.add(id(optimizer))
+            name = config.name or f"lr-{type(optimizer).__name__}"
+            self._tracked.append((self._unique(name, used), optimizer, config.interval))
+        for optimizer in trainer.optimizers:
+            if id(optimizer) not in scheduled:
+                name = f"lr-{type(optimizer).__name__}"
+                self._tracked.append((self._unique(name, used), optimizer, "epoch"))
+
+    @staticmethod
+    def _unique(name: str, used: dict[str, int]) -> str:
+        count = used.get(name, 0)
+        used[name] = count + 1
+        return name if count == 0 else f"{name}-{count}"
+
+    def on_train_batch_start(self, trainer, module, batch: Any, batch_idx: int) -> None:
+        if self.logging_interval == "epoch":
+            return
+        step = trainer.global_step
+        # Several batches share a global_step under gradient accumulation: log once.
+        if step == self._last_step_logged or step % max(1, getattr(trainer, "log_every_n_steps", 1)) != 0:
+            return
+        self._last_step_logged = step
+        self._log(trainer, interval=None if self.logging_interval == "step" else "step")
+
+    def on_train_epoch_start(self, trainer, module) -> None:
+        if self.logging_interval == "step":
+            return
+        self._log(trainer, interval=None if self.logging_interval == "epoch" else "epoch")
+
+    def _log(self, trainer, interval: str | None) -> None:
+        """Log the tracked optimizers whose interval is ``interval`` (all of them if ``None``)."""
+        stats = self.extract_stats(interval)
+        if not stats:
+            return
+        trainer.callback_metrics.update({k: torch.tensor(v) for k, v in stats.items()})
+        trainer.log_metrics(stats, step=trainer.global_step)
+
+    def extract_stats(self, interval: str | None = None) -> dict[str, float]:
+        """Current learning rates (and momenta) by logged name."""
+        stats: dict[str, float] = {}
+        for name, optimizer, opt_interval in self._tracked:
+            if interval is not None and opt_interval != interval:
+                continue
+            groups = optimizer.param_groups
+            for i, group in enumerate(groups):
+                key = name if len(groups) == 1 else f"{name}/{group.get('name', f'pg{i + 1}')}"
+                stats[key] = float(group["lr"])
+                if self.log_momentum:
+                    stats[f"{key}-momentum"] = _momentum(group)
+        return stats
+
+
+def _momentum(group: dict) -> float:
+    if "betas" in group:
+        return float(group["betas"][0])
+    return float(group.get("momentum", 0.0))

@@ -1,0 +1,322 @@
+"""Save checkpoints during training: the best ``k`` by a monitored metric, and/or the last one.
+
+Semantics follow Lightning's ``ModelCheckpoint``:
+
+* By default a checkpoint is saved at the end of every training epoch (after that epoch's
+  validation, so validation metrics can be monitored); ``every_n_epochs``,
+  ``every_n_train_steps`` and ``save_on_train_epoch_end`` change when.
+* ``filename`` is a template: ``"{epoch}-{val/acc:.3f}"`` gives ``epoch=3-val_acc=0.951.ckpt``
+  ("/" in metric names becomes "_"). A name that already exists on disk gets ``-v1``, ``-v2``.
+* ``save_top_k`` keeps the ``k`` best files by ``monitor`` (-1 keeps all, 0 none); without a
+  monitor, ``save_top_k=1`` keeps only the latest. ``save_last`` also keeps ``last.ckpt``.
+
+Distributed runs: every rank takes the same decision (the Trainer syncs metrics, and the
+decision is reduced once more), every rank calls ``trainer.save_checkpoint`` (it gathers
+state, then rank 0 writes), and only rank 0 deletes files.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from typing import Any
+
+from framework.callbacks.base import Callback
+from framework.errors import ConfigError, did_you_mean
+from framework.rank_zero import rank_zero_warn
+
+
+class ModelCheckpoint(Callback):
+    """Save checkpoints of the run, keeping the best ``save_top_k`` by ``monitor``.
+
+    Args:
+        dirpath: Folder for the checkpoints; default ``<trainer.log_dir>/checkpoints``, or
+            ``<default_root_dir>/checkpoints`` without a logger.
+        filename: Name template without extension, default ``"{epoch}-{step}"``.
+        monitor: Key of ``trainer.callback_metrics`` to rank checkpoints by; ``None`` ranks by
+            recency.
+        mode: ``"min"`` or ``"max"``: which way is better for ``monitor``.
+        save_top_k: How many of the best checkpoints to keep; -1 all, 0 none.
+        save_last: Also write ``last.ckpt`` at every save point.
+        every_n_epochs: Save every this many epochs (default 1 unless ``every_n_train_steps``
+            is given).
+        every_n_train_steps: Save every this many optimizer steps (0 or ``None``: never).
+        save_on_train_epoch_end: Save epoch checkpoints at the end of the training epoch
+            (default), or, if ``False``, at the end of each validation run.
+        auto_insert_metric_name: ``"{epoch}"`` -> ``"epoch=3"`` rather than ``"3"``.
+
+    Raises:
+        ConfigError: On an invalid ``mode``, ``save_top_k`` or interval, and when ``monitor``
+            is missing from ``trainer.callback_metrics`` once validation has run.
+    """
+
+    CHECKPOINT_JOIN_CHAR = "-"
+    CHECKPOINT_EQUALS_CHAR = "="
+    CHECKPOINT_NAME_LAST = "last"
+    FILE_EXTENSION = ".ckpt"
+    STARTING_VERSION = 1
+
+    def __init__(self, dirpath: str | os.PathLike | None = None, filename: str | None = None,
+                 monitor: str | None = None, mode: str = "min", save_top_k: int = 1,
+                 save_last: bool | None = None, every_n_epochs: int | None = None,
+                 every_n_train_steps: int | None = None, save_on_train_epoch_end: bool | None = None,
+                 auto_insert_metric_name: bool = True) -> None:
+        if mode not in ("min", "max"):
+            raise ConfigError(f"ModelCheckpoint(mode={mode!r}) must be 'min' or 'max'{did_you_mean(mode, ['min', 'max'])}")
+        if not isinstance(save_top_k, int) or save_top_k < -1:
+            raise ConfigError(f"ModelCheckpoint(save_top_k={save_top_k!r}) must be an int >= -1 (-1 keeps all)")
+        if monitor is None and save_top_k not in (-1, 0, 1):
+            raise ConfigError(f"ModelCheckpoint(save_top_k={save_top_k}) needs a monitor to rank checkpoints by. "
+                              "HINT: set monitor='val/loss' (or save_top_k to -1, 0 or 1).")
+        for arg, value in (("every_n_epochs", every_n_epochs), ("every_n_train_steps", every_n_train_steps)):
+            if value is not None and (not isinstance(value, int) or value < 0):
+                raise ConfigError(f"ModelCheckpoint({arg}={value!r}) must be an int >= 0")
+
+        self._dirpath_given = dirpath is not None
+        self.dirpath: str | None = None
+        if dirpath is not None:
+            self.dirpath = os.path.realpath(os.path.expanduser(os.fspath(dirpath)))
+        self.filename = filename
+        self.monitor = monitor
+        self.mode = mode
+        self.save_top_k = save_top_k
+        self.save_last = save_last
+        if every_n_epochs is None and every_n_train_steps is None:
+            every_n_epochs, every_n_train_steps = 1, 0
+        self.every_n_epochs = every_n_epochs or 0
+        self.every_n_train_steps = every_n_train_steps or 0
+        self.save_on_train_epoch_end = True if save_on_train_epoch_end is None else save_on_train_epoch_end
+        self.auto_insert_metric_name = auto_insert_metric_name
+
+        # Bookkeeping, saved in checkpoints so that a resumed run carries on with it.
+        self.best_k_models: dict[str, float] = {}
+        self.kth_best_model_path = ""
+        self.kth_value: float | None = None
+        self.best_model_path = ""
+        self.best_model_score: float | None = None
+        self.last_model_path = ""
+        self._last_global_step_saved = 0  # also: never save an untrained model at step 0
+        self._fitting = False
+        self._validation_has_run = False
+        self._warned_missing = False
+
+    @property
+    def state_key(self) -> str:
+        # Several ModelCheckpoints in one Trainer must not overwrite each other's state.
+        return (f"ModelCheckpoint{{'monitor': {self.monitor!r}, 'mode': {self.mode!r}, "
+                f"'every_n_train_steps': {self.every_n_train_steps}, 'every_n_epochs': {self.every_n_epochs}}}")
+
+    # -- hooks ----------------------------------------------------------------------------
+    def setup(self, trainer, module, stage: str) -> None:
+        self._fitting = stage == "fit"
+        if self.dirpath is None:
+            root = trainer.log_dir or trainer.default_root_dir
+            # Every rank must write to and prune the same folder: take rank 0's.
+            self.dirpath = trainer.strategy.broadcast(os.path.realpath(os.path.join(root, "checkpoints")))
+
+    def on_validation_end(self, trainer, module) -> None:
+        if trainer.sanity_checking or not self._fitting:
+            return
+        self._validation_has_run = True
+        if not self.save_on_train_epoch_end and not self._skip(trainer):
+            self._save_epoch_checkpoints(trainer)
+
+    def on_train_epoch_end(self, trainer, module) -> None:
+        if self.save_on_train_epoch_end and not self._skip(trainer):
+            self._save_epoch_checkpoints(trainer)
+
+    def on_train_batch_end(self, trainer, module, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if self.every_n_train_steps < 1 or trainer.global_step % self.every_n_train_steps != 0:
+            return
+        if self._skip(trainer):
+            return
+        candidates = self._monitor_candidates(trainer)
+        self._save_topk_checkpoint(trainer, candidates)
+        self._save_last_checkpoint(trainer, candidates)
+
+    # -- when -----------------------------------------------------------------------------
+    def _skip(self, trainer) -> bool:
+        # With gradient accumulation several batches share one global_step: save once.
+        return trainer.sanity_checking or self._last_global_step_saved == trainer.global_step
+
+    def _save_epoch_checkpoints(self, trainer) -> None:
+        candidates = self._monitor_candidates(trainer)
+        if self.every_n_epochs >= 1 and (trainer.current_epoch + 1) % self.every_n_epochs == 0:
+            self._save_topk_checkpoint(trainer, candidates)
+        self._save_last_checkpoint(trainer, candidates)
+
+    def _monitor_candidates(self, trainer) -> dict[str, float]:
+        candidates: dict[str, float] = {}
+        for key, value in trainer.callback_metrics.items():
+            try:
+                candidates[key] = float(value.item() if hasattr(value, "item") else value)
+            except (TypeError, ValueError, RuntimeError):
+                continue  # not a scalar: cannot be monitored or formatted
+        candidates["epoch"] = trainer.current_epoch
+        candidates["step"] = trainer.global_step
+        return candidates
+
+    # -- top-k ----------------------------------------------------------------------------
+    def _save_topk_checkpoint(self, trainer, candidates: dict[str, float]) -> None:
+        if self.save_top_k == 0:
+            return
+        if self.monitor is None:
+            self._save_none_monitor_checkpoint(trainer, candidates)
+            return
+        current = candidates.get(self.monitor)
+        if current is None:
+            self._missing_monitor(trainer)
+            return
+        if math.isnan(current):  # a NaN is never "better"; store it as the worst value
+            current = math.inf if self.mode == "min" else -math.inf
+        decision = self.check_monitor_top_k(current)
+        # Metrics are synced already; reducing makes divergence between ranks impossible.
+        if trainer.strategy.reduce_boolean_decision(decision, all=True):
+            self._update_best_and_save(current, trainer, candidates)
+
+    def check_monitor_top_k(self, current: float) -> bool:
+        """Would a checkpoint scoring ``current`` enter the top ``save_top_k``?"""
+        if self.save_top_k == -1 or len(self.best_k_models) < self.save_top_k:
+            return True
+        kth = self.best_k_models[self.kth_best_model_path]
+        return current < kth if self.mode == "min" else current > kth
+
+    def _update_best_and_save(self, current: float, trainer, candidates: dict[str, float]) -> None:
+        k = len(self.best_k_models) + 1 if self.save_top_k == -1 else self.save_top_k
+        del_filepath = None
+        if len(self.best_k_models) == k and k > 0:
+            del_filepath = self.kth_best_model_path
+            self.best_k_models.pop(del_filepath)
+
+        filepath = self._unused_filepath(trainer, candidates, reuse=del_filepath)
+        self.best_k_models[filepath] = current
+        worst, best = (max, min) if self.mode == "min" else (min, max)
+        if len(self.best_k_models) == k:
+            self.kth_best_model_path = worst(self.best_k_models, key=self.best_k_models.get)
+            self.kth_value = self.best_k_models[self.kth_best_model_path]
+        self.best_model_path = best(self.best_k_models, key=self.best_k_models.get)
+        self.best_model_score = self.best_k_models[self.best_model_path]
+
+        self._save_checkpoint(trainer, filepath)
+        if del_filepath:
+            self._remove_checkpoint(trainer, del_filepath, keep=filepath)
+
+    def _save_none_monitor_checkpoint(self, trainer, candidates: dict[str, float]) -> None:
+        filepath = self._unused_filepath(trainer, candidates, reuse=self.best_model_path)
+        previous, self.best_model_path = self.best_model_path, filepath
+        self._save_checkpoint(trainer, filepath)
+        if self.save_top_k == 1 and previous:
+            self._remove_checkpoint(trainer, previous, keep=filepath)
+
+    def _save_last_checkpoint(self, trainer, candidates: dict[str, float]) -> None:
+        if not self.save_last:
+            return
+        filepath = os.path.join(self.dirpath, self.CHECKPOINT_NAME_LAST + self.FILE_EXTENSION)
+        previous, self.last_model_path = self.last_model_path, filepath
+        self._save_checkpoint(trainer, filepath)  # overwritten in place, atomically
+        if previous:
+            self._remove_checkpoint(trainer, previous, keep=filepath)
+
+    def _missing_monitor(self, trainer) -> None:
+        available = sorted(trainer.callback_metrics)
+        message = (f"ModelCheckpoint(monitor={self.monitor!r}) found no metric {self.monitor!r} in "
+                   f"trainer.callback_metrics{did_you_mean(self.monitor, available)}; available: {available}. "
+                   f"HINT: log it with self.log({self.monitor!r}, value) in your TrainModule.")
+        if self._validation_has_run:
+            raise ConfigError(message)
+        # Before the first validation a validation metric cannot be there yet.
+        if not self._warned_missing:
+            self._warned_missing = True
+            rank_zero_warn(message + " (Checked again once validation has run.)")
+
+    # -- files ----------------------------------------------------------------------------
+    def format_checkpoint_name(self, metrics: dict[str, float], ver: int | None = None,
+                               filename: str | None = None) -> str:
+        """The checkpoint path for ``metrics``; ``ver`` appends ``-v<ver>``.
+
+        ``"{epoch}-{val/acc:.3f}"`` with ``{"epoch": 3, "val/acc": 0.95123}`` ->
+        ``"<dirpath>/epoch=3-val_acc=0.951.ckpt"``. A key missing from ``metrics`` formats as 0.
+        """
+        name = self._format_name(filename or self.filename or "{epoch}" + self.CHECKPOINT_JOIN_CHAR + "{step}",
+                                 metrics, self.auto_insert_metric_name)
+        if ver is not None:
+            name += f"{self.CHECKPOINT_JOIN_CHAR}v{ver}"
+        return os.path.join(self.dirpath or "", name + self.FILE_EXTENSION)
+
+    @classmethod
+    def _format_name(cls, template: str, metrics: dict[str, float], auto_insert_metric_name: bool) -> str:
+        values = dict(metrics)
+        # Longest first, so that "{val/acc}" is not rewritten inside "{val/acc_top5}".
+        for group in sorted(set(re.findall(r"(\{.*?)[:}]", template)), key=len, reverse=True):
+            key = group[1:]
+            label = key.replace("/", "_") + cls.CHECKPOINT_EQUALS_CHAR if auto_insert_metric_name else ""
+            # "{0[key]}" lets keys hold "/" and "." which plain format fields cannot.
+            template = template.replace(group, f"{label}{{0[{key}]")
+            values.setdefault(key, 0)
+        return template.format(values)
+
+    def _unused_filepath(self, trainer, candidates: dict[str, float], reuse: str | None) -> str:
+        """Format the name; if that file exists (and is not ``reuse``), add ``-v1``, ``-v2``..."""
+        filepath = self.format_checkpoint_name(candidates)
+        version = self.STARTING_VERSION
+        while os.path.exists(filepath) and filepath != reuse:
+            filepath = self.format_checkpoint_name(candidates, ver=version)
+            version += 1
+        # Ranks may see different file systems: everyone uses rank 0's answer.
+        return trainer.strategy.broadcast(filepath)
+
+    def _save_checkpoint(self, trainer, filepath: str) -> None:
+        self._last_global_step_saved = trainer.global_step
+        if trainer.is_global_zero:
+            os.makedirs(os.path.dirname(filepath), exist_ok=True)
+        trainer.save_checkpoint(filepath)  # on every rank: it gathers state, rank 0 writes
+
+    def _remove_checkpoint(self, trainer, filepath: str, keep: str) -> None:
+        if filepath == keep or filepath in (self.best_model_path, self.last_model_path) \
+                or filepath in self.best_k_models:
+            return  # still referenced
+        if trainer.is_global_zero:
+            try:
+                os.remove(filepath)
+            except FileNotFoundError:
+                pass
+
+    # -- state ----------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        return {
+            "monitor": self.monitor,
+            "mode": self.mode,
+            "dirpath": self.dirpath,
+            "best_model_path": self.best_model_path,
+            "best_model_score": self.best_model_score,
+            "best_k_models": dict(self.best_k_models),
+            "kth_best_model_path": self.kth_best_model_path,
+            "kth_value": self.kth_value,
+            "last_model_path": self.last_model_path,
+            "last_global_step_saved": self._last_global_step_saved,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        """Carry on the bookkeeping of the run being resumed.
+
+        Without an explicit ``dirpath`` the resumed run keeps saving into the checkpoint's
+        folder, so that top-k pruning still sees the earlier files. With a different explicit
+        ``dirpath``, or a different monitor, only ``best_model_path`` is restored.
+        """
+        self.best_model_path = state.get("best_model_path", "")
+        self._last_global_step_saved = state.get("last_global_step_saved", 0)
+        saved_dir = state.get("dirpath")
+        same_dir = saved_dir is not None and (not self._dirpath_given or saved_dir == self.dirpath)
+        same_monitor = state.get("monitor") == self.monitor and state.get("mode", self.mode) == self.mode
+        if not (same_dir and same_monitor):
+            rank_zero_warn(f"ModelCheckpoint: the checkpoint was written with dirpath={saved_dir!r}, "
+                           f"monitor={state.get('monitor')!r}; this run has dirpath={self.dirpath!r}, "
+                           f"monitor={self.monitor!r}. Only best_model_path is restored.")
+            return
+        self.dirpath = saved_dir
+        self.best_model_score = state.get("best_model_score")
+        self.best_k_models = dict(state.get("best_k_models", {}))
+        self.kth_best_model_path = state.get("kth_best_model_path", "")
+        self.kth_value = state.get("kth_value")
+        self.last_model_path = state.get("last_model_path", "")

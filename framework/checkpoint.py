@@ -1,0 +1,93 @@
+"""Checkpoints: what a run needs to continue bit for bit, written atomically on rank 0.
+
+A checkpoint holds the module's weights, optimiser and scheduler states, the GradScaler, loop
+counters, callback states, hyperparameters and the RNG states of every rank (Python, NumPy,
+torch, CUDA), including the states at the start of the epoch so that a mid-epoch checkpoint
+resumes with the same data order. Files are written to a temporary file in the same directory,
+fsynced and renamed, so a crash never leaves a half-written checkpoint under the real name.
+Loading uses ``torch.load(weights_only=True)``: a checkpoint cannot run code.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from framework.errors import CheckpointError
+
+FORMAT_VERSION = 1
+
+
+def atomic_save(obj: Any, path: str | os.PathLike) -> None:
+    """``torch.save`` to a temp file beside ``path``, fsync, then rename over ``path``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu") -> dict:
+    """Read a checkpoint written by fw; a missing, corrupt or truncated file is a CheckpointError
+    and the file is left untouched."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint '{path}' does not exist; check ckpt_path")
+    try:
+        checkpoint = torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as err:  # torch raises many types for damaged zip/pickle data
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise CheckpointError(
+            f"checkpoint '{path}' is corrupt or truncated ({reason[:200]}); it was left as it is. "
+            "Resume from another checkpoint or start without ckpt_path"
+        ) from None
+    if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:
+        raise CheckpointError(f"'{path}' is not an fw checkpoint (no 'state_dict'); check ckpt_path")
+    return checkpoint
+
+
+def find_last_checkpoint(dirs: list[str], root: str) -> str | None:
+    """``ckpt_path="last"``: the newest ``last*.ckpt`` in the checkpoint dirs, else under root."""
+    candidates = [p for d in dirs if d for p in glob.glob(os.path.join(d, "last*.ckpt"))]
+    if not candidates:
+        candidates = glob.glob(os.path.join(root, "**", "last*.ckpt"), recursive=True)
+    return max(candidates, key=os.path.getmtime) if candidates else None
+
+
+def plain_hparams(hparams: dict) -> dict:
+    """Hyperparameters reduced to types that ``weights_only`` loading and loggers accept."""
+    def plain(value: Any) -> Any:
+        if value is None or isinstance(value, (bool, int, float, str)):
+            return value
+        if isinstance(value, (list, tuple)):
+            return [plain(v) for v in value]
+        if isinstance(value, dict):
+            return {str(k): plain(v) for k, v in value.items()}
+        try:
+            from omegaconf import DictConfig, ListConfig, OmegaConf
+
+            if isinstance(value, (DictConfig, ListConfig)):
+                return plain(OmegaConf.to_container(value, resolve=True))
+        except ImportError:  # pragma: no cover
+            pass
+        return str(value)
+
+    return {str(k): plain(v) for k, v in hparams.items()}

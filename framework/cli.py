@@ -1,0 +1,65 @@
+"""``fw``: run a recipe. ``fw fit conf/x.yaml key=value ...``; also validate, test, predict, env.
+
+Examples::
+
+    fw fit conf/digits.yaml                                   # train
+    fw fit conf/digits.yaml trainer.max_epochs=3 data.batch_size=32
+    fw fit conf/digits.yaml trainer.devices=2 trainer.strategy=ddp_gloo   # 2 workers, Gloo
+    torchrun --nproc-per-node=2 -m framework.cli fit conf/digits.yaml trainer.devices=2
+    fw fit conf/digits.yaml --print-config                    # show the merged recipe
+    fw env                                                    # what a hanging job needs to know
+
+User mistakes print one line ``fw: error: ...`` and exit with 2 (recipe, arguments) or 1
+(distributed set-up, checkpoints); errors in user code keep their traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from framework.errors import FwError
+
+STAGES = ("fit", "validate", "test", "predict")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="fw", description="Train PyTorch models from YAML recipes.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{fit,validate,test,predict,env}")
+    for stage in STAGES:
+        p = sub.add_parser(stage, help=f"{stage} the recipe's module")
+        p.add_argument("config", help="recipe YAML file")
+        p.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. trainer.max_epochs=5")
+        p.add_argument("--print-config", action="store_true", help="print the merged recipe and exit")
+    sub.add_parser("env", help="report torch, CUDA, MPI, network interfaces and the detected cluster")
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.command == "env":
+        from framework.env_report import env_report
+
+        print(env_report())
+        return 0
+    from framework.config import load_recipe
+    from framework.runner import run_recipe
+
+    recipe, text = load_recipe(args.config, args.overrides)
+    if args.print_config:
+        print(text, end="")
+        return 0
+    run_recipe(args.command, recipe, text)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return run(args)
+    except FwError as err:
+        sys.stderr.write(f"fw: error: {err}\n")
+        return err.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,120 @@
+"""Load a recipe: read YAML, merge ``key=value`` overrides, check it against the schema.
+
+Every mistake becomes a one-line ``ConfigError`` that names the key (with its full path) or the
+file, and says how to fix it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from framework.config.schema import RecipeConfig, TrainerConfig
+from framework.errors import ConfigError, did_you_mean
+
+_SECTIONS = {f.name for f in dataclasses.fields(RecipeConfig)}
+_TRAINER_KEYS = {f.name for f in dataclasses.fields(TrainerConfig)}
+
+
+def load_recipe(path: str | Path, overrides: list[str] = ()) -> tuple[dict, str]:
+    """Return the merged, checked recipe as plain containers, and its YAML text."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    raw = _read_yaml(Path(path))
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override '{item}' has no '='; write key=value (e.g. trainer.max_epochs=5)")
+    try:
+        dotlist = OmegaConf.from_dotlist(list(overrides))
+    except OmegaConfBaseException as err:
+        raise ConfigError(f"override: {_first_line(err)}") from None
+    _check_keys(OmegaConf.to_container(raw), "recipe")
+    _check_keys(OmegaConf.to_container(dotlist), "override")
+    schema = OmegaConf.structured(RecipeConfig)
+    try:
+        merged = OmegaConf.merge(schema, raw)
+        for key, value in _flatten(OmegaConf.to_container(dotlist)):
+            OmegaConf.update(merged, key, value, merge=False, force_add=_free_form(key))
+        plain = OmegaConf.to_container(merged, resolve=True)
+    except OmegaConfBaseException as err:
+        raise ConfigError(_explain(err)) from None
+    if not plain.get("module"):
+        raise ConfigError(f"{path}: the recipe has no 'module' section; add module: {{_target_: pkg.Class, ...}}")
+    for section in ("module", "data"):
+        node = plain.get(section)
+        if node is not None and not (isinstance(node, dict) and "_target_" in node):
+            raise ConfigError(f"{section}: needs '_target_: package.module.Class' and its keyword arguments")
+    return plain, OmegaConf.to_yaml(merged)
+
+
+def _read_yaml(path: Path):
+    from omegaconf import DictConfig, OmegaConf
+    from yaml import YAMLError
+
+    if not path.is_file():
+        raise ConfigError(f"recipe '{path}' does not exist; give the path of a YAML file (e.g. conf/digits.yaml)")
+    text = path.read_text()
+    if not text.strip():
+        raise ConfigError(f"recipe '{path}' is empty; it needs at least a 'module' section")
+    try:
+        raw = OmegaConf.create(text)
+    except YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(err, "problem", None) or _first_line(err)
+        raise ConfigError(f"recipe '{path}' is not valid YAML{where}: {problem}") from None
+    except Exception as err:  # omegaconf wraps some YAML problems in its own errors
+        raise ConfigError(f"recipe '{path}' cannot be read: {_first_line(err)}") from None
+    if not isinstance(raw, DictConfig):
+        raise ConfigError(f"recipe '{path}' must be a mapping of sections (module, data, trainer, ...)")
+    return raw
+
+
+def _check_keys(tree: Any, where: str) -> None:
+    """Unknown top-level and trainer keys, with a suggestion."""
+    if not isinstance(tree, dict):
+        return
+    for key in tree:
+        if key not in _SECTIONS:
+            raise ConfigError(
+                f"{where}: unknown key '{key}'{did_you_mean(key, _SECTIONS)}; "
+                f"top-level keys are {', '.join(sorted(_SECTIONS))}"
+            )
+    trainer = tree.get("trainer")
+    if isinstance(trainer, dict):
+        for key in trainer:
+            if key not in _TRAINER_KEYS:
+                raise ConfigError(
+                    f"{where}: unknown key 'trainer.{key}'{did_you_mean(key, _TRAINER_KEYS)}; "
+                    "see framework/config/schema.py for the Trainer's keys"
+                )
+
+
+def _free_form(key: str) -> bool:
+    """Keys under module/data/callbacks/logger are the user's own; any may be added."""
+    return key.split(".")[0] in ("module", "data", "callbacks", "logger") or key.startswith("trainer.strategy.")
+
+
+def _flatten(tree: Any, prefix: str = ""):
+    if isinstance(tree, dict) and (tree or not prefix):
+        for k, v in tree.items():
+            yield from _flatten(v, f"{prefix}.{k}" if prefix else str(k))
+    else:
+        yield prefix, tree
+
+
+def _explain(err) -> str:
+    key = getattr(err, "full_key", None) or ""
+    text = _first_line(err)
+    if "could not be converted" in text or "Invalid type" in text or "is not a subclass" in text:
+        value = getattr(err, "value", None)
+        expected = getattr(err, "ref_type", None) or ""
+        return f"{key}: wrong type for value {value!r}: {text} (expected {expected})".replace(" (expected )", "")
+    return f"{key}: {text}" if key else text
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__

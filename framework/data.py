@@ -1,0 +1,163 @@
+"""``DataModule`` and the distributed sampler injection.
+
+When the run is distributed, every loader gets a sampler that gives this rank its shard:
+- training: ``DistributedSampler`` (padded so every rank takes the same number of steps, which
+  DDP needs); an unshuffled loader keeps its order (rank r takes samples r, r+N, ...), so N ranks
+  with batch B see exactly what one process with batch N*B sees;
+- evaluation: ``EvalShardSampler``, the same interleaving **without padding**, so no sample is
+  counted twice and a metric over N ranks equals the single-process one.
+A custom sampler is wrapped: its indices are drawn, then sharded the same way. The epoch is
+passed to ``set_epoch`` every epoch, so shuffled orders change per epoch and are reproducible
+from the seed.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Iterator
+
+import torch
+from torch.utils.data import (
+    BatchSampler,
+    DataLoader,
+    DistributedSampler,
+    IterableDataset,
+    RandomSampler,
+    Sampler,
+    SequentialSampler,
+)
+
+from framework.rank_zero import rank_zero_warn
+
+
+class DataModule:
+    """Owns the data of a run: download once, split, build loaders.
+
+    ``prepare_data`` runs on global rank 0 only (download, write files); ``setup(stage)`` runs on
+    every rank (``stage`` is ``fit``, ``validate``, ``test`` or ``predict``).
+    """
+
+    def prepare_data(self) -> None: ...
+
+    def setup(self, stage: str) -> None: ...
+
+    def teardown(self, stage: str) -> None: ...
+
+    def train_dataloader(self) -> DataLoader:
+        raise NotImplementedError(f"{type(self).__name__} has no train_dataloader()")
+
+    def val_dataloader(self) -> DataLoader | None:
+        return None
+
+    def test_dataloader(self) -> DataLoader | None:
+        return None
+
+    def predict_dataloader(self) -> DataLoader | None:
+        return None
+
+
+class EvalShardSampler(Sampler[int]):
+    """Rank r of N takes positions r, r+N, ... of the (optionally shuffled) order, no padding."""
+
+    def __init__(self, base: Sampler | None, data_len: int, num_replicas: int, rank: int) -> None:
+        self.base, self.data_len = base, data_len
+        self.num_replicas, self.rank = num_replicas, rank
+
+    def __iter__(self) -> Iterator[int]:
+        order = list(self.base) if self.base is not None else range(self.data_len)
+        return iter(order[self.rank :: self.num_replicas])
+
+    def __len__(self) -> int:
+        total = len(self.base) if self.base is not None else self.data_len
+        return len(range(self.rank, total, self.num_replicas))
+
+    def set_epoch(self, epoch: int) -> None:
+        if hasattr(self.base, "set_epoch"):
+            self.base.set_epoch(epoch)
+
+
+class ShardedSampler(Sampler[int]):
+    """Wraps a custom sampler for training: draws its indices, pads to a multiple of N by
+    repeating from the start (as DistributedSampler does), and takes every N-th from rank r."""
+
+    def __init__(self, base: Sampler, num_replicas: int, rank: int) -> None:
+        self.base, self.num_replicas, self.rank = base, num_replicas, rank
+
+    def __iter__(self) -> Iterator[int]:
+        order = list(self.base)
+        total = math.ceil(len(order) / self.num_replicas) * self.num_replicas
+        order += (order * math.ceil(total / max(len(order), 1)))[: total - len(order)]
+        return iter(order[self.rank : total : self.num_replicas])
+
+    def __len__(self) -> int:
+        return math.ceil(len(self.base) / self.num_replicas)
+
+    def set_epoch(self, epoch: int) -> None:
+        if hasattr(self.base, "set_epoch"):
+            self.base.set_epoch(epoch)
+
+
+def shard_dataloader(loader: DataLoader, num_replicas: int, rank: int, train: bool, seed: int) -> DataLoader:
+    """Return ``loader`` rebuilt with this rank's sampler (or unchanged when it must not be)."""
+    if not isinstance(loader, DataLoader) or isinstance(loader.dataset, IterableDataset):
+        return loader  # iterable data shard themselves
+    sampler = loader.sampler
+    if isinstance(sampler, (DistributedSampler, EvalShardSampler, ShardedSampler)):
+        return loader
+    if loader.batch_size is None or type(loader.batch_sampler) is not BatchSampler:
+        rank_zero_warn("a DataLoader with a custom batch_sampler is not sharded; shard it yourself")
+        return loader
+    shuffle = isinstance(sampler, RandomSampler)
+    if loader.generator is not None and shuffle:
+        seed = loader.generator.initial_seed()  # keep the loader's own seed
+    if train:
+        if isinstance(sampler, (RandomSampler, SequentialSampler)):
+            new_sampler: Sampler = DistributedSampler(
+                loader.dataset, num_replicas=num_replicas, rank=rank, shuffle=shuffle, seed=seed
+            )
+        else:
+            new_sampler = ShardedSampler(sampler, num_replicas, rank)
+    else:
+        base = None if isinstance(sampler, SequentialSampler) else sampler
+        new_sampler = EvalShardSampler(base, len(loader.dataset), num_replicas, rank)
+    return _rebuild(loader, new_sampler)
+
+
+def _rebuild(loader: DataLoader, sampler: Sampler) -> DataLoader:
+    kwargs: dict[str, Any] = {
+        "batch_size": loader.batch_size,
+        "sampler": sampler,
+        "num_workers": loader.num_workers,
+        "collate_fn": loader.collate_fn,
+        "pin_memory": loader.pin_memory,
+        "drop_last": loader.drop_last,
+        "timeout": loader.timeout,
+        "worker_init_fn": loader.worker_init_fn,
+        "generator": loader.generator,
+        "persistent_workers": loader.persistent_workers,
+        "pin_memory_device": loader.pin_memory_device,
+    }
+    if loader.num_workers > 0:
+        kwargs["prefetch_factor"] = loader.prefetch_factor
+        kwargs["multiprocessing_context"] = loader.multiprocessing_context
+    return DataLoader(loader.dataset, **kwargs)
+
+
+def set_sampler_epoch(loader: Any, epoch: int) -> None:
+    """Call ``set_epoch`` on the loader's sampler(s) so shuffles differ per epoch."""
+    for obj in (getattr(loader, "sampler", None), getattr(getattr(loader, "batch_sampler", None), "sampler", None)):
+        if obj is not None and hasattr(obj, "set_epoch"):
+            obj.set_epoch(epoch)
+
+
+def batch_size_of(batch: Any) -> int:
+    """Size of the first dimension of the first tensor in ``batch`` (1 if none)."""
+    if isinstance(batch, torch.Tensor):
+        return batch.shape[0] if batch.dim() else 1
+    if isinstance(batch, (list, tuple)):
+        for item in batch:
+            return batch_size_of(item)
+    if isinstance(batch, dict):
+        for item in batch.values():
+            return batch_size_of(item)
+    return 1

@@ -1,0 +1,89 @@
+"""Cluster environments: who launched this process, and where it stands.
+
+``detect_environment()`` looks at the variables once and returns the first environment that
+recognizes them, in this order:
+
+1. ``torchrun`` (``TorchElasticEnvironment``): ``RANK`` + ``WORLD_SIZE`` or
+   ``TORCHELASTIC_RUN_ID``. It comes first because torchrun may itself run inside ``srun`` or
+   ``mpirun`` (one agent per node), and then its workers' ranks are torchrun's, not SLURM's.
+2. ``slurm`` (``SLURMEnvironment``): a task of an ``srun`` job step.
+3. ``mpi`` (``MPIEnvironment``): ``mpirun`` / ``mpiexec`` (Open MPI, MPICH, Intel MPI, PMIx).
+4. ``local`` (``LocalEnvironment``): nothing; fw starts its own workers if it needs any.
+
+Its ``info()`` gives a frozen ``DistInfo`` that the rest of fw passes around.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+
+from framework.environments.base import ClusterEnvironment
+from framework.environments.hostlist import expand_hostlist, parse_hostlist
+from framework.environments.info import DistInfo
+from framework.environments.local import LocalEnvironment
+from framework.environments.mpi import MPIEnvironment
+from framework.environments.slurm import (
+    SLURMEnvironment,
+    check_slurm_batch_trap,
+    check_tasks_per_node,
+)
+from framework.environments.torchrun import TorchElasticEnvironment
+from framework.errors import ConfigError, did_you_mean
+
+#: Detection order: the first whose ``detect`` is true wins; ``local`` always matches.
+ENVIRONMENTS: tuple[type[ClusterEnvironment], ...] = (
+    TorchElasticEnvironment,
+    SLURMEnvironment,
+    MPIEnvironment,
+    LocalEnvironment,
+)
+
+__all__ = [
+    "ENVIRONMENTS",
+    "ClusterEnvironment",
+    "DistInfo",
+    "LocalEnvironment",
+    "MPIEnvironment",
+    "SLURMEnvironment",
+    "TorchElasticEnvironment",
+    "check_slurm_batch_trap",
+    "check_tasks_per_node",
+    "detect_environment",
+    "expand_hostlist",
+    "get_environment",
+    "parse_hostlist",
+]
+
+
+def detect_environment(
+    env: Mapping[str, str] | None = None, argv: Sequence[str] | None = None
+) -> ClusterEnvironment:
+    """Return the environment that launched this process (see the module docstring).
+
+    Args:
+        env: variables to inspect; ``os.environ`` when ``None``.
+        argv: command line; ``sys.argv`` when ``None``.
+    """
+    variables = os.environ if env is None else env
+    for cls in ENVIRONMENTS:
+        if cls.detect(variables):
+            return cls(env=variables, argv=argv)
+    raise AssertionError("LocalEnvironment always detects")  # pragma: no cover
+
+
+def get_environment(
+    name: str, env: Mapping[str, str] | None = None, argv: Sequence[str] | None = None
+) -> ClusterEnvironment:
+    """Return the environment called ``name`` without detection (a recipe may force one).
+
+    Raises:
+        ConfigError: no environment has that name; the message lists the known ones.
+    """
+    by_name = {cls.name: cls for cls in ENVIRONMENTS}
+    if name not in by_name:
+        raise ConfigError(
+            f"unknown cluster environment {name!r}{did_you_mean(name, by_name)}; "
+            f"known: {', '.join(by_name)}"
+        )
+    return by_name[name](env=env, argv=argv)

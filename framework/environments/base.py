@@ -1,0 +1,98 @@
+"""``ClusterEnvironment``: the interface every launcher environment implements.
+
+An environment answers three questions from its launcher's variables: is this process running
+under me (``detect``), where does it stand (``info``), and did someone else already start the
+worker processes (``launched_externally``)? One small subclass per launcher lives next to this
+file; ``framework.environments.detect_environment`` picks the first that detects.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+
+from framework.environments.info import DistInfo
+from framework.errors import DistributedSetupError
+
+
+class ClusterEnvironment(ABC):
+    """Reads one launcher's variables and turns them into a ``DistInfo``.
+
+    Args:
+        env: the variables to read; ``os.environ`` when ``None``. Tests pass a dict.
+        argv: the command line; ``sys.argv`` when ``None`` (``torch.distributed.launch``
+            passes ``--local_rank`` there).
+    """
+
+    name: str = ""
+
+    def __init__(
+        self, env: Mapping[str, str] | None = None, argv: Sequence[str] | None = None
+    ) -> None:
+        self.env: Mapping[str, str] = os.environ if env is None else env
+        self.argv: Sequence[str] = sys.argv if argv is None else argv
+
+    @staticmethod
+    @abstractmethod
+    def detect(env: Mapping[str, str]) -> bool:
+        """Return True when ``env`` shows that this launcher started the process."""
+
+    @abstractmethod
+    def info(self) -> DistInfo:
+        """Return where this process stands.
+
+        Raises:
+            DistributedSetupError: a variable is malformed or the values contradict each other.
+        """
+
+    @property
+    def launched_externally(self) -> bool:
+        """True when the launcher already started every worker process, so fw must not."""
+        return True
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(name={self.name!r})"
+
+
+def env_int(env: Mapping[str, str], *keys: str, default: int | None = None) -> int | None:
+    """Return the first of ``keys`` set in ``env`` as an int, or ``default``.
+
+    Raises:
+        DistributedSetupError: the variable is set but is not an integer.
+    """
+    for key in keys:
+        raw = env.get(key)
+        if raw is None or raw.strip() == "":
+            continue
+        try:
+            return int(raw.strip())
+        except ValueError:
+            raise DistributedSetupError(
+                f"environment variable {key}={raw!r} is not an integer"
+            ) from None
+    return default
+
+
+def env_str(env: Mapping[str, str], *keys: str, default: str | None = None) -> str | None:
+    """Return the first of ``keys`` set (and non-empty) in ``env``, or ``default``."""
+    for key in keys:
+        raw = env.get(key)
+        if raw is not None and raw.strip():
+            return raw.strip()
+    return default
+
+
+def require_int(env: Mapping[str, str], source: str, *keys: str) -> int:
+    """Like ``env_int`` but the variable must be set.
+
+    Raises:
+        DistributedSetupError: none of ``keys`` is set, or the value is not an integer.
+    """
+    value = env_int(env, *keys)
+    if value is None:
+        raise DistributedSetupError(
+            f"{source} environment detected but {' / '.join(keys)} is not set"
+        )
+    return value

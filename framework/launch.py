@@ -1,0 +1,122 @@
+"""Starting workers, or noticing that a launcher already did.
+
+Inside torchrun, srun or mpiexec the workers exist and fw launches nothing. Otherwise, with
+``devices * num_nodes > 1``, fw re-runs the current command (``fw fit ...`` or ``python
+script.py``) in one worker per device through torch.distributed.run's elastic agent, the engine
+behind ``torchrun``: it sets RANK/LOCAL_RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT, watches the
+workers, and when one fails it stops the others and reports that worker's error. The launching
+process does not train; it exits with the job's status once the workers are done.
+
+For several nodes, run the same command on every node with the same ``rdzv_endpoint``
+(``trainer.rdzv_endpoint=HOST:PORT``, or MASTER_ADDR/MASTER_PORT), as with torchrun.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import uuid
+
+from framework.environments import DistInfo, check_slurm_batch_trap, check_tasks_per_node
+from framework.errors import ConfigError
+
+
+def check_world(info: DistInfo, devices: int, num_nodes: int, strategy: str) -> None:
+    """Under an external launcher the job's shape must match the recipe's; say how to fix it."""
+    if info.source == "slurm":
+        check_tasks_per_node(info, devices)
+    if info.local_world_size != devices:
+        raise ConfigError(
+            f"the {info.source} launcher started {info.local_world_size} process(es) on this node but "
+            f"trainer.devices={devices}. HINT: set trainer.devices={info.local_world_size}, or start "
+            f"{devices} processes per node"
+        )
+    if info.world_size != devices * num_nodes:
+        raise ConfigError(
+            f"the {info.source} launcher started {info.world_size} process(es) in all but "
+            f"trainer.devices * trainer.num_nodes = {devices * num_nodes}. "
+            f"HINT: set trainer.num_nodes={max(1, info.world_size // max(devices, 1))}"
+        )
+
+
+def check_not_inside_batch_script(world: int) -> None:
+    check_slurm_batch_trap(os.environ, world)
+
+
+def current_command() -> list[str]:
+    """The arguments that re-run this program: ``-m pkg`` when started with ``python -m``."""
+    import __main__
+
+    spec = getattr(__main__, "__spec__", None)
+    if spec is not None and spec.name not in ("__main__", None):
+        name = spec.name[: -len(".__main__")] if spec.name.endswith(".__main__") else spec.name
+        return ["-m", name, *sys.argv[1:]]
+    if not sys.argv or not sys.argv[0] or sys.argv[0] == "-c":
+        raise ConfigError(
+            "fw cannot start workers from an interactive session or `python -c`; put the code in a "
+            "script, or launch with torchrun --nproc-per-node=N script.py"
+        )
+    return [os.path.abspath(sys.argv[0]), *sys.argv[1:]]
+
+
+def launch_workers(nproc_per_node: int, num_nodes: int = 1, max_restarts: int = 0,
+                   rdzv_endpoint: str | None = None) -> int:
+    """Run the current command in ``nproc_per_node`` workers on this node; return the exit code."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    if rdzv_endpoint is None:
+        if num_nodes > 1:
+            if "MASTER_ADDR" not in os.environ or "MASTER_PORT" not in os.environ:
+                raise ConfigError(
+                    f"trainer.num_nodes={num_nodes}: name the rendezvous host, the same on every node: "
+                    "trainer.rdzv_endpoint=HOST:PORT (or export MASTER_ADDR and MASTER_PORT)"
+                )
+            rdzv_endpoint = f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
+        else:
+            rdzv_endpoint = f"127.0.0.1:{free_port()}"
+    config = LaunchConfig(
+        min_nodes=num_nodes,
+        max_nodes=num_nodes,
+        nproc_per_node=nproc_per_node,
+        run_id=os.environ.get("FW_RUN_ID", uuid.uuid4().hex[:12]),
+        rdzv_backend="c10d",
+        rdzv_endpoint=rdzv_endpoint,
+        max_restarts=max_restarts,
+        monitor_interval=0.1,
+        start_method="spawn",
+    )
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc_per_node)))
+    try:
+        elastic_launch(config, entrypoint=sys.executable)(*current_command())
+    except ChildFailedError as err:
+        rank, failure = err.get_first_failure()
+        message = failure.message if isinstance(failure.message, str) else failure.message.get("message", "")
+        first = (message or "").strip().splitlines()
+        detail = f": {first[0]}" if first else ""
+        sys.stderr.write(
+            f"fw: error: worker rank {rank} (pid {failure.pid}) failed with exit code "
+            f"{failure.exitcode}{detail}; the other workers were stopped\n"
+        )
+        return 1
+    return 0
+
+
+def record_worker_error(exc: BaseException) -> None:
+    """Under the elastic agent, write this worker's error where the agent reads it, so the
+    launcher reports the real exception (torchrun's ``@record`` does the same)."""
+    if not os.environ.get("TORCHELASTIC_ERROR_FILE") or isinstance(exc, (KeyboardInterrupt, SystemExit)):
+        return
+    from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
+
+    handler = ErrorHandler()
+    handler.initialize()
+    if not os.path.exists(os.environ["TORCHELASTIC_ERROR_FILE"]):
+        handler.record_exception(exc)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

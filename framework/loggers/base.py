@@ -1,0 +1,158 @@
+"""The logger base: where a run's metrics and hyperparameters go.
+
+A logger needs little: ``log_metrics(metrics, step)``, ``log_hyperparams(params)``, ``save()``
+and ``finalize(status)``. The Trainer calls loggers on global rank 0 only, so a logger never
+takes part in a collective.
+
+Each run gets its own folder, ``<save_dir>/<name>/version_<N>``, where ``N`` is the next free
+integer. The version is resolved once, lazily, on the first access of ``version`` or
+``log_dir``, and nothing is created on disk until the first write.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+
+class Logger(ABC):
+    """Base class for loggers.
+
+    Args:
+        save_dir: Root folder for the logs. ``None`` lets the Trainer set it to its
+            ``default_root_dir`` through ``set_default_root``.
+        name: Experiment name: a sub-folder of ``save_dir``. Empty puts versions directly in
+            ``save_dir``.
+        version: ``None`` takes the next free ``version_<N>``; an int ``N`` uses
+            ``version_<N>``; a string is used as the folder name as it is.
+    """
+
+    def __init__(self, save_dir: str | os.PathLike | None = None, name: str | None = "fw_logs",
+                 version: int | str | None = None) -> None:
+        self._save_dir = os.fspath(save_dir) if save_dir is not None else None
+        self._name = name or ""
+        self._version = version
+
+    # -- where ----------------------------------------------------------------------------
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def save_dir(self) -> str:
+        """The root folder; the working directory if neither the user nor the Trainer set one."""
+        return self._save_dir if self._save_dir is not None else os.getcwd()
+
+    @property
+    def version(self) -> int | str:
+        if self._version is None:
+            self._version = self._next_version()
+        return self._version
+
+    @property
+    def root_dir(self) -> str:
+        """``<save_dir>/<name>``: the folder that holds the versions."""
+        return os.path.join(self.save_dir, self.name) if self.name else self.save_dir
+
+    @property
+    def log_dir(self) -> str:
+        """``<save_dir>/<name>/version_<N>`` (or the version string itself as the last part)."""
+        version = self.version
+        folder = version if isinstance(version, str) else f"version_{version}"
+        return os.path.join(self.root_dir, folder)
+
+    def set_default_root(self, root_dir: str | os.PathLike) -> None:
+        """Set ``save_dir`` when the user gave none. Called by the Trainer before any logging."""
+        if self._save_dir is None:
+            self._save_dir = os.fspath(root_dir)
+
+    def set_version(self, version: int | str) -> None:
+        """Pin the version, e.g. to the one rank 0 resolved, so that every rank agrees."""
+        self._version = version
+
+    def _next_version(self) -> int:
+        root = self.root_dir
+        if not os.path.isdir(root):
+            return 0
+        found = [int(m.group(1)) for entry in os.listdir(root)
+                 if (m := re.fullmatch(r"version_(\d+)", entry)) and os.path.isdir(os.path.join(root, entry))]
+        return max(found) + 1 if found else 0
+
+    # -- what -----------------------------------------------------------------------------
+    @abstractmethod
+    def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
+        """Record scalar ``metrics`` at ``step``."""
+
+    @abstractmethod
+    def log_hyperparams(self, params: Mapping[str, Any] | argparse.Namespace) -> None:
+        """Record the run's hyperparameters (nested mappings are allowed)."""
+
+    def save(self) -> None:
+        """Push buffered records to disk."""
+
+    def finalize(self, status: str) -> None:
+        """Called once at the end of a run with ``"success"``, ``"failed"`` or ``"interrupted"``."""
+        self.save()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(save_dir={self._save_dir!r}, name={self._name!r}, version={self._version!r})"
+
+
+# -- helpers shared by the loggers ----------------------------------------------------------
+def to_float(value: Any) -> float:
+    """A metric value as a Python float; a tensor must hold exactly one element."""
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1:
+            raise ValueError(f"a logged metric must be a scalar, got a tensor of shape {tuple(value.shape)}")
+        return float(value.item())
+    return float(value)
+
+
+def to_plain(params: Any) -> Any:
+    """Hyperparameters as plain Python (dicts, lists, str, numbers, bools, None).
+
+    Accepts mappings, ``argparse.Namespace`` and OmegaConf containers; anything else that is
+    not a primitive becomes its ``str``, so that the result can always be written as YAML.
+    """
+    if isinstance(params, argparse.Namespace):
+        params = vars(params)
+    if type(params).__module__.startswith("omegaconf"):
+        from omegaconf import OmegaConf
+
+        params = OmegaConf.to_container(params, resolve=True)
+    if isinstance(params, Mapping):
+        return {str(k): to_plain(v) for k, v in params.items()}
+    if isinstance(params, (list, tuple)):
+        return [to_plain(v) for v in params]
+    if isinstance(params, torch.Tensor) and params.numel() == 1:
+        return params.item()
+    if params is None or isinstance(params, (bool, int, float, str)):
+        return params
+    return str(params)
+
+
+def flatten(params: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"a": {"b": 1}}`` -> ``{"a/b": 1}``."""
+    flat: dict[str, Any] = {}
+    for key, value in params.items():
+        full = f"{prefix}/{key}" if prefix else str(key)
+        if isinstance(value, Mapping):
+            flat.update(flatten(value, full))
+        else:
+            flat[full] = value
+    return flat
+
+
+def save_hparams_yaml(path: str, params: Mapping[str, Any]) -> None:
+    """Write ``params`` (already plain) as YAML, creating the folder if needed."""
+    import yaml
+
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        yaml.safe_dump(dict(params), f, sort_keys=False, default_flow_style=False)

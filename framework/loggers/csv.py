@@ -1,0 +1,102 @@
+"""CSV logger: one ``metrics.csv`` per run, readable by any spreadsheet or by pandas.
+
+Each ``log_metrics`` call is one row (``step`` first, then the metrics logged at that call);
+columns are the union of every key seen so far. When a new key appears the file is rewritten
+with the wider header, so the file is always a valid, rectangular CSV.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from framework.loggers.base import Logger, save_hparams_yaml, to_float, to_plain
+
+
+class CSVLogger(Logger):
+    """Write metrics to ``<save_dir>/<name>/version_<N>/metrics.csv`` and ``hparams.yaml``.
+
+    Args:
+        save_dir: Root folder; ``None`` lets the Trainer use its ``default_root_dir``.
+        name: Experiment name (a sub-folder of ``save_dir``).
+        version: ``None`` for the next free ``version_<N>``, an int, or a folder name. An
+            existing ``metrics.csv`` in that folder is appended to (resume).
+        flush_logs_every_n_steps: Rows are buffered and written every this many
+            ``log_metrics`` calls, and on ``save``/``finalize``.
+    """
+
+    METRICS_FILE = "metrics.csv"
+    STEP_KEY = "step"
+
+    def __init__(self, save_dir: str | os.PathLike | None = None, name: str | None = "fw_logs",
+                 version: int | str | None = None, flush_logs_every_n_steps: int = 100) -> None:
+        super().__init__(save_dir, name, version)
+        if flush_logs_every_n_steps < 1:
+            from framework.errors import ConfigError
+
+            raise ConfigError(f"CSVLogger(flush_logs_every_n_steps={flush_logs_every_n_steps}) must be >= 1")
+        self.flush_logs_every_n_steps = flush_logs_every_n_steps
+        self.hparams: dict[str, Any] = {}
+        self._rows: list[dict[str, float]] = []
+        self._columns: list[str] | None = None  # header of the file on disk; None until read
+
+    @property
+    def metrics_file_path(self) -> str:
+        return os.path.join(self.log_dir, self.METRICS_FILE)
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
+        row: dict[str, Any] = {self.STEP_KEY: int(step)}
+        row.update({key: to_float(value) for key, value in metrics.items() if key != self.STEP_KEY})
+        self._rows.append(row)
+        if len(self._rows) >= self.flush_logs_every_n_steps:
+            self.save()
+
+    def log_hyperparams(self, params: Mapping[str, Any] | argparse.Namespace) -> None:
+        """Record hyperparameters in ``hparams.yaml``; repeated calls merge into one set."""
+        self.hparams.update(to_plain(params))
+        save_hparams_yaml(os.path.join(self.log_dir, "hparams.yaml"), self.hparams)
+
+    def save(self) -> None:
+        if not self._rows:
+            return
+        path = self.metrics_file_path
+        os.makedirs(self.log_dir, exist_ok=True)
+        if self._columns is None:
+            self._columns = self._read_header(path)
+
+        new_keys = [k for row in self._rows for k in row if k not in self._columns]
+        new_keys = list(dict.fromkeys(new_keys))  # dedupe, keep first-seen order
+        if new_keys and os.path.exists(path):
+            self._rewrite(path, self._columns + new_keys)
+        else:
+            self._columns = self._columns + new_keys
+            fresh = not os.path.exists(path)
+            with open(path, "a", newline="", encoding="utf-8") as f:
+                writer = csv.DictWriter(f, fieldnames=self._columns, restval="")
+                if fresh:
+                    writer.writeheader()
+                writer.writerows(self._rows)
+        self._rows = []
+
+    def _read_header(self, path: str) -> list[str]:
+        if not os.path.exists(path):
+            return [self.STEP_KEY]
+        with open(path, newline="", encoding="utf-8") as f:
+            header = next(csv.reader(f), None)
+        return list(header) if header else [self.STEP_KEY]
+
+    def _rewrite(self, path: str, columns: list[str]) -> None:
+        """Rewrite the whole file with a wider header: old rows, then the buffered ones."""
+        with open(path, newline="", encoding="utf-8") as f:
+            old_rows = list(csv.DictReader(f))
+        tmp = path + ".tmp"
+        with open(tmp, "w", newline="", encoding="utf-8") as f:
+            writer = csv.DictWriter(f, fieldnames=columns, restval="")
+            writer.writeheader()
+            writer.writerows(old_rows)
+            writer.writerows(self._rows)
+        os.replace(tmp, path)
+        self._columns = columns

@@ -1,0 +1,370 @@
+"""The loops: fit (train + periodic validation), evaluation (validate/test) and predict.
+
+The training step reads top to bottom: move the batch, run ``training_step`` (under autocast,
+without gradient sync on accumulation steps), backward, and every ``accumulate_grad_batches``
+batches: unscale, clip, step, zero the gradients, step schedulers. Nothing in the per-batch path
+calls ``.item()`` or allocates hook lists; hooks nobody overrides are skipped.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+import torch
+
+from framework import trainer_state
+from framework.data import set_sampler_epoch
+from framework.errors import ConfigError
+from framework.hooks import overrides
+from framework.module import TrainModule
+from framework.results import MetricCollector
+from framework.seed import get_rng_state, set_rng_state
+
+
+# -- fit ----------------------------------------------------------------------------------------
+def run_fit(trainer, stage: str, checkpoint: dict | None) -> None:
+    module = trainer.module
+    train_loaders = trainer._loaders.get("train") or []
+    if not train_loaders:
+        raise ConfigError("fit needs training data: pass train_dataloaders= or a datamodule with train_dataloader()")
+    loader = train_loaders[0]
+    trainer.num_training_batches = _num_batches(loader, trainer.limits["train"])
+    trainer.print_summary("fit", getattr(loader, "batch_size", None))
+    _call(trainer, "on_fit_start")
+    if checkpoint is None and trainer.num_sanity_val_steps > 0 and trainer._loaders.get("validate"):
+        trainer.sanity_checking = True
+        trainer._hooks("on_sanity_check_start")
+        run_evaluation(trainer, "validate", limit=trainer.num_sanity_val_steps, log=False)
+        trainer._hooks("on_sanity_check_end")
+        trainer.sanity_checking = False
+    trainer_state.restore_rng(trainer, checkpoint)
+    trainer.training = True
+    _call(trainer, "on_train_start")
+    deadline = trainer._start_time + trainer.max_time if trainer.max_time else None
+    while not _fit_done(trainer):
+        run_train_epoch(trainer, loader, deadline)
+        if trainer.max_time and time.monotonic() > deadline:
+            trainer.should_stop = True
+    trainer.training = False
+    _call(trainer, "on_train_end")
+    _call(trainer, "on_fit_end")
+
+
+def _fit_done(trainer) -> bool:
+    if trainer.max_steps >= 0 and trainer.global_step >= trainer.max_steps:
+        return True
+    if trainer.max_epochs >= 0 and trainer.current_epoch >= trainer.max_epochs:
+        return True
+    return trainer.should_stop and trainer.current_epoch >= trainer.min_epochs
+
+
+def run_train_epoch(trainer, loader, deadline: float | None) -> None:
+    module, strategy, precision, hooks = trainer.module, trainer.strategy, trainer.precision, trainer._hooks
+    epoch = trainer.current_epoch
+    collector = trainer._collector = MetricCollector("train", trainer._current_batch_size)
+    module.train()
+    set_sampler_epoch(loader, epoch)
+    _call(trainer, "on_train_epoch_start")
+    trainer._epoch_start_rng = get_rng_state()
+    trainer._loop_position = {"epoch": epoch, "batches_done": 0, "epoch_finished": False}
+    iterator = iter(loader)
+    start = _skip_done_batches(trainer, iterator)
+
+    limit = trainer.num_training_batches
+    accumulate = trainer.accumulate_grad_batches
+    val_every = _val_check_batches(trainer, limit)
+    to_device, device = trainer.accelerator.batch_to_device, strategy.root_device
+    # hooks are looked up once per epoch; an empty hook is never called per batch
+    batch_start = _hook_fn(trainer, "on_train_batch_start")
+    batch_end = _hook_fn(trainer, "on_train_batch_end")
+    before_backward = _hook_fn(trainer, "on_before_backward")
+    after_backward = _hook_fn(trainer, "on_after_backward")
+    before_step = _hook_fn(trainer, "on_before_optimizer_step")
+    use_no_sync = strategy.multi_process and accumulate > 1
+    autocast = precision.autocast_dtype is not None
+    log_every = trainer.log_every_n_steps
+    optimizers = trainer.optimizers
+
+    batch_idx = start - 1
+    for batch_idx, batch in enumerate(iterator, start):
+        if batch_idx >= limit:
+            batch_idx -= 1
+            break
+        batch = to_device(batch, device)
+        trainer._current_batch = batch
+        if batch_start is not None:
+            batch_start(batch, batch_idx)
+        steps_now = (batch_idx + 1) % accumulate == 0 or batch_idx + 1 == limit
+        if use_no_sync and not steps_now:
+            with strategy.no_sync():
+                outputs = _forward_backward(trainer, module, batch, batch_idx, autocast, accumulate,
+                                            before_backward, after_backward)
+        else:
+            outputs = _forward_backward(trainer, module, batch, batch_idx, autocast, accumulate,
+                                        before_backward, after_backward)
+        if steps_now:
+            for opt in optimizers:
+                if before_step is not None:
+                    before_step(opt)
+                _clip_and_step(trainer, opt)
+                opt.zero_grad(set_to_none=True)
+            trainer.global_step += 1
+            _step_schedulers(trainer, "step")
+            if trainer.global_step % log_every == 0 and collector.step_dirty and trainer.loggers:
+                _log_step_metrics(trainer, collector)
+        trainer._loop_position["batches_done"] = batch_idx + 1
+        if batch_end is not None:
+            batch_end(outputs, batch, batch_idx)
+        if val_every and (batch_idx + 1) % val_every == 0 and batch_idx + 1 < limit and _val_due(trainer):
+            run_evaluation(trainer, "validate")
+            module.train()
+        if trainer.should_stop and trainer.current_epoch + 1 >= trainer.min_epochs:
+            break
+        if trainer.max_steps >= 0 and trainer.global_step >= trainer.max_steps:
+            break
+        if deadline is not None and time.monotonic() > deadline:
+            trainer.should_stop = True
+            break
+    _end_train_epoch(trainer, collector)
+
+
+def _forward_backward(trainer, module, batch, batch_idx, autocast, accumulate, before_backward, after_backward):
+    if autocast:
+        with trainer.precision.autocast():
+            outputs = trainer.strategy.training_step(module, batch, batch_idx)
+    else:
+        outputs = trainer.strategy.training_step(module, batch, batch_idx)
+    loss = outputs["loss"] if isinstance(outputs, dict) else outputs
+    if loss is None:
+        return outputs  # the step chose to skip this batch
+    if accumulate > 1:
+        loss = loss / accumulate
+    if before_backward is not None:
+        before_backward(loss)
+    trainer.precision.backward(loss)
+    if after_backward is not None:
+        after_backward()
+    return outputs
+
+
+def _clip_and_step(trainer, optimizer) -> None:
+    if trainer.gradient_clip_val:
+        trainer.precision.unscale(optimizer)
+        params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+        if trainer.gradient_clip_algorithm == "norm":
+            torch.nn.utils.clip_grad_norm_(params, trainer.gradient_clip_val)
+        else:
+            torch.nn.utils.clip_grad_value_(params, trainer.gradient_clip_val)
+    trainer.precision.step(optimizer)
+
+
+def _end_train_epoch(trainer, collector) -> None:
+    if _val_due(trainer) and trainer._loaders.get("validate") and not _stopped_early_by_steps(trainer):
+        run_evaluation(trainer, "validate")
+    _call(trainer, "on_train_epoch_end", callbacks=False)
+    values = collector.compute_epoch(trainer.strategy)
+    trainer._epoch_metrics.update(values)
+    trainer._prog_bar_keys.update({k: f[0] for k, f in collector.epoch_flags.items()})
+    if collector.step_dirty and trainer.loggers:
+        _log_step_metrics(trainer, collector)
+    _log_epoch_metrics(trainer, collector)
+    _step_schedulers(trainer, "epoch")
+    trainer._loop_position["epoch_finished"] = True
+    trainer._hooks("on_train_epoch_end")
+    trainer.current_epoch += 1
+
+
+def _stopped_early_by_steps(trainer) -> bool:
+    """Lightning validates at max_steps only at an epoch's natural end; mid-epoch stops skip it."""
+    done = trainer._loop_position["batches_done"]
+    return trainer.max_steps >= 0 and trainer.global_step >= trainer.max_steps and done < trainer.num_training_batches
+
+
+def _skip_done_batches(trainer, iterator) -> int:
+    """On a mid-epoch resume, draw the batches already trained on (same order), then restore
+    the RNG state the checkpoint had at that point."""
+    resume = getattr(trainer, "_resume", None)
+    if not resume or not resume.get("batches_done"):
+        return 0
+    done = resume["batches_done"]
+    for _ in range(done):
+        next(iterator)
+    if "rng_after_skip" in resume:
+        set_rng_state(resume["rng_after_skip"])
+    trainer._resume = None
+    trainer._loop_position["batches_done"] = done
+    return done
+
+
+def _step_schedulers(trainer, interval: str) -> None:
+    count = trainer.global_step if interval == "step" else trainer.current_epoch + 1
+    for cfg in trainer.lr_scheduler_configs:
+        if cfg.interval != interval or count % cfg.frequency:
+            continue
+        if isinstance(cfg.scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
+            monitor = cfg.monitor or "val_loss"
+            metrics = trainer.callback_metrics
+            if monitor not in metrics:
+                if cfg.strict:
+                    raise ConfigError(
+                        f"lr_scheduler monitor '{monitor}' was not logged; logged: {', '.join(sorted(metrics)) or 'none'}"
+                    )
+                continue
+            cfg.scheduler.step(float(metrics[monitor]))
+        else:
+            cfg.scheduler.step()
+
+
+def _val_check_batches(trainer, limit: float) -> int | None:
+    interval = trainer.val_check_interval
+    if interval is None or not trainer._loaders.get("validate"):
+        return None
+    if isinstance(interval, float):
+        if not 0.0 < interval <= 1.0:
+            raise ConfigError(f"trainer.val_check_interval={interval}: a float must be in (0, 1]")
+        if math.isinf(limit):
+            raise ConfigError("trainer.val_check_interval as a fraction needs a loader with a length")
+        return max(1, int(limit * interval))
+    return int(interval)
+
+
+def _val_due(trainer) -> bool:
+    n = trainer.check_val_every_n_epoch
+    return n is not None and (trainer.current_epoch + 1) % n == 0
+
+
+# -- evaluation -----------------------------------------------------------------------------------
+def run_eval_stage(trainer, stage: str, checkpoint: dict | None) -> list[dict]:
+    loaders = trainer._loaders.get(stage) or []
+    if not loaders:
+        raise ConfigError(f"{stage} needs data: pass dataloaders= or a datamodule with {_loader_name(stage)}()")
+    trainer.print_summary(stage, getattr(loaders[0], "batch_size", None))
+    values = run_evaluation(trainer, stage)
+    return [{k: float(v) for k, v in values.items() if v.numel() == 1}]
+
+
+def run_evaluation(trainer, stage: str, limit: int | None = None, log: bool = True) -> dict:
+    """One pass over the ``stage`` loaders in eval mode, no gradients; returns epoch metrics."""
+    module, hooks = trainer.module, trainer._hooks
+    loaders = trainer._loaders.get(stage) or []
+    step_fn = module.validation_step if stage == "validate" else module.test_step
+    prefix = "validation" if stage == "validate" else "test"
+    collector = MetricCollector(stage, trainer._current_batch_size)
+    train_collector, trainer._collector = trainer._collector, collector
+    was_training = module.training
+    module.eval()
+    hooks(f"on_{prefix}_start")
+    _call(trainer, f"on_{prefix}_epoch_start")
+    to_device, device = trainer.accelerator.batch_to_device, trainer.strategy.root_device
+    try:
+        with torch.no_grad():
+            for dl_idx, loader in enumerate(loaders):
+                n = limit if limit is not None else _num_batches(loader, trainer.limits[stage])
+                trainer.num_val_batches = n
+                for batch_idx, batch in enumerate(loader):
+                    if batch_idx >= n:
+                        break
+                    batch = to_device(batch, device)
+                    trainer._current_batch = batch
+                    hooks(f"on_{prefix}_batch_start", batch, batch_idx)
+                    with trainer.precision.autocast():
+                        args = (batch, batch_idx) if len(loaders) == 1 else (batch, batch_idx, dl_idx)
+                        outputs = step_fn(*args)
+                    hooks(f"on_{prefix}_batch_end", outputs, batch, batch_idx)
+        _call(trainer, f"on_{prefix}_epoch_end", callbacks=False)
+        values = collector.compute_epoch(trainer.strategy)
+        if log and not trainer.sanity_checking:
+            trainer._epoch_metrics.update(values)
+            trainer._prog_bar_keys.update({k: f[0] for k, f in collector.epoch_flags.items()})
+            _log_epoch_metrics(trainer, collector)
+        hooks(f"on_{prefix}_epoch_end")
+        hooks(f"on_{prefix}_end")
+    finally:
+        trainer._collector = train_collector
+        module.train(was_training)
+    return values
+
+
+# -- predict --------------------------------------------------------------------------------------
+def run_predict(trainer, stage: str, checkpoint: dict | None) -> list:
+    module, hooks = trainer.module, trainer._hooks
+    loaders = trainer._loaders.get("predict") or []
+    if not loaders:
+        raise ConfigError("predict needs data: pass dataloaders= or a datamodule with predict_dataloader()")
+    module.eval()
+    hooks("on_predict_start")
+    _call(trainer, "on_predict_epoch_start")
+    to_device, device = trainer.accelerator.batch_to_device, trainer.strategy.root_device
+    predictions: list = []
+    with torch.no_grad():
+        for loader in loaders:
+            n = _num_batches(loader, trainer.limits["predict"])
+            for batch_idx, batch in enumerate(loader):
+                if batch_idx >= n:
+                    break
+                batch = to_device(batch, device)
+                hooks("on_predict_batch_start", batch, batch_idx)
+                with trainer.precision.autocast():
+                    out = module.predict_step(batch, batch_idx)
+                hooks("on_predict_batch_end", out, batch, batch_idx)
+                predictions.append(out)
+    _call(trainer, "on_predict_epoch_end")
+    hooks("on_predict_end")
+    return predictions
+
+
+# -- helpers --------------------------------------------------------------------------------------
+def _num_batches(loader, limit: int | float | None) -> float:
+    try:
+        total = len(loader)
+    except TypeError:
+        total = math.inf
+    if limit is None:
+        return total
+    if isinstance(limit, float):
+        return math.inf if math.isinf(total) else int(total * limit)
+    return min(total, limit)
+
+
+def _hook_fn(trainer, name: str):
+    """One callable for a per-batch hook (module + callbacks), or None when nobody overrides it."""
+    module, hooks = trainer.module, trainer._hooks
+    module_fn = getattr(module, name) if overrides(module, TrainModule, name) else None
+    if module_fn is None and not hooks.has(name):
+        return None
+    if not hooks.has(name):
+        return module_fn
+
+    def call(*args: Any) -> None:
+        if module_fn is not None:
+            module_fn(*args)
+        hooks(name, *args)
+
+    return call
+
+
+def _call(trainer, name: str, callbacks: bool = True) -> None:
+    """The module's hook, then the callbacks' (as Lightning orders them)."""
+    getattr(trainer.module, name)()
+    if callbacks:
+        trainer._hooks(name)
+
+
+def _log_step_metrics(trainer, collector) -> None:
+    metrics = {k: float(v) for k, v in collector.step_values_for("logger").items()}
+    collector.step_dirty = False
+    if metrics:
+        trainer.log_metrics({**metrics, "epoch": trainer.current_epoch}, trainer.global_step)
+
+
+def _log_epoch_metrics(trainer, collector) -> None:
+    metrics = {k: float(v) for k, v in collector.epoch_values.items()
+               if v.numel() == 1 and collector.epoch_flags.get(k, (False, True))[1]}
+    if metrics:
+        trainer.log_metrics({**metrics, "epoch": trainer.current_epoch}, trainer.global_step)
+
+
+def _loader_name(stage: str) -> str:
+    return {"validate": "val_dataloader", "test": "test_dataloader"}[stage]

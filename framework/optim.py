@@ -1,0 +1,62 @@
+"""Turn what ``configure_optimizers`` returns into optimisers and scheduler configs."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+
+from framework.errors import ConfigError
+
+
+@dataclasses.dataclass
+class LRSchedulerConfig:
+    scheduler: Any
+    interval: str = "epoch"  # "step" | "epoch"
+    frequency: int = 1
+    monitor: str | None = None
+    name: str | None = None
+    strict: bool = True
+
+
+def parse_optimizers(result: Any) -> tuple[list[torch.optim.Optimizer], list[LRSchedulerConfig]]:
+    """Accept an optimizer, a list of them, ``(optimizers, schedulers)``, or a dict with
+    ``optimizer`` and ``lr_scheduler`` (a scheduler or ``{scheduler, interval, frequency,
+    monitor, name}``)."""
+    if isinstance(result, torch.optim.Optimizer):
+        return [result], []
+    if isinstance(result, dict):
+        if "optimizer" not in result:
+            raise ConfigError("configure_optimizers() returned a dict without 'optimizer'")
+        schedulers = [_scheduler_config(result["lr_scheduler"])] if result.get("lr_scheduler") else []
+        return [result["optimizer"]], schedulers
+    if isinstance(result, (list, tuple)):
+        if len(result) == 2 and isinstance(result[0], (list, tuple)):
+            return list(result[0]), [_scheduler_config(s) for s in result[1]]
+        if all(isinstance(o, torch.optim.Optimizer) for o in result):
+            return list(result), []
+        if all(isinstance(o, dict) for o in result):
+            pairs = [parse_optimizers(o) for o in result]
+            return [o for p in pairs for o in p[0]], [s for p in pairs for s in p[1]]
+    raise ConfigError(
+        f"configure_optimizers() returned {type(result).__name__}; return an optimizer or "
+        "{'optimizer': ..., 'lr_scheduler': ...}"
+    )
+
+
+def _scheduler_config(spec: Any) -> LRSchedulerConfig:
+    if isinstance(spec, dict):
+        if "scheduler" not in spec:
+            raise ConfigError("lr_scheduler dict needs a 'scheduler' key")
+        unknown = set(spec) - {f.name for f in dataclasses.fields(LRSchedulerConfig)}
+        if unknown:
+            raise ConfigError(f"lr_scheduler: unknown keys {sorted(unknown)}")
+        config = LRSchedulerConfig(**spec)
+    else:
+        config = LRSchedulerConfig(scheduler=spec)
+    if config.interval not in ("step", "epoch"):
+        raise ConfigError(f"lr_scheduler interval '{config.interval}': use 'step' or 'epoch'")
+    if config.frequency < 1:
+        raise ConfigError(f"lr_scheduler frequency {config.frequency}: must be >= 1")
+    return config

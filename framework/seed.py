@@ -1,0 +1,72 @@
+"""Seeding and the RNG state that exact resume needs."""
+
+from __future__ import annotations
+
+import os
+import random
+
+import numpy as np
+import torch
+
+SEED_ENV = "FW_GLOBAL_SEED"
+
+
+def seed_everything(seed: int) -> int:
+    """Seed Python, NumPy and torch (all devices), and remember the seed for samplers.
+
+    The seed is also exported as ``FW_GLOBAL_SEED`` so that distributed samplers built later
+    (in this process or in workers it starts) shuffle with the same seed.
+    """
+    seed = int(seed)
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+    os.environ[SEED_ENV] = str(seed)
+    return seed
+
+
+def global_seed(default: int = 0) -> int:
+    value = os.environ.get(SEED_ENV)
+    return int(value) if value is not None else default
+
+
+def get_rng_state() -> dict:
+    """Every RNG state a training step can draw from, in types ``weights_only`` loading accepts."""
+    kind, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
+    state = {
+        "python": random.getstate(),
+        "numpy": {
+            "kind": kind,
+            "keys": torch.from_numpy(keys.astype(np.int64)),
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "cached_gaussian": float(cached),
+        },
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    random.setstate(_as_python_state(state["python"]))
+    np_state = state["numpy"]
+    np.random.set_state(
+        (
+            np_state["kind"],
+            np_state["keys"].numpy().astype(np.uint32),
+            np_state["pos"],
+            np_state["has_gauss"],
+            np_state["cached_gaussian"],
+        )
+    )
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _as_python_state(state):
+    # random.setstate wants (version, tuple, gauss); a round trip may turn tuples into lists
+    version, internal, gauss = state
+    return (version, tuple(internal), gauss)

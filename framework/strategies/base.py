@@ -1,0 +1,132 @@
+"""The strategy: how processes cooperate. One abstract class, small concrete subclasses.
+
+A strategy owns the process group (if any), wraps the model (DDP, DataParallel), and offers the
+collectives the loop, metrics and callbacks use. Every collective here must be called on every
+rank; none may sit inside a rank-zero-only branch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from abc import ABC
+from typing import Any, Iterator
+
+import torch
+from torch import nn
+
+from framework.accelerators import Accelerator
+from framework.environments import DistInfo
+
+
+class StepModule(nn.Module):
+    """Routes ``forward`` to ``training_step`` so that wrappers (DDP, DataParallel), which only
+    intercept ``forward``, see the training step and synchronise its gradients."""
+
+    def __init__(self, module: nn.Module) -> None:
+        super().__init__()
+        self.module = module
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self.module.training_step(*args, **kwargs)
+
+
+class Strategy(ABC):
+    """One process per job and no communication; subclasses add processes and wrappers.
+
+    Lifecycle, driven by the Trainer: ``connect(accelerator, dist, devices)`` ->
+    ``setup_environment()`` (process group, device) -> ``setup_module(module)`` ->
+    ``training_step(...)`` per batch -> ``teardown()``.
+    """
+
+    name = ""
+    #: Does this strategy run one process per device (and so need a launcher)?
+    multi_process = False
+
+    def __init__(self) -> None:
+        self.accelerator: Accelerator | None = None
+        self.dist = DistInfo()
+        self.devices: list[int] = [0]
+        self.root_device = torch.device("cpu")
+        self.model: nn.Module | None = None
+
+    # -- set-up ---------------------------------------------------------------------------
+    def connect(self, accelerator: Accelerator, dist: DistInfo, devices: list[int]) -> None:
+        self.accelerator, self.dist, self.devices = accelerator, dist, devices
+        local_index = devices[dist.local_rank] if self.multi_process else devices[0]
+        self.root_device = accelerator.device_for(local_index)
+
+    def setup_environment(self) -> None:
+        assert self.accelerator is not None, "connect() first"
+        self.accelerator.setup_device(self.root_device)
+
+    def setup_module(self, module: nn.Module) -> nn.Module:
+        """Move the module to the device; return the model that runs training steps."""
+        module.to(self.root_device)
+        self.model = module
+        return module
+
+    def training_step(self, module: nn.Module, *args: Any) -> Any:
+        return module.training_step(*args)
+
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Skip gradient synchronisation (accumulation steps); nothing to skip here."""
+        yield
+
+    def teardown(self) -> None:
+        self.model = None
+
+    def describe(self) -> dict[str, Any]:
+        return {"strategy": self.name, "world_size": self.world_size, "device": str(self.root_device)}
+
+    # -- where this process stands --------------------------------------------------------
+    @property
+    def global_rank(self) -> int:
+        return self.dist.rank
+
+    @property
+    def local_rank(self) -> int:
+        return self.dist.local_rank
+
+    @property
+    def world_size(self) -> int:
+        return self.dist.world_size
+
+    @property
+    def is_global_zero(self) -> bool:
+        return self.global_rank == 0
+
+    @property
+    def is_distributed(self) -> bool:
+        return self.world_size > 1
+
+    def distributed_sampler_kwargs(self) -> dict[str, int] | None:
+        """``num_replicas`` and ``rank`` for samplers, or None when data need no sharding."""
+        return None
+
+    # -- collectives (identity without a process group) ----------------------------------
+    def all_reduce(self, tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
+        return tensor
+
+    def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Stack ``tensor`` from every rank along a new first dimension."""
+        return tensor.unsqueeze(0)
+
+    def all_gather_object(self, obj: Any) -> list[Any]:
+        return [obj]
+
+    def broadcast(self, obj: Any, src: int = 0) -> Any:
+        return obj
+
+    def barrier(self, name: str | None = None) -> None:
+        return None
+
+    def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:
+        return bool(decision)
+
+    def _collective_device(self) -> torch.device:
+        """Where tensors handed to collectives must live (NCCL: the GPU; Gloo/MPI: the CPU)."""
+        return self.root_device
+
+    def on_exception(self, exc: BaseException) -> None:
+        """Called on the failing rank before the error propagates (MPI aborts the job here)."""

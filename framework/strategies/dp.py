@@ -1,0 +1,47 @@
+"""``torch.nn.DataParallel``: one process, one thread per visible GPU.
+
+The batch is split along its first dimension across ``devices``; each replica runs
+``training_step`` and the per-replica losses are averaged. Without GPUs it runs on one device
+(the CPU) and says so, so that a recipe written for a GPU box still runs on a laptop.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from framework.rank_zero import rank_zero_warn
+from framework.strategies.base import StepModule, Strategy
+
+
+class DataParallelStrategy(Strategy):
+    name = "dp"
+
+    def setup_module(self, module: nn.Module) -> nn.Module:
+        module.to(self.root_device)
+        if self.root_device.type != "cuda":
+            rank_zero_warn("strategy=dp: no GPU in use, running on one device (cpu) without DataParallel")
+            self.model = module
+            return module
+        device_ids = [self.accelerator.device_for(i).index for i in self.devices]
+        self.model = nn.DataParallel(StepModule(module), device_ids=device_ids)
+        return self.model
+
+    def training_step(self, module: nn.Module, *args: Any) -> Any:
+        if not isinstance(self.model, nn.DataParallel):
+            return module.training_step(*args)
+        return _mean_over_replicas(self.model(*args))
+
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "replicas": len(self.devices) if self.root_device.type == "cuda" else 1}
+
+
+def _mean_over_replicas(output: Any) -> Any:
+    """DataParallel gathers a 0-dim loss from each replica into a vector: average it."""
+    if isinstance(output, torch.Tensor) and output.dim() == 1:
+        return output.mean()
+    if isinstance(output, dict) and isinstance(output.get("loss"), torch.Tensor):
+        return {**output, "loss": output["loss"].mean()}
+    return output

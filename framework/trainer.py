@@ -1,0 +1,358 @@
+"""The Trainer: builds the parts of a run from its arguments and drives the loops.
+
+It owns its accelerator, strategy, precision, callbacks and loggers and passes them what they
+need; the loops themselves live in ``framework.loops`` and the checkpoint contents in
+``framework.trainer_state``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import time
+from typing import Any, Iterable
+
+import torch
+
+from framework import launch, loops, trainer_state
+from framework.accelerators import get_accelerator
+from framework.callbacks.base import Callback
+from framework.data import DataModule, batch_size_of
+from framework.environments import DistInfo, detect_environment
+from framework.errors import ConfigError
+from framework.hooks import HookDispatcher
+from framework.precision import Precision
+from framework.rank_zero import rank_zero_print
+from framework.results import MetricCollector
+from framework.strategies import Strategy, create_strategy
+
+
+class Trainer:
+    """Runs fit/validate/test/predict for a ``TrainModule``. Keyword names follow Lightning's.
+
+    Args:
+        accelerator: ``cpu``, ``cuda`` or ``auto``.
+        devices: devices per node (int, list of CUDA indices, or ``auto``).
+        num_nodes: nodes in the job; ``devices * num_nodes`` is the world size.
+        strategy: ``single``, ``dp``, ``ddp``, ``ddp_gloo``, ``ddp_nccl``, ``mpi``, ``auto``, a
+            mapping ``{name: ..., init_method: ..., timeout: ...}`` or a Strategy.
+        precision: ``32``, ``bf16-mixed`` or ``16-mixed``.
+        max_epochs, min_epochs, max_steps, max_time: when to stop (max_time: seconds,
+            ``"DD:HH:MM:SS"`` or ``{days, hours, minutes, seconds}``).
+        accumulate_grad_batches: optimiser step every k batches (DDP skips the all-reduce on
+            the k-1 others).
+        gradient_clip_val, gradient_clip_algorithm: clip by ``norm`` (default) or ``value``.
+        val_check_interval: validate every N train batches (int) or fraction of an epoch.
+        check_val_every_n_epoch, num_sanity_val_steps, log_every_n_steps: as in Lightning.
+        limit_{train,val,test,predict}_batches: int (batches) or float (fraction).
+        callbacks, logger: callbacks list; logger ``True`` (TensorBoard), ``False``, a Logger
+            or a list.
+        enable_checkpointing, enable_progress_bar: add the default ModelCheckpoint /
+            progress bar unless one was given.
+        default_root_dir: where logs and checkpoints go (default: the working directory).
+        deterministic: ``torch.use_deterministic_algorithms``.
+        max_restarts, rdzv_endpoint: passed to the elastic agent when fw launches workers.
+    """
+
+    def __init__(
+        self,
+        accelerator: str = "auto",
+        strategy: Any = "auto",
+        devices: Any = "auto",
+        num_nodes: int = 1,
+        precision: Any = "32",
+        logger: Any = True,
+        callbacks: list[Callback] | Callback | None = None,
+        max_epochs: int | None = None,
+        min_epochs: int | None = None,
+        max_steps: int = -1,
+        max_time: Any = None,
+        limit_train_batches: int | float | None = None,
+        limit_val_batches: int | float | None = None,
+        limit_test_batches: int | float | None = None,
+        limit_predict_batches: int | float | None = None,
+        val_check_interval: int | float | None = None,
+        check_val_every_n_epoch: int | None = 1,
+        num_sanity_val_steps: int = 2,
+        log_every_n_steps: int = 50,
+        enable_checkpointing: bool = True,
+        enable_progress_bar: bool = True,
+        accumulate_grad_batches: int = 1,
+        gradient_clip_val: float | None = None,
+        gradient_clip_algorithm: str = "norm",
+        deterministic: bool = False,
+        default_root_dir: str | None = None,
+        max_restarts: int = 0,
+        rdzv_endpoint: str | None = None,
+    ) -> None:
+        self.accelerator = get_accelerator(accelerator)
+        self.num_nodes = _positive_int("num_nodes", num_nodes)
+        self.devices = _parse_devices(devices, self.accelerator)
+        self.strategy: Strategy = create_strategy(
+            _default_strategy(strategy, len(self.devices) * self.num_nodes), self.accelerator.name
+        )
+        self._env = detect_environment()
+        self._needs_launch = False
+        self.strategy.connect(self.accelerator, self._resolve_dist(), self.devices)
+        self.precision = Precision(precision, self.accelerator.name)
+
+        if max_epochs is None and max_steps == -1 and max_time is None:
+            max_epochs = 1000
+        self.max_epochs = max_epochs if max_epochs is not None else -1
+        self.min_epochs = min_epochs or 0
+        self.max_steps = int(max_steps)
+        self.max_time = _parse_max_time(max_time)
+        self.limits = {
+            "train": _limit("limit_train_batches", limit_train_batches),
+            "validate": _limit("limit_val_batches", limit_val_batches),
+            "test": _limit("limit_test_batches", limit_test_batches),
+            "predict": _limit("limit_predict_batches", limit_predict_batches),
+        }
+        self.val_check_interval = val_check_interval
+        self.check_val_every_n_epoch = check_val_every_n_epoch
+        self.num_sanity_val_steps = int(num_sanity_val_steps)
+        self.log_every_n_steps = _positive_int("log_every_n_steps", log_every_n_steps)
+        self.accumulate_grad_batches = _positive_int("accumulate_grad_batches", accumulate_grad_batches)
+        if gradient_clip_algorithm not in ("norm", "value"):
+            raise ConfigError(f"trainer.gradient_clip_algorithm '{gradient_clip_algorithm}': use norm or value")
+        self.gradient_clip_val = gradient_clip_val
+        self.gradient_clip_algorithm = gradient_clip_algorithm
+        self.default_root_dir = os.fspath(default_root_dir) if default_root_dir else os.getcwd()
+        self.max_restarts, self.rdzv_endpoint = int(max_restarts), rdzv_endpoint
+        if deterministic:
+            torch.use_deterministic_algorithms(True)
+            os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+
+        self.callbacks = trainer_state.default_callbacks(
+            _as_list(callbacks), enable_checkpointing, enable_progress_bar
+        )
+        self.loggers = trainer_state.resolve_loggers(logger)
+        self.log_dir: str | None = None
+
+        # progress of the run (saved in checkpoints)
+        self.current_epoch = 0
+        self.global_step = 0
+        self.should_stop = False
+        self.sanity_checking = False
+        self.training = False
+        self.stage: str | None = None
+        self.num_training_batches: float = math.inf
+        self.num_val_batches = 0
+        self.optimizers: list[torch.optim.Optimizer] = []
+        self.lr_scheduler_configs: list = []
+        self.module = None
+        self.datamodule: DataModule | None = None
+        self._collector = MetricCollector("train", self._current_batch_size)
+        self._current_batch: Any = None
+        self._epoch_metrics: dict[str, torch.Tensor] = {}
+        self._hooks = HookDispatcher(self.callbacks, self)
+        self._recipe_text: str | None = None
+        self._start_time = time.monotonic()
+
+    # -- where this process stands -------------------------------------------------------------
+    @property
+    def global_rank(self) -> int:
+        return self.strategy.global_rank
+
+    @property
+    def local_rank(self) -> int:
+        return self.strategy.local_rank
+
+    @property
+    def world_size(self) -> int:
+        return self.strategy.world_size
+
+    @property
+    def is_global_zero(self) -> bool:
+        return self.strategy.is_global_zero
+
+    @property
+    def logger(self):
+        return self.loggers[0] if self.loggers else None
+
+    @property
+    def lightning_module(self):
+        return self.module
+
+    # -- metrics --------------------------------------------------------------------------------
+    @property
+    def callback_metrics(self) -> dict[str, torch.Tensor]:
+        return {**self._collector.step_values(), **self._epoch_metrics}
+
+    @property
+    def logged_metrics(self) -> dict[str, torch.Tensor]:
+        return self.callback_metrics
+
+    @property
+    def progress_bar_metrics(self) -> dict[str, float]:
+        values = {k: v for k, v in self._collector.step_values_for("prog_bar").items()}
+        values.update({k: v for k, v in self._epoch_metrics.items() if self._prog_bar_keys.get(k)})
+        return {k: float(v) for k, v in values.items() if v.numel() == 1}
+
+    _prog_bar_keys: dict[str, bool] = {}
+
+    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
+        """Send ``metrics`` to every logger (rank 0 only; other ranks do nothing)."""
+        if not self.is_global_zero or not metrics:
+            return
+        for lg in self.loggers:
+            lg.log_metrics(metrics, step)
+
+    def _current_batch_size(self) -> int:
+        return batch_size_of(self._current_batch)
+
+    # -- public API -----------------------------------------------------------------------------
+    def fit(self, model, train_dataloaders=None, val_dataloaders=None, datamodule=None, ckpt_path=None) -> None:
+        """Train ``model``; ``ckpt_path`` (a path or ``"last"``) resumes from a checkpoint."""
+        if self._launch_if_needed():
+            return
+        self._run("fit", model, datamodule, {"train": train_dataloaders, "validate": val_dataloaders},
+                  ckpt_path, loops.run_fit)
+
+    def validate(self, model=None, dataloaders=None, datamodule=None, ckpt_path=None) -> list[dict]:
+        if self._launch_if_needed():
+            return []
+        return self._run("validate", model, datamodule, {"validate": dataloaders}, ckpt_path, loops.run_eval_stage)
+
+    def test(self, model=None, dataloaders=None, datamodule=None, ckpt_path=None) -> list[dict]:
+        if self._launch_if_needed():
+            return []
+        return self._run("test", model, datamodule, {"test": dataloaders}, ckpt_path, loops.run_eval_stage)
+
+    def predict(self, model=None, dataloaders=None, datamodule=None, ckpt_path=None) -> list:
+        if self._launch_if_needed():
+            return []
+        return self._run("predict", model, datamodule, {"predict": dataloaders}, ckpt_path, loops.run_predict)
+
+    def save_checkpoint(self, path: str | os.PathLike) -> None:
+        """Write a checkpoint (call on every rank: rank 0 writes, the others wait)."""
+        trainer_state.save(self, path)
+
+    # -- orchestration --------------------------------------------------------------------------
+    def _run(self, stage: str, model, datamodule, loaders: dict, ckpt_path, body) -> Any:
+        model = model if model is not None else self.module
+        if model is None:
+            raise ConfigError(f"trainer.{stage}() needs a model")
+        self.stage = stage
+        try:
+            trainer_state.setup(self, stage, model, datamodule, loaders)
+            checkpoint = trainer_state.restore(self, ckpt_path, stage)
+            return body(self, stage, checkpoint)
+        except BaseException as exc:
+            self._hooks("on_exception", exc)
+            launch.record_worker_error(exc)
+            self.strategy.on_exception(exc)
+            raise
+        finally:
+            trainer_state.teardown(self, stage)
+
+    def _resolve_dist(self) -> DistInfo:
+        """Ranks from the launcher around us, or (if fw must start workers) this node's plan."""
+        world = len(self.devices) * self.num_nodes
+        if not self.strategy.multi_process:
+            return DistInfo()
+        if self._env.launched_externally:
+            info = self._env.info()
+            launch.check_world(info, len(self.devices), self.num_nodes, self.strategy.name)
+            return info
+        launch.check_not_inside_batch_script(world)
+        self._needs_launch = world > 1
+        return DistInfo()
+
+    def _launch_if_needed(self) -> bool:
+        if not self._needs_launch:
+            return False
+        if self.strategy.name == "mpi":
+            raise ConfigError(
+                f"trainer.strategy=mpi with {len(self.devices) * self.num_nodes} processes needs an "
+                f"MPI launcher: mpiexec -n {len(self.devices) * self.num_nodes} fw fit ... "
+                "(or set trainer.devices=1)"
+            )
+        code = launch.launch_workers(
+            nproc_per_node=len(self.devices), num_nodes=self.num_nodes,
+            max_restarts=self.max_restarts, rdzv_endpoint=self.rdzv_endpoint,
+        )
+        sys.exit(code)
+
+    def print_summary(self, stage: str, per_device_batch: int | None) -> None:
+        info = self.strategy.describe()
+        parts = [f"fw {stage}: strategy {self.strategy.name}"]
+        if "backend" in info:
+            parts.append(f"backend {info['backend']}, init {info['init_method']}")
+        parts.append(f"world size {self.world_size}")
+        parts.append(f"device {info['device']}, precision {self.precision.precision}")
+        if per_device_batch:
+            replicas = info.get("replicas", 1)
+            parts.append(
+                f"batch {per_device_batch} per device, global {per_device_batch * self.world_size * (1 if replicas == 1 else 1)}"
+            )
+        rank_zero_print(" | ".join(parts))
+
+
+def _as_list(value: Any) -> list:
+    if value is None:
+        return []
+    return list(value) if isinstance(value, (list, tuple)) else [value]
+
+
+def _positive_int(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"trainer.{name}={value!r}: must be an integer >= 1")
+    return value
+
+
+def _default_strategy(strategy: Any, world: int) -> Any:
+    if strategy in (None, "auto"):
+        return "ddp" if world > 1 else "single"
+    return strategy
+
+
+def _parse_devices(devices: Any, accelerator) -> list[int]:
+    """Local device indices this node uses."""
+    available = accelerator.device_count()
+    if devices in ("auto", -1, "-1"):
+        return list(range(available)) if accelerator.name == "cuda" else [0]
+    if isinstance(devices, str) and devices.isdigit():
+        devices = int(devices)
+    if isinstance(devices, int) and not isinstance(devices, bool):
+        if devices < 1:
+            raise ConfigError(f"trainer.devices={devices}: must be >= 1 (or 'auto')")
+        indices = list(range(devices))
+    elif isinstance(devices, (list, tuple)) and devices and all(isinstance(d, int) for d in devices):
+        indices = list(devices)
+    else:
+        raise ConfigError(f"trainer.devices={devices!r}: use a count (2), a list of GPU indices ([0, 1]) or 'auto'")
+    if accelerator.name == "cuda" and max(indices) >= available:
+        raise ConfigError(
+            f"trainer.devices={devices}: this machine has {available} GPU(s); "
+            f"set trainer.devices to at most {available}"
+        )
+    return indices
+
+
+def _limit(name: str, value: Any) -> int | float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+        raise ConfigError(f"trainer.{name}={value!r}: use a number of batches (int) or a fraction (0.0-1.0)")
+    if isinstance(value, float) and value > 1.0:
+        raise ConfigError(f"trainer.{name}={value}: a float is a fraction and must be <= 1.0")
+    return value
+
+
+def _parse_max_time(value: Any) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, str):
+        parts = value.split(":")
+        if len(parts) == 4 and all(p.isdigit() for p in parts):
+            d, h, m, s = map(int, parts)
+            return float(((d * 24 + h) * 60 + m) * 60 + s)
+    if isinstance(value, dict):
+        units = {"days": 86400, "hours": 3600, "minutes": 60, "seconds": 1}
+        if set(value) <= set(units):
+            return float(sum(units[k] * v for k, v in value.items()))
+    raise ConfigError(f"trainer.max_time={value!r}: use seconds, 'DD:HH:MM:SS' or {{days, hours, minutes, seconds}}")

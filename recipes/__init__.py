@@ -1,0 +1,1 @@
+"""TrainModules and DataModules that the recipes in conf/ use."""

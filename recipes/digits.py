@@ -1,0 +1,93 @@
+"""Handwritten digits (scikit-learn's bundled 8x8 images: no download) with an MLP."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+import framework as fw
+
+
+class DigitsData(fw.DataModule):
+    """1,797 8x8 digit images scaled to [0, 1]; a fixed, seeded train/val split.
+
+    Args:
+        batch_size: per device; the global batch is batch_size * world size.
+        val_fraction: share of the images held out for validation.
+        split_seed: seed of the split (independent of the run's seed).
+    """
+
+    def __init__(self, batch_size: int = 64, val_fraction: float = 0.2, split_seed: int = 0, num_workers: int = 0):
+        self.batch_size, self.val_fraction = batch_size, val_fraction
+        self.split_seed, self.num_workers = split_seed, num_workers
+
+    def setup(self, stage: str) -> None:
+        from sklearn.datasets import load_digits
+
+        x, y = load_digits(return_X_y=True)
+        x = torch.tensor(x, dtype=torch.float32) / 16.0
+        y = torch.tensor(y, dtype=torch.long)
+        order = torch.randperm(len(x), generator=torch.Generator().manual_seed(self.split_seed))
+        n_val = int(len(x) * self.val_fraction)
+        val, train = order[:n_val], order[n_val:]
+        self.train_set = TensorDataset(x[train], y[train])
+        self.val_set = TensorDataset(x[val], y[val])
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(self.train_set, batch_size=self.batch_size, shuffle=True, num_workers=self.num_workers)
+
+    def val_dataloader(self) -> DataLoader:
+        return DataLoader(self.val_set, batch_size=self.batch_size, num_workers=self.num_workers)
+
+    test_dataloader = val_dataloader
+
+    def predict_dataloader(self) -> DataLoader:
+        return DataLoader(TensorDataset(self.val_set.tensors[0]), batch_size=self.batch_size)
+
+
+class DigitsClassifier(fw.TrainModule):
+    """MLP 64 -> hidden -> hidden -> 10 with dropout; accuracy from torchmetrics."""
+
+    def __init__(self, hidden: int = 128, lr: float = 3e-3, dropout: float = 0.1, weight_decay: float = 0.0):
+        super().__init__()
+        self.save_hyperparameters()
+        from torchmetrics.classification import MulticlassAccuracy
+
+        self.net = nn.Sequential(
+            nn.Linear(64, hidden), nn.ReLU(), nn.Dropout(dropout),
+            nn.Linear(hidden, hidden), nn.ReLU(), nn.Dropout(dropout),
+            nn.Linear(hidden, 10),
+        )
+        self.val_acc = MulticlassAccuracy(num_classes=10, average="micro")
+        self.test_acc = MulticlassAccuracy(num_classes=10, average="micro")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        loss = F.cross_entropy(self(x), y)
+        self.log("train/loss", loss, prog_bar=True, on_epoch=True)
+        return loss
+
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        logits = self(x)
+        self.log("val/loss", F.cross_entropy(logits, y), sync_dist=True)
+        self.val_acc(logits, y)
+        self.log("val/acc", self.val_acc, prog_bar=True)
+
+    def test_step(self, batch, batch_idx):
+        x, y = batch
+        self.test_acc(self(x), y)
+        self.log("test/acc", self.test_acc)
+
+    def predict_step(self, batch, batch_idx):
+        return self(batch[0]).argmax(dim=1)
+
+    def configure_optimizers(self):
+        optimizer = torch.optim.Adam(self.parameters(), lr=self.hparams["lr"], weight_decay=self.hparams["weight_decay"])
+        scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=max(1, self.trainer.max_epochs))
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "epoch"}}

@@ -1,0 +1,218 @@
+"""The fw_mpi backend (``framework/strategies/mpi_backend.py``): collectives, DDP and failure.
+
+Each multi-rank test writes a script to ``tmp_path`` and runs it on 2 ranks under
+``mpiexec -n 2 python -m mpi4py``; the script asserts and prints a marker that the test checks.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def _mpiexec() -> str | None:
+    local = Path(sys.executable).parent / "mpiexec"
+    return str(local) if local.exists() else shutil.which("mpiexec")
+
+
+def _skip_reason() -> str | None:
+    if importlib.util.find_spec("mpi4py") is None:
+        return "mpi4py is not installed (pip install 'fw[mpi]')"
+    if _mpiexec() is None:
+        return "no mpiexec next to the Python executable or on PATH (pip install mpich)"
+    return None
+
+
+needs_mpi = pytest.mark.skipif(_skip_reason() is not None, reason=_skip_reason() or "")
+
+PRELUDE = """
+import torch, torch.distributed as dist
+from framework.strategies.mpi_backend import init_mpi_process_group
+torch.set_num_threads(1)
+rank, world = init_mpi_process_group()
+assert world == 2 and dist.get_backend() == "fw_mpi", (world, dist.get_backend())
+"""
+
+
+def _run(tmp_path: Path, body: str, n: int = 2, timeout: float = 90) -> subprocess.CompletedProcess:
+    script = tmp_path / "script.py"
+    script.write_text(PRELUDE + textwrap.dedent(body))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])))
+    cmd = [_mpiexec(), "-n", str(n), sys.executable, "-m", "mpi4py", str(script)]
+    return subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=timeout)
+
+
+def _assert_ok(proc: subprocess.CompletedProcess, marker: str) -> None:
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    assert out.count(marker) == 2, out  # both ranks reached the end
+
+
+COLLECTIVES = """
+for dtype in (torch.float32, torch.float64, torch.int64, torch.bfloat16):
+    base = torch.tensor([1, 4, 7, 10], dtype=dtype)
+    for op, want in ((dist.ReduceOp.SUM, [3, 9, 15, 21]), (dist.ReduceOp.MAX, [2, 5, 8, 11])):
+        t = base + rank
+        dist.all_reduce(t, op=op)
+        assert t.dtype == dtype and t.tolist() == want, (dtype, op, t)
+    t = base + rank
+    dist.all_reduce(t, op=dist.ReduceOp.AVG)
+    want = [1, 4, 7, 10] if dtype == torch.int64 else [1.5, 4.5, 7.5, 10.5]  # ints truncate
+    assert t.tolist() == want, (dtype, t)
+
+t = torch.arange(12.0).reshape(3, 4).t() * (rank + 1)  # non-contiguous, in place
+dist.all_reduce(t)
+assert torch.equal(t, torch.arange(12.0).reshape(3, 4).t() * 3)
+work = dist.all_reduce(t, async_op=True)  # completed work: wait() and its future both work
+assert work.wait() and torch.equal(work.get_future().wait()[0], torch.arange(12.0).reshape(3, 4).t() * 6)
+flags = torch.tensor([rank == 0, False])
+dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+assert flags.tolist() == [True, False]
+
+b = torch.full((3,), float(rank), dtype=torch.bfloat16)
+dist.broadcast(b, src=1)
+assert b.tolist() == [1.0, 1.0, 1.0]
+
+outs = [torch.empty(2, dtype=torch.int64) for _ in range(world)]
+dist.all_gather(outs, torch.full((2,), rank))
+assert [o.tolist() for o in outs] == [[0, 0], [1, 1]]
+flat = torch.empty(4)
+dist.all_gather_into_tensor(flat, torch.full((2,), float(rank)))
+assert flat.tolist() == [0, 0, 1, 1]
+part = torch.empty(2)
+dist.reduce_scatter_tensor(part, torch.arange(4.0) + rank)
+assert part.tolist() == ([1, 3] if rank == 0 else [5, 7])
+
+objs = [None] * world
+dist.all_gather_object(objs, {"rank": rank, "name": f"r{rank}"})
+assert objs == [{"rank": 0, "name": "r0"}, {"rank": 1, "name": "r1"}]
+got = [None] * world if rank == 0 else None
+dist.gather_object(("x", rank), got, dst=0)
+assert rank != 0 or got == [("x", 0), ("x", 1)]
+lst = [rank, {"a": rank}]
+dist.broadcast_object_list(lst, src=1)
+assert lst == [1, {"a": 1}]
+
+if rank == 0:  # send/recv in both directions
+    dist.send(torch.arange(3.0), dst=1)
+    back = torch.empty(3)
+    dist.recv(back, src=1)
+    assert back.tolist() == [0, 2, 4]
+else:
+    got = torch.empty(3)
+    dist.irecv(got, src=0).wait()
+    dist.send(got * 2, dst=0)
+dist.barrier()
+dist.destroy_process_group()
+print("COLLECTIVES-OK")
+"""
+
+DDP = """
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+def mlp():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 2))
+
+def train(model, batches, lr=0.1):
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    for micro in batches:  # each step: a list of (x, y) micro-batches, mean loss over the step
+        opt.zero_grad()
+        for i, (x, y) in enumerate(micro):
+            last = i == len(micro) - 1
+            ctx = model.no_sync() if (isinstance(model, DDP) and not last) else torch.enable_grad()
+            with ctx:
+                (torch.nn.functional.mse_loss(model(x), y) / len(micro)).backward()
+        opt.step()
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+
+B, steps = 4, 10
+g = torch.Generator().manual_seed(1)
+data = [(torch.randn(2 * B, 8, generator=g), torch.randn(2 * B, 2, generator=g)) for _ in range(2 * steps)]
+
+def check(accumulate):
+    k = 2 if accumulate else 1
+    full = [[(torch.cat([x for x, _ in data[s * k:(s + 1) * k]]), torch.cat([y for _, y in data[s * k:(s + 1) * k]]))]
+            for s in range(steps)]
+    ddp_batches = [[(x[rank::2], y[rank::2]) for x, y in data[s * k:(s + 1) * k]] for s in range(steps)]
+    reference = train(mlp(), full)
+    mine = train(DDP(mlp()), ddp_batches)
+    assert (mine - reference).abs().max().item() < 1e-5, (accumulate, (mine - reference).abs().max())
+    both = [torch.empty_like(mine) for _ in range(world)]
+    dist.all_gather(both, mine)
+    assert torch.equal(both[0], both[1]), "ranks diverged"
+
+check(accumulate=False)
+check(accumulate=True)  # no_sync(): first micro-batch accumulates locally, the last one syncs
+dist.destroy_process_group()
+print("DDP-OK")
+"""
+
+CRASH = """
+import time
+t = torch.ones(1)
+dist.all_reduce(t)
+if rank == 1:
+    raise RuntimeError("boom on rank 1")
+time.sleep(0.5)
+dist.all_reduce(t)  # rank 0 would wait here forever without -m mpi4py
+print("UNREACHABLE")
+"""
+
+
+@needs_mpi
+@pytest.mark.mpi
+@pytest.mark.timeout(120)
+def test_collectives_over_fw_mpi(tmp_path):
+    _assert_ok(_run(tmp_path, COLLECTIVES), "COLLECTIVES-OK")
+
+
+@needs_mpi
+@pytest.mark.mpi
+@pytest.mark.timeout(120)
+def test_ddp_over_fw_mpi_matches_one_process_and_no_sync(tmp_path):
+    _assert_ok(_run(tmp_path, DDP), "DDP-OK")
+
+
+@needs_mpi
+@pytest.mark.mpi
+@pytest.mark.timeout(120)
+def test_exception_on_one_rank_ends_the_job(tmp_path):
+    start = time.monotonic()
+    proc = _run(tmp_path, CRASH, timeout=60)
+    elapsed = time.monotonic() - start
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out
+    assert "boom on rank 1" in out and "UNREACHABLE" not in out, out
+    assert elapsed < 30, f"the job took {elapsed:.1f}s to end"
+
+
+def test_register_is_idempotent():
+    from framework.strategies.mpi_backend import register_mpi_backend
+
+    assert register_mpi_backend() == "fw_mpi"
+    assert register_mpi_backend() == "fw_mpi"
+    assert register_mpi_backend("fw_mpi_test") == "fw_mpi_test"
+
+
+def test_missing_mpi4py_says_how_to_install(monkeypatch):
+    import torch.distributed as dist
+
+    from framework.errors import DistributedSetupError
+    from framework.strategies.mpi_backend import init_mpi_process_group
+
+    monkeypatch.setitem(sys.modules, "mpi4py", None)  # makes ``import mpi4py`` fail
+    monkeypatch.setattr(dist, "is_mpi_available", lambda: False)
+    with pytest.raises(DistributedSetupError, match=r"pip install 'fw\[mpi\]'"):
+        init_mpi_process_group()
+    assert not dist.is_initialized()
