@@ -83,12 +83,13 @@ class TrainModule(nn.Module):
         leaves some out (e.g. a large tensor).
         """
         frame = inspect.currentframe().f_back
-        args = {k: v for k, v in frame.f_locals.items() if k not in ("self", "__class__")}
-        init_params = inspect.signature(type(self).__init__).parameters
-        args = {k: v for k, v in args.items() if k in init_params}
-        for p in init_params.values():  # **kwargs are flattened into hparams
-            if p.kind is inspect.Parameter.VAR_KEYWORD and p.name in args:
-                args.update(args.pop(p.name))
+        code = frame.f_code  # the __init__ that called us (a subclass may have another signature)
+        arg_names = code.co_varnames[1 : code.co_argcount + code.co_kwonlyargcount]
+        args = {k: frame.f_locals[k] for k in arg_names if k in frame.f_locals}
+        if code.co_flags & inspect.CO_VARKEYWORDS:  # **kwargs are flattened into hparams
+            varkw = code.co_varnames[code.co_argcount + code.co_kwonlyargcount
+                                     + bool(code.co_flags & inspect.CO_VARARGS)]
+            args.update(frame.f_locals.get(varkw, {}))
         if names:
             args = {k: v for k, v in args.items() if k in names}
         ignored = {ignore} if isinstance(ignore, str) else set(ignore or ())

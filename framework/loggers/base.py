@@ -71,6 +71,9 @@ class Logger(ABC):
         """Set ``save_dir`` when the user gave none. Called by the Trainer before any logging."""
         if self._save_dir is None:
             self._save_dir = os.fspath(root_dir)
+        # Resolve the version now, before any logger writes: several loggers sharing a name then
+        # share a version folder instead of the second one seeing the first's and moving on.
+        _ = self.version
 
     def set_version(self, version: int | str) -> None:
         """Pin the version, e.g. to the one rank 0 resolved, so that every rank agrees."""

@@ -56,6 +56,7 @@ class DDPStrategy(Strategy):
         if backend not in ("gloo", "nccl"):
             raise ConfigError(f"trainer.strategy.backend: unknown backend '{backend}'; use gloo or nccl")
         self.backend = backend
+        self.name = f"ddp_{backend}"
         self.init_method = str(init_method)
         self.timeout = float(timeout)
         self.socket_ifname = socket_ifname

@@ -29,7 +29,7 @@ class MPIStrategy(DDPStrategy):
     def __init__(self, timeout: float = 1800, **ddp_options) -> None:
         ddp_options.pop("init_method", None)
         super().__init__(backend="gloo", timeout=timeout, **ddp_options)
-        self.init_method = "mpi"
+        self.name = self.init_method = "mpi"
 
     def _init_process_group(self) -> None:
         from framework.strategies.mpi_backend import init_mpi_process_group

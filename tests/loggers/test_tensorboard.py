@@ -112,3 +112,16 @@ def test_is_a_logger_and_import_is_lazy():
             "framework.loggers.TensorBoardLogger(save_dir='x'); "
             "assert 'tensorboard' not in sys.modules and 'torch.utils.tensorboard' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_loggers_given_a_default_root_share_one_version_folder(tmp_path):
+    from framework.loggers import CSVLogger
+
+    (tmp_path / "fw_logs" / "version_0").mkdir(parents=True)
+    tb, csv_logger = TensorBoardLogger(), CSVLogger()
+    for lg in (tb, csv_logger):  # what the Trainer does, before any logger writes
+        lg.set_default_root(str(tmp_path))
+    csv_logger.log_hyperparams({"a": 1})  # creates version_1 on disk
+    tb.log_metrics({"x": 1.0}, step=0)
+    tb.finalize("success")
+    assert tb.log_dir == csv_logger.log_dir == os.path.join(str(tmp_path), "fw_logs", "version_1")
