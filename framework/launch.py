@@ -13,6 +13,7 @@ For several nodes, run the same command on every node with the same ``rdzv_endpo
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import sys
@@ -87,6 +88,8 @@ def launch_workers(nproc_per_node: int, num_nodes: int = 1, max_restarts: int = 
         monitor_interval=0.1,
         start_method="spawn",
     )
+    # fw prints its own one-line summary of a failure; the agent's log lines would repeat it
+    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc_per_node)))
     try:
         elastic_launch(config, entrypoint=sys.executable)(*current_command())

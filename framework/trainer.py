@@ -303,8 +303,11 @@ def _positive_int(name: str, value: Any) -> int:
 
 
 def _default_strategy(strategy: Any, world: int) -> Any:
+    auto = "ddp" if world > 1 else "single"
     if strategy in (None, "auto"):
-        return "ddp" if world > 1 else "single"
+        return auto
+    if isinstance(strategy, dict) and strategy.get("name") == "auto":
+        return {**strategy, "name": auto}
     return strategy
 
 

@@ -89,3 +89,24 @@ class DropoutMLP(fw.TrainModule):
 
 def loader(dataset, batch_size: int = 8, shuffle: bool = False) -> DataLoader:
     return DataLoader(dataset, batch_size=batch_size, shuffle=shuffle)
+
+
+class RaisesInStep(LinearModel):
+    """For the CLI test: an error in user code keeps its traceback."""
+
+    def training_step(self, batch, batch_idx):
+        raise ZeroDivisionError("user code failed here")
+
+
+class ToyData(fw.DataModule):
+    def __init__(self, n: int = 32, batch_size: int = 8):
+        self.n, self.batch_size = n, batch_size
+
+    def setup(self, stage):
+        self.data = regression_data(self.n)
+
+    def train_dataloader(self):
+        return loader(self.data, self.batch_size)
+
+    def val_dataloader(self):
+        return loader(self.data, self.batch_size)

@@ -23,19 +23,15 @@ def load_recipe(path: str | Path, overrides: list[str] = ()) -> tuple[dict, str]
     from omegaconf.errors import OmegaConfBaseException
 
     raw = _read_yaml(Path(path))
-    for item in overrides:
-        if "=" not in item:
-            raise ConfigError(f"override '{item}' has no '='; write key=value (e.g. trainer.max_epochs=5)")
-    try:
-        dotlist = OmegaConf.from_dotlist(list(overrides))
-    except OmegaConfBaseException as err:
-        raise ConfigError(f"override: {_first_line(err)}") from None
+    pairs = [_parse_override(item) for item in overrides]
     _check_keys(OmegaConf.to_container(raw), "recipe")
-    _check_keys(OmegaConf.to_container(dotlist), "override")
+    for key, _ in pairs:
+        _check_keys(_nest(key), "override")
     schema = OmegaConf.structured(RecipeConfig)
     try:
         merged = OmegaConf.merge(schema, raw)
-        for key, value in _flatten(OmegaConf.to_container(dotlist)):
+        for key, value in pairs:  # in order: later overrides win
+            _strategy_as_mapping(merged, key)
             OmegaConf.update(merged, key, value, merge=False, force_add=_free_form(key))
         plain = OmegaConf.to_container(merged, resolve=True)
     except OmegaConfBaseException as err:
@@ -92,17 +88,40 @@ def _check_keys(tree: Any, where: str) -> None:
                 )
 
 
+def _parse_override(item: str) -> tuple[str, Any]:
+    """``key=value`` -> (key, YAML value); ``key=`` is null."""
+    import yaml
+
+    if "=" not in item:
+        raise ConfigError(f"override '{item}' has no '='; write key=value (e.g. trainer.max_epochs=5)")
+    key, text = item.split("=", 1)
+    if not key or not all(key.split(".")):
+        raise ConfigError(f"override '{item}': '{key}' is not a dotted key like trainer.max_epochs")
+    try:
+        return key, yaml.safe_load(text) if text else None
+    except yaml.YAMLError as err:
+        raise ConfigError(f"override '{item}': the value is not valid YAML ({_first_line(err)})") from None
+
+
+def _nest(key: str) -> dict:
+    tree: dict = {}
+    node = tree
+    for part in key.split(".")[:-1]:
+        node = node.setdefault(part, {})
+    node[key.split(".")[-1]] = None
+    return tree
+
+
+def _strategy_as_mapping(merged, key: str) -> None:
+    """``trainer.strategy=ddp_gloo trainer.strategy.timeout=60``: a named strategy that gets
+    options becomes ``{name: ddp_gloo, timeout: 60}`` instead of losing its name."""
+    if key.startswith("trainer.strategy.") and isinstance(merged.trainer.strategy, str):
+        merged.trainer.strategy = {"name": merged.trainer.strategy}
+
+
 def _free_form(key: str) -> bool:
     """Keys under module/data/callbacks/logger are the user's own; any may be added."""
     return key.split(".")[0] in ("module", "data", "callbacks", "logger") or key.startswith("trainer.strategy.")
-
-
-def _flatten(tree: Any, prefix: str = ""):
-    if isinstance(tree, dict) and (tree or not prefix):
-        for k, v in tree.items():
-            yield from _flatten(v, f"{prefix}.{k}" if prefix else str(k))
-    else:
-        yield prefix, tree
 
 
 def _explain(err) -> str:
@@ -110,9 +129,18 @@ def _explain(err) -> str:
     text = _first_line(err)
     if "could not be converted" in text or "Invalid type" in text or "is not a subclass" in text:
         value = getattr(err, "value", None)
-        expected = getattr(err, "ref_type", None) or ""
-        return f"{key}: wrong type for value {value!r}: {text} (expected {expected})".replace(" (expected )", "")
+        expected = _expected_type(key)
+        return f"{key}: expected {expected}, got {value!r}; fix the value in the recipe or the override"
     return f"{key}: {text}" if key else text
+
+
+def _expected_type(key: str) -> str:
+    fields = {f.name: f.type for f in dataclasses.fields(TrainerConfig)}
+    type_name = str(fields.get(key.rsplit(".", 1)[-1], "another type"))
+    for word, plain in (("bool", "true or false"), ("int", "an integer"), ("float", "a number"), ("str", "a string")):
+        if word in type_name:
+            return plain + (" or null" if "Optional" in type_name else "")
+    return type_name
 
 
 def _first_line(err: BaseException) -> str:

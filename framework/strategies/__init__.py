@@ -37,6 +37,8 @@ def create_strategy(spec: str | Mapping[str, Any] | Strategy, accelerator_name: 
         name = options.pop("name")
     else:
         raise ConfigError(f"trainer.strategy: expected a name or a mapping, got {type(spec).__name__}")
+    if name == "auto":
+        name = "single"
     if name == "ddp":
         name = "ddp_nccl" if accelerator_name == "cuda" else "ddp_gloo"
     if name == "ddp_nccl" and accelerator_name != "cuda":

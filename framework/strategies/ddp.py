@@ -68,13 +68,14 @@ class DDPStrategy(Strategy):
         if bucket_cap_mb is not None:
             self.ddp_kwargs["bucket_cap_mb"] = bucket_cap_mb
         _check_init_method(self.init_method)
+        if socket_ifname:
+            _check_interface(socket_ifname, backend)  # here, before any worker is started
         self._owns_group = False
 
     # -- set-up ---------------------------------------------------------------------------
     def setup_environment(self) -> None:
         super().setup_environment()
         if self.socket_ifname:
-            _check_interface(self.socket_ifname, self.backend)
             os.environ["NCCL_SOCKET_IFNAME" if self.backend == "nccl" else "GLOO_SOCKET_IFNAME"] = (
                 self.socket_ifname
             )

@@ -1,0 +1,98 @@
+"""``fw`` from a shell: one-line errors with exit codes, tracebacks kept for user code, and the
+README's main job reaching its accuracy bar."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, subprocess_env
+
+FW = [sys.executable, "-m", "framework.cli"]
+
+
+def fw(*args: str, cwd: Path = ROOT, timeout: int = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([*FW, *args], cwd=cwd, env=subprocess_env(), capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize("args,code,pattern", [
+    (["fit", "conf/nope.yaml"], 2, "recipe 'conf/nope.yaml' does not exist"),
+    (["fitt", "conf/digits.yaml"], 2, "invalid choice: 'fitt'"),
+    (["fit", "conf/digits.yaml", "trainer.max_epochs"], 2, "has no '='"),
+    (["fit", "conf/digits.yaml", "trainer.strategy=ddpp"], 2, r"unknown strategy 'ddpp'.*known: ddp_gloo"),
+    (["fit", "conf/digits.yaml", "trainer.accelerator=tpu"], 2, "unknown accelerator 'tpu'"),
+    (["fit", "conf/digits.yaml", "trainer.precision=64"], 2, "unknown precision '64'"),
+    (["fit", "conf/digits.yaml", "trainer.accelerator=cuda"], 2, "CUDA is not available"),
+    (["fit", "conf/digits.yaml", "trainer.strategy=ddp_nccl"], 2, "ddp_nccl needs CUDA"),
+    (["fit", "conf/digits.yaml", "module._target_=recipes.digits.Nope"], 2, "has no 'Nope'"),
+    (["fit", "conf/digits.yaml", "module.hiden=3"], 2, "unknown argument 'hiden'"),
+    (["fit", "conf/digits.yaml", "trainer.devices=2", "trainer.strategy=ddp_gloo",
+      "trainer.strategy.socket_ifname=nosuch0"], 2, "interface 'nosuch0' does not exist"),
+    (["fit", "conf/digits.yaml", "trainer.devices=2", "trainer.strategy=ddp_gloo",
+      "trainer.strategy.init_method=file:///nonexistent-dir/rdzv"], 2, "directory /nonexistent-dir does not exist"),
+    (["fit", "conf/digits.yaml", "trainer.devices=2", "trainer.strategy=mpi"], 2, "needs an MPI launcher: mpiexec -n 2"),
+    (["fit", "conf/digits.yaml", "ckpt_path=/nonexistent.ckpt", "trainer.default_root_dir=."], 1,
+     "checkpoint '/nonexistent.ckpt' does not exist"),
+])
+@pytest.mark.timeout(60)
+def test_user_mistakes_are_one_line_errors(args, code, pattern, tmp_path):
+    proc = fw(*args)
+    assert proc.returncode == code, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert lines[-1].startswith("fw: error:"), proc.stderr
+    assert re.search(pattern, lines[-1]), lines[-1]
+    assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.timeout(60)
+def test_error_in_user_code_keeps_its_traceback(tmp_path):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("module:\n  _target_: toy.RaisesInStep\ndata:\n  _target_: toy.ToyData\n"
+                      f"trainer:\n  max_epochs: 1\n  accelerator: cpu\n  default_root_dir: {tmp_path}\nlogger: false\n")
+    proc = fw("fit", str(recipe))
+    assert proc.returncode == 1
+    assert "Traceback" in proc.stderr and "ZeroDivisionError: user code failed here" in proc.stderr
+    assert "in training_step" in proc.stderr
+
+
+@pytest.mark.timeout(30)
+def test_print_config_shows_the_merged_recipe():
+    proc = fw("fit", "conf/digits.yaml", "trainer.max_epochs=7", "--print-config")
+    assert proc.returncode == 0
+    assert "max_epochs: 7" in proc.stdout and "_target_: recipes.digits.DigitsClassifier" in proc.stdout
+
+
+@pytest.mark.timeout(180)
+def test_digits_recipe_reaches_the_accuracy_bar(tmp_path):
+    proc = fw("fit", "conf/digits.yaml", f"trainer.default_root_dir={tmp_path}")
+    assert proc.returncode == 0, proc.stderr
+    accuracy = float(re.search(r"val/acc=([0-9.]+)", proc.stdout.splitlines()[-1]).group(1))
+    assert accuracy >= 0.95
+    run_dir = next((tmp_path / "fw_logs").iterdir())
+    assert (run_dir / "config.yaml").read_text().count("DigitsClassifier") == 1  # the merged recipe
+    assert (run_dir / "checkpoints" / "last.ckpt").is_file()
+    assert list(run_dir.glob("events.out.tfevents.*"))
+
+    # the saved checkpoint evaluates to the same accuracy
+    proc = fw("validate", "conf/digits.yaml", f"ckpt_path={run_dir / 'checkpoints' / 'last.ckpt'}",
+              f"trainer.default_root_dir={tmp_path}", "logger=false")
+    assert proc.returncode == 0, proc.stderr
+    assert "val/acc=" in proc.stdout
+
+
+@pytest.mark.timeout(60)
+def test_regression_recipe_runs_without_datasets(tmp_path):
+    proc = fw("fit", "conf/regression.yaml", f"trainer.default_root_dir={tmp_path}", "trainer.max_epochs=2")
+    assert proc.returncode == 0, proc.stderr
+    assert list(tmp_path.glob("fw_logs/version_0/metrics.csv"))
+
+
+@pytest.mark.timeout(60)
+def test_fw_env_reports_the_essentials():
+    proc = fw("env")
+    assert proc.returncode == 0, proc.stderr
+    for word in ("torch", "gloo", "nccl", "mpi"):
+        assert word in proc.stdout.lower()
