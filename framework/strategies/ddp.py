@@ -14,6 +14,7 @@ import re
 import socket
 from pathlib import Path
 from typing import Any, Iterator
+from urllib.parse import urlparse
 
 import torch
 import torch.distributed as dist
@@ -95,16 +96,32 @@ class DDPStrategy(Strategy):
                     "init_method env:// needs MASTER_PORT; set it (e.g. export MASTER_PORT=29500) "
                     "or name one with trainer.strategy.init_method=tcp://HOST:PORT"
                 )
+        timeout = datetime.timedelta(seconds=self.timeout)
         try:
+            store = self._own_tcp_store(timeout)
+            rendezvous = {"store": store} if store is not None else {"init_method": self.init_method}
             dist.init_process_group(
-                self.backend,
-                init_method=self.init_method,
-                world_size=info.world_size,
-                rank=info.rank,
-                timeout=datetime.timedelta(seconds=self.timeout),
+                self.backend, world_size=info.world_size, rank=info.rank, timeout=timeout, **rendezvous
             )
         except (dist.DistError, RuntimeError, ValueError) as err:
             raise _explain_init_failure(err, self) from None
+
+    def _own_tcp_store(self, timeout: datetime.timedelta) -> dist.Store | None:
+        """The store for a ``tcp://`` endpoint that is not the elastic agent's, hosted by rank 0.
+
+        Under torchrun (and fw's own launcher) torch takes any ``tcp://`` endpoint for the
+        agent's store (``TORCHELASTIC_USE_AGENT_STORE``): every rank connects as a client and
+        nobody listens, so a port other than the agent's would hang until the timeout.
+        """
+        if not self.init_method.startswith("tcp://") or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+            return None
+        url = urlparse(self.init_method)
+        if str(url.port) == os.environ.get("MASTER_PORT"):
+            return None  # the agent's own store: torch connects to it
+        return dist.TCPStore(
+            url.hostname, url.port, self.dist.world_size, is_master=self.dist.rank == 0,
+            timeout=timeout, multi_tenant=True,
+        )
 
     def setup_module(self, module: nn.Module) -> nn.Module:
         module.to(self.root_device)

@@ -6,9 +6,7 @@ Each multi-rank test writes a script to ``tmp_path`` and runs it on 2 ranks unde
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import shutil
 import subprocess
 import sys
 import textwrap
@@ -16,24 +14,13 @@ import time
 from pathlib import Path
 
 import pytest
+from mpi_helpers import mpiexec, needs_mpi
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
-def _mpiexec() -> str | None:
-    local = Path(sys.executable).parent / "mpiexec"
-    return str(local) if local.exists() else shutil.which("mpiexec")
+_mpiexec = mpiexec
 
-
-def _skip_reason() -> str | None:
-    if importlib.util.find_spec("mpi4py") is None:
-        return "mpi4py is not installed (pip install 'fw[mpi]')"
-    if _mpiexec() is None:
-        return "no mpiexec next to the Python executable or on PATH (pip install mpich)"
-    return None
-
-
-needs_mpi = pytest.mark.skipif(_skip_reason() is not None, reason=_skip_reason() or "")
 
 PRELUDE = """
 import torch, torch.distributed as dist

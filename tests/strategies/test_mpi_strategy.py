@@ -1,0 +1,176 @@
+"""The ``mpi`` strategy under ``mpiexec -n 2``: equivalence with one process on the 2x batch,
+exact evaluation on an odd-sized set, rank-zero I/O, a failing rank ending the job, and
+``fw env`` reporting MPI."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import ROOT, subprocess_env
+from mpi_helpers import mpiexec, needs_mpi
+
+pytestmark = [needs_mpi, pytest.mark.mpi]
+
+SCRIPT = textwrap.dedent(
+    """
+    import json, sys, torch
+    import framework as fw
+    import framework.checkpoint as ckpt_module
+    from framework.callbacks import ModelCheckpoint
+    from framework.loggers import CSVLogger
+    from toy import LinearModel, loader, regression_data
+    from exact_eval import EvalModel, eval_data
+
+    out = sys.argv[1]
+    torch.set_num_threads(1)
+    writes = []
+    real_save = ckpt_module.atomic_save
+    ckpt_module.atomic_save = lambda obj, path: (writes.append(str(path)), real_save(obj, path))[1]
+
+    class SpyLogger(CSVLogger):
+        def log_metrics(self, metrics, step):
+            writes.append("log_metrics")
+            super().log_metrics(metrics, step)
+
+    # 1. equivalence: per-rank batch 4, unshuffled, SGD, 2 epochs
+    model = LinearModel(lr=0.05)
+    trainer = fw.Trainer(accelerator="cpu", devices=2, strategy="mpi", max_epochs=2, num_sanity_val_steps=0,
+                         enable_progress_bar=False, default_root_dir=out, log_every_n_steps=1,
+                         logger=SpyLogger(), callbacks=[ModelCheckpoint(save_last=True)])
+    trainer.fit(model, loader(regression_data(32), 4))
+    rank = trainer.global_rank
+    torch.save(model.state_dict(), f"{out}/params{rank}.pt")
+
+    # 2. exact evaluation on 101 samples
+    results = fw.Trainer(accelerator="cpu", devices=2, strategy="mpi", logger=False,
+                         enable_progress_bar=False).validate(EvalModel(), loader(eval_data(), 8))
+    json.dump({"rank": rank, "world": trainer.world_size, "writes": writes, "val": results[0]},
+              open(f"{out}/rank{rank}.json", "w"))
+    """
+)
+
+EXACT_EVAL = textwrap.dedent(
+    """
+    import torch
+    from torch.utils.data import TensorDataset
+    from torchmetrics import SumMetric
+    from torchmetrics.classification import BinaryAccuracy
+    import framework as fw
+
+    def eval_data(n=101):
+        g = torch.Generator().manual_seed(3)
+        x = torch.randn(n, 4, generator=g)
+        return TensorDataset(x, (x[:, 0] > 0.1).float())
+
+    class EvalModel(fw.TrainModule):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(1)
+            self.net = torch.nn.Linear(4, 1)
+            self.acc, self.count = BinaryAccuracy(), SumMetric()
+        def validation_step(self, batch, batch_idx):
+            x, y = batch
+            logit = self.net(x).squeeze(1)
+            self.acc(logit.sigmoid(), y)
+            self.count.update(torch.ones_like(y))
+            self.log("val/acc", self.acc)
+            self.log("val/count", self.count)
+            self.log("val/bce", torch.nn.functional.binary_cross_entropy_with_logits(logit, y), sync_dist=True)
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+    """
+)
+
+
+def _mpirun(script: Path, *args: str, n: int = 2, timeout: int = 120) -> subprocess.CompletedProcess:
+    cmd = [mpiexec(), "-n", str(n), sys.executable, str(script), *args]
+    return subprocess.run(cmd, env=subprocess_env(), capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.timeout(180)
+def test_mpi_equivalence_exact_eval_and_rank_zero_io(tmp_path):
+    (tmp_path / "exact_eval.py").write_text(EXACT_EVAL)
+    script = tmp_path / "run.py"
+    script.write_text(f"import sys; sys.path.insert(0, {str(tmp_path)!r})\n" + SCRIPT)
+    out = tmp_path / "out"
+    out.mkdir()
+    proc = _mpirun(script, str(out))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "strategy mpi | backend fw_mpi" in proc.stdout
+
+    # equivalence: both ranks bit-identical, and equal to one process on the 2x batch
+    p0, p1 = torch.load(out / "params0.pt"), torch.load(out / "params1.pt")
+    sys.path.insert(0, str(tmp_path))
+    import framework as fw
+    from exact_eval import EvalModel, eval_data
+    from toy import QUIET, LinearModel, loader, regression_data
+
+    single = LinearModel(lr=0.05)
+    fw.Trainer(max_epochs=2, **QUIET).fit(single, loader(regression_data(32), 8))
+    for key, value in single.state_dict().items():
+        assert torch.equal(p0[key], p1[key])
+        torch.testing.assert_close(p0[key], value, atol=1e-5, rtol=0)
+    assert not torch.allclose(p0["net.weight"], LinearModel().state_dict()["net.weight"])
+
+    # exact evaluation: 101 samples, 51 + 50, no padding duplicates
+    ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
+    expected = fw.Trainer(**QUIET).validate(EvalModel(), loader(eval_data(), 8))[0]
+    for r in ranks:
+        assert r["world"] == 2
+        assert r["val"]["val/count"] == 101.0
+        assert r["val"]["val/acc"] == pytest.approx(expected["val/acc"], abs=1e-7)
+        assert r["val"]["val/bce"] == pytest.approx(expected["val/bce"], abs=1e-6)
+
+    # rank-zero I/O: rank 0 wrote checkpoints and logs, rank 1 wrote nothing
+    assert any(w.endswith(".ckpt") for w in ranks[0]["writes"]) and "log_metrics" in ranks[0]["writes"]
+    assert ranks[1]["writes"] == []
+    assert len(list((out / "fw_logs").iterdir())) == 1
+
+
+FAIL = textwrap.dedent(
+    """
+    import torch, framework as fw
+    from toy import LinearModel, loader, regression_data
+
+    class Fails(LinearModel):
+        def training_step(self, batch, batch_idx):
+            if self.global_rank == 1 and batch_idx == 3:
+                raise ValueError("rank 1 failed at batch 3")
+            return super().training_step(batch, batch_idx)
+
+    fw.Trainer(accelerator="cpu", devices=2, strategy="mpi", max_epochs=50, logger=False,
+               enable_checkpointing=False, enable_progress_bar=False).fit(Fails(), loader(regression_data(64), 4))
+    """
+)
+
+
+@pytest.mark.timeout(90)
+def test_a_failing_rank_ends_the_mpi_job_within_seconds(tmp_path):
+    script = tmp_path / "fail.py"
+    script.write_text(FAIL)
+    start = time.monotonic()
+    proc = _mpirun(script, timeout=60)
+    elapsed = time.monotonic() - start
+    assert proc.returncode != 0
+    assert "ValueError: rank 1 failed at batch 3" in proc.stderr
+    assert elapsed < 30, f"the job took {elapsed:.1f} s to end"
+
+
+@pytest.mark.timeout(90)
+def test_fw_env_reports_mpi_library_and_ranks(tmp_path):
+    proc = subprocess.run([mpiexec(), "-n", "2", sys.executable, "-m", "framework.cli", "env"], cwd=ROOT,
+                          env=subprocess_env(), capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "MPICH" in proc.stdout or "Open MPI" in proc.stdout
+    import re
+
+    for rank in (0, 1):
+        assert re.search(rf"COMM_WORLD\s+rank {rank} of 2", proc.stdout), proc.stdout
+    assert re.search(r"detected\s+mpi", proc.stdout)
