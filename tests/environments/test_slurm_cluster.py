@@ -1,0 +1,89 @@
+"""fw under a real SLURM cluster (``../shared/slurm/start.sh`` brings one up; CI starts it).
+
+``srun -n2`` runs two DDP ranks that find each other from SLURM's variables alone, and an
+``sbatch`` script that forgets ``srun`` gets the batch-script trap explained instead of a hang.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from conftest import subprocess_env
+
+pytestmark = pytest.mark.slurm
+
+
+def _slurm_up() -> str | None:
+    if not shutil.which("srun") or not shutil.which("sinfo"):
+        return "SLURM is not installed (run ../shared/slurm/start.sh to bring up a test cluster)"
+    proc = subprocess.run(["sinfo", "-h", "-o", "%t"], capture_output=True, text=True, timeout=20)
+    if proc.returncode != 0 or not any(s in proc.stdout for s in ("idle", "mix", "alloc")):
+        return f"no SLURM node is up ({(proc.stdout + proc.stderr).strip()[:100]})"
+    return None
+
+
+needs_slurm = pytest.mark.skipif(_slurm_up() is not None, reason=_slurm_up() or "")
+
+SCRIPT = textwrap.dedent(
+    """
+    import sys, torch, framework as fw
+    from toy import LinearModel, loader, regression_data
+    out = sys.argv[1]
+    torch.set_num_threads(1)
+    trainer = fw.Trainer(accelerator="cpu", devices=2, strategy="ddp_gloo", max_epochs=2, logger=False,
+                         enable_checkpointing=False, enable_progress_bar=False, num_sanity_val_steps=0)
+    model = LinearModel(lr=0.05)
+    trainer.fit(model, loader(regression_data(32), 4))
+    info = trainer.strategy.dist
+    torch.save({"params": model.state_dict(), "source": info.source, "world": info.world_size,
+                "port": info.master_port}, f"{out}/rank{trainer.global_rank}.pt")
+    """
+)
+
+
+@needs_slurm
+@pytest.mark.timeout(180)
+def test_srun_two_tasks_train_as_one_ddp_job(tmp_path):
+    script = tmp_path / "job.py"
+    script.write_text(SCRIPT)
+    proc = subprocess.run(
+        ["srun", "-N1", "-n2", "--kill-on-bad-exit=1", "--time=3", sys.executable, str(script), str(tmp_path)],
+        env=subprocess_env(), capture_output=True, text=True, timeout=150,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    r0, r1 = torch.load(tmp_path / "rank0.pt"), torch.load(tmp_path / "rank1.pt")
+    assert r0["source"] == r1["source"] == "slurm" and r0["world"] == 2
+    assert 15000 <= r0["port"] < 25000  # derived from the job id
+    from toy import QUIET, LinearModel, loader, regression_data
+
+    import framework as fw
+
+    single = LinearModel(lr=0.05)
+    fw.Trainer(max_epochs=2, **QUIET).fit(single, loader(regression_data(32), 8))
+    for key, value in single.state_dict().items():
+        assert torch.equal(r0["params"][key], r1["params"][key])
+        torch.testing.assert_close(r0["params"][key], value, atol=1e-5, rtol=0)
+
+
+@needs_slurm
+@pytest.mark.timeout(120)
+def test_sbatch_without_srun_is_explained_not_a_hang(tmp_path):
+    script = tmp_path / "job.py"
+    script.write_text(SCRIPT)
+    log = tmp_path / "slurm.out"
+    batch = tmp_path / "job.sh"
+    batch.write_text(f"#!/bin/bash\n{sys.executable} -m framework.cli env > /dev/null\n"
+                     f"{sys.executable} {script} {tmp_path}\n")
+    proc = subprocess.run(
+        ["sbatch", "--wait", "-N1", "--ntasks=2", "--time=2", f"--output={log}", str(batch)],
+        env=subprocess_env(), capture_output=True, text=True, timeout=100,
+    )
+    assert proc.returncode != 0
+    text = log.read_text()
+    assert "outside srun" in text and "srun" in text.split("outside srun", 1)[1]
+    assert not (tmp_path / "rank0.pt").exists()
