@@ -14,13 +14,14 @@ def run_recipe(stage: str, recipe: dict, recipe_text: str) -> Any:
 
     if recipe.get("seed") is not None:
         seed_everything(recipe["seed"])
-    module = instantiate(recipe["module"], "module")
-    data = instantiate(recipe["data"], "data") if recipe.get("data") else None
+    # the Trainer first: a wrong strategy or device fails before a model or data set is built
     callbacks = instantiate(list(recipe.get("callbacks") or []), "callbacks")
     logger = recipe.get("logger", True)
     logger = instantiate(logger, "logger") if isinstance(logger, (dict, list)) else logger
     trainer = Trainer(**recipe["trainer"], callbacks=callbacks, logger=logger)
     trainer._recipe_text = recipe_text
+    module = instantiate(recipe["module"], "module")
+    data = instantiate(recipe["data"], "data") if recipe.get("data") else None
     ckpt_path = recipe.get("ckpt_path")
     if stage == "fit":
         result = trainer.fit(module, datamodule=data, ckpt_path=ckpt_path)

@@ -146,6 +146,7 @@ class Trainer:
         self._collector = MetricCollector("train", self._current_batch_size)
         self._current_batch: Any = None
         self._epoch_metrics: dict[str, torch.Tensor] = {}
+        self._prog_bar_keys: dict[str, bool] = {}  # epoch metric -> shown in the progress bar
         self._hooks = HookDispatcher(self.callbacks, self)
         self._recipe_text: str | None = None
         self._start_time = time.monotonic()
@@ -189,8 +190,6 @@ class Trainer:
         values = {k: v for k, v in self._collector.step_values_for("prog_bar").items()}
         values.update({k: v for k, v in self._epoch_metrics.items() if self._prog_bar_keys.get(k)})
         return {k: float(v) for k, v in values.items() if v.numel() == 1}
-
-    _prog_bar_keys: dict[str, bool] = {}
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
         """Send ``metrics`` to every logger (rank 0 only; other ranks do nothing)."""
@@ -283,10 +282,9 @@ class Trainer:
         parts.append(f"world size {self.world_size}")
         parts.append(f"device {info['device']}, precision {self.precision.precision}")
         if per_device_batch:
-            replicas = info.get("replicas", 1)
-            parts.append(
-                f"batch {per_device_batch} per device, global {per_device_batch * self.world_size * (1 if replicas == 1 else 1)}"
-            )
+            replicas = info.get("replicas", 1)  # DataParallel splits one loader batch over its GPUs
+            per_device = per_device_batch // replicas if replicas > 1 else per_device_batch
+            parts.append(f"batch {per_device} per device, global {per_device * replicas * self.world_size}")
         rank_zero_print(" | ".join(parts))
 
 

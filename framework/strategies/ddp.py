@@ -91,6 +91,10 @@ class DDPStrategy(Strategy):
             os.environ.setdefault("MASTER_ADDR", info.master_addr)
             if info.master_port is not None:
                 os.environ.setdefault("MASTER_PORT", str(info.master_port))
+            elif info.world_size == 1:  # a world of one needs a port only to talk to itself
+                from framework.launch import free_port
+
+                os.environ.setdefault("MASTER_PORT", str(free_port()))
             if "MASTER_PORT" not in os.environ:
                 raise DistributedSetupError(
                     "init_method env:// needs MASTER_PORT; set it (e.g. export MASTER_PORT=29500) "

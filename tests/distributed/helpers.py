@@ -57,7 +57,11 @@ def write_script(tmp_path: Path, body: str, name: str = "job.py") -> Path:
 
 
 def run_cmd(cmd: list[str], timeout: float, env: dict[str, str] | None = None, cwd: str | Path | None = None) -> Result:
-    """Run ``cmd`` in its own process group; on timeout kill the whole group and re-raise."""
+    """Run ``cmd``; on timeout stop it and every process it started, then fail the test.
+
+    The elastic agent starts its workers in sessions of their own, so killing the launcher's
+    process group is not enough: the descendants are collected from ``/proc`` first.
+    """
     start = time.monotonic()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env=env if env is not None else clean_env(), cwd=cwd or REPO,
@@ -65,14 +69,38 @@ def run_cmd(cmd: list[str], timeout: float, env: dict[str, str] | None = None, c
     try:
         out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
+        _kill_tree(proc.pid)
         out, _ = proc.communicate()
         raise AssertionError(f"{' '.join(map(str, cmd))} did not finish within {timeout} s:\n{out}") from None
-    finally:
-        if proc.poll() is None:  # pragma: no cover - interrupted test
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+    except BaseException:  # interrupted (e.g. by pytest-timeout): leave nothing behind
+        _kill_tree(proc.pid)
+        proc.communicate()
+        raise
     return Result(proc.returncode, out, time.monotonic() - start)
+
+
+def _descendants(pid: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def _kill_tree(pid: int) -> None:
+    for p in [pid, *_descendants(pid)]:
+        try:
+            os.kill(p, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 def run_script(script: Path, *args: str, launcher: str = "fw", nproc: int = 2, timeout: float = 60,

@@ -49,14 +49,16 @@ def init_method(kind: str, tmp_path, tag: str) -> str:
     return f"file://{tmp_path}/rendezvous_{tag}"
 
 
+# env:// runs one fit per process: under the elastic agent's store a second init_process_group
+# in the same process reuses the first one's store keys (torch resets its group counter on destroy).
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize(
-    "kind, launcher",
-    [("env", "fw"), ("tcp", "torchrun"), ("file", "fw")],
+    "kind, launcher, accumulates",
+    [("env", "fw", (1,)), ("tcp", "torchrun", (1, 2)), ("file", "fw", (1, 2))],
 )
-def test_ddp_gloo_matches_single_process(kind, launcher, tmp_path):
+def test_ddp_gloo_matches_single_process(kind, launcher, accumulates, tmp_path):
     cases = [{"tag": f"acc{acc}", "accumulate": acc, "init_method": init_method(kind, tmp_path, f"acc{acc}")}
-             for acc in (1, 2)]
+             for acc in accumulates]
     script = write_script(tmp_path, SCRIPT)
     cfg = {"cases": cases, "batch_size": B, "out": str(tmp_path)}
     check_ok(run_script(script, json.dumps(cfg), launcher=launcher, timeout=90))
@@ -65,18 +67,11 @@ def test_ddp_gloo_matches_single_process(kind, launcher, tmp_path):
         rank0 = torch.load(tmp_path / f"{case['tag']}_rank0.pt")
         rank1 = torch.load(tmp_path / f"{case['tag']}_rank1.pt")
         ref = reference(case["accumulate"])
-        start = workload.fit_regressor  # noqa: F841 - keep the import visible
         for name, value in ref.items():
             assert torch.equal(rank0[name], rank1[name]), f"{case['tag']}: ranks differ in {name}"
             torch.testing.assert_close(rank0[name], value, rtol=0, atol=1e-5,
                                        msg=lambda m: f"{case['tag']} {name}: {m}")
-        # training moved the parameters, so equality above is not the trivial one
-        assert any(not torch.allclose(rank0[k], _initial()[k]) for k in ref)
-
-
-def _initial() -> dict:
-    torch.manual_seed(0)
-    import framework as fw
-
-    fw.seed_everything(0)
-    return workload.Regressor().state_dict()
+        # training moved the parameters, so the equality above is not the trivial one
+        workload.fw.seed_everything(0)
+        initial = workload.Regressor().state_dict()
+        assert any(not torch.allclose(rank0[k], initial[k], atol=1e-3) for k in ref)
