@@ -22,11 +22,16 @@ Gloo mode: ``init_process_group("gloo")`` once (env:// from torchrun); the raw l
 model in DDP each round, and fw's ``ddp_gloo`` finds the group already initialised, uses it and
 leaves it alone at teardown.
 
-MPI mode: every side owns its process group for the round, as a user's job would:
-``raw_gloo`` (Gloo over TCP, port picked by rank 0 and sent over MPI), ``fw_ddp_gloo`` (fw
-initialises Gloo itself from MASTER_ADDR/MASTER_PORT), ``raw_fw_mpi`` (hand-written DDP on the
-``fw_mpi`` ProcessGroup from ``init_mpi_process_group``) and ``fw_mpi`` (``strategy="mpi"``).
-``raw_fw_mpi`` separates fw's own overhead from the cost of moving gradients over MPI.
+MPI mode: the default group is Gloo (TCP, port picked by rank 0 and sent over MPI) and an
+``fw_mpi`` group (mpi4py ProcessGroup) is made with ``new_group`` (the order that works, see
+``framework/strategies/mpi_backend.py``). Sides: ``raw_gloo`` (DDP on the default group),
+``fw_ddp_gloo`` (fw finds the group initialised and uses it), ``raw_fw_mpi`` (hand-written DDP
+with ``process_group=`` the fw_mpi group) and ``fw_mpi`` (fw's ``MPIStrategy`` with
+``ddp_kwargs["process_group"]`` set to that group: the same per-step path as ``strategy=mpi``,
+where fw makes fw_mpi the default group itself). ``raw_fw_mpi`` separates fw's own overhead from
+the cost of moving gradients over MPI. (Initialising and destroying a Gloo and an fw_mpi default
+group in turn, side by side, hung on the second Gloo init here, so the groups live for the
+whole run.)
 
 An exactness pass first trains every side from the same weights for N steps and reports the
 largest parameter difference to the raw Gloo loop (bitwise equality expected).
@@ -53,6 +58,7 @@ from torch import nn  # noqa: E402
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset  # noqa: E402
 
 import framework as fw  # noqa: E402
+from framework.strategies import MPIStrategy  # noqa: E402
 from _common import fmt_time, iqr, machine_info, median, print_table, result_path, write_json  # noqa: E402
 
 SIZES = (64, 512, 512, 10)
@@ -109,8 +115,15 @@ class Comm:
         if backend == "mpi":
             from mpi4py import MPI
 
+            from framework.strategies.mpi_backend import register_mpi_backend
+
             self.mpi = MPI.COMM_WORLD
             self.rank, self.size = self.mpi.Get_rank(), self.mpi.Get_size()
+            port = self.free_port()
+            dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=self.rank,
+                                    world_size=self.size, timeout=datetime.timedelta(seconds=300))
+            # Gloo default + an fw_mpi subgroup works; the reverse cannot rendezvous (mpi_backend.py)
+            self.mpi_group = dist.new_group(backend=register_mpi_backend())
         else:
             dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=300))
             self.rank, self.size = dist.get_rank(), dist.get_world_size()
@@ -132,51 +145,34 @@ class Comm:
         return self.mpi.bcast(port, root=0)
 
 
-@contextlib.contextmanager
-def own_group(comm: Comm, kind: str):
-    """In MPI mode, a process group for one side, destroyed after it (Gloo default: shared)."""
-    if comm.backend != "mpi":
-        yield
-        return
-    if kind == "gloo":
-        port = comm.free_port()
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=comm.rank, world_size=comm.size)
-    else:
-        from framework.strategies.mpi_backend import init_mpi_process_group
-
-        init_mpi_process_group()
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
-
-
 # -- the sides ------------------------------------------------------------------------------------
-def raw_ddp(comm: Comm, net: nn.Module, data: TensorDataset, epochs: int, group_kind: str) -> list[float]:
+def raw_ddp(comm: Comm, net: nn.Module, data: TensorDataset, epochs: int, group=None) -> list[float]:
     """The hand-written loop: DDP + DistributedSampler, ``epochs`` epochs; epoch wall times."""
-    with own_group(comm, group_kind):
-        model = nn.parallel.DistributedDataParallel(net)
-        sampler = DistributedSampler(data, num_replicas=comm.size, rank=comm.rank, shuffle=False)
-        loader = DataLoader(data, batch_size=PER_RANK_BATCH, sampler=sampler)
-        opt = make_optimizer(model.parameters())
-        model.train()
-        times = []
-        for epoch in range(epochs):
-            sampler.set_epoch(epoch)
-            start = time.perf_counter()
-            for x, y in loader:
-                loss = F.cross_entropy(model(x), y)
-                loss.backward()
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-            times.append(time.perf_counter() - start)
-        return times
+    model = nn.parallel.DistributedDataParallel(net, process_group=group)
+    sampler = DistributedSampler(data, num_replicas=comm.size, rank=comm.rank, shuffle=False)
+    loader = DataLoader(data, batch_size=PER_RANK_BATCH, sampler=sampler)
+    opt = make_optimizer(model.parameters())
+    model.train()
+    times = []
+    for epoch in range(epochs):
+        sampler.set_epoch(epoch)
+        start = time.perf_counter()
+        for x, y in loader:
+            loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        times.append(time.perf_counter() - start)
+    return times
 
 
-def fw_ddp(comm: Comm, net: nn.Module, data: TensorDataset, epochs: int, strategy: str) -> list[float]:
+def fw_ddp(comm: Comm, net: nn.Module, data: TensorDataset, epochs: int, strategy) -> list[float]:
     """fw's Trainer with ``strategy``; fw shards the plain loader itself."""
-    if comm.backend == "mpi" and strategy == "ddp_gloo":  # fw initialises Gloo itself (env://)
-        os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(comm.free_port())
+    if strategy == "mpi":
+        # fw's MPIStrategy on the fw_mpi group: the same per-step path (fw loop + DDP over the
+        # mpi4py ProcessGroup) as a job where fw initialises fw_mpi as the default group.
+        strategy = MPIStrategy()
+        strategy.ddp_kwargs["process_group"] = comm.mpi_group
     timer = EpochTimer()
     trainer = fw.Trainer(
         accelerator="cpu", devices=comm.size, strategy=strategy, max_epochs=epochs, logger=False,
@@ -190,9 +186,9 @@ def fw_ddp(comm: Comm, net: nn.Module, data: TensorDataset, epochs: int, strateg
 
 def run_side(comm: Comm, side: str, net: nn.Module, data: TensorDataset, epochs: int) -> list[float]:
     if side == "raw_gloo":
-        return raw_ddp(comm, net, data, epochs, "gloo")
+        return raw_ddp(comm, net, data, epochs)
     if side == "raw_fw_mpi":
-        return raw_ddp(comm, net, data, epochs, "fw_mpi")
+        return raw_ddp(comm, net, data, epochs, comm.mpi_group)
     return fw_ddp(comm, net, data, epochs, {"fw_ddp_gloo": "ddp_gloo", "fw_mpi": "mpi"}[side])
 
 
@@ -282,8 +278,7 @@ def main() -> None:
     if comm.rank == 0:
         slowest = {s: [max(rank[s][i] for rank in every) / args.steps for i in range(len(mine[s]))] for s in sides}
         report(args, comm, sides, slowest, exact, wall)
-    if args.backend == "gloo":
-        dist.destroy_process_group()
+    dist.destroy_process_group()
 
 
 def report(args, comm: Comm, sides: list[str], slowest: dict, exact: dict, wall: float) -> None:

@@ -41,6 +41,8 @@ class DDPStrategy(Strategy):
 
     name = "ddp"
     multi_process = True
+    #: process groups this process initialised on an agent's store (see ``_elastic_store``)
+    _store_inits = 0
 
     def __init__(
         self,
@@ -102,7 +104,7 @@ class DDPStrategy(Strategy):
                 )
         timeout = datetime.timedelta(seconds=self.timeout)
         try:
-            store = self._own_tcp_store(timeout)
+            store = self._elastic_store(timeout)
             rendezvous = {"store": store} if store is not None else {"init_method": self.init_method}
             dist.init_process_group(
                 self.backend, world_size=info.world_size, rank=info.rank, timeout=timeout, **rendezvous
@@ -110,22 +112,32 @@ class DDPStrategy(Strategy):
         except (dist.DistError, RuntimeError, ValueError) as err:
             raise _explain_init_failure(err, self) from None
 
-    def _own_tcp_store(self, timeout: datetime.timedelta) -> dist.Store | None:
-        """The store for a ``tcp://`` endpoint that is not the elastic agent's, hosted by rank 0.
+    def _elastic_store(self, timeout: datetime.timedelta) -> dist.Store | None:
+        """Under torchrun or fw's own launcher, the store to rendezvous on (else None: torch's).
 
-        Under torchrun (and fw's own launcher) torch takes any ``tcp://`` endpoint for the
-        agent's store (``TORCHELASTIC_USE_AGENT_STORE``): every rank connects as a client and
-        nobody listens, so a port other than the agent's would hang until the timeout.
+        There torch takes every ``env://`` or ``tcp://`` endpoint for the elastic agent's store
+        (``TORCHELASTIC_USE_AGENT_STORE``), and fw builds the store itself for two reasons:
+
+        - a ``tcp://`` port other than the agent's would have every rank connect as a client
+          with nobody listening, a hang until the timeout; rank 0 hosts that store here;
+        - the agent's store outlives a process group, and torch restarts its group numbering
+          when a group is destroyed, so a second ``init_process_group`` in the same worker
+          (``fit`` then ``test``) would read the first one's keys and hang; each init gets its
+          own key prefix.
         """
-        if not self.init_method.startswith("tcp://") or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        if self.init_method.startswith("file://") or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
             return None
-        url = urlparse(self.init_method)
-        if str(url.port) == os.environ.get("MASTER_PORT"):
-            return None  # the agent's own store: torch connects to it
-        return dist.TCPStore(
-            url.hostname, url.port, self.dist.world_size, is_master=self.dist.rank == 0,
-            timeout=timeout, multi_tenant=True,
-        )
+        if self.init_method.startswith("tcp://"):
+            url = urlparse(self.init_method)
+            host, port = url.hostname, url.port
+        else:
+            host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+        hosted_here = str(port) != os.environ.get("MASTER_PORT") and self.dist.rank == 0
+        store = dist.TCPStore(host, port, self.dist.world_size, is_master=hosted_here,
+                              timeout=timeout, multi_tenant=True)
+        # every rank initialises the same number of times, so the counters agree
+        DDPStrategy._store_inits += 1
+        return dist.PrefixStore(f"fw/init_{DDPStrategy._store_inits}", store)
 
     def setup_module(self, module: nn.Module) -> nn.Module:
         module.to(self.root_device)

@@ -1,0 +1,20 @@
+"""End to end: ``fw fit`` from a plain shell with 2 devices starts 2 Gloo workers and trains."""
+
+from __future__ import annotations
+
+import pytest
+
+from .helpers import FW, REPO, run_cmd
+
+
+@pytest.mark.timeout(120)
+def test_fw_fit_digits_two_gloo_workers(tmp_path):
+    cmd = [FW, "fit", "conf/digits.yaml", "trainer.devices=2", "trainer.strategy=ddp_gloo",
+           "trainer.max_epochs=2", f"trainer.default_root_dir={tmp_path}"]
+    result = run_cmd(cmd, timeout=100, cwd=REPO)
+    assert result.returncode == 0, result.output
+    summary = [line for line in result.output.splitlines() if line.startswith("fw fit:")]
+    assert len(summary) == 1, result.output  # printed once, by rank 0
+    assert "strategy ddp_gloo" in summary[0] and "world size 2" in summary[0], summary[0]
+    assert "fw: final metrics:" in result.output and "val/acc=" in result.output
+    assert (tmp_path / "fw_logs" / "version_0" / "checkpoints" / "last.ckpt").exists()

@@ -1,0 +1,56 @@
+"""Property 6: a rank that raises mid-epoch ends the whole job quickly with its error; a rank
+whose peer never arrives fails after the strategy's timeout with a message that says why."""
+
+from __future__ import annotations
+
+import pytest
+
+from .helpers import FW, clean_env, free_port, run_cmd, run_script, write_script
+
+CRASH = """
+import torch
+from torch.utils.data import DataLoader
+import framework as fw
+import workload
+
+class Crashing(workload.IndexRecorder):
+    def training_step(self, batch, batch_idx):
+        if self.trainer.global_rank == 1 and batch_idx == 3:
+            raise ValueError("boom at batch 3")
+        return super().training_step(batch, batch_idx)
+
+trainer = fw.Trainer(devices=2, strategy={"name": "ddp_gloo", "timeout": 120}, max_epochs=1, **workload.FIT_ARGS)
+trainer.fit(Crashing(), train_dataloaders=DataLoader(workload.IndexData(40), batch_size=2))
+print("finished without the error", flush=True)
+"""
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("launcher", ["fw", "torchrun"])
+def test_crashing_rank_stops_the_job(launcher, tmp_path):
+    # the strategy timeout (120 s) is far above the bound: the job must end because the
+    # launcher stops the surviving rank, not because a collective timed out
+    result = run_script(write_script(tmp_path, CRASH), launcher=launcher, timeout=75)
+    assert result.returncode != 0, result.output
+    assert result.wall_s < 60, f"took {result.wall_s:.1f} s"
+    assert "boom at batch 3" in result.output
+    assert "finished without the error" not in result.output
+    if launcher == "fw":
+        assert "fw: error: worker rank 1" in result.output, result.output
+
+
+@pytest.mark.timeout(60)
+def test_missing_peer_times_out_with_clear_error():
+    # this process is rank 0 of 2 on node 0; the other node never comes
+    env = clean_env(RANK="0", WORLD_SIZE="2", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", GROUP_RANK="0",
+                    GROUP_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    cmd = [FW, "fit", "conf/digits.yaml", "trainer.devices=1", "trainer.num_nodes=2",
+           "trainer.strategy={name: ddp_gloo, timeout: 3}", "logger=false", "callbacks=[]"]
+    result = run_cmd(cmd, timeout=45, env=env)
+    assert result.returncode == 1, result.output
+    assert result.wall_s < 25, f"took {result.wall_s:.1f} s"
+    error = [line for line in result.output.splitlines() if line.startswith("fw: error:")]
+    assert error, result.output
+    assert "timed out after 3 s" in error[0] and "1 of 2 ranks arrived" in error[0], error[0]
+    assert "Check that all 2 ranks were started" in error[0]
+    assert "Traceback" not in result.output
