@@ -8,6 +8,7 @@ calls ``.item()`` or allocates hook lists; hooks nobody overrides are skipped.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from typing import Any
@@ -76,47 +77,64 @@ def run_train_epoch(trainer, loader, deadline: float | None) -> None:
     accumulate = trainer.accumulate_grad_batches
     val_every = _val_check_batches(trainer, limit)
     to_device, device = trainer.accelerator.batch_to_device, strategy.root_device
-    # hooks are looked up once per epoch; an empty hook is never called per batch
+    # everything per-batch is looked up once per epoch; hooks nobody overrides are None
+    step_fn = strategy.training_step_fn(module)
     batch_start = _hook_fn(trainer, "on_train_batch_start")
     batch_end = _hook_fn(trainer, "on_train_batch_end")
     before_backward = _hook_fn(trainer, "on_before_backward")
     after_backward = _hook_fn(trainer, "on_after_backward")
     before_step = _hook_fn(trainer, "on_before_optimizer_step")
-    use_no_sync = strategy.multi_process and accumulate > 1
-    autocast = precision.autocast_dtype is not None
+    no_sync = strategy.no_sync if strategy.multi_process and accumulate > 1 else None
+    autocast = precision.autocast if precision.autocast_dtype is not None else None
+    backward = precision.backward if precision.scaler is not None else torch.Tensor.backward
+    plain_step = precision.scaler is None and not trainer.gradient_clip_val
+    step_schedulers = any(cfg.interval == "step" for cfg in trainer.lr_scheduler_configs)
     log_every = trainer.log_every_n_steps
     optimizers = trainer.optimizers
+    position = trainer._loop_position
 
-    batch_idx = start - 1
     for batch_idx, batch in enumerate(iterator, start):
         if batch_idx >= limit:
-            batch_idx -= 1
             break
         batch = to_device(batch, device)
         trainer._current_batch = batch
         if batch_start is not None:
             batch_start(batch, batch_idx)
         steps_now = (batch_idx + 1) % accumulate == 0 or batch_idx + 1 == limit
-        if use_no_sync and not steps_now:
-            with strategy.no_sync():
-                outputs = _forward_backward(trainer, module, batch, batch_idx, autocast, accumulate,
-                                            before_backward, after_backward)
-        else:
-            outputs = _forward_backward(trainer, module, batch, batch_idx, autocast, accumulate,
-                                        before_backward, after_backward)
+
+        # forward and backward (no gradient all-reduce on accumulation steps)
+        with no_sync() if no_sync is not None and not steps_now else _NO_CONTEXT:
+            with autocast() if autocast is not None else _NO_CONTEXT:
+                outputs = step_fn(batch, batch_idx)
+            loss = outputs["loss"] if isinstance(outputs, dict) else outputs
+            if loss is not None:  # None: the step chose to skip this batch
+                if accumulate > 1:
+                    loss = loss / accumulate
+                if before_backward is not None:
+                    before_backward(loss)
+                backward(loss)
+                if after_backward is not None:
+                    after_backward()
+
+        # optimizer step every `accumulate` batches
         if steps_now:
             for opt in optimizers:
                 if before_step is not None:
                     before_step(opt)
-                _clip_and_step(trainer, opt)
+                if plain_step:
+                    opt.step()
+                else:
+                    _clip_and_step(trainer, opt)
                 opt.zero_grad(set_to_none=True)
             trainer.global_step += 1
-            _step_schedulers(trainer, "step")
+            if step_schedulers:
+                _step_schedulers(trainer, "step")
             if trainer.global_step % log_every == 0 and collector.step_dirty and trainer.loggers:
                 _log_step_metrics(trainer, collector)
-        trainer._loop_position["batches_done"] = batch_idx + 1
+        position["batches_done"] = batch_idx + 1
         if batch_end is not None:
             batch_end(outputs, batch, batch_idx)
+
         if val_every and (batch_idx + 1) % val_every == 0 and batch_idx + 1 < limit and _val_due(trainer):
             run_evaluation(trainer, "validate")
             module.train()
@@ -130,23 +148,7 @@ def run_train_epoch(trainer, loader, deadline: float | None) -> None:
     _end_train_epoch(trainer, collector)
 
 
-def _forward_backward(trainer, module, batch, batch_idx, autocast, accumulate, before_backward, after_backward):
-    if autocast:
-        with trainer.precision.autocast():
-            outputs = trainer.strategy.training_step(module, batch, batch_idx)
-    else:
-        outputs = trainer.strategy.training_step(module, batch, batch_idx)
-    loss = outputs["loss"] if isinstance(outputs, dict) else outputs
-    if loss is None:
-        return outputs  # the step chose to skip this batch
-    if accumulate > 1:
-        loss = loss / accumulate
-    if before_backward is not None:
-        before_backward(loss)
-    trainer.precision.backward(loss)
-    if after_backward is not None:
-        after_backward()
-    return outputs
+_NO_CONTEXT = contextlib.nullcontext()
 
 
 def _clip_and_step(trainer, optimizer) -> None:

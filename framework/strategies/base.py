@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 from abc import ABC
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 from torch import nn
@@ -35,7 +35,7 @@ class Strategy(ABC):
 
     Lifecycle, driven by the Trainer: ``connect(accelerator, dist, devices)`` ->
     ``setup_environment()`` (process group, device) -> ``setup_module(module)`` ->
-    ``training_step(...)`` per batch -> ``teardown()``.
+    ``training_step_fn(module)(batch, batch_idx)`` per batch -> ``teardown()``.
     """
 
     name = ""
@@ -65,8 +65,10 @@ class Strategy(ABC):
         self.model = module
         return module
 
-    def training_step(self, module: nn.Module, *args: Any) -> Any:
-        return module.training_step(*args)
+    def training_step_fn(self, module: nn.Module) -> Callable[..., Any]:
+        """What the loop calls with ``(batch, batch_idx)``: the module's step, or the wrapper
+        (DDP, DataParallel) whose forward runs it. Looked up once per epoch, not per batch."""
+        return module.training_step
 
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:

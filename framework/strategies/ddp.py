@@ -147,8 +147,8 @@ class DDPStrategy(Strategy):
         )
         return self.model
 
-    def training_step(self, module: nn.Module, *args: Any) -> Any:
-        return self.model(*args)
+    def training_step_fn(self, module: nn.Module):
+        return self.model  # DDP's forward prepares the gradient all-reduce, then runs the step
 
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:

@@ -29,10 +29,10 @@ class DataParallelStrategy(Strategy):
         self.model = nn.DataParallel(StepModule(module), device_ids=device_ids)
         return self.model
 
-    def training_step(self, module: nn.Module, *args: Any) -> Any:
+    def training_step_fn(self, module: nn.Module):
         if not isinstance(self.model, nn.DataParallel):
-            return module.training_step(*args)
-        return _mean_over_replicas(self.model(*args))
+            return module.training_step
+        return lambda *args: _mean_over_replicas(self.model(*args))
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "replicas": len(self.devices) if self.root_device.type == "cuda" else 1}
