@@ -59,6 +59,7 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset  # no
 
 import framework as fw  # noqa: E402
 from framework.strategies import MPIStrategy  # noqa: E402
+from _modules import EpochTimer, MLPModule, make_mlp, make_optimizer  # noqa: E402
 from _common import fmt_time, iqr, machine_info, median, print_table, result_path, write_json  # noqa: E402
 
 SIZES = (64, 512, 512, 10)
@@ -71,39 +72,6 @@ LABELS = {
     "raw_fw_mpi": "raw DDP, fw_mpi group",
     "fw_mpi": "fw mpi",
 }
-
-
-def make_mlp() -> nn.Sequential:
-    a, b, c, d = SIZES
-    return nn.Sequential(nn.Linear(a, b), nn.ReLU(), nn.Linear(b, c), nn.ReLU(), nn.Linear(c, d))
-
-
-def make_optimizer(params) -> torch.optim.Optimizer:
-    return torch.optim.Adam(params, lr=1e-3)
-
-
-class MLPModule(fw.TrainModule):
-    def __init__(self, net: nn.Module) -> None:
-        super().__init__()
-        self.net = net
-
-    def training_step(self, batch, batch_idx):
-        x, y = batch
-        return F.cross_entropy(self.net(x), y)
-
-    def configure_optimizers(self):
-        return make_optimizer(self.parameters())
-
-
-class EpochTimer(fw.Callback):
-    def __init__(self) -> None:
-        self.times, self._start = [], 0.0
-
-    def on_train_epoch_start(self, trainer, module) -> None:
-        self._start = time.perf_counter()
-
-    def on_train_epoch_end(self, trainer, module) -> None:
-        self.times.append(time.perf_counter() - self._start)
 
 
 # -- process groups -------------------------------------------------------------------------------
@@ -200,11 +168,11 @@ def make_data(comm: Comm, steps: int, seed: int = 0) -> TensorDataset:
 
 def exactness(comm: Comm, sides: list[str], steps: int) -> dict:
     torch.manual_seed(1)
-    init = make_mlp()
+    init = make_mlp(SIZES)
     data = make_data(comm, steps, seed=2)
     final = {}
     for side in sides:
-        net = make_mlp()
+        net = make_mlp(SIZES)
         net.load_state_dict(init.state_dict())
         run_side(comm, side, net, data, 1)
         final[side] = [p.detach().clone() for p in net.parameters()]
@@ -258,10 +226,10 @@ def main() -> None:
     exact = exactness(comm, sides, args.steps)
 
     torch.manual_seed(0)
-    init = make_mlp()
+    init = make_mlp(SIZES)
     nets = {}
     for side in sides:
-        nets[side] = make_mlp()
+        nets[side] = make_mlp(SIZES)
         nets[side].load_state_dict(init.state_dict())
     data = make_data(comm, args.steps)
     mine: dict[str, list[float]] = {s: [] for s in sides}
@@ -296,7 +264,7 @@ def report(args, comm: Comm, sides: list[str], slowest: dict, exact: dict, wall:
         "launcher": "torchrun" if args.backend == "gloo" else "mpiexec",
         "world_size": comm.size,
         "model": "MLP " + "-".join(map(str, SIZES)),
-        "params": sum(p.numel() for p in make_mlp().parameters()),
+        "params": sum(p.numel() for p in make_mlp(SIZES).parameters()),
         "per_rank_batch": PER_RANK_BATCH,
         "optimizer": "adam",
         "steps_per_epoch": args.steps,

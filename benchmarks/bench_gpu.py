@@ -98,37 +98,9 @@ def loop(quick: bool, out: Path) -> dict:
 
 
 # -- 3. strategies, side by side ------------------------------------------------------------------
-def make_mlp() -> nn.Sequential:
-    a, b, c, d = MLP
-    return nn.Sequential(nn.Linear(a, b), nn.ReLU(), nn.Linear(b, c), nn.ReLU(), nn.Linear(c, d))
-
-
 def strategies(quick: bool) -> dict:
     import framework as fw
-
-    class Module(fw.TrainModule):
-        def __init__(self, net):
-            super().__init__()
-            self.net = net
-
-        def training_step(self, batch, batch_idx):
-            x, y = batch
-            return F.cross_entropy(self.net(x), y)
-
-        def configure_optimizers(self):
-            return torch.optim.Adam(self.parameters(), lr=1e-3)
-
-    class Timer(fw.Callback):
-        def __init__(self):
-            self.times, self.t0 = [], 0.0
-
-        def on_train_epoch_start(self, trainer, module):
-            torch.cuda.synchronize()
-            self.t0 = time.perf_counter()
-
-        def on_train_epoch_end(self, trainer, module):
-            torch.cuda.synchronize()
-            self.times.append(time.perf_counter() - self.t0)
+    from _modules import EpochTimer, MLPModule, make_mlp
 
     steps, epochs, rounds = (50, 3, 3) if quick else (200, 4, 8)
     ensure_nccl_group()  # raw DDP and fw ddp_nccl share it (fw leaves a group it did not create)
@@ -158,12 +130,12 @@ def strategies(quick: bool) -> dict:
 
     def fw_side(strategy):
         def run(net):
-            timer = Timer()
+            timer = EpochTimer(torch.cuda.synchronize)
             trainer = fw.Trainer(accelerator="cuda", devices=1, strategy=strategy, max_epochs=epochs, logger=False,
                                  enable_checkpointing=False, enable_progress_bar=False, num_sanity_val_steps=0,
                                  callbacks=[timer])
             with contextlib.redirect_stdout(io.StringIO()):
-                trainer.fit(Module(net), train_dataloaders=DataLoader(data, batch_size=BATCH, shuffle=False))
+                trainer.fit(MLPModule(net), train_dataloaders=DataLoader(data, batch_size=BATCH, shuffle=False))
             return timer.times
         return run
 
@@ -176,10 +148,10 @@ def strategies(quick: bool) -> dict:
         "fw_dp": fw_side("dp"),
     }
     torch.manual_seed(0)
-    init = make_mlp()
+    init = make_mlp(MLP)
     nets = {}
     for name in sides:
-        nets[name] = make_mlp().cuda()
+        nets[name] = make_mlp(MLP).cuda()
         nets[name].load_state_dict(init.state_dict())
     samples: dict[str, list[float]] = {k: [] for k in sides}
     errors: dict[str, str] = {}

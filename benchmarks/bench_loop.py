@@ -39,56 +39,11 @@ from torch import nn  # noqa: E402
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
 import framework as fw  # noqa: E402
+from _modules import EpochTimer, MLPModule, make_mlp, make_optimizer  # noqa: E402
 from _common import fmt_time, iqr, machine_info, median, print_table, result_path, write_json  # noqa: E402
 
 BATCH = 64
 SIZES = (64, 256, 256, 10)
-
-
-def make_mlp(sizes=SIZES) -> nn.Sequential:
-    layers: list[nn.Module] = []
-    for i in range(len(sizes) - 1):
-        layers.append(nn.Linear(sizes[i], sizes[i + 1]))
-        if i < len(sizes) - 2:
-            layers.append(nn.ReLU())
-    return nn.Sequential(*layers)
-
-
-def make_optimizer(name: str, params) -> torch.optim.Optimizer:
-    if name == "sgd":
-        return torch.optim.SGD(params, lr=0.01, momentum=0.9)
-    return torch.optim.Adam(params, lr=1e-3)
-
-
-class MLPModule(fw.TrainModule):
-    """The same network and step as the raw loop; logs nothing (the raw loop logs nothing)."""
-
-    def __init__(self, net: nn.Module, optimizer: str) -> None:
-        super().__init__()
-        self.net = net
-        self.optimizer_name = optimizer
-
-    def training_step(self, batch, batch_idx):
-        x, y = batch
-        return F.cross_entropy(self.net(x), y)
-
-    def configure_optimizers(self):
-        return make_optimizer(self.optimizer_name, self.parameters())
-
-
-class EpochTimer(fw.Callback):
-    """Wall time of each training epoch, from two once-per-epoch hooks (no per-step cost)."""
-
-    def __init__(self, sync) -> None:
-        self.sync, self.times, self._start = sync, [], 0.0
-
-    def on_train_epoch_start(self, trainer, module) -> None:
-        self.sync()
-        self._start = time.perf_counter()
-
-    def on_train_epoch_end(self, trainer, module) -> None:
-        self.sync()
-        self.times.append(time.perf_counter() - self._start)
 
 
 def make_data(steps: int, device: torch.device, seed: int = 0) -> TensorDataset:
@@ -102,7 +57,7 @@ def make_data(steps: int, device: torch.device, seed: int = 0) -> TensorDataset:
 
 def raw_epochs(net: nn.Module, loader: DataLoader, optimizer: str, epochs: int, sync) -> list[float]:
     """The hand-written loop: ``epochs`` epochs; returns each epoch's wall time."""
-    opt = make_optimizer(optimizer, net.parameters())
+    opt = make_optimizer(net.parameters(), optimizer)
     net.train()
     times = []
     for _ in range(epochs):
@@ -138,8 +93,8 @@ def exactness(steps: int, optimizer: str, device: str) -> dict:
     """Train raw and fw from the same weights on the same batches; compare the parameters."""
     dev = torch.device(device)
     torch.manual_seed(1)
-    init = make_mlp().to(dev)
-    raw_net, fw_net = make_mlp().to(dev), make_mlp().to(dev)
+    init = make_mlp(SIZES).to(dev)
+    raw_net, fw_net = make_mlp(SIZES).to(dev), make_mlp(SIZES).to(dev)
     raw_net.load_state_dict(init.state_dict())
     fw_net.load_state_dict(init.state_dict())
     data = make_data(steps, dev, seed=2)
@@ -175,8 +130,8 @@ def main() -> None:
     exact = exactness(args.steps, args.optimizer, device)
 
     torch.manual_seed(0)
-    init = make_mlp().to(dev)
-    raw_net, fw_net = make_mlp().to(dev), make_mlp().to(dev)
+    init = make_mlp(SIZES).to(dev)
+    raw_net, fw_net = make_mlp(SIZES).to(dev), make_mlp(SIZES).to(dev)
     raw_net.load_state_dict(init.state_dict())
     fw_net.load_state_dict(init.state_dict())
     data = make_data(args.steps, dev)

@@ -26,7 +26,6 @@ from framework.seed import get_rng_state, set_rng_state
 
 # -- fit ----------------------------------------------------------------------------------------
 def run_fit(trainer, stage: str, checkpoint: dict | None) -> None:
-    module = trainer.module
     train_loaders = trainer._loaders.get("train") or []
     if not train_loaders:
         raise ConfigError("fit needs training data: pass train_dataloaders= or a datamodule with train_dataloader()")
@@ -62,7 +61,7 @@ def _fit_done(trainer) -> bool:
 
 
 def run_train_epoch(trainer, loader, deadline: float | None) -> None:
-    module, strategy, precision, hooks = trainer.module, trainer.strategy, trainer.precision, trainer._hooks
+    module, strategy, precision = trainer.module, trainer.strategy, trainer.precision
     epoch = trainer.current_epoch
     collector = trainer._collector = MetricCollector("train", trainer._current_batch_size)
     module.train()

@@ -11,7 +11,7 @@ import math
 import os
 import sys
 import time
-from typing import Any, Iterable
+from typing import Any
 
 import torch
 

@@ -11,7 +11,6 @@ import os
 from pathlib import Path
 from typing import Any
 
-import torch
 
 from framework import checkpoint as ckpt
 from framework.data import DataModule, shard_dataloader

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 from torch.utils.data import DataLoader
 
 from . import workload

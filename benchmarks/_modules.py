@@ -1,0 +1,60 @@
+"""The model, optimiser and timing callback that every benchmark's fw side shares with its raw
+side: the same network and step, so the comparison measures the framework and nothing else."""
+
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import framework as fw
+
+
+def make_mlp(sizes: tuple[int, ...]) -> nn.Sequential:
+    layers: list[nn.Module] = []
+    for i in range(len(sizes) - 1):
+        layers.append(nn.Linear(sizes[i], sizes[i + 1]))
+        if i < len(sizes) - 2:
+            layers.append(nn.ReLU())
+    return nn.Sequential(*layers)
+
+
+def make_optimizer(params, name: str = "adam") -> torch.optim.Optimizer:
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=0.01, momentum=0.9)
+    return torch.optim.Adam(params, lr=1e-3)
+
+
+class MLPModule(fw.TrainModule):
+    """The same network and step as the raw loops; logs nothing (the raw loops log nothing)."""
+
+    def __init__(self, net: nn.Module, optimizer: str = "adam") -> None:
+        super().__init__()
+        self.net = net
+        self.optimizer_name = optimizer
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return F.cross_entropy(self.net(x), y)
+
+    def configure_optimizers(self):
+        return make_optimizer(self.parameters(), self.optimizer_name)
+
+
+class EpochTimer(fw.Callback):
+    """Wall time of each training epoch, from two once-per-epoch hooks (no per-step cost);
+    ``sync`` (e.g. torch.cuda.synchronize) runs before each reading."""
+
+    def __init__(self, sync: Callable[[], None] = lambda: None) -> None:
+        self.sync, self.times, self._start = sync, [], 0.0
+
+    def on_train_epoch_start(self, trainer, module) -> None:
+        self.sync()
+        self._start = time.perf_counter()
+
+    def on_train_epoch_end(self, trainer, module) -> None:
+        self.sync()
+        self.times.append(time.perf_counter() - self._start)
