@@ -16,7 +16,6 @@ User mistakes print one line ``fw: error: ...`` and exit with 2 (recipe, argumen
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 from framework.errors import FwError
@@ -56,18 +55,10 @@ def run(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        code = run(args)
+        return run(args)
     except FwError as err:
         sys.stderr.write(f"fw: error: {err}\n")
         return err.exit_code
-    if code == 0 and os.environ.get("TORCHELASTIC_RUN_ID") and argv is None:
-        # A worker under the elastic agent whose run finished: leave now. torch 2.13's Gloo can
-        # abort at interpreter shutdown ("terminate called without an active exception",
-        # pytorch/pytorch#190489), which the agent would report as a failed worker.
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)
-    return code
 
 
 if __name__ == "__main__":

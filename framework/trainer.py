@@ -176,6 +176,11 @@ class Trainer:
     def lightning_module(self):
         return self.module
 
+    @property
+    def model(self):
+        """The wrapped model (DDP, DataParallel, or the module itself) while a run is on."""
+        return self.strategy.model
+
     # -- metrics --------------------------------------------------------------------------------
     @property
     def callback_metrics(self) -> dict[str, torch.Tensor]:

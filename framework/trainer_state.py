@@ -83,7 +83,6 @@ def setup(trainer, stage: str, model, datamodule: DataModule | None, loaders: di
     strategy.setup_module(model)
     if stage == "fit":
         trainer.optimizers, trainer.lr_scheduler_configs = parse_optimizers(model.configure_optimizers())
-    trainer.model = strategy.model
 
 
 def _prepare_loaders(trainer, key: str, given: Any, datamodule) -> list:

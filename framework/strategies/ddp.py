@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import gc
 import os
 import re
 import socket
@@ -156,7 +157,11 @@ class DDPStrategy(Strategy):
             yield
 
     def teardown(self) -> None:
+        # Drop DDP (its reducer holds the group) before the group goes: a reducer that outlives
+        # its Gloo group aborts the process at exit ("terminate called without an active
+        # exception") in about 3 runs of 10 with torch 2.13.
         super().teardown()
+        gc.collect()
         if self._owns_group and dist.is_initialized():
             dist.destroy_process_group()
             self._owns_group = False

@@ -29,7 +29,6 @@ for case in cfg["cases"]:
     assert out["world_size"] == 2, out["world_size"]
     torch.save(out["state"], f"{cfg['out']}/{case['tag']}_rank{out['rank']}.pt")
 sys.stdout.flush()
-os._exit(0)  # skip interpreter finalisation: torch's Gloo threads may abort it (SIGABRT)
 """
 
 _reference_cache: dict[int, dict] = {}

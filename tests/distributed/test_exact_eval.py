@@ -24,7 +24,6 @@ metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
 with open(f"{sys.argv[1]}/rank{trainer.global_rank}.json", "w") as f:
     json.dump({"seen": model.seen, "metrics": metrics, "world_size": trainer.world_size}, f)
 sys.stdout.flush()
-os._exit(0)  # skip interpreter finalisation: torch's Gloo threads may abort it (SIGABRT)
 """
 
 

@@ -81,8 +81,17 @@ def test_ddp_nccl_world_of_one_matches_single_device():
 
 @needs_gpu
 def test_dp_on_the_visible_gpus_matches_one_device_on_the_full_batch():
-    model, trainer = _fit("dp", GPUS, 8)
-    assert isinstance(trainer.model, torch.nn.DataParallel)  # the wrapper that ran the steps
+    wrappers = []
+
+    class Wrapper(fw.Callback):
+        def on_train_start(self, trainer, module):
+            wrappers.append(trainer.model)  # the wrapper that runs the steps
+
+    model = LinearModel(lr=0.05)
+    fw.Trainer(accelerator="cuda", devices=GPUS, strategy="dp", max_epochs=2, num_sanity_val_steps=0,
+               callbacks=[Wrapper()], logger=False, enable_checkpointing=False, enable_progress_bar=False).fit(
+        model, loader(regression_data(64), 8))
+    assert isinstance(wrappers[0], torch.nn.DataParallel)
     single, _ = _fit("single", 1, 8)
     _assert_close_to(model, single, atol=1e-5)
 
