@@ -25,6 +25,8 @@ STAGES = ("fit", "validate", "test", "predict")
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fw", description="Train PyTorch models from YAML recipes.")
+    # torch.distributed.launch passes --local-rank=N; the torchrun environment reads it from argv
+    parser.add_argument("--local-rank", "--local_rank", type=int, default=None, help=argparse.SUPPRESS)
     sub = parser.add_subparsers(dest="command", required=True, metavar="{fit,validate,test,predict,env}")
     for stage in STAGES:
         p = sub.add_parser(stage, help=f"{stage} the recipe's module")

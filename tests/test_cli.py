@@ -96,3 +96,10 @@ def test_fw_env_reports_the_essentials():
     assert proc.returncode == 0, proc.stderr
     for word in ("torch", "gloo", "nccl", "mpi"):
         assert word in proc.stdout.lower()
+
+
+def test_the_local_rank_argument_of_torch_distributed_launch_is_accepted():
+    from framework.cli import build_parser
+
+    args = build_parser().parse_args(["--local-rank=1", "fit", "conf/digits.yaml", "trainer.max_epochs=1"])
+    assert args.local_rank == 1 and args.command == "fit" and args.overrides == ["trainer.max_epochs=1"]
