@@ -40,7 +40,10 @@ class MPIStrategy(DDPStrategy):
                 f"MPI reports rank {rank} of {world_size} but the launcher's variables say "
                 f"{self.dist.rank} of {self.dist.world_size}; run fw under one mpiexec"
             )
-        self.backend = torch.distributed.get_backend()
+
+    def setup_environment(self) -> None:
+        super().setup_environment()
+        self.backend = torch.distributed.get_backend()  # fw_mpi, or mpi when torch has it
 
     def barrier(self, name: str | None = None) -> None:
         torch.distributed.barrier()
