@@ -18,6 +18,7 @@ import torch
 from framework import trainer_state
 from framework.data import set_sampler_epoch
 from framework.errors import ConfigError
+from framework.eval_loop import call_hook, log_epoch_metrics, num_batches, run_evaluation
 from framework.hooks import overrides
 from framework.module import TrainModule
 from framework.results import MetricCollector
@@ -30,9 +31,9 @@ def run_fit(trainer, stage: str, checkpoint: dict | None) -> None:
     if not train_loaders:
         raise ConfigError("fit needs training data: pass train_dataloaders= or a datamodule with train_dataloader()")
     loader = train_loaders[0]
-    trainer.num_training_batches = _num_batches(loader, trainer.limits["train"])
+    trainer.num_training_batches = num_batches(loader, trainer.limits["train"])
     trainer.print_summary("fit", getattr(loader, "batch_size", None))
-    _call(trainer, "on_fit_start")
+    call_hook(trainer, "on_fit_start")
     if checkpoint is None and trainer.num_sanity_val_steps > 0 and trainer._loaders.get("validate"):
         trainer.sanity_checking = True
         trainer._hooks("on_sanity_check_start")
@@ -41,15 +42,15 @@ def run_fit(trainer, stage: str, checkpoint: dict | None) -> None:
         trainer.sanity_checking = False
     trainer_state.restore_rng(trainer, checkpoint)
     trainer.training = True
-    _call(trainer, "on_train_start")
+    call_hook(trainer, "on_train_start")
     deadline = trainer._start_time + trainer.max_time if trainer.max_time else None
     while not _fit_done(trainer):
         run_train_epoch(trainer, loader, deadline)
         if trainer.max_time and time.monotonic() > deadline:
             trainer.should_stop = True
     trainer.training = False
-    _call(trainer, "on_train_end")
-    _call(trainer, "on_fit_end")
+    call_hook(trainer, "on_train_end")
+    call_hook(trainer, "on_fit_end")
 
 
 def _fit_done(trainer) -> bool:
@@ -66,7 +67,7 @@ def run_train_epoch(trainer, loader, deadline: float | None) -> None:
     collector = trainer._collector = MetricCollector("train", trainer._current_batch_size)
     module.train()
     set_sampler_epoch(loader, epoch)
-    _call(trainer, "on_train_epoch_start")
+    call_hook(trainer, "on_train_epoch_start")
     trainer._epoch_start_rng = get_rng_state()
     trainer._loop_position = {"epoch": epoch, "batches_done": 0, "epoch_finished": False}
     iterator = iter(loader)
@@ -164,13 +165,13 @@ def _clip_and_step(trainer, optimizer) -> None:
 def _end_train_epoch(trainer, collector) -> None:
     if _val_due(trainer) and trainer._loaders.get("validate") and not _stopped_early_by_steps(trainer):
         run_evaluation(trainer, "validate")
-    _call(trainer, "on_train_epoch_end", callbacks=False)
+    call_hook(trainer, "on_train_epoch_end", callbacks=False)
     values = collector.compute_epoch(trainer.strategy)
     trainer._epoch_metrics.update(values)
     trainer._prog_bar_keys.update({k: f[0] for k, f in collector.epoch_flags.items()})
     if collector.step_dirty and trainer.loggers:
         _log_step_metrics(trainer, collector)
-    _log_epoch_metrics(trainer, collector)
+    log_epoch_metrics(trainer, collector)
     _step_schedulers(trainer, "epoch")
     trainer._loop_position["epoch_finished"] = True
     trainer._hooks("on_train_epoch_end")
@@ -236,99 +237,7 @@ def _val_due(trainer) -> bool:
     return n is not None and (trainer.current_epoch + 1) % n == 0
 
 
-# -- evaluation -----------------------------------------------------------------------------------
-def run_eval_stage(trainer, stage: str, checkpoint: dict | None) -> list[dict]:
-    loaders = trainer._loaders.get(stage) or []
-    if not loaders:
-        raise ConfigError(f"{stage} needs data: pass dataloaders= or a datamodule with {_loader_name(stage)}()")
-    trainer.print_summary(stage, getattr(loaders[0], "batch_size", None))
-    values = run_evaluation(trainer, stage)
-    return [{k: float(v) for k, v in values.items() if v.numel() == 1}]
-
-
-def run_evaluation(trainer, stage: str, limit: int | None = None, log: bool = True) -> dict:
-    """One pass over the ``stage`` loaders in eval mode, no gradients; returns epoch metrics."""
-    module, hooks = trainer.module, trainer._hooks
-    loaders = trainer._loaders.get(stage) or []
-    step_fn = module.validation_step if stage == "validate" else module.test_step
-    prefix = "validation" if stage == "validate" else "test"
-    collector = MetricCollector(stage, trainer._current_batch_size)
-    train_collector, trainer._collector = trainer._collector, collector
-    was_training = module.training
-    module.eval()
-    hooks(f"on_{prefix}_start")
-    _call(trainer, f"on_{prefix}_epoch_start")
-    to_device, device = trainer.accelerator.batch_to_device, trainer.strategy.root_device
-    try:
-        with torch.no_grad():
-            for dl_idx, loader in enumerate(loaders):
-                n = limit if limit is not None else _num_batches(loader, trainer.limits[stage])
-                trainer.num_val_batches = n
-                for batch_idx, batch in enumerate(loader):
-                    if batch_idx >= n:
-                        break
-                    batch = to_device(batch, device)
-                    trainer._current_batch = batch
-                    hooks(f"on_{prefix}_batch_start", batch, batch_idx)
-                    with trainer.precision.autocast():
-                        args = (batch, batch_idx) if len(loaders) == 1 else (batch, batch_idx, dl_idx)
-                        outputs = step_fn(*args)
-                    hooks(f"on_{prefix}_batch_end", outputs, batch, batch_idx)
-        _call(trainer, f"on_{prefix}_epoch_end", callbacks=False)
-        values = collector.compute_epoch(trainer.strategy)
-        if log and not trainer.sanity_checking:
-            trainer._epoch_metrics.update(values)
-            trainer._prog_bar_keys.update({k: f[0] for k, f in collector.epoch_flags.items()})
-            _log_epoch_metrics(trainer, collector)
-        hooks(f"on_{prefix}_epoch_end")
-        hooks(f"on_{prefix}_end")
-    finally:
-        trainer._collector = train_collector
-        module.train(was_training)
-    return values
-
-
-# -- predict --------------------------------------------------------------------------------------
-def run_predict(trainer, stage: str, checkpoint: dict | None) -> list:
-    module, hooks = trainer.module, trainer._hooks
-    loaders = trainer._loaders.get("predict") or []
-    if not loaders:
-        raise ConfigError("predict needs data: pass dataloaders= or a datamodule with predict_dataloader()")
-    module.eval()
-    hooks("on_predict_start")
-    _call(trainer, "on_predict_epoch_start")
-    to_device, device = trainer.accelerator.batch_to_device, trainer.strategy.root_device
-    predictions: list = []
-    with torch.no_grad():
-        for loader in loaders:
-            n = _num_batches(loader, trainer.limits["predict"])
-            for batch_idx, batch in enumerate(loader):
-                if batch_idx >= n:
-                    break
-                batch = to_device(batch, device)
-                hooks("on_predict_batch_start", batch, batch_idx)
-                with trainer.precision.autocast():
-                    out = module.predict_step(batch, batch_idx)
-                hooks("on_predict_batch_end", out, batch, batch_idx)
-                predictions.append(out)
-    _call(trainer, "on_predict_epoch_end")
-    hooks("on_predict_end")
-    return predictions
-
-
 # -- helpers --------------------------------------------------------------------------------------
-def _num_batches(loader, limit: int | float | None) -> float:
-    try:
-        total = len(loader)
-    except TypeError:
-        total = math.inf
-    if limit is None:
-        return total
-    if isinstance(limit, float):
-        return math.inf if math.isinf(total) else int(total * limit)
-    return min(total, limit)
-
-
 def _hook_fn(trainer, name: str):
     """One callable for a per-batch hook (module + callbacks), or None when nobody overrides it."""
     module, hooks = trainer.module, trainer._hooks
@@ -346,26 +255,9 @@ def _hook_fn(trainer, name: str):
     return call
 
 
-def _call(trainer, name: str, callbacks: bool = True) -> None:
-    """The module's hook, then the callbacks' (as Lightning orders them)."""
-    getattr(trainer.module, name)()
-    if callbacks:
-        trainer._hooks(name)
-
 
 def _log_step_metrics(trainer, collector) -> None:
     metrics = {k: float(v) for k, v in collector.step_values_for("logger").items()}
     collector.step_dirty = False
     if metrics:
         trainer.log_metrics({**metrics, "epoch": trainer.current_epoch}, trainer.global_step)
-
-
-def _log_epoch_metrics(trainer, collector) -> None:
-    metrics = {k: float(v) for k, v in collector.epoch_values.items()
-               if v.numel() == 1 and collector.epoch_flags.get(k, (False, True))[1]}
-    if metrics:
-        trainer.log_metrics({**metrics, "epoch": trainer.current_epoch}, trainer.global_step)
-
-
-def _loader_name(stage: str) -> str:
-    return {"validate": "val_dataloader", "test": "test_dataloader"}[stage]

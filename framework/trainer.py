@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from framework import launch, loops, trainer_state
+from framework import eval_loop, launch, loops, trainer_state
 from framework.accelerators import get_accelerator
 from framework.callbacks.base import Callback
 from framework.data import DataModule, batch_size_of
@@ -26,6 +26,9 @@ from framework.precision import Precision
 from framework.rank_zero import rank_zero_print
 from framework.results import MetricCollector
 from framework.strategies import Strategy, create_strategy
+from framework.trainer_args import (
+    as_list, default_strategy, limit_arg, parse_devices, parse_max_time, positive_int,
+)
 
 
 class Trainer:
@@ -87,10 +90,10 @@ class Trainer:
         rdzv_endpoint: str | None = None,
     ) -> None:
         self.accelerator = get_accelerator(accelerator)
-        self.num_nodes = _positive_int("num_nodes", num_nodes)
-        self.devices = _parse_devices(devices, self.accelerator)
+        self.num_nodes = positive_int("num_nodes", num_nodes)
+        self.devices = parse_devices(devices, self.accelerator)
         self.strategy: Strategy = create_strategy(
-            _default_strategy(strategy, len(self.devices) * self.num_nodes), self.accelerator.name
+            default_strategy(strategy, len(self.devices) * self.num_nodes), self.accelerator.name
         )
         self._env = detect_environment()
         self._needs_launch = False
@@ -102,18 +105,18 @@ class Trainer:
         self.max_epochs = max_epochs if max_epochs is not None else -1
         self.min_epochs = min_epochs or 0
         self.max_steps = int(max_steps)
-        self.max_time = _parse_max_time(max_time)
+        self.max_time = parse_max_time(max_time)
         self.limits = {
-            "train": _limit("limit_train_batches", limit_train_batches),
-            "validate": _limit("limit_val_batches", limit_val_batches),
-            "test": _limit("limit_test_batches", limit_test_batches),
-            "predict": _limit("limit_predict_batches", limit_predict_batches),
+            "train": limit_arg("limit_train_batches", limit_train_batches),
+            "validate": limit_arg("limit_val_batches", limit_val_batches),
+            "test": limit_arg("limit_test_batches", limit_test_batches),
+            "predict": limit_arg("limit_predict_batches", limit_predict_batches),
         }
         self.val_check_interval = val_check_interval
         self.check_val_every_n_epoch = check_val_every_n_epoch
         self.num_sanity_val_steps = int(num_sanity_val_steps)
-        self.log_every_n_steps = _positive_int("log_every_n_steps", log_every_n_steps)
-        self.accumulate_grad_batches = _positive_int("accumulate_grad_batches", accumulate_grad_batches)
+        self.log_every_n_steps = positive_int("log_every_n_steps", log_every_n_steps)
+        self.accumulate_grad_batches = positive_int("accumulate_grad_batches", accumulate_grad_batches)
         if gradient_clip_algorithm not in ("norm", "value"):
             raise ConfigError(f"trainer.gradient_clip_algorithm '{gradient_clip_algorithm}': use norm or value")
         self.gradient_clip_val = gradient_clip_val
@@ -125,7 +128,7 @@ class Trainer:
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
         self.callbacks = trainer_state.default_callbacks(
-            _as_list(callbacks), enable_checkpointing, enable_progress_bar
+            as_list(callbacks), enable_checkpointing, enable_progress_bar
         )
         self.loggers = trainer_state.resolve_loggers(logger)
         self.log_dir: str | None = None
@@ -217,17 +220,17 @@ class Trainer:
     def validate(self, model=None, dataloaders=None, datamodule=None, ckpt_path=None) -> list[dict]:
         if self._launch_if_needed():
             return []
-        return self._run("validate", model, datamodule, {"validate": dataloaders}, ckpt_path, loops.run_eval_stage)
+        return self._run("validate", model, datamodule, {"validate": dataloaders}, ckpt_path, eval_loop.run_eval_stage)
 
     def test(self, model=None, dataloaders=None, datamodule=None, ckpt_path=None) -> list[dict]:
         if self._launch_if_needed():
             return []
-        return self._run("test", model, datamodule, {"test": dataloaders}, ckpt_path, loops.run_eval_stage)
+        return self._run("test", model, datamodule, {"test": dataloaders}, ckpt_path, eval_loop.run_eval_stage)
 
     def predict(self, model=None, dataloaders=None, datamodule=None, ckpt_path=None) -> list:
         if self._launch_if_needed():
             return []
-        return self._run("predict", model, datamodule, {"predict": dataloaders}, ckpt_path, loops.run_predict)
+        return self._run("predict", model, datamodule, {"predict": dataloaders}, ckpt_path, eval_loop.run_predict)
 
     def save_checkpoint(self, path: str | os.PathLike) -> None:
         """Write a checkpoint (call on every rank: rank 0 writes, the others wait)."""
@@ -291,74 +294,3 @@ class Trainer:
             per_device = per_device_batch // replicas if replicas > 1 else per_device_batch
             parts.append(f"batch {per_device} per device, global {per_device * replicas * self.world_size}")
         rank_zero_print(" | ".join(parts))
-
-
-def _as_list(value: Any) -> list:
-    if value is None:
-        return []
-    return list(value) if isinstance(value, (list, tuple)) else [value]
-
-
-def _positive_int(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(f"trainer.{name}={value!r}: must be an integer >= 1")
-    return value
-
-
-def _default_strategy(strategy: Any, world: int) -> Any:
-    auto = "ddp" if world > 1 else "single"
-    if strategy in (None, "auto"):
-        return auto
-    if isinstance(strategy, dict) and strategy.get("name") == "auto":
-        return {**strategy, "name": auto}
-    return strategy
-
-
-def _parse_devices(devices: Any, accelerator) -> list[int]:
-    """Local device indices this node uses."""
-    available = accelerator.device_count()
-    if devices in ("auto", -1, "-1"):
-        return list(range(available)) if accelerator.name == "cuda" else [0]
-    if isinstance(devices, str) and devices.isdigit():
-        devices = int(devices)
-    if isinstance(devices, int) and not isinstance(devices, bool):
-        if devices < 1:
-            raise ConfigError(f"trainer.devices={devices}: must be >= 1 (or 'auto')")
-        indices = list(range(devices))
-    elif isinstance(devices, (list, tuple)) and devices and all(isinstance(d, int) for d in devices):
-        indices = list(devices)
-    else:
-        raise ConfigError(f"trainer.devices={devices!r}: use a count (2), a list of GPU indices ([0, 1]) or 'auto'")
-    if accelerator.name == "cuda" and max(indices) >= available:
-        raise ConfigError(
-            f"trainer.devices={devices}: this machine has {available} GPU(s); "
-            f"set trainer.devices to at most {available}"
-        )
-    return indices
-
-
-def _limit(name: str, value: Any) -> int | float | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-        raise ConfigError(f"trainer.{name}={value!r}: use a number of batches (int) or a fraction (0.0-1.0)")
-    if isinstance(value, float) and value > 1.0:
-        raise ConfigError(f"trainer.{name}={value}: a float is a fraction and must be <= 1.0")
-    return value
-
-
-def _parse_max_time(value: Any) -> float | None:
-    if value is None:
-        return None
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
-    if isinstance(value, str):
-        parts = value.split(":")
-        if len(parts) == 4 and all(p.isdigit() for p in parts):
-            d, h, m, s = map(int, parts)
-            return float(((d * 24 + h) * 60 + m) * 60 + s)
-    if isinstance(value, dict):
-        units = {"days": 86400, "hours": 3600, "minutes": 60, "seconds": 1}
-        if set(value) <= set(units):
-            return float(sum(units[k] * v for k, v in value.items()))
-    raise ConfigError(f"trainer.max_time={value!r}: use seconds, 'DD:HH:MM:SS' or {{days, hours, minutes, seconds}}")

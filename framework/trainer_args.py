@@ -1,0 +1,79 @@
+"""Checking and normalising the Trainer's arguments; each mistake is a ConfigError that names
+the ``trainer.<key>`` and says what to write instead."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from framework.errors import ConfigError
+
+
+def as_list(value: Any) -> list:
+    if value is None:
+        return []
+    return list(value) if isinstance(value, (list, tuple)) else [value]
+
+
+def positive_int(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"trainer.{name}={value!r}: must be an integer >= 1")
+    return value
+
+
+def default_strategy(strategy: Any, world: int) -> Any:
+    auto = "ddp" if world > 1 else "single"
+    if strategy in (None, "auto"):
+        return auto
+    if isinstance(strategy, dict) and strategy.get("name") == "auto":
+        return {**strategy, "name": auto}
+    return strategy
+
+
+def parse_devices(devices: Any, accelerator) -> list[int]:
+    """Local device indices this node uses."""
+    available = accelerator.device_count()
+    if devices in ("auto", -1, "-1"):
+        return list(range(available)) if accelerator.name == "cuda" else [0]
+    if isinstance(devices, str) and devices.isdigit():
+        devices = int(devices)
+    if isinstance(devices, int) and not isinstance(devices, bool):
+        if devices < 1:
+            raise ConfigError(f"trainer.devices={devices}: must be >= 1 (or 'auto')")
+        indices = list(range(devices))
+    elif isinstance(devices, (list, tuple)) and devices and all(isinstance(d, int) for d in devices):
+        indices = list(devices)
+    else:
+        raise ConfigError(f"trainer.devices={devices!r}: use a count (2), a list of GPU indices ([0, 1]) or 'auto'")
+    if accelerator.name == "cuda" and max(indices) >= available:
+        raise ConfigError(
+            f"trainer.devices={devices}: this machine has {available} GPU(s); "
+            f"set trainer.devices to at most {available}"
+        )
+    return indices
+
+
+def limit_arg(name: str, value: Any) -> int | float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+        raise ConfigError(f"trainer.{name}={value!r}: use a number of batches (int) or a fraction (0.0-1.0)")
+    if isinstance(value, float) and value > 1.0:
+        raise ConfigError(f"trainer.{name}={value}: a float is a fraction and must be <= 1.0")
+    return value
+
+
+def parse_max_time(value: Any) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, str):
+        parts = value.split(":")
+        if len(parts) == 4 and all(p.isdigit() for p in parts):
+            d, h, m, s = map(int, parts)
+            return float(((d * 24 + h) * 60 + m) * 60 + s)
+    if isinstance(value, dict):
+        units = {"days": 86400, "hours": 3600, "minutes": 60, "seconds": 1}
+        if set(value) <= set(units):
+            return float(sum(units[k] * v for k, v in value.items()))
+    raise ConfigError(f"trainer.max_time={value!r}: use seconds, 'DD:HH:MM:SS' or {{days, hours, minutes, seconds}}")
