@@ -16,6 +16,7 @@ User mistakes print one line ``fw: error: ...`` and exit with 2 (recipe, argumen
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from framework.errors import FwError
@@ -45,6 +46,11 @@ def run(args: argparse.Namespace) -> int:
         return 0
     from framework.config import load_recipe
     from framework.runner import run_recipe
+
+    # `_target_: mymodels.Net` should find mymodels.py in the directory fw runs from, as
+    # `python -m` would; the `fw` console script alone puts only its own directory on the path
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
 
     recipe, text = load_recipe(args.config, args.overrides)
     if args.print_config:

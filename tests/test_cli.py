@@ -103,3 +103,16 @@ def test_the_local_rank_argument_of_torch_distributed_launch_is_accepted():
 
     args = build_parser().parse_args(["--local-rank=1", "fit", "conf/digits.yaml", "trainer.max_epochs=1"])
     assert args.local_rank == 1 and args.command == "fit" and args.overrides == ["trainer.max_epochs=1"]
+
+
+@pytest.mark.timeout(60)
+def test_targets_in_the_working_directory_import(tmp_path):
+    (tmp_path / "mymodels.py").write_text("from toy import LinearModel as Net\nfrom toy import ToyData as Data\n")
+    (tmp_path / "r.yaml").write_text("module:\n  _target_: mymodels.Net\ndata:\n  _target_: mymodels.Data\n"
+                                     "trainer:\n  max_epochs: 1\n  accelerator: cpu\nlogger: false\n")
+    env = subprocess_env()
+    proc = subprocess.run([str(Path(sys.executable).parent / "fw"), "fit", "r.yaml",
+                           "trainer.enable_checkpointing=false"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "fw: final metrics" in proc.stdout
