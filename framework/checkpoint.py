@@ -55,6 +55,8 @@ def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu") -> dict:
         checkpoint = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as err:  # torch raises many types for damaged zip/pickle data
         reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        if "weights only load failed" in reason.lower():  # torch's advice to unpickle freely: not for a damaged file
+            reason = "it holds data that is not a checkpoint's"
         raise CheckpointError(
             f"checkpoint '{path}' is corrupt or truncated ({reason[:200]}); it was left as it is. "
             "Resume from another checkpoint or start without ckpt_path"

@@ -65,8 +65,17 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return run(args)
     except FwError as err:
+        if _in_mpi_job():  # one rank's mistake must end them all (MPI has no timeouts)
+            from framework.strategies.mpi import abort_mpi_job
+
+            abort_mpi_job(err)
         sys.stderr.write(f"fw: error: {err}\n")
         return err.exit_code
+
+
+def _in_mpi_job() -> bool:
+    mpi = sys.modules.get("mpi4py.MPI")
+    return mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized() and mpi.COMM_WORLD.Get_size() > 1
 
 
 if __name__ == "__main__":

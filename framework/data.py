@@ -57,14 +57,19 @@ class DataModule:
 
 
 class EvalShardSampler(Sampler[int]):
-    """Rank r of N takes positions r, r+N, ... of the (optionally shuffled) order, no padding."""
+    """Rank r of N takes positions r, r+N, ... of the order, without padding.
 
-    def __init__(self, base: Sampler | None, data_len: int, num_replicas: int, rank: int) -> None:
+    The order is the data set's own (a shuffled evaluation loader is read in order: order does
+    not change a metric, and each rank's own shuffle would count some samples twice), or that of
+    a custom sampler drawn identically on every rank.
+    """
+
+    def __init__(self, base: Sampler | None, data_len: int, num_replicas: int, rank: int, seed: int = 0) -> None:
         self.base, self.data_len = base, data_len
-        self.num_replicas, self.rank = num_replicas, rank
+        self.num_replicas, self.rank, self.seed, self.epoch = num_replicas, rank, seed, 0
 
     def __iter__(self) -> Iterator[int]:
-        order = list(self.base) if self.base is not None else range(self.data_len)
+        order = _draw(self.base, self.seed + self.epoch) if self.base is not None else range(self.data_len)
         return iter(order[self.rank :: self.num_replicas])
 
     def __len__(self) -> int:
@@ -72,19 +77,21 @@ class EvalShardSampler(Sampler[int]):
         return len(range(self.rank, total, self.num_replicas))
 
     def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
         if hasattr(self.base, "set_epoch"):
             self.base.set_epoch(epoch)
 
 
 class ShardedSampler(Sampler[int]):
-    """Wraps a custom sampler for training: draws its indices, pads to a multiple of N by
-    repeating from the start (as DistributedSampler does), and takes every N-th from rank r."""
+    """Wraps a custom sampler for training: draws its indices (identically on every rank),
+    pads to a multiple of N by repeating from the start (as DistributedSampler does), and takes
+    every N-th from rank r."""
 
-    def __init__(self, base: Sampler, num_replicas: int, rank: int) -> None:
-        self.base, self.num_replicas, self.rank = base, num_replicas, rank
+    def __init__(self, base: Sampler, num_replicas: int, rank: int, seed: int = 0) -> None:
+        self.base, self.num_replicas, self.rank, self.seed, self.epoch = base, num_replicas, rank, seed, 0
 
     def __iter__(self) -> Iterator[int]:
-        order = list(self.base)
+        order = _draw(self.base, self.seed + self.epoch)
         total = math.ceil(len(order) / self.num_replicas) * self.num_replicas
         order += (order * math.ceil(total / max(len(order), 1)))[: total - len(order)]
         return iter(order[self.rank : total : self.num_replicas])
@@ -93,8 +100,17 @@ class ShardedSampler(Sampler[int]):
         return math.ceil(len(self.base) / self.num_replicas)
 
     def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
         if hasattr(self.base, "set_epoch"):
             self.base.set_epoch(epoch)
+
+
+def _draw(sampler: Sampler, seed: int) -> list[int]:
+    """The sampler's indices, drawn from torch's RNG seeded alike on every rank (a random
+    sampler would otherwise give each rank its own order), leaving the global RNG untouched."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return list(sampler)
 
 
 def shard_dataloader(loader: DataLoader, num_replicas: int, rank: int, train: bool, seed: int) -> DataLoader:
@@ -116,10 +132,10 @@ def shard_dataloader(loader: DataLoader, num_replicas: int, rank: int, train: bo
                 loader.dataset, num_replicas=num_replicas, rank=rank, shuffle=shuffle, seed=seed
             )
         else:
-            new_sampler = ShardedSampler(sampler, num_replicas, rank)
+            new_sampler = ShardedSampler(sampler, num_replicas, rank, seed)
     else:
-        base = None if isinstance(sampler, SequentialSampler) else sampler
-        new_sampler = EvalShardSampler(base, len(loader.dataset), num_replicas, rank)
+        base = None if isinstance(sampler, (SequentialSampler, RandomSampler)) else sampler
+        new_sampler = EvalShardSampler(base, len(loader.dataset), num_replicas, rank, seed)
     return _rebuild(loader, new_sampler)
 
 

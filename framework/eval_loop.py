@@ -54,7 +54,7 @@ def run_evaluation(trainer, stage: str, limit: int | None = None, log: bool = Tr
                         outputs = step_fn(*args)
                     hooks(f"on_{prefix}_batch_end", outputs, batch, batch_idx)
         call_hook(trainer, f"on_{prefix}_epoch_end", callbacks=False)
-        values = collector.compute_epoch(trainer.strategy)
+        values = collector.compute_epoch(trainer.strategy, trainer.module)
         if log and not trainer.sanity_checking:
             trainer._epoch_metrics.update(values)
             trainer._prog_bar_keys.update({k: f[0] for k, f in collector.epoch_flags.items()})
@@ -81,6 +81,7 @@ def run_predict(trainer, stage: str, checkpoint: dict | None) -> list:
     with torch.no_grad():
         for loader in loaders:
             n = num_batches(loader, trainer.limits["predict"])
+            trainer.num_val_batches = n  # the progress bar's total
             for batch_idx, batch in enumerate(loader):
                 if batch_idx >= n:
                     break
@@ -110,10 +111,12 @@ def num_batches(loader, limit: int | float | None) -> float:
 
 
 def call_hook(trainer, name: str, callbacks: bool = True) -> None:
-    """The module's hook, then the callbacks' (as Lightning orders them)."""
-    getattr(trainer.module, name)()
+    """The callbacks' hook, then the module's, as Lightning orders them. Epoch-end hooks call
+    the module alone first (``callbacks=False``), compute the epoch's metrics, and only then
+    the callbacks, so that checkpointing and early stopping see what the module logged."""
     if callbacks:
         trainer._hooks(name)
+    getattr(trainer.module, name)()
 
 
 

@@ -102,7 +102,7 @@ def launch_workers(nproc_per_node: int, num_nodes: int = 1, max_restarts: int = 
             f"fw: error: worker rank {rank} (pid {failure.pid}) failed with exit code "
             f"{failure.exitcode}{detail}; the other workers were stopped\n"
         )
-        return 1
+        return failure.exitcode if isinstance(failure.exitcode, int) and failure.exitcode > 0 else 1
     return 0
 
 

@@ -43,14 +43,19 @@ def run_fit(trainer, stage: str, checkpoint: dict | None) -> None:
     trainer_state.restore_rng(trainer, checkpoint)
     trainer.training = True
     call_hook(trainer, "on_train_start")
-    deadline = trainer._start_time + trainer.max_time if trainer.max_time else None
+    deadline = time.monotonic() + trainer.max_time if trainer.max_time else None
     while not _fit_done(trainer):
         run_train_epoch(trainer, loader, deadline)
-        if trainer.max_time and time.monotonic() > deadline:
+        if deadline is not None and _time_is_up(trainer, deadline):
             trainer.should_stop = True
     trainer.training = False
     call_hook(trainer, "on_train_end")
     call_hook(trainer, "on_fit_end")
+
+
+def _time_is_up(trainer, deadline: float) -> bool:
+    """Has max_time passed on any rank? (Collective when distributed: call on every rank.)"""
+    return trainer.strategy.reduce_boolean_decision(time.monotonic() > deadline, all=False)
 
 
 def _fit_done(trainer) -> bool:
@@ -72,8 +77,11 @@ def run_train_epoch(trainer, loader, deadline: float | None) -> None:
     trainer._loop_position = {"epoch": epoch, "batches_done": 0, "epoch_finished": False}
     iterator = iter(loader)
     start = _skip_done_batches(trainer, iterator)
-
     limit = trainer.num_training_batches
+    lookahead = None
+    if math.isinf(limit):  # no length: read one batch ahead to know which batch is the last
+        iterator = lookahead = _LookAhead(iterator)
+
     accumulate = trainer.accumulate_grad_batches
     val_every = _val_check_batches(trainer, limit)
     to_device, device = trainer.accelerator.batch_to_device, strategy.root_device
@@ -92,6 +100,9 @@ def run_train_epoch(trainer, loader, deadline: float | None) -> None:
     log_every = trainer.log_every_n_steps
     optimizers = trainer.optimizers
     position = trainer._loop_position
+    # ranks must stop at the same batch: when distributed, the clock is read jointly (a
+    # collective), so only every 20 batches
+    time_check_every = 20 if strategy.is_distributed else 1
 
     for batch_idx, batch in enumerate(iterator, start):
         if batch_idx >= limit:
@@ -100,7 +111,8 @@ def run_train_epoch(trainer, loader, deadline: float | None) -> None:
         trainer._current_batch = batch
         if batch_start is not None:
             batch_start(batch, batch_idx)
-        steps_now = (batch_idx + 1) % accumulate == 0 or batch_idx + 1 == limit
+        steps_now = (batch_idx + 1) % accumulate == 0 or batch_idx + 1 == limit or (
+            lookahead is not None and lookahead.last)
 
         # forward and backward (no gradient all-reduce on accumulation steps)
         with no_sync() if no_sync is not None and not steps_now else _NO_CONTEXT:
@@ -119,11 +131,14 @@ def run_train_epoch(trainer, loader, deadline: float | None) -> None:
         # optimizer step every `accumulate` batches
         if steps_now:
             for opt in optimizers:
-                if before_step is not None:
-                    before_step(opt)
                 if plain_step:
+                    if before_step is not None:
+                        before_step(opt)
                     opt.step()
                 else:
+                    precision.unscale(opt)  # hooks and clipping see the true gradients
+                    if before_step is not None:
+                        before_step(opt)
                     _clip_and_step(trainer, opt)
                 opt.zero_grad(set_to_none=True)
             trainer.global_step += 1
@@ -135,14 +150,14 @@ def run_train_epoch(trainer, loader, deadline: float | None) -> None:
         if batch_end is not None:
             batch_end(outputs, batch, batch_idx)
 
-        if val_every and (batch_idx + 1) % val_every == 0 and batch_idx + 1 < limit and _val_due(trainer):
+        if val_every and (batch_idx + 1) % val_every == 0 and batch_idx + 1 < limit and _val_due(trainer, True):
             run_evaluation(trainer, "validate")
             module.train()
         if trainer.should_stop and trainer.current_epoch + 1 >= trainer.min_epochs:
             break
         if trainer.max_steps >= 0 and trainer.global_step >= trainer.max_steps:
             break
-        if deadline is not None and time.monotonic() > deadline:
+        if deadline is not None and (batch_idx + 1) % time_check_every == 0 and _time_is_up(trainer, deadline):
             trainer.should_stop = True
             break
     _end_train_epoch(trainer, collector)
@@ -151,9 +166,29 @@ def run_train_epoch(trainer, loader, deadline: float | None) -> None:
 _NO_CONTEXT = contextlib.nullcontext()
 
 
+class _LookAhead:
+    """An iterator that knows, after each item, whether it was the last (``.last``)."""
+
+    _END = object()
+
+    def __init__(self, iterator) -> None:
+        self._iterator, self.last = iterator, False
+        self._next = next(iterator, self._END)
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        item = self._next
+        if item is self._END:
+            raise StopIteration
+        self._next = next(self._iterator, self._END)
+        self.last = self._next is self._END
+        return item
+
+
 def _clip_and_step(trainer, optimizer) -> None:
     if trainer.gradient_clip_val:
-        trainer.precision.unscale(optimizer)
         params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
         if trainer.gradient_clip_algorithm == "norm":
             torch.nn.utils.clip_grad_norm_(params, trainer.gradient_clip_val)
@@ -163,10 +198,10 @@ def _clip_and_step(trainer, optimizer) -> None:
 
 
 def _end_train_epoch(trainer, collector) -> None:
-    if _val_due(trainer) and trainer._loaders.get("validate") and not _stopped_early_by_steps(trainer):
+    if _val_due(trainer, False) and trainer._loaders.get("validate") and not _stopped_early_by_steps(trainer):
         run_evaluation(trainer, "validate")
     call_hook(trainer, "on_train_epoch_end", callbacks=False)
-    values = collector.compute_epoch(trainer.strategy)
+    values = collector.compute_epoch(trainer.strategy, trainer.module)
     trainer._epoch_metrics.update(values)
     trainer._prog_bar_keys.update({k: f[0] for k, f in collector.epoch_flags.items()})
     if collector.step_dirty and trainer.loggers:
@@ -224,20 +259,19 @@ def _val_check_batches(trainer, limit: float) -> int | None:
     if interval is None or not trainer._loaders.get("validate"):
         return None
     if isinstance(interval, float):
-        if not 0.0 < interval <= 1.0:
-            raise ConfigError(f"trainer.val_check_interval={interval}: a float must be in (0, 1]")
         if math.isinf(limit):
             raise ConfigError("trainer.val_check_interval as a fraction needs a loader with a length")
         return max(1, int(limit * interval))
     return int(interval)
 
 
-def _val_due(trainer) -> bool:
+def _val_due(trainer, mid_epoch: bool) -> bool:
+    """``check_val_every_n_epoch=None`` validates only every ``val_check_interval`` batches."""
     n = trainer.check_val_every_n_epoch
-    return n is not None and (trainer.current_epoch + 1) % n == 0
+    if n is None:
+        return mid_epoch
+    return (trainer.current_epoch + 1) % n == 0
 
-
-# -- helpers --------------------------------------------------------------------------------------
 def _hook_fn(trainer, name: str):
     """One callable for a per-batch hook (module + callbacks), or None when nobody overrides it."""
     module, hooks = trainer.module, trainer._hooks
@@ -247,10 +281,10 @@ def _hook_fn(trainer, name: str):
     if not hooks.has(name):
         return module_fn
 
-    def call(*args: Any) -> None:
+    def call(*args: Any) -> None:  # callbacks first, then the module, as Lightning does
+        hooks(name, *args)
         if module_fn is not None:
             module_fn(*args)
-        hooks(name, *args)
 
     return call
 

@@ -113,40 +113,55 @@ class MetricCollector:
         return {e.step_key: e.last for e in self.entries.values()
                 if e.on_step and e.last is not None and getattr(e, flag)}
 
-    def compute_epoch(self, strategy) -> dict[str, torch.Tensor]:
-        """Aggregate this epoch's values (collective when distributed: call on every rank)."""
+    def compute_epoch(self, strategy, module=None) -> dict[str, torch.Tensor]:
+        """Aggregate this epoch's values and reset every metric object.
+
+        Collective when distributed (call on every rank): a rank that logged nothing (no batch
+        in its shard) still takes part in each reduction, with nothing to add.
+        """
+        if strategy.is_distributed:
+            self._adopt_entries_of_other_ranks(strategy, module)
         values: dict[str, torch.Tensor] = {}
         for name in sorted(self.entries):
             entry = self.entries[name]
             if not entry.on_epoch:
                 continue
             if entry.metric is not None:
-                value = entry.metric.compute().detach()
-                entry.metric.reset()
+                value = entry.metric.compute().detach()  # torchmetrics syncs its state across ranks
+            elif entry.sync_dist and strategy.is_distributed:
+                value = _reduce_across_ranks(entry, strategy)
             elif entry.total is None:
                 continue
             else:
-                value = self._reduce(entry, strategy)
+                value = entry.total / entry.weight if entry.reduce_fx == "mean" else entry.total
             value = value.float().reshape(()) if value.numel() == 1 else value.float()
             values[entry.epoch_key] = value
             self.epoch_flags[entry.epoch_key] = (entry.prog_bar, entry.logger)
             if entry.on_step:  # the plain name also carries the epoch value, as in Lightning
                 values[entry.name] = value
+        for entry in self.entries.values():  # every metric object starts the next epoch empty
+            if entry.metric is not None:
+                entry.metric.reset()
         self.epoch_values = values
         return values
 
-    def _reduce(self, entry: _Entry, strategy) -> torch.Tensor:
-        total = entry.total
-        if entry.reduce_fx == "mean":
-            if entry.sync_dist and strategy.is_distributed:
-                pair = torch.stack([total.float().cpu(), torch.tensor(entry.weight)])
-                pair = strategy.all_reduce(pair.to(strategy._collective_device()), "sum").cpu()
-                return pair[0] / pair[1]
-            return total / entry.weight
-        if entry.sync_dist and strategy.is_distributed:
-            op = {"sum": "sum", "max": "max", "min": "min"}[entry.reduce_fx]
-            return strategy.all_reduce(total.float().to(strategy._collective_device()), op).cpu()
-        return total
+    def _adopt_entries_of_other_ranks(self, strategy, module) -> None:
+        """Make every rank hold the same synced entries, in the same order, before reducing."""
+        specs = {name: _spec(entry, module) for name, entry in self.entries.items()
+                 if entry.on_epoch and (entry.sync_dist or entry.metric is not None)}
+        for other in strategy.all_gather_object(specs):
+            for name, (flags, metric_path) in other.items():
+                if name in self.entries:
+                    continue
+                metric = None
+                if metric_path is not None:
+                    metric = module.get_submodule(metric_path)
+                elif flags[-1] == "metric":
+                    raise RuntimeError(
+                        f"self.log('{name}', metric) ran on some ranks only, and the metric is not an "
+                        "attribute of the module, so the other ranks cannot join its sync; make it one"
+                    )
+                self.entries[name] = _Entry(name, *flags[:6], metric=metric)
 
     def reset(self) -> None:
         """Start a new epoch: forget values, reset metric objects."""
@@ -155,6 +170,27 @@ class MetricCollector:
                 entry.metric.reset()
         self.entries.clear()
         self.step_dirty = False
+
+
+def _spec(entry: _Entry, module) -> tuple:
+    flags = (entry.on_step, entry.on_epoch, entry.prog_bar, entry.logger, entry.sync_dist, entry.reduce_fx,
+             "metric" if entry.metric is not None else "tensor")
+    path = None
+    if entry.metric is not None and module is not None:
+        path = next((n for n, m in module.named_modules() if m is entry.metric), None)
+    return flags, path
+
+
+def _reduce_across_ranks(entry: _Entry, strategy) -> torch.Tensor:
+    """Sum (weighted mean), sum, max or min over ranks; a rank with no value adds nothing."""
+    device = strategy._collective_device()
+    if entry.reduce_fx == "mean":
+        total = entry.total.float().cpu() if entry.total is not None else torch.tensor(0.0)
+        pair = strategy.all_reduce(torch.stack([total, torch.tensor(float(entry.weight))]).to(device), "sum").cpu()
+        return pair[0] / pair[1]
+    neutral = {"sum": 0.0, "max": float("-inf"), "min": float("inf")}[entry.reduce_fx]
+    total = entry.total.float().cpu() if entry.total is not None else torch.tensor(neutral)
+    return strategy.all_reduce(total.to(device), entry.reduce_fx).cpu()
 
 
 def _is_metric(value: Any) -> bool:

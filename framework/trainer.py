@@ -10,7 +10,6 @@ from __future__ import annotations
 import math
 import os
 import sys
-import time
 from typing import Any
 
 import torch
@@ -27,7 +26,8 @@ from framework.rank_zero import rank_zero_print
 from framework.results import MetricCollector
 from framework.strategies import Strategy, create_strategy
 from framework.trainer_args import (
-    as_list, default_strategy, limit_arg, parse_devices, parse_max_time, positive_int,
+    as_list, check_callbacks, check_val_check_interval, default_strategy, limit_arg, parse_devices,
+    parse_max_time, positive_int,
 )
 
 
@@ -95,6 +95,13 @@ class Trainer:
         self.strategy: Strategy = create_strategy(
             default_strategy(strategy, len(self.devices) * self.num_nodes), self.accelerator.name
         )
+        if not self.strategy.multi_process and self.num_nodes > 1:
+            raise ConfigError(f"trainer.num_nodes={num_nodes} needs a multi-process strategy (ddp, mpi)")
+        if self.strategy.name == "single" and len(self.devices) > 1:
+            raise ConfigError(
+                f"trainer.strategy=single uses one device but trainer.devices={devices}; "
+                "set trainer.devices=1, or pick ddp (one process per device) or dp"
+            )
         self._env = detect_environment()
         self._needs_launch = False
         self.strategy.connect(self.accelerator, self._resolve_dist(), self.devices)
@@ -112,7 +119,9 @@ class Trainer:
             "test": limit_arg("limit_test_batches", limit_test_batches),
             "predict": limit_arg("limit_predict_batches", limit_predict_batches),
         }
-        self.val_check_interval = val_check_interval
+        self.val_check_interval = check_val_check_interval(val_check_interval)
+        if check_val_every_n_epoch is not None:
+            positive_int("check_val_every_n_epoch", check_val_every_n_epoch)
         self.check_val_every_n_epoch = check_val_every_n_epoch
         self.num_sanity_val_steps = int(num_sanity_val_steps)
         self.log_every_n_steps = positive_int("log_every_n_steps", log_every_n_steps)
@@ -128,7 +137,7 @@ class Trainer:
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
         self.callbacks = trainer_state.default_callbacks(
-            as_list(callbacks), enable_checkpointing, enable_progress_bar
+            check_callbacks(as_list(callbacks)), enable_checkpointing, enable_progress_bar
         )
         self.loggers = trainer_state.resolve_loggers(logger)
         self.log_dir: str | None = None
@@ -152,7 +161,10 @@ class Trainer:
         self._prog_bar_keys: dict[str, bool] = {}  # epoch metric -> shown in the progress bar
         self._hooks = HookDispatcher(self.callbacks, self)
         self._recipe_text: str | None = None
-        self._start_time = time.monotonic()
+        self._loaders: dict[str, list] = {}
+        self._loop_position = {"epoch": 0, "batches_done": 0, "epoch_finished": False}
+        self._epoch_start_rng: dict | None = None
+        self._resume: dict | None = None
 
     # -- where this process stands -------------------------------------------------------------
     @property
@@ -242,17 +254,19 @@ class Trainer:
         if model is None:
             raise ConfigError(f"trainer.{stage}() needs a model")
         self.stage = stage
+        failed = False
         try:
             trainer_state.setup(self, stage, model, datamodule, loaders)
             checkpoint = trainer_state.restore(self, ckpt_path, stage)
             return body(self, stage, checkpoint)
         except BaseException as exc:
+            failed = True
             self._hooks("on_exception", exc)
             launch.record_worker_error(exc)
             self.strategy.on_exception(exc)
             raise
         finally:
-            trainer_state.teardown(self, stage)
+            trainer_state.teardown(self, stage, failed)
 
     def _resolve_dist(self) -> DistInfo:
         """Ranks from the launcher around us, or (if fw must start workers) this node's plan."""

@@ -77,3 +77,26 @@ def parse_max_time(value: Any) -> float | None:
         if set(value) <= set(units):
             return float(sum(units[k] * v for k, v in value.items()))
     raise ConfigError(f"trainer.max_time={value!r}: use seconds, 'DD:HH:MM:SS' or {{days, hours, minutes, seconds}}")
+
+
+def check_val_check_interval(value: Any) -> int | float | None:
+    if value is None:
+        return None
+    if isinstance(value, float) and 0.0 < value <= 1.0:
+        return value
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+        return value
+    raise ConfigError(
+        f"trainer.val_check_interval={value!r}: use a number of training batches (int >= 1) "
+        "or a fraction of an epoch (float in (0, 1])"
+    )
+
+
+def check_callbacks(callbacks: list) -> list:
+    from framework.callbacks.base import Callback
+
+    for i, cb in enumerate(callbacks):
+        if not isinstance(cb, Callback):
+            hint = " (a mapping without '_target_'?)" if isinstance(cb, dict) else ""
+            raise ConfigError(f"callbacks[{i}]: {type(cb).__name__} is not an fw Callback{hint}")
+    return callbacks

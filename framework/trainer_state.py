@@ -11,6 +11,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+import torch.distributed
+
 
 from framework import checkpoint as ckpt
 from framework.data import DataModule, shard_dataloader
@@ -55,7 +57,10 @@ def resolve_loggers(logger: Any) -> list:
     loggers = list(logger) if isinstance(logger, (list, tuple)) else [logger]
     for lg in loggers:
         if not isinstance(lg, Logger):
-            raise ConfigError(f"trainer.logger: {type(lg).__name__} is not an fw Logger")
+            raise ConfigError(
+                f"logger: {lg!r} is not an fw Logger; use true, false, or a mapping like "
+                "{_target_: framework.loggers.TensorBoardLogger}"
+            )
     return loggers
 
 
@@ -113,13 +118,21 @@ def _setup_loggers(trainer) -> None:
 
 # -- checkpoints ----------------------------------------------------------------------------------
 def save(trainer, path) -> None:
-    """Gather every rank's RNG state, write on rank 0, then wait for it on every rank."""
+    """Gather every rank's RNG state, write on rank 0, then wait for it on every rank.
+
+    Outside a run (after ``fit`` returned, its process group gone) there is nobody to gather
+    from or wait for: rank 0 writes its own state.
+    """
+    if trainer.module is None:
+        raise ConfigError("save_checkpoint: no model yet; call it during or after fit/validate/test")
     strategy = trainer.strategy
-    rng = strategy.all_gather_object({"now": get_rng_state(), "epoch_start": trainer._epoch_start_rng})
+    live = strategy.is_distributed and torch.distributed.is_available() and torch.distributed.is_initialized()
+    mine = {"now": get_rng_state(), "epoch_start": trainer._epoch_start_rng}
+    rng = strategy.all_gather_object(mine) if live else [mine]
     if strategy.is_global_zero:
-        checkpoint = dump(trainer, rng)
-        ckpt.atomic_save(checkpoint, path)
-    strategy.barrier("save_checkpoint")
+        ckpt.atomic_save(dump(trainer, rng), path)
+    if live:
+        strategy.barrier("save_checkpoint")
 
 
 def dump(trainer, rng_per_rank: list) -> dict:
@@ -201,14 +214,14 @@ def restore_rng(trainer, checkpoint: dict | None) -> None:
 
 
 # -- teardown -------------------------------------------------------------------------------------
-def teardown(trainer, stage: str) -> None:
+def teardown(trainer, stage: str, failed: bool = False) -> None:
     try:
         trainer._hooks("teardown", stage)
         if trainer.datamodule is not None:
             trainer.datamodule.teardown(stage)
         if trainer.is_global_zero:
             for lg in trainer.loggers:
-                lg.finalize("success")
+                lg.finalize("failed" if failed else "success")
     finally:
         trainer.strategy.teardown()
         trainer.stage = None

@@ -50,21 +50,23 @@ def test_fit_hook_order():
                          callbacks=[Recorder(calls)], **QUIET)
     data = regression_data(32)
     trainer.fit(RecordingModel(calls), loader(data), loader(data))
-    batch = ["m.on_train_batch_start", "cb.on_train_batch_start",
-             "m.on_before_backward", "cb.on_before_backward",
-             "m.on_after_backward", "cb.on_after_backward",
-             "m.on_before_optimizer_step", "cb.on_before_optimizer_step",
-             "m.on_train_batch_end", "cb.on_train_batch_end"]
-    validation = ["cb.on_validation_start", "m.on_validation_epoch_start", "cb.on_validation_epoch_start",
+    # callbacks before the module, as in Lightning; at epoch ends the module first, so that what
+    # it logs there is in the metrics that checkpointing and early stopping read
+    batch = ["cb.on_train_batch_start", "m.on_train_batch_start",
+             "cb.on_before_backward", "m.on_before_backward",
+             "cb.on_after_backward", "m.on_after_backward",
+             "cb.on_before_optimizer_step", "m.on_before_optimizer_step",
+             "cb.on_train_batch_end", "m.on_train_batch_end"]
+    validation = ["cb.on_validation_start", "cb.on_validation_epoch_start", "m.on_validation_epoch_start",
                   "cb.on_validation_batch_start", "cb.on_validation_batch_end",
                   "m.on_validation_epoch_end", "cb.on_validation_epoch_end", "cb.on_validation_end"]
     expected = (
-        ["cb.setup", "m.on_fit_start", "cb.on_fit_start", "cb.on_sanity_check_start"] + validation
-        + ["cb.on_sanity_check_end", "m.on_train_start", "cb.on_train_start",
-           "m.on_train_epoch_start", "cb.on_train_epoch_start"]
+        ["cb.setup", "cb.on_fit_start", "m.on_fit_start", "cb.on_sanity_check_start"] + validation
+        + ["cb.on_sanity_check_end", "cb.on_train_start", "m.on_train_start",
+           "cb.on_train_epoch_start", "m.on_train_epoch_start"]
         + batch + batch + validation
-        + ["m.on_train_epoch_end", "cb.on_train_epoch_end", "m.on_train_end", "cb.on_train_end",
-           "m.on_fit_end", "cb.on_fit_end", "cb.teardown"]
+        + ["m.on_train_epoch_end", "cb.on_train_epoch_end", "cb.on_train_end", "m.on_train_end",
+           "cb.on_fit_end", "m.on_fit_end", "cb.teardown"]
     )
     assert calls == expected
 

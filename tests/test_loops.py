@@ -142,3 +142,75 @@ def test_bf16_mixed_precision_trains_on_cpu():
     trainer.fit(model, loader(regression_data(32), 8))
     assert trainer.precision.autocast_dtype == torch.bfloat16
     assert torch.isfinite(_params(model)).all()
+
+
+class Stream(torch.utils.data.IterableDataset):
+    """5 batches of 8 with no length: the loop cannot know which batch is the last."""
+
+    def __iter__(self):
+        data = regression_data(40)
+        for i in range(0, 40, 8):
+            yield data.tensors[0][i:i + 8], data.tensors[1][i:i + 8]
+
+
+def test_a_loader_without_length_flushes_its_last_partial_accumulation():
+    grads_at_step = []
+
+    class Probe(fw.Callback):
+        def on_before_optimizer_step(self, trainer, module, optimizer):
+            grads_at_step.append(module.net.weight.grad.clone())
+
+    trainer = fw.Trainer(max_epochs=2, accumulate_grad_batches=3, callbacks=[Probe()], **QUIET)
+    model = LinearModel()
+    trainer.fit(model, torch.utils.data.DataLoader(Stream(), batch_size=None))
+    assert trainer.global_step == 4  # after batches 3 and 5 of each epoch
+    # the same model trained on the same data with a length gives the same parameters
+    reference = LinearModel()
+    fw.Trainer(max_epochs=2, accumulate_grad_batches=3, **QUIET).fit(reference, loader(regression_data(40), 8))
+    torch.testing.assert_close(_params(model), _params(reference), atol=1e-6, rtol=0)
+
+
+def test_check_val_every_n_epoch_none_validates_by_batches_only():
+    counts = []
+
+    class CountVal(fw.Callback):
+        def on_validation_end(self, trainer, module):
+            counts.append(trainer.global_step)
+
+    data = regression_data(64)
+    fw.Trainer(max_epochs=2, val_check_interval=3, check_val_every_n_epoch=None, num_sanity_val_steps=0,
+               callbacks=[CountVal()], **QUIET).fit(LinearModel(), loader(data, 8), loader(data, 16))
+    assert counts == [3, 6, 11, 14]
+
+
+def test_max_time_stops_the_run():
+    trainer = fw.Trainer(max_epochs=1000, max_time=1e-6, **QUIET)
+    trainer.fit(LinearModel(), loader(regression_data(64), 8))
+    assert trainer.global_step == 1 and trainer.current_epoch == 1
+
+
+def test_save_checkpoint_after_validate_only(tmp_path):
+    trainer = fw.Trainer(**QUIET)
+    trainer.validate(LinearModel(), loader(regression_data(16), 8))
+    trainer.save_checkpoint(tmp_path / "v.ckpt")
+    from framework.checkpoint import load_checkpoint
+
+    assert load_checkpoint(tmp_path / "v.ckpt")["global_step"] == 0
+
+
+@pytest.mark.parametrize("kwargs,pattern", [
+    ({"strategy": "single", "devices": 2}, "strategy=single uses one device"),
+    ({"check_val_every_n_epoch": 0}, "check_val_every_n_epoch=0"),
+    ({"val_check_interval": 2.5}, "val_check_interval=2.5"),
+    ({"strategy": {"name": "single", "timeout": 5}}, "'single' has no option 'timeout'"),
+    ({"strategy": {"name": "ddp_gloo", "timout": 5}}, "did you mean 'timeout'"),
+    ({"callbacks": [{"monitor": "x"}]}, r"callbacks\[0\]: dict is not an fw Callback"),
+    ({"max_time": "soon"}, "trainer.max_time"),
+    ({"limit_train_batches": 1.5}, "fraction and must be <= 1.0"),
+    ({"gradient_clip_algorithm": "l2"}, "use norm or value"),
+])
+def test_trainer_arguments_are_checked_at_construction(kwargs, pattern):
+    from framework.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=pattern):
+        fw.Trainer(accelerator="cpu", **kwargs)

@@ -77,3 +77,20 @@ def test_progress_bar_metrics_are_floats_of_prog_bar_logs():
     trainer.fit(ProgBar(), DataLoader(data, batch_size=4))
     assert set(trainer.progress_bar_metrics) == {"shown"}
     assert isinstance(trainer.progress_bar_metrics["shown"], float)
+
+
+def test_metric_logged_per_step_in_training_is_reset_each_epoch():
+    class TrainCounts(LinearModel):
+        def __init__(self):
+            super().__init__()
+            self.seen = SumMetric()
+
+        def training_step(self, batch, batch_idx):
+            self.seen(torch.ones(len(batch[0])))
+            self.log("train/seen_step", self.seen)  # default in training: on_step only
+            return super().training_step(batch, batch_idx)
+
+    data = TensorDataset(torch.randn(16, 4), torch.randn(16, 1))
+    model = TrainCounts()
+    fw.Trainer(max_epochs=3, **QUIET).fit(model, DataLoader(data, batch_size=4))
+    assert model.seen.update_count == 0  # reset at the last epoch's end, not 12 updates deep

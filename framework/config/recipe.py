@@ -135,7 +135,8 @@ def _explain(err) -> str:
 
 
 def _expected_type(key: str) -> str:
-    fields = {f.name: f.type for f in dataclasses.fields(TrainerConfig)}
+    schema = TrainerConfig if key.startswith("trainer.") else RecipeConfig
+    fields = {f.name: f.type for f in dataclasses.fields(schema)}
     type_name = str(fields.get(key.rsplit(".", 1)[-1], "another type"))
     for word, plain in (("bool", "true or false"), ("int", "an integer"), ("float", "a number"), ("str", "a string")):
         if word in type_name:

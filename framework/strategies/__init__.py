@@ -6,6 +6,7 @@ on CUDA and Gloo otherwise.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Mapping
 
 from framework.errors import ConfigError
@@ -19,8 +20,8 @@ from framework.strategies.single import SingleDeviceStrategy
 STRATEGIES = StrategyRegistry()
 STRATEGIES.register("single", SingleDeviceStrategy, "one device, one process")
 STRATEGIES.register("dp", DataParallelStrategy, "torch.nn.DataParallel over the visible GPUs")
-STRATEGIES.register("ddp_gloo", lambda **kw: DDPStrategy(backend="gloo", **kw), "DDP over Gloo")
-STRATEGIES.register("ddp_nccl", lambda **kw: DDPStrategy(backend="nccl", **kw), "DDP over NCCL")
+STRATEGIES.register("ddp_gloo", functools.partial(DDPStrategy, backend="gloo"), "DDP over Gloo")
+STRATEGIES.register("ddp_nccl", functools.partial(DDPStrategy, backend="nccl"), "DDP over NCCL")
 STRATEGIES.register("mpi", MPIStrategy, "DDP with communication over MPI (mpiexec)")
 
 

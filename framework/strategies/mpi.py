@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import datetime
 import sys
+import time
 import traceback
 
 import torch
@@ -51,13 +52,49 @@ class MPIStrategy(DDPStrategy):
     def _collective_device(self) -> torch.device:
         return torch.device("cpu")
 
-    def on_exception(self, exc: BaseException) -> None:
-        """Print this rank's error, then abort every rank of the MPI job."""
-        if self.world_size <= 1:
-            return
-        traceback.print_exception(type(exc), exc, exc.__traceback__)
-        sys.stderr.write(f"fw: rank {self.global_rank} failed; aborting the MPI job\n")
-        sys.stderr.flush()
-        from mpi4py import MPI
+    def connect(self, accelerator, dist, devices) -> None:
+        super().connect(accelerator, dist, devices)
+        if self.world_size > 1:
+            _abort_on_uncaught_errors()
 
-        MPI.COMM_WORLD.Abort(1)
+    def on_exception(self, exc: BaseException) -> None:
+        """Report this rank's error, then abort every rank of the MPI job."""
+        if self.world_size > 1:
+            abort_mpi_job(exc)
+
+
+def abort_mpi_job(exc: BaseException) -> None:
+    """Print ``exc`` (one line for a user mistake, else the traceback) and abort all ranks:
+    MPI collectives have no timeout, so the others would otherwise wait forever."""
+    from framework.errors import FwError
+
+    # the real stderr: torch's excepthook swaps sys.stderr for a buffer while ours runs, and the
+    # abort would lose the buffer
+    stream = sys.__stderr__
+    if isinstance(exc, FwError):
+        stream.write(f"fw: error: {exc}\n")
+    else:
+        traceback.print_exception(type(exc), exc, exc.__traceback__, file=stream)
+    from mpi4py import MPI
+
+    rank = MPI.COMM_WORLD.Get_rank()
+    stream.write(f"fw: rank {rank} failed; aborting the MPI job\n")
+    stream.flush()
+    time.sleep(0.5)  # let the launcher forward this rank's output before the abort tears it down
+    MPI.COMM_WORLD.Abort(getattr(exc, "exit_code", 1))
+
+
+def _abort_on_uncaught_errors() -> None:
+    """An error outside the Trainer's run (building the model, code between fit and test) must
+    end the MPI job too: chain an excepthook that aborts it."""
+    previous = sys.excepthook
+    if getattr(previous, "_fw_mpi_abort", False):
+        return
+
+    def hook(exc_type, exc, tb):
+        if issubclass(exc_type, (KeyboardInterrupt, SystemExit)):
+            return previous(exc_type, exc, tb)
+        abort_mpi_job(exc.with_traceback(tb))
+
+    hook._fw_mpi_abort = True
+    sys.excepthook = hook

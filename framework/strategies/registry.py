@@ -3,6 +3,7 @@ known names when asked for an unknown one."""
 
 from __future__ import annotations
 
+import inspect
 from typing import Any, Callable
 
 from framework.errors import ConfigError, did_you_mean
@@ -32,7 +33,23 @@ class StrategyRegistry:
                 f"trainer.strategy: unknown strategy '{name}'{did_you_mean(name, self._factories)}; "
                 f"known: {', '.join(self.names())}"
             )
-        try:
-            return self._factories[name](**options)
-        except TypeError as err:
-            raise ConfigError(f"trainer.strategy ({name}): {err}") from None
+        factory = self._factories[name]
+        accepted = self._options(factory)
+        unknown = [key for key in options if accepted is not None and key not in accepted]
+        if unknown:
+            takes = f"it takes {', '.join(sorted(accepted))}" if accepted else "it takes no options"
+            raise ConfigError(
+                f"trainer.strategy: '{name}' has no option '{unknown[0]}'"
+                f"{did_you_mean(unknown[0], accepted or [])}; {takes}"
+            )
+        return factory(**options)
+
+    @staticmethod
+    def _options(factory: Callable[..., Strategy]) -> set[str] | None:
+        """The keyword options a factory takes (None when it forwards **kwargs we cannot see)."""
+        target = factory.__init__ if isinstance(factory, type) else factory
+        params = inspect.signature(target).parameters
+        names = {n for n, p in params.items() if n != "self" and p.kind is not p.VAR_KEYWORD}
+        if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+            return None
+        return names

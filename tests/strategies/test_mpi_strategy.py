@@ -174,3 +174,30 @@ def test_fw_env_reports_mpi_library_and_ranks(tmp_path):
     for rank in (0, 1):
         assert re.search(rf"COMM_WORLD\s+rank {rank} of 2", proc.stdout), proc.stdout
     assert re.search(r"detected\s+mpi", proc.stdout)
+
+
+OUTSIDE = textwrap.dedent(
+    """
+    import torch, framework as fw
+    from toy import LinearModel, loader, regression_data
+
+    trainer = fw.Trainer(accelerator="cpu", devices=2, strategy="mpi", max_epochs=1, logger=False,
+                         enable_checkpointing=False, enable_progress_bar=False)
+    trainer.fit(LinearModel(), loader(regression_data(16), 4))
+    if trainer.global_rank == 1:
+        raise RuntimeError("rank 1 failed between fit and validate")
+    trainer.validate(LinearModel(), loader(regression_data(16), 4))  # rank 0 would wait here forever
+    """
+)
+
+
+@pytest.mark.timeout(90)
+def test_an_error_outside_the_trainer_run_also_ends_the_mpi_job(tmp_path):
+    script = tmp_path / "outside.py"
+    script.write_text(OUTSIDE)
+    start = time.monotonic()
+    proc = _mpirun(script, timeout=60)
+    assert proc.returncode != 0
+    assert "RuntimeError: rank 1 failed between fit and validate" in proc.stdout + proc.stderr
+    assert "aborting the MPI job" in proc.stdout + proc.stderr
+    assert time.monotonic() - start < 30

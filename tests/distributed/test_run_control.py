@@ -1,0 +1,47 @@
+"""Ranks that start at different times still stop at the same batch under ``max_time`` (a
+mismatch would abort Gloo), and ``save_checkpoint`` works after a distributed fit has ended."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from framework.checkpoint import load_checkpoint
+
+from .helpers import check_ok, run_script, write_script
+
+SCRIPT = """
+import json, sys, time
+import torch
+from torch.utils.data import DataLoader
+import framework as fw
+import workload
+
+out = sys.argv[1]
+
+class Slow(workload.Regressor):
+    def training_step(self, batch, batch_idx):
+        time.sleep(0.01)
+        return super().training_step(batch, batch_idx)
+
+trainer = fw.Trainer(devices=2, strategy="ddp_gloo", max_epochs=1000, max_time=1.5, **workload.FIT_ARGS)
+if trainer.global_rank == 1:
+    time.sleep(1.0)  # rank 1's clock starts a second later than rank 0's
+model = Slow()
+trainer.fit(model, DataLoader(workload.regression_data(64), batch_size=4))
+trainer.save_checkpoint(f"{out}/after_fit.ckpt")  # the process group is gone by now
+with open(f"{out}/rank{trainer.global_rank}.json", "w") as f:
+    json.dump({"step": trainer.global_step, "epoch": trainer.current_epoch,
+               "w": torch.cat([p.flatten() for p in model.parameters()]).tolist()}, f)
+"""
+
+
+@pytest.mark.timeout(120)
+def test_max_time_stops_every_rank_at_the_same_step_and_checkpoint_after_fit(tmp_path):
+    check_ok(run_script(write_script(tmp_path, SCRIPT), str(tmp_path), launcher="torchrun", timeout=100))
+    r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2))
+    assert r0["step"] == r1["step"] > 0 and r0["w"] == r1["w"]
+    assert r0["epoch"] < 1000  # max_time, not max_epochs, ended it
+    ckpt = load_checkpoint(tmp_path / "after_fit.ckpt")
+    assert ckpt["global_step"] == r0["step"]
