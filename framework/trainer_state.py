@@ -16,7 +16,7 @@ import torch.distributed
 
 from framework import checkpoint as ckpt
 from framework.data import DataModule, shard_dataloader
-from framework.errors import ConfigError
+from framework.errors import CheckpointError, ConfigError
 from framework.hooks import HookDispatcher
 from framework.optim import parse_optimizers
 from framework.rank_zero import rank_zero_warn
@@ -129,10 +129,17 @@ def save(trainer, path) -> None:
     live = strategy.is_distributed and torch.distributed.is_available() and torch.distributed.is_initialized()
     mine = {"now": get_rng_state(), "epoch_start": trainer._epoch_start_rng}
     rng = strategy.all_gather_object(mine) if live else [mine]
+    error: Exception | None = None
     if strategy.is_global_zero:
-        ckpt.atomic_save(dump(trainer, rng), path)
-    if live:
-        strategy.barrier("save_checkpoint")
+        try:
+            ckpt.atomic_save(dump(trainer, rng), path)
+        except Exception as exc:  # disk full, permissions: the other ranks must not wait for it
+            error = exc
+    # every rank learns whether rank 0's write succeeded (this is also the barrier)
+    if live and not strategy.reduce_boolean_decision(error is None, all=True) and error is None:
+        raise CheckpointError(f"rank 0 failed to write the checkpoint '{path}'; its own error says why")
+    if error is not None:
+        raise error
 
 
 def dump(trainer, rng_per_rank: list) -> dict:

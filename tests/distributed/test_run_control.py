@@ -45,3 +45,34 @@ def test_max_time_stops_every_rank_at_the_same_step_and_checkpoint_after_fit(tmp
     assert r0["epoch"] < 1000  # max_time, not max_epochs, ended it
     ckpt = load_checkpoint(tmp_path / "after_fit.ckpt")
     assert ckpt["global_step"] == r0["step"]
+
+
+FAILED_WRITE = """
+import json, sys
+from torch.utils.data import DataLoader
+import framework as fw
+import workload
+
+out = sys.argv[1]
+trainer = fw.Trainer(devices=2, strategy="ddp_gloo", max_epochs=1, **workload.FIT_ARGS)
+
+class SaveMidway(fw.Callback):
+    def on_train_epoch_end(self, trainer, module):
+        try:  # rank 0 cannot write there: the other rank must hear of it, not wait for it
+            trainer.save_checkpoint(f"{out}/not_a_dir.txt/x.ckpt")
+        except Exception as err:
+            with open(f"{out}/rank{trainer.global_rank}.json", "w") as f:
+                json.dump({"error": f"{type(err).__name__}: {err}"}, f)
+
+trainer.callbacks.append(SaveMidway())
+trainer.fit(workload.Regressor(), DataLoader(workload.regression_data(16), batch_size=4))
+"""
+
+
+@pytest.mark.timeout(90)
+def test_a_failed_checkpoint_write_on_rank_0_is_reported_on_every_rank(tmp_path):
+    (tmp_path / "not_a_dir.txt").write_text("a file, so nothing can be written under it")
+    check_ok(run_script(write_script(tmp_path, FAILED_WRITE), str(tmp_path), launcher="torchrun", timeout=60))
+    r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2))
+    assert "NotADirectoryError" in r0["error"] or "FileExistsError" in r0["error"]
+    assert r1["error"].startswith("CheckpointError: rank 0 failed to write the checkpoint")
