@@ -8,7 +8,9 @@ workers, and when one fails it stops the others and reports that worker's error.
 process does not train; it exits with the job's status once the workers are done.
 
 For several nodes, run the same command on every node with the same ``rdzv_endpoint``
-(``trainer.rdzv_endpoint=HOST:PORT``, or MASTER_ADDR/MASTER_PORT), as with torchrun.
+(``trainer.rdzv_endpoint=HOST:PORT``, or MASTER_ADDR/MASTER_PORT), as with torchrun; the node
+that owns HOST's address hosts the rendezvous. ``FW_DEBUG_LAUNCH=1`` shows the elastic agent's
+log (rendezvous rounds, worker starts) when a launch hangs.
 """
 
 from __future__ import annotations
@@ -62,8 +64,13 @@ def current_command() -> list[str]:
 
 
 def launch_workers(nproc_per_node: int, num_nodes: int = 1, max_restarts: int = 0,
-                   rdzv_endpoint: str | None = None) -> int:
-    """Run the current command in ``nproc_per_node`` workers on this node; return the exit code."""
+                   rdzv_endpoint: str | None = None, socket_ifname: str | None = None) -> int:
+    """Run the current command in ``nproc_per_node`` workers on this node; return the exit code.
+
+    With several nodes, the node whose interfaces carry the endpoint's address hosts the
+    rendezvous, and this node is announced by the address of ``socket_ifname`` when one is
+    named (its host name may not resolve to an address the other nodes can reach).
+    """
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
@@ -77,19 +84,23 @@ def launch_workers(nproc_per_node: int, num_nodes: int = 1, max_restarts: int = 
             rdzv_endpoint = f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
         else:
             rdzv_endpoint = f"127.0.0.1:{free_port()}"
+    rdzv_configs, local_addr = _rendezvous_role(rdzv_endpoint, socket_ifname) if num_nodes > 1 else ({}, None)
     config = LaunchConfig(
         min_nodes=num_nodes,
         max_nodes=num_nodes,
         nproc_per_node=nproc_per_node,
-        run_id=os.environ.get("FW_RUN_ID", uuid.uuid4().hex[:12]),
+        # every node of a job must name the same rendezvous (torchrun's --rdzv-id)
+        run_id=os.environ.get("FW_RUN_ID") or (f"fw-{rdzv_endpoint}" if num_nodes > 1 else uuid.uuid4().hex[:12]),
         rdzv_backend="c10d",
         rdzv_endpoint=rdzv_endpoint,
+        rdzv_configs=rdzv_configs,
+        local_addr=local_addr,
         max_restarts=max_restarts,
         monitor_interval=0.1,
         start_method="spawn",
     )
     # fw prints its own one-line summary of a failure; the agent's log lines would repeat it
-    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
+    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL if not os.environ.get("FW_DEBUG_LAUNCH") else logging.INFO)
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc_per_node)))
     try:
         elastic_launch(config, entrypoint=sys.executable)(*current_command())
@@ -104,6 +115,24 @@ def launch_workers(nproc_per_node: int, num_nodes: int = 1, max_restarts: int = 
         )
         return failure.exitcode if isinstance(failure.exitcode, int) and failure.exitcode > 0 else 1
     return 0
+
+
+def _rendezvous_role(endpoint: str, socket_ifname: str | None) -> tuple[dict, str | None]:
+    """(``{"is_host": ...}`` when it can be told, this node's address or None)."""
+    from framework.env_report import interface_addresses
+
+    addresses = interface_addresses()
+    mine = {a for a in addresses.values() if a}
+    host = endpoint.rsplit(":", 1)[0]
+    try:
+        host_ip = socket.gethostbyname(host)
+    except OSError:
+        host_ip = None
+    configs = {"is_host": host_ip in mine or host == socket.gethostname()} if host_ip else {}
+    local_addr = addresses.get(socket_ifname) if socket_ifname else None
+    if local_addr is None and configs.get("is_host") and host_ip not in ("127.0.0.1", None):
+        local_addr = host_ip
+    return configs, local_addr
 
 
 def record_worker_error(exc: BaseException) -> None:

@@ -293,6 +293,7 @@ class Trainer:
         code = launch.launch_workers(
             nproc_per_node=len(self.devices), num_nodes=self.num_nodes,
             max_restarts=self.max_restarts, rdzv_endpoint=self.rdzv_endpoint,
+            socket_ifname=getattr(self.strategy, "socket_ifname", None),
         )
         sys.exit(code)
 
