@@ -91,6 +91,10 @@ class Trainer:
     ) -> None:
         self.accelerator = get_accelerator(accelerator)
         self.num_nodes = positive_int("num_nodes", num_nodes)
+        self._env = detect_environment()
+        launched = self._env.info() if self._env.launched_externally else None
+        if launched is not None and devices == "auto" and self.accelerator.name == "cpu":
+            devices = launched.local_world_size  # one CPU process per launched task
         self.devices = parse_devices(devices, self.accelerator)
         self.strategy: Strategy = create_strategy(
             default_strategy(strategy, len(self.devices) * self.num_nodes), self.accelerator.name
@@ -102,7 +106,12 @@ class Trainer:
                 f"trainer.strategy=single uses one device but trainer.devices={devices}; "
                 "set trainer.devices=1, or pick ddp (one process per device) or dp"
             )
-        self._env = detect_environment()
+        if launched is not None and launched.world_size > 1 and not self.strategy.multi_process:
+            raise ConfigError(
+                f"{launched.source} started {launched.world_size} processes but trainer.strategy="
+                f"{self.strategy.name} runs in one: each would train alone. Set trainer.strategy=ddp "
+                f"(or mpi under mpiexec) and trainer.devices={launched.local_world_size}"
+            )
         self._needs_launch = False
         self.strategy.connect(self.accelerator, self._resolve_dist(), self.devices)
         self.precision = Precision(precision, self.accelerator.name)

@@ -18,3 +18,20 @@ def test_fw_fit_digits_two_gloo_workers(tmp_path):
     assert "strategy ddp_gloo" in summary[0] and "world size 2" in summary[0], summary[0]
     assert "fw: final metrics:" in result.output and "val/acc=" in result.output
     assert (tmp_path / "fw_logs" / "version_0" / "checkpoints" / "last.ckpt").exists()
+
+
+@pytest.mark.timeout(120)
+def test_under_torchrun_devices_auto_follows_the_launcher_and_a_single_strategy_is_refused(tmp_path):
+    from .helpers import PYTHON, free_port
+
+    torchrun = [PYTHON, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+                "--master-port", str(free_port()), "-m", "framework.cli", "fit", "conf/regression.yaml",
+                "trainer.max_epochs=1", "logger=false", f"trainer.default_root_dir={tmp_path}"]
+    result = run_cmd([*torchrun, "trainer.devices=auto"], timeout=100, cwd=REPO)
+    assert result.returncode == 0, result.output
+    assert "strategy ddp_gloo" in result.output and "world size 2" in result.output
+
+    torchrun[torchrun.index("--master-port") + 1] = str(free_port())
+    result = run_cmd([*torchrun, "trainer.devices=1"], timeout=100, cwd=REPO)
+    assert result.returncode != 0
+    assert "torchrun started 2 processes but trainer.strategy=single" in result.output
