@@ -11,6 +11,7 @@ import math
 
 import torch
 
+from framework import trainer_state
 from framework.errors import ConfigError
 from framework.results import MetricCollector
 
@@ -20,7 +21,7 @@ def run_eval_stage(trainer, stage: str, checkpoint: dict | None) -> list[dict]:
     loaders = trainer._loaders.get(stage) or []
     if not loaders:
         raise ConfigError(f"{stage} needs data: pass dataloaders= or a datamodule with {_loader_name(stage)}()")
-    trainer.print_summary(stage, getattr(loaders[0], "batch_size", None))
+    trainer_state.print_summary(trainer, stage, getattr(loaders[0], "batch_size", None))
     values = run_evaluation(trainer, stage)
     return [{k: float(v) for k, v in values.items() if v.numel() == 1}]
 

@@ -32,7 +32,7 @@ def run_fit(trainer, stage: str, checkpoint: dict | None) -> None:
         raise ConfigError("fit needs training data: pass train_dataloaders= or a datamodule with train_dataloader()")
     loader = train_loaders[0]
     trainer.num_training_batches = num_batches(loader, trainer.limits["train"])
-    trainer.print_summary("fit", getattr(loader, "batch_size", None))
+    trainer_state.print_summary(trainer, "fit", getattr(loader, "batch_size", None))
     call_hook(trainer, "on_fit_start")
     if checkpoint is None and trainer.num_sanity_val_steps > 0 and trainer._loaders.get("validate"):
         trainer.sanity_checking = True

@@ -22,7 +22,6 @@ from framework.environments import DistInfo, detect_environment
 from framework.errors import ConfigError
 from framework.hooks import HookDispatcher
 from framework.precision import Precision
-from framework.rank_zero import rank_zero_print
 from framework.results import MetricCollector
 from framework.strategies import Strategy, create_strategy
 from framework.trainer_args import (
@@ -305,16 +304,3 @@ class Trainer:
             socket_ifname=getattr(self.strategy, "socket_ifname", None),
         )
         sys.exit(code)
-
-    def print_summary(self, stage: str, per_device_batch: int | None) -> None:
-        info = self.strategy.describe()
-        parts = [f"fw {stage}: strategy {self.strategy.name}"]
-        if "backend" in info:
-            parts.append(f"backend {info['backend']}, init {info['init_method']}")
-        parts.append(f"world size {self.world_size}")
-        parts.append(f"device {info['device']}, precision {self.precision.precision}")
-        if per_device_batch:
-            replicas = info.get("replicas", 1)  # DataParallel splits one loader batch over its GPUs
-            per_device = per_device_batch // replicas if replicas > 1 else per_device_batch
-            parts.append(f"batch {per_device} per device, global {per_device * replicas * self.world_size}")
-        rank_zero_print(" | ".join(parts))

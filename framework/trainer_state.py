@@ -19,7 +19,7 @@ from framework.data import DataModule, shard_dataloader
 from framework.errors import CheckpointError, ConfigError
 from framework.hooks import HookDispatcher
 from framework.optim import parse_optimizers
-from framework.rank_zero import rank_zero_warn
+from framework.rank_zero import rank_zero_print, rank_zero_warn
 from framework.seed import get_rng_state, global_seed, set_rng_state
 
 _LOADER_METHODS = {
@@ -114,6 +114,21 @@ def _setup_loggers(trainer) -> None:
         hparams = ckpt.plain_hparams(getattr(trainer.module, "hparams", {}) or {})
         for lg in trainer.loggers:
             lg.log_hyperparams(hparams)
+
+
+def print_summary(trainer, stage: str, per_device_batch: int | None) -> None:
+    """One line on rank 0: strategy, backend, init method, world size, device, batch sizes."""
+    info = trainer.strategy.describe()
+    parts = [f"fw {stage}: strategy {trainer.strategy.name}"]
+    if "backend" in info:
+        parts.append(f"backend {info['backend']}, init {info['init_method']}")
+    parts.append(f"world size {trainer.world_size}")
+    parts.append(f"device {info['device']}, precision {trainer.precision.precision}")
+    if per_device_batch:
+        replicas = info.get("replicas", 1)  # DataParallel splits one loader batch over its GPUs
+        per_device = per_device_batch // replicas if replicas > 1 else per_device_batch
+        parts.append(f"batch {per_device} per device, global {per_device * replicas * trainer.world_size}")
+    rank_zero_print(" | ".join(parts))
 
 
 # -- checkpoints ----------------------------------------------------------------------------------
