@@ -19,8 +19,7 @@ class HookDispatcher:
         self.callbacks = list(callbacks)
         self._by_hook: dict[str, tuple] = {
             hook: tuple(
-                getattr(cb, hook) for cb in self.callbacks
-                if getattr(type(cb), hook, None) is not getattr(Callback, hook)
+                getattr(cb, hook) for cb in self.callbacks if overrides(cb, Callback, hook)
             )
             for hook in _HOOKS
         }

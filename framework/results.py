@@ -9,6 +9,7 @@ is computed (torchmetrics syncs its own state across ranks) and reset at the end
 from __future__ import annotations
 
 import dataclasses
+import sys
 from typing import Any, Callable
 
 import torch
@@ -163,14 +164,6 @@ class MetricCollector:
                     )
                 self.entries[name] = _Entry(name, *flags[:6], metric=metric)
 
-    def reset(self) -> None:
-        """Start a new epoch: forget values, reset metric objects."""
-        for entry in self.entries.values():
-            if entry.metric is not None:
-                entry.metric.reset()
-        self.entries.clear()
-        self.step_dirty = False
-
 
 def _spec(entry: _Entry, module) -> tuple:
     flags = (entry.on_step, entry.on_epoch, entry.prog_bar, entry.logger, entry.sync_dist, entry.reduce_fx,
@@ -194,7 +187,6 @@ def _reduce_across_ranks(entry: _Entry, strategy) -> torch.Tensor:
 
 
 def _is_metric(value: Any) -> bool:
-    module = type(value).__module__
-    if not module.startswith("torchmetrics"):
-        return any(c.__module__.startswith("torchmetrics") for c in type(value).__mro__[1:])
-    return hasattr(value, "compute") and hasattr(value, "reset")
+    """Is ``value`` a torchmetrics ``Metric``? (If torchmetrics was never imported, it is not.)"""
+    torchmetrics = sys.modules.get("torchmetrics")
+    return torchmetrics is not None and isinstance(value, torchmetrics.Metric)

@@ -215,7 +215,7 @@ class Trainer:
 
     @property
     def progress_bar_metrics(self) -> dict[str, float]:
-        values = {k: v for k, v in self._collector.step_values_for("prog_bar").items()}
+        values = self._collector.step_values_for("prog_bar")
         values.update({k: v for k, v in self._epoch_metrics.items() if self._prog_bar_keys.get(k)})
         return {k: float(v) for k, v in values.items() if v.numel() == 1}
 
@@ -232,24 +232,16 @@ class Trainer:
     # -- public API -----------------------------------------------------------------------------
     def fit(self, model, train_dataloaders=None, val_dataloaders=None, datamodule=None, ckpt_path=None) -> None:
         """Train ``model``; ``ckpt_path`` (a path or ``"last"``) resumes from a checkpoint."""
-        if self._launch_if_needed():
-            return
         self._run("fit", model, datamodule, {"train": train_dataloaders, "validate": val_dataloaders},
                   ckpt_path, loops.run_fit)
 
     def validate(self, model=None, dataloaders=None, datamodule=None, ckpt_path=None) -> list[dict]:
-        if self._launch_if_needed():
-            return []
         return self._run("validate", model, datamodule, {"validate": dataloaders}, ckpt_path, eval_loop.run_eval_stage)
 
     def test(self, model=None, dataloaders=None, datamodule=None, ckpt_path=None) -> list[dict]:
-        if self._launch_if_needed():
-            return []
         return self._run("test", model, datamodule, {"test": dataloaders}, ckpt_path, eval_loop.run_eval_stage)
 
     def predict(self, model=None, dataloaders=None, datamodule=None, ckpt_path=None) -> list:
-        if self._launch_if_needed():
-            return []
         return self._run("predict", model, datamodule, {"predict": dataloaders}, ckpt_path, eval_loop.run_predict)
 
     def save_checkpoint(self, path: str | os.PathLike) -> None:
@@ -258,6 +250,7 @@ class Trainer:
 
     # -- orchestration --------------------------------------------------------------------------
     def _run(self, stage: str, model, datamodule, loaders: dict, ckpt_path, body) -> Any:
+        self._launch_if_needed()
         model = model if model is not None else self.module
         if model is None:
             raise ConfigError(f"trainer.{stage}() needs a model")
@@ -289,9 +282,11 @@ class Trainer:
         self._needs_launch = world > 1
         return DistInfo()
 
-    def _launch_if_needed(self) -> bool:
+    def _launch_if_needed(self) -> None:
+        """Without a launcher around: start the workers, wait for them, and exit with their status
+        (the workers run this whole program; this process does not train)."""
         if not self._needs_launch:
-            return False
+            return
         if self.strategy.name == "mpi":
             raise ConfigError(
                 f"trainer.strategy=mpi with {len(self.devices) * self.num_nodes} processes needs an "

@@ -7,7 +7,6 @@ releases at the end.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -247,8 +246,3 @@ def teardown(trainer, stage: str, failed: bool = False) -> None:
     finally:
         trainer.strategy.teardown()
         trainer.stage = None
-
-
-def checkpoint_dir(trainer) -> str:
-    base = trainer.log_dir or trainer.default_root_dir
-    return os.path.join(base, "checkpoints")
