@@ -28,6 +28,28 @@ def make_optimizer(params, name: str = "adam") -> torch.optim.Optimizer:
     return torch.optim.Adam(params, lr=1e-3)
 
 
+def raw_epochs(model: nn.Module, loader, opt: torch.optim.Optimizer, epochs: int,
+               sync: Callable[[], None] = lambda: None,
+               before_epoch: Callable[[int], None] = lambda epoch: None) -> list[float]:
+    """The hand-written loop every fw side is compared with: ``epochs`` epochs of
+    forward/backward/step/zero_grad; returns each epoch's wall time (``sync`` before each
+    reading, ``before_epoch`` e.g. a sampler's set_epoch)."""
+    model.train()
+    times = []
+    for epoch in range(epochs):
+        before_epoch(epoch)
+        sync()
+        start = time.perf_counter()
+        for x, y in loader:
+            loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        sync()
+        times.append(time.perf_counter() - start)
+    return times
+
+
 class MLPModule(fw.TrainModule):
     """The same network and step as the raw loops; logs nothing (the raw loops log nothing)."""
 

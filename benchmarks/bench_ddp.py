@@ -53,13 +53,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset  # noqa: E402
 
 import framework as fw  # noqa: E402
 from framework.strategies import MPIStrategy  # noqa: E402
-from _modules import EpochTimer, MLPModule, make_mlp, make_optimizer  # noqa: E402
+from _modules import EpochTimer, MLPModule, make_mlp, make_optimizer, raw_epochs  # noqa: E402
 from _common import fmt_time, iqr, machine_info, median, print_table, result_path, write_json  # noqa: E402
 
 SIZES = (64, 512, 512, 10)
@@ -119,19 +118,7 @@ def raw_ddp(comm: Comm, net: nn.Module, data: TensorDataset, epochs: int, group=
     model = nn.parallel.DistributedDataParallel(net, process_group=group)
     sampler = DistributedSampler(data, num_replicas=comm.size, rank=comm.rank, shuffle=False)
     loader = DataLoader(data, batch_size=PER_RANK_BATCH, sampler=sampler)
-    opt = make_optimizer(model.parameters())
-    model.train()
-    times = []
-    for epoch in range(epochs):
-        sampler.set_epoch(epoch)
-        start = time.perf_counter()
-        for x, y in loader:
-            loss = F.cross_entropy(model(x), y)
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-        times.append(time.perf_counter() - start)
-    return times
+    return raw_epochs(model, loader, make_optimizer(model.parameters()), epochs, before_epoch=sampler.set_epoch)
 
 
 def fw_ddp(comm: Comm, net: nn.Module, data: TensorDataset, epochs: int, strategy) -> list[float]:

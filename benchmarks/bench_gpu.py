@@ -38,7 +38,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
@@ -100,7 +99,7 @@ def loop(quick: bool, out: Path) -> dict:
 # -- 3. strategies, side by side ------------------------------------------------------------------
 def strategies(quick: bool) -> dict:
     import framework as fw
-    from _modules import EpochTimer, MLPModule, make_mlp
+    from _modules import EpochTimer, MLPModule, make_mlp, make_optimizer, raw_epochs
 
     steps, epochs, rounds = (50, 3, 3) if quick else (200, 4, 8)
     ensure_nccl_group()  # raw DDP and fw ddp_nccl share it (fw leaves a group it did not create)
@@ -112,20 +111,8 @@ def strategies(quick: bool) -> dict:
     def raw(wrap):
         def run(net):
             model = wrap(net)
-            opt = torch.optim.Adam(model.parameters(), lr=1e-3)
             loader = DataLoader(data, batch_size=BATCH, shuffle=False)
-            times = []
-            for _ in range(epochs):
-                torch.cuda.synchronize()
-                t0 = time.perf_counter()
-                for xb, yb in loader:
-                    loss = F.cross_entropy(model(xb), yb)
-                    loss.backward()
-                    opt.step()
-                    opt.zero_grad(set_to_none=True)
-                torch.cuda.synchronize()
-                times.append(time.perf_counter() - t0)
-            return times
+            return raw_epochs(model, loader, make_optimizer(model.parameters()), epochs, sync=torch.cuda.synchronize)
         return run
 
     def fw_side(strategy):

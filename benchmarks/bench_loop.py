@@ -34,12 +34,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
 import framework as fw  # noqa: E402
-from _modules import EpochTimer, MLPModule, make_mlp, make_optimizer  # noqa: E402
+from _modules import EpochTimer, MLPModule, make_mlp, make_optimizer, raw_epochs  # noqa: E402
 from _common import fmt_time, iqr, machine_info, median, print_table, result_path, write_json  # noqa: E402
 
 BATCH = 64
@@ -55,23 +54,9 @@ def make_data(steps: int, device: torch.device, seed: int = 0) -> TensorDataset:
     return TensorDataset(x.to(device), y.to(device))
 
 
-def raw_epochs(net: nn.Module, loader: DataLoader, optimizer: str, epochs: int, sync) -> list[float]:
+def raw_side(net: nn.Module, loader: DataLoader, optimizer: str, epochs: int, sync) -> list[float]:
     """The hand-written loop: ``epochs`` epochs; returns each epoch's wall time."""
-    opt = make_optimizer(net.parameters(), optimizer)
-    net.train()
-    times = []
-    for _ in range(epochs):
-        sync()
-        start = time.perf_counter()
-        for x, y in loader:
-            loss = F.cross_entropy(net(x), y)
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-        sync()
-        times.append(time.perf_counter() - start)
-    return times
-
+    return raw_epochs(net, loader, make_optimizer(net.parameters(), optimizer), epochs, sync=sync)
 
 def fw_trainer(device: str, epochs: int, callbacks=None) -> fw.Trainer:
     return fw.Trainer(
@@ -98,7 +83,7 @@ def exactness(steps: int, optimizer: str, device: str) -> dict:
     raw_net.load_state_dict(init.state_dict())
     fw_net.load_state_dict(init.state_dict())
     data = make_data(steps, dev, seed=2)
-    raw_epochs(raw_net, DataLoader(data, batch_size=BATCH, shuffle=False), optimizer, 1, lambda: None)
+    raw_side(raw_net, DataLoader(data, batch_size=BATCH, shuffle=False), optimizer, 1, lambda: None)
     fw_epochs(fw_net, DataLoader(data, batch_size=BATCH, shuffle=False), optimizer, 1, device, lambda: None)
     diffs = [(a - b).abs().max().item() for a, b in zip(raw_net.parameters(), fw_net.parameters())]
     bitwise = all(torch.equal(a, b) for a, b in zip(raw_net.parameters(), fw_net.parameters()))
@@ -144,7 +129,7 @@ def main() -> None:
         order = ("raw", "fw") if r % 2 == 0 else ("fw", "raw")
         for side in order:
             if side == "raw":
-                times = raw_epochs(raw_net, raw_loader, args.optimizer, args.epochs, sync)
+                times = raw_side(raw_net, raw_loader, args.optimizer, args.epochs, sync)
             else:
                 times = fw_epochs(fw_net, fw_loader, args.optimizer, args.epochs, device, sync)
             samples[side].extend(t / args.steps for t in times[1:])  # first epoch: warm-up
