@@ -117,7 +117,7 @@ class TrainModule(nn.Module):
         """
         if self._trainer is None:
             return
-        self._trainer._collector.log(
+        self._trainer.metrics.log(
             name, value, prog_bar=prog_bar, logger=logger, on_step=on_step, on_epoch=on_epoch,
             reduce_fx=reduce_fx, sync_dist=sync_dist, batch_size=batch_size,
         )

@@ -2,32 +2,33 @@
 
 from __future__ import annotations
 
-import os
 import random
 
 import numpy as np
 import torch
 
-SEED_ENV = "FW_GLOBAL_SEED"
+_seed: int | None = None  # what seed_everything was last called with
 
 
 def seed_everything(seed: int) -> int:
     """Seed Python, NumPy and torch (all devices), and remember the seed for samplers.
 
-    The seed is also exported as ``FW_GLOBAL_SEED`` so that distributed samplers built later
-    (in this process or in workers it starts) shuffle with the same seed.
+    A run reads it once at set-up (``sampler_seed``) and hands it to the distributed samplers
+    as a value, so every rank shuffles alike. Workers that fw or torchrun start run the program
+    again, and so call ``seed_everything`` themselves: nothing travels through the environment.
     """
+    global _seed
     seed = int(seed)
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
-    os.environ[SEED_ENV] = str(seed)
+    _seed = seed
     return seed
 
 
-def global_seed(default: int = 0) -> int:
-    value = os.environ.get(SEED_ENV)
-    return int(value) if value is not None else default
+def sampler_seed(default: int = 0) -> int:
+    """The seed distributed samplers shuffle with: the last ``seed_everything``'s, else 0."""
+    return _seed if _seed is not None else default
 
 
 def get_rng_state() -> dict:

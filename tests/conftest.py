@@ -14,7 +14,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 def _isolated_cwd(tmp_path, monkeypatch):
     """Runs write under a temporary directory, and the global seed does not leak."""
     monkeypatch.chdir(tmp_path)
-    monkeypatch.delenv("FW_GLOBAL_SEED", raising=False)
+    import framework.seed
+
+    monkeypatch.setattr(framework.seed, "_seed", None)
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.delenv(key, raising=False)
     yield

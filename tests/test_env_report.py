@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from framework import env_report as report
+from framework.cli import env_report as report
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -21,7 +21,7 @@ def test_full_report_in_a_plain_process() -> None:
     env["PYTHONPATH"] = str(REPO)
     env["NCCL_DEBUG"] = "INFO"
     done = subprocess.run(
-        [sys.executable, "-c", "from framework.env_report import env_report; print(env_report())"],
+        [sys.executable, "-c", "from framework.cli.env_report import env_report; print(env_report())"],
         capture_output=True, text=True, timeout=60, env=env, cwd=REPO, check=True,
     )
     text = done.stdout

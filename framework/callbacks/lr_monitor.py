@@ -90,7 +90,7 @@ class LearningRateMonitor(Callback):
         stats = self.extract_stats(interval)
         if not stats:
             return
-        trainer.callback_metrics.update({k: torch.tensor(v) for k, v in stats.items()})
+        trainer.callback_metrics.update({k: torch.tensor(v) for k, v in stats.items()})  # one dict, kept
         trainer.log_metrics(stats, step=trainer.global_step)
 
     def extract_stats(self, interval: str | None = None) -> dict[str, float]:

@@ -84,7 +84,7 @@ def _check_keys(tree: Any, where: str) -> None:
             if key not in _TRAINER_KEYS:
                 raise ConfigError(
                     f"{where}: unknown key 'trainer.{key}'{did_you_mean(key, _TRAINER_KEYS)}; "
-                    "see framework/config/schema.py for the Trainer's keys"
+                    "the Trainer's keys are the arguments of framework.Trainer"
                 )
 
 

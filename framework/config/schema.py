@@ -1,46 +1,52 @@
 """The recipe's schema: typed dataclasses that OmegaConf checks a YAML file against.
 
-Types are checked here (``max_epochs: abc`` fails with the key's path); meanings (is this a
-known strategy?) are checked by the Trainer, which raises ``ConfigError`` naming the key.
-Fields typed ``Any`` take several forms (``devices: 2`` or ``[0, 1]`` or ``auto``).
+``TrainerConfig`` is derived from ``Trainer.__init__``'s signature (names, defaults, types), so
+a new Trainer argument is added in one place. A type OmegaConf can check (``int``, ``float``,
+``bool``, ``str``, or one of them ``| None``) is kept; anything richer (``int | float | None``,
+``Any``) becomes ``Any`` and the Trainer checks it. Types are checked here (``max_epochs: abc``
+fails with the key's path); meanings (is this a known strategy?) are checked by the Trainer,
+which raises ``ConfigError`` naming the key.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
+import typing
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+#: Trainer arguments that are recipe sections of their own (built from ``_target_``).
+_SECTIONS_OF_THEIR_OWN = ("callbacks", "logger")
+_PLAIN = (int, float, bool, str)
 
-@dataclass
-class TrainerConfig:
-    """The Trainer's keyword arguments (Lightning's names); see ``framework.Trainer``."""
 
-    accelerator: str = "auto"  # cpu | cuda | auto
-    devices: Any = "auto"  # count, list of GPU indices, or auto
-    num_nodes: int = 1
-    strategy: Any = "auto"  # name, or {name: ddp_gloo, init_method: tcp://..., timeout: 600, ...}
-    precision: Any = "32"  # 32 | bf16-mixed | 16-mixed
-    max_epochs: Optional[int] = None
-    min_epochs: Optional[int] = None
-    max_steps: int = -1
-    max_time: Any = None  # seconds, "DD:HH:MM:SS" or {days, hours, minutes, seconds}
-    limit_train_batches: Any = None  # int batches or float fraction
-    limit_val_batches: Any = None
-    limit_test_batches: Any = None
-    limit_predict_batches: Any = None
-    val_check_interval: Any = None
-    check_val_every_n_epoch: Optional[int] = 1
-    num_sanity_val_steps: int = 2
-    log_every_n_steps: int = 50
-    enable_checkpointing: bool = True
-    enable_progress_bar: bool = True
-    accumulate_grad_batches: int = 1
-    gradient_clip_val: Optional[float] = None
-    gradient_clip_algorithm: str = "norm"
-    deterministic: bool = False
-    default_root_dir: Optional[str] = None
-    max_restarts: int = 0
-    rdzv_endpoint: Optional[str] = None
+def _schema_type(annotation: Any) -> Any:
+    if annotation in _PLAIN:
+        return annotation
+    args = typing.get_args(annotation)
+    if type(None) in args:
+        rest = [a for a in args if a is not type(None)]
+        if len(rest) == 1 and rest[0] in _PLAIN:
+            return Optional[rest[0]]
+    return Any
+
+
+def _trainer_config() -> type:
+    from framework.trainer import Trainer
+
+    hints = typing.get_type_hints(Trainer.__init__)
+    fields = [
+        (name, _schema_type(hints.get(name, Any)), field(default=param.default))
+        for name, param in inspect.signature(Trainer.__init__).parameters.items()
+        if name != "self" and name not in _SECTIONS_OF_THEIR_OWN
+    ]
+    return dataclasses.make_dataclass(
+        "TrainerConfig", fields, namespace={"__doc__": "The Trainer's keyword arguments; see framework.Trainer."}
+    )
+
+
+TrainerConfig = _trainer_config()
 
 
 @dataclass
@@ -50,7 +56,7 @@ class RecipeConfig:
 
     module: Any = None
     data: Any = None
-    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)  # type: ignore[valid-type]
     callbacks: Any = field(default_factory=list)
     logger: Any = True
     seed: Optional[int] = None

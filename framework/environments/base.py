@@ -1,8 +1,9 @@
 """``ClusterEnvironment``: the interface every launcher environment implements.
 
-An environment answers three questions from its launcher's variables: is this process running
-under me (``detect``), where does it stand (``info``), and did someone else already start the
-worker processes (``launched_externally``)? One small subclass per launcher lives next to this
+An environment answers four questions from its launcher's variables: is this process running
+under me (``detect``), where does it stand (``info``), did someone else already start the
+worker processes (``launched_externally``), and does the job it started match the run's
+``devices`` and ``num_nodes`` (``check``)? One small subclass per launcher lives next to this
 file; ``framework.environments.detect_environment`` picks the first that detects.
 """
 
@@ -14,7 +15,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 
 from framework.environments.info import DistInfo
-from framework.errors import DistributedSetupError
+from framework.errors import ConfigError, DistributedSetupError
 
 
 class ClusterEnvironment(ABC):
@@ -51,6 +52,27 @@ class ClusterEnvironment(ABC):
     def launched_externally(self) -> bool:
         """True when the launcher already started every worker process, so fw must not."""
         return True
+
+    def check(self, devices: int, num_nodes: int) -> None:
+        """Refuse a job whose shape does not match ``devices`` per node and ``num_nodes``, with
+        a hint that says how to fix it (called only for multi-process strategies).
+
+        Raises:
+            ConfigError: the launcher started another number of processes.
+        """
+        info = self.info()
+        if info.local_world_size != devices:
+            raise ConfigError(
+                f"the {info.source} launcher started {info.local_world_size} process(es) on this node but "
+                f"trainer.devices={devices}. HINT: set trainer.devices={info.local_world_size}, or start "
+                f"{devices} processes per node"
+            )
+        if info.world_size != devices * num_nodes:
+            raise ConfigError(
+                f"the {info.source} launcher started {info.world_size} process(es) in all but "
+                f"trainer.devices * trainer.num_nodes = {devices * num_nodes}. "
+                f"HINT: set trainer.num_nodes={max(1, info.world_size // max(devices, 1))}"
+            )
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(name={self.name!r})"

@@ -11,8 +11,9 @@ from framework.environments.info import DistInfo
 class LocalEnvironment(ClusterEnvironment):
     """The fallback: always detected, last in line.
 
-    When the run asks for more than one device, the launcher (``framework/launch.py``) starts
-    the workers itself, so ``launched_externally`` is False.
+    When the run asks for more than one device, the strategy's launcher
+    (``framework/strategies/launchers.py``) starts the workers itself, so ``launched_externally``
+    is False.
     """
 
     name = "local"
@@ -27,3 +28,10 @@ class LocalEnvironment(ClusterEnvironment):
     @property
     def launched_externally(self) -> bool:
         return False
+
+    def check(self, devices: int, num_nodes: int) -> None:
+        """fw will start ``devices`` workers here: refuse if this is the batch shell of a
+        multi-task SLURM job (those tasks belong to ``srun``; see ``check_slurm_batch_trap``)."""
+        from framework.environments.slurm import check_slurm_batch_trap
+
+        check_slurm_batch_trap(self.env, devices * num_nodes)

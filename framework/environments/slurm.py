@@ -1,6 +1,6 @@
 """``SLURMEnvironment``: tasks started by ``srun``, one process per device.
 
-What ``srun`` sets in each task (Slurm 22.05, see /work/shared/slurm/README.md):
+What ``srun`` sets in each task (Slurm 22.05):
 ``SLURM_PROCID`` (global rank), ``SLURM_LOCALID`` (local rank), ``SLURM_NTASKS`` (world size),
 ``SLURM_NODEID`` (node rank), ``SLURM_NNODES``, ``SLURM_STEP_NODELIST`` / ``SLURM_NODELIST``
 (hostlist), ``SLURM_JOB_ID``, ``SLURM_STEP_ID`` and ``SLURM_TASKS_PER_NODE`` (e.g. ``2(x3),1``).
@@ -99,6 +99,12 @@ class SLURMEnvironment(ClusterEnvironment):
             master_port=self._master_port(),
             source=self.name,
         )
+
+    def check(self, devices: int, num_nodes: int) -> None:
+        """SLURM's own hint first (one task per device: ``--ntasks-per-node``), then the
+        general shape check."""
+        check_tasks_per_node(self.info(), devices)
+        super().check(devices, num_nodes)
 
     def _master_addr(self) -> str:
         addr = env_str(self.env, "MASTER_ADDR")

@@ -12,6 +12,7 @@ from typing import Any, Mapping
 from framework.errors import ConfigError
 from framework.strategies.base import StepModule, Strategy
 from framework.strategies.ddp import DDPStrategy
+from framework.strategies.distributed import DistributedStrategy
 from framework.strategies.dp import DataParallelStrategy
 from framework.strategies.mpi import MPIStrategy
 from framework.strategies.registry import StrategyRegistry
@@ -51,6 +52,6 @@ def create_strategy(spec: str | Mapping[str, Any] | Strategy, accelerator_name: 
 
 
 __all__ = [
-    "STRATEGIES", "DDPStrategy", "DataParallelStrategy", "MPIStrategy", "SingleDeviceStrategy",
+    "STRATEGIES", "DDPStrategy", "DataParallelStrategy", "DistributedStrategy", "MPIStrategy", "SingleDeviceStrategy",
     "StepModule", "Strategy", "StrategyRegistry", "create_strategy",
 ]

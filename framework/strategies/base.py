@@ -15,7 +15,8 @@ import torch
 from torch import nn
 
 from framework.accelerators import Accelerator
-from framework.environments import DistInfo
+from framework.environments import ClusterEnvironment, DistInfo
+from framework.errors import ConfigError
 
 
 class StepModule(nn.Module):
@@ -33,8 +34,9 @@ class StepModule(nn.Module):
 class Strategy(ABC):
     """One process per job and no communication; subclasses add processes and wrappers.
 
-    Lifecycle, driven by the Trainer: ``connect(accelerator, dist, devices)`` ->
-    ``setup_environment()`` (process group, device) -> ``setup_module(module)`` ->
+    Lifecycle, driven by the Trainer: ``check(...)`` (refuse what it cannot run) ->
+    ``connect(accelerator, dist, devices)`` -> ``launcher(...)`` (how its processes start) ->
+    per run: ``setup_environment()`` (process group, device) -> ``setup_module(module)`` ->
     ``training_step_fn(module)(batch, batch_idx)`` per batch -> ``teardown()``.
     """
 
@@ -48,6 +50,36 @@ class Strategy(ABC):
         self.devices: list[int] = [0]
         self.root_device = torch.device("cpu")
         self.model: nn.Module | None = None
+
+    # -- decisions made when the Trainer is built ------------------------------------------
+    def check(self, devices: Any, num_devices: int, num_nodes: int, environment: ClusterEnvironment) -> None:
+        """Refuse a job this strategy cannot run, saying how to fix it.
+
+        Args:
+            devices: ``trainer.devices`` as given (for messages).
+            num_devices: devices per node that the run uses.
+            num_nodes: ``trainer.num_nodes``.
+            environment: the launcher environment this process runs under.
+        """
+        if self.multi_process:
+            environment.check(num_devices, num_nodes)
+            return
+        if num_nodes > 1:
+            raise ConfigError(f"trainer.num_nodes={num_nodes} needs a multi-process strategy (ddp, mpi)")
+        launched = environment.info() if environment.launched_externally else None
+        if launched is not None and launched.world_size > 1:
+            raise ConfigError(
+                f"{launched.source} started {launched.world_size} processes but trainer.strategy="
+                f"{self.name} runs in one: each would train alone. Set trainer.strategy=ddp "
+                f"(or mpi under mpiexec) and trainer.devices={launched.local_world_size}"
+            )
+
+    def launcher(self, environment: ClusterEnvironment, num_nodes: int, max_restarts: int,
+                 rdzv_endpoint: str | None) -> Any:
+        """How this strategy's processes are started: a ``Launcher`` that fw runs before the
+        first stage (see ``framework/strategies/launchers.py``), or None when this process is
+        the whole job or a launcher already started the workers."""
+        return None
 
     # -- set-up ---------------------------------------------------------------------------
     def connect(self, accelerator: Accelerator, dist: DistInfo, devices: list[int]) -> None:
@@ -126,7 +158,8 @@ class Strategy(ABC):
     def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:
         return bool(decision)
 
-    def _collective_device(self) -> torch.device:
+    @property
+    def collective_device(self) -> torch.device:
         """Where tensors handed to collectives must live (NCCL: the GPU; Gloo/MPI: the CPU)."""
         return self.root_device
 

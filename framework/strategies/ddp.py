@@ -2,32 +2,28 @@
 
 ``ddp_gloo`` and ``ddp_nccl`` are this one class with another ``backend``. The process group is
 set up from the detected cluster environment (rank, world size, master address) with the init
-method the recipe names: ``env://`` (default), ``tcp://host:port`` or ``file:///path``.
+method the recipe names: ``env://`` (default), ``tcp://host:port`` or ``file:///path``. Without
+a launcher around, fw starts the workers itself (``ElasticLauncher``).
 """
 
 from __future__ import annotations
 
-import contextlib
 import datetime
-import gc
 import os
 import re
 import socket
 from pathlib import Path
-from typing import Any, Iterator
 from urllib.parse import urlparse
 
 import torch
 import torch.distributed as dist
-from torch import nn
 
 from framework.errors import ConfigError, DistributedSetupError, did_you_mean
-from framework.strategies.base import StepModule, Strategy
+from framework.strategies.distributed import DistributedStrategy
+from framework.strategies.launchers import ElasticLauncher, free_port
 
-_REDUCE_OPS = {"sum": "SUM", "mean": "SUM", "avg": "SUM", "max": "MAX", "min": "MIN"}
 
-
-class DDPStrategy(Strategy):
+class DDPStrategy(DistributedStrategy):
     """DDP with ``backend`` in {gloo, nccl}; options as in the recipe's strategy mapping.
 
     Args:
@@ -40,11 +36,6 @@ class DDPStrategy(Strategy):
             to ``DistributedDataParallel``.
     """
 
-    name = "ddp"
-    multi_process = True
-    #: process groups this process initialised on an agent's store (see ``_elastic_store``)
-    _store_inits = 0
-
     def __init__(
         self,
         backend: str = "gloo",
@@ -56,36 +47,30 @@ class DDPStrategy(Strategy):
         static_graph: bool = False,
         gradient_as_bucket_view: bool = False,
     ) -> None:
-        super().__init__()
+        super().__init__(timeout, find_unused_parameters, bucket_cap_mb, static_graph, gradient_as_bucket_view)
         if backend not in ("gloo", "nccl"):
             raise ConfigError(f"trainer.strategy.backend: unknown backend '{backend}'; use gloo or nccl")
         self.backend = backend
         self.name = f"ddp_{backend}"
         self.init_method = str(init_method)
-        self.timeout = float(timeout)
         self.socket_ifname = socket_ifname
-        self.ddp_kwargs: dict[str, Any] = {
-            "find_unused_parameters": find_unused_parameters,
-            "static_graph": static_graph,
-            "gradient_as_bucket_view": gradient_as_bucket_view,
-        }
-        if bucket_cap_mb is not None:
-            self.ddp_kwargs["bucket_cap_mb"] = bucket_cap_mb
         _check_init_method(self.init_method)
         if socket_ifname:
             _check_interface(socket_ifname, backend)  # here, before any worker is started
-        self._owns_group = False
+
+    def launcher(self, environment, num_nodes: int, max_restarts: int, rdzv_endpoint: str | None):
+        nproc = len(self.devices)
+        if environment.launched_externally or nproc * num_nodes <= 1:
+            return None
+        return ElasticLauncher(nproc, num_nodes, max_restarts, rdzv_endpoint, self.socket_ifname)
 
     # -- set-up ---------------------------------------------------------------------------
     def setup_environment(self) -> None:
-        super().setup_environment()
         if self.socket_ifname:
             os.environ["NCCL_SOCKET_IFNAME" if self.backend == "nccl" else "GLOO_SOCKET_IFNAME"] = (
                 self.socket_ifname
             )
-        if not dist.is_initialized():
-            self._init_process_group()
-            self._owns_group = True
+        super().setup_environment()
 
     def _init_process_group(self) -> None:
         info = self.dist
@@ -95,8 +80,6 @@ class DDPStrategy(Strategy):
             if info.master_port is not None:
                 os.environ.setdefault("MASTER_PORT", str(info.master_port))
             elif info.world_size == 1:  # a world of one needs a port only to talk to itself
-                from framework.launch import free_port
-
                 os.environ.setdefault("MASTER_PORT", str(free_port()))
             if "MASTER_PORT" not in os.environ:
                 raise DistributedSetupError(
@@ -121,10 +104,12 @@ class DDPStrategy(Strategy):
 
         - a ``tcp://`` port other than the agent's would have every rank connect as a client
           with nobody listening, a hang until the timeout; rank 0 hosts that store here;
-        - the agent's store outlives a process group, and torch restarts its group numbering
-          when a group is destroyed, so a second ``init_process_group`` in the same worker
-          (``fit`` then ``test``) would read the first one's keys and hang; each init gets its
-          own key prefix.
+        - the agent's store outlives a process group and a restart of the workers, and torch
+          restarts its group numbering when a group is destroyed, so a second
+          ``init_process_group`` in the same worker (``fit`` then ``test``), or the first one of
+          a restarted worker, would read an earlier group's keys and hang. Each init gets its own
+          key prefix: the restart count, then how many times this rank has initialised in this
+          attempt (counted in the store itself, so the ranks agree without a process global).
         """
         if self.init_method.startswith("file://") or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
             return None
@@ -136,83 +121,23 @@ class DDPStrategy(Strategy):
         hosted_here = str(port) != os.environ.get("MASTER_PORT") and self.dist.rank == 0
         store = dist.TCPStore(host, port, self.dist.world_size, is_master=hosted_here,
                               timeout=timeout, multi_tenant=True)
-        # every rank initialises the same number of times, so the counters agree
-        DDPStrategy._store_inits += 1
-        return dist.PrefixStore(f"fw/init_{DDPStrategy._store_inits}", store)
+        attempt = f"fw/restart_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+        count = store.add(f"{attempt}/inits_of_rank_{self.dist.rank}", 1)
+        return dist.PrefixStore(f"{attempt}/init_{count}", store)
 
-    def setup_module(self, module: nn.Module) -> nn.Module:
-        module.to(self.root_device)
-        device_ids = [self.root_device.index] if self.root_device.type == "cuda" else None
-        self.model = nn.parallel.DistributedDataParallel(
-            StepModule(module), device_ids=device_ids, **self.ddp_kwargs
-        )
-        return self.model
-
-    def training_step_fn(self, module: nn.Module):
-        return self.model  # DDP's forward prepares the gradient all-reduce, then runs the step
-
-    @contextlib.contextmanager
-    def no_sync(self) -> Iterator[None]:
-        with self.model.no_sync():
-            yield
-
-    def teardown(self) -> None:
-        # Drop DDP (its reducer holds the group) before the group goes: a reducer that outlives
-        # its Gloo group aborts the process at exit ("terminate called without an active
-        # exception") in about 3 runs of 10 with torch 2.13.
-        super().teardown()
-        gc.collect()
-        if self._owns_group and dist.is_initialized():
-            dist.destroy_process_group()
-            self._owns_group = False
-
-    def describe(self) -> dict[str, Any]:
-        return {
-            **super().describe(),
-            "backend": self.backend,
-            "init_method": self.init_method,
-            "rank": self.global_rank,
-        }
-
-    def distributed_sampler_kwargs(self) -> dict[str, int] | None:
-        return {"num_replicas": self.world_size, "rank": self.global_rank}
+    def describe(self) -> dict:
+        return {**super().describe(), "init_method": self.init_method}
 
     # -- collectives ----------------------------------------------------------------------
-    def all_reduce(self, tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
-        tensor = tensor.clone()
-        dist.all_reduce(tensor, op=getattr(dist.ReduceOp, _REDUCE_OPS[op]))
-        if op in ("mean", "avg"):
-            tensor = tensor / self.world_size
-        return tensor
-
-    def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
-        out = [torch.empty_like(tensor) for _ in range(self.world_size)]
-        dist.all_gather(out, tensor.contiguous())
-        return torch.stack(out)
-
-    def all_gather_object(self, obj: Any) -> list[Any]:
-        out: list[Any] = [None] * self.world_size
-        dist.all_gather_object(out, obj)
-        return out
-
-    def broadcast(self, obj: Any, src: int = 0) -> Any:
-        box = [obj]
-        dist.broadcast_object_list(box, src=src)
-        return box[0]
+    @property
+    def collective_device(self) -> torch.device:
+        return self.root_device if self.backend == "nccl" else torch.device("cpu")
 
     def barrier(self, name: str | None = None) -> None:
         if self.backend == "nccl":
             dist.barrier(device_ids=[self.root_device.index])
         else:
             dist.barrier()
-
-    def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:
-        flag = torch.tensor(int(bool(decision)), device=self._collective_device())
-        total = int(self.all_reduce(flag, "sum").item())
-        return total == self.world_size if all else total > 0
-
-    def _collective_device(self) -> torch.device:
-        return self.root_device if self.backend == "nccl" else torch.device("cpu")
 
 
 def _check_init_method(init_method: str) -> None:

@@ -20,17 +20,47 @@ import traceback
 
 import torch
 
-from framework.errors import DistributedSetupError
-from framework.strategies.ddp import DDPStrategy
+from framework.errors import ConfigError, DistributedSetupError
+from framework.strategies.distributed import DistributedStrategy
+from framework.strategies.launchers import MPIExecLauncher
 
 
-class MPIStrategy(DDPStrategy):
+class MPIStrategy(DistributedStrategy):
+    """DDP whose default process group runs over MPI; ranks come from ``mpiexec``.
+
+    Args:
+        timeout: seconds for torch's collectives (MPI's own have none; see ``abort_mpi_job``).
+        find_unused_parameters, bucket_cap_mb, static_graph, gradient_as_bucket_view: passed
+            to ``DistributedDataParallel``.
+        init_method: refused: MPI connects the ranks itself (there is no address or file to
+            meet at), so an init method would be silently ignored.
+    """
+
     name = "mpi"
 
-    def __init__(self, timeout: float = 1800, **ddp_options) -> None:
-        ddp_options.pop("init_method", None)
-        super().__init__(backend="gloo", timeout=timeout, **ddp_options)
-        self.name = self.init_method = "mpi"
+    def __init__(
+        self,
+        timeout: float = 1800,
+        find_unused_parameters: bool = False,
+        bucket_cap_mb: float | None = None,
+        static_graph: bool = False,
+        gradient_as_bucket_view: bool = False,
+        init_method: str | None = None,
+    ) -> None:
+        if init_method is not None:
+            raise ConfigError(
+                f"trainer.strategy.init_method={init_method!r}: the mpi strategy connects its ranks "
+                "through MPI (started by mpiexec), not through an init method; remove init_method, "
+                "or use strategy ddp_gloo for env://, tcp:// or file://"
+            )
+        super().__init__(timeout, find_unused_parameters, bucket_cap_mb, static_graph, gradient_as_bucket_view)
+        self.backend = "mpi"  # until the group exists: then fw_mpi, or mpi when torch has it
+
+    def launcher(self, environment, num_nodes: int, max_restarts: int, rdzv_endpoint: str | None):
+        world = len(self.devices) * num_nodes
+        if environment.launched_externally or world <= 1:
+            return None
+        return MPIExecLauncher(world)
 
     def _init_process_group(self) -> None:
         from framework.strategies.mpi_backend import init_mpi_process_group
@@ -41,21 +71,15 @@ class MPIStrategy(DDPStrategy):
                 f"MPI reports rank {rank} of {world_size} but the launcher's variables say "
                 f"{self.dist.rank} of {self.dist.world_size}; run fw under one mpiexec"
             )
+        if world_size > 1:
+            _abort_on_uncaught_errors()
 
     def setup_environment(self) -> None:
         super().setup_environment()
         self.backend = torch.distributed.get_backend()  # fw_mpi, or mpi when torch has it
 
-    def barrier(self, name: str | None = None) -> None:
-        torch.distributed.barrier()
-
-    def _collective_device(self) -> torch.device:
-        return torch.device("cpu")
-
-    def connect(self, accelerator, dist, devices) -> None:
-        super().connect(accelerator, dist, devices)
-        if self.world_size > 1:
-            _abort_on_uncaught_errors()
+    def describe(self) -> dict:
+        return {**super().describe(), "init_method": "mpi"}
 
     def on_exception(self, exc: BaseException) -> None:
         """Report this rank's error, then abort every rank of the MPI job."""
@@ -85,14 +109,19 @@ def abort_mpi_job(exc: BaseException) -> None:
 
 
 def _abort_on_uncaught_errors() -> None:
-    """An error outside the Trainer's run (building the model, code between fit and test) must
-    end the MPI job too: chain an excepthook that aborts it."""
+    """An error outside the Trainer's run (code between fit and test) must end the MPI job too:
+    chain an excepthook that aborts it. It belongs to the MPI job, not to a Trainer: installed
+    when fw initialises MPI's process group (not when a Trainer is built), and it steps aside
+    (calls the previous hook) once MPI is finalised or for one-rank jobs."""
     previous = sys.excepthook
     if getattr(previous, "_fw_mpi_abort", False):
         return
 
     def hook(exc_type, exc, tb):
-        if issubclass(exc_type, (KeyboardInterrupt, SystemExit)):
+        from mpi4py import MPI
+
+        live = MPI.Is_initialized() and not MPI.Is_finalized() and MPI.COMM_WORLD.Get_size() > 1
+        if not live or issubclass(exc_type, (KeyboardInterrupt, SystemExit)):
             return previous(exc_type, exc, tb)
         abort_mpi_job(exc.with_traceback(tb))
 

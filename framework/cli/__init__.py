@@ -9,6 +9,9 @@ Examples::
     fw fit conf/digits.yaml --print-config                    # show the merged recipe
     fw env                                                    # what a hanging job needs to know
 
+The package: this file (arguments, errors), ``run_recipe.py`` (build a run from a recipe and
+execute one stage), ``env_report.py`` (``fw env``), ``__main__.py`` (``python -m framework.cli``).
+
 User mistakes print one line ``fw: error: ...`` and exit with 2 (recipe, arguments) or 1
 (distributed set-up, checkpoints); errors in user code keep their traceback.
 """
@@ -40,12 +43,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     if args.command == "env":
-        from framework.env_report import env_report
+        from framework.cli.env_report import env_report
 
         print(env_report())
         return 0
     from framework.config import load_recipe
-    from framework.runner import run_recipe
+    from framework.cli.run_recipe import run_recipe
 
     # `_target_: mymodels.Net` should find mymodels.py in the directory fw runs from, as
     # `python -m` would; the `fw` console script alone puts only its own directory on the path
@@ -76,7 +79,3 @@ def main(argv: list[str] | None = None) -> int:
 def _in_mpi_job() -> bool:
     mpi = sys.modules.get("mpi4py.MPI")
     return mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized() and mpi.COMM_WORLD.Get_size() > 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

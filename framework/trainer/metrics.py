@@ -1,4 +1,8 @@
-"""What ``self.log`` records, and how it becomes step values and epoch aggregates.
+"""Logged metrics: what ``self.log`` records, and how it becomes step values and epoch aggregates.
+
+``LoggedMetrics`` (``trainer.metrics``) is what the run has logged: the collector of the stage
+that runs now, the epoch aggregates so far, and the dictionaries Lightning users read
+(``callback_metrics``, ``progress_bar_metrics``). A ``MetricCollector`` holds one stage's epoch.
 
 Step values are kept as tensors (no ``.item()``, no host sync per step); they are turned into
 floats only when a logger or the progress bar asks. Epoch values are the mean weighted by batch
@@ -8,15 +12,71 @@ is computed (torchmetrics syncs its own state across ranks) and reset at the end
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import sys
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 
+from framework.data import batch_size_of
 from framework.errors import ConfigError
 
 _REDUCE_FX = ("mean", "sum", "max", "min")
+
+
+class LoggedMetrics:
+    """Everything the run has logged, and the batch whose size weights epoch means."""
+
+    def __init__(self) -> None:
+        self.current_batch: Any = None
+        self.collector = MetricCollector("train", self.current_batch_size)
+        self.epoch_values: dict[str, torch.Tensor] = {}
+        self.prog_bar_keys: dict[str, bool] = {}  # epoch metric -> shown in the progress bar
+        self._callback_metrics: dict[str, torch.Tensor] = {}
+
+    def current_batch_size(self) -> int:
+        return batch_size_of(self.current_batch)
+
+    def log(self, name: str, value: Any, **options: Any) -> None:
+        """``self.log`` of the module: record in the collector of the stage that runs."""
+        self.collector.log(name, value, **options)
+
+    def new_epoch(self, stage: str) -> MetricCollector:
+        """A fresh collector for a training epoch (its step values replace the last epoch's)."""
+        self.collector = MetricCollector(stage, self.current_batch_size)
+        return self.collector
+
+    @contextlib.contextmanager
+    def evaluating(self, stage: str) -> Iterator[MetricCollector]:
+        """A collector for one evaluation pass; the training collector comes back after it."""
+        training, self.collector = self.collector, MetricCollector(stage, self.current_batch_size)
+        try:
+            yield self.collector
+        finally:
+            self.collector = training
+
+    def record_epoch(self, collector: MetricCollector) -> None:
+        """Keep ``collector``'s epoch aggregates as the run's latest values."""
+        self.epoch_values.update(collector.epoch_values)
+        self.prog_bar_keys.update({k: flags[0] for k, flags in collector.epoch_flags.items()})
+
+    @property
+    def callback_metrics(self) -> dict[str, torch.Tensor]:
+        """One dict, kept for the run: the latest step values and every epoch aggregate.
+
+        It is the same dict on every read, so what a callback writes into it stays (until a
+        newer logged value of the same name replaces it), as in Lightning.
+        """
+        self._callback_metrics.update(self.collector.step_values())
+        self._callback_metrics.update(self.epoch_values)
+        return self._callback_metrics
+
+    @property
+    def progress_bar_metrics(self) -> dict[str, float]:
+        values = self.collector.step_values_for("prog_bar")
+        values.update({k: v for k, v in self.epoch_values.items() if self.prog_bar_keys.get(k)})
+        return {k: float(v) for k, v in values.items() if v.numel() == 1}
 
 
 @dataclasses.dataclass
@@ -87,8 +147,6 @@ class MetricCollector:
         on_step = training if on_step is None else on_step
         on_epoch = (not training) if on_epoch is None else on_epoch
         metric = value if _is_metric(value) else None
-        if metric is not None and self.stage != "train" and on_step is None:
-            on_step = False
         entry = _Entry(name, bool(on_step), bool(on_epoch), prog_bar, logger, sync_dist, reduce_fx, metric)
         self.entries[name] = entry
         return entry
@@ -176,7 +234,7 @@ def _spec(entry: _Entry, module) -> tuple:
 
 def _reduce_across_ranks(entry: _Entry, strategy) -> torch.Tensor:
     """Sum (weighted mean), sum, max or min over ranks; a rank with no value adds nothing."""
-    device = strategy._collective_device()
+    device = strategy.collective_device
     if entry.reduce_fx == "mean":
         total = entry.total.float().cpu() if entry.total is not None else torch.tensor(0.0)
         pair = strategy.all_reduce(torch.stack([total, torch.tensor(float(entry.weight))]).to(device), "sum").cpu()

@@ -1,4 +1,4 @@
-"""``DataModule`` and the distributed sampler injection.
+"""Distributed sampler injection: each rank's loaders read that rank's shard.
 
 When the run is distributed, every loader gets a sampler that gives this rank its shard:
 - training: ``DistributedSampler`` (padded so every rank takes the same number of steps, which
@@ -28,32 +28,6 @@ from torch.utils.data import (
 )
 
 from framework.rank_zero import rank_zero_warn
-
-
-class DataModule:
-    """Owns the data of a run: download once, split, build loaders.
-
-    ``prepare_data`` runs on global rank 0 only (download, write files); ``setup(stage)`` runs on
-    every rank (``stage`` is ``fit``, ``validate``, ``test`` or ``predict``).
-    """
-
-    def prepare_data(self) -> None: ...
-
-    def setup(self, stage: str) -> None: ...
-
-    def teardown(self, stage: str) -> None: ...
-
-    def train_dataloader(self) -> DataLoader:
-        raise NotImplementedError(f"{type(self).__name__} has no train_dataloader()")
-
-    def val_dataloader(self) -> DataLoader | None:
-        return None
-
-    def test_dataloader(self) -> DataLoader | None:
-        return None
-
-    def predict_dataloader(self) -> DataLoader | None:
-        return None
 
 
 class EvalShardSampler(Sampler[int]):
@@ -164,16 +138,3 @@ def set_sampler_epoch(loader: Any, epoch: int) -> None:
     for obj in (getattr(loader, "sampler", None), getattr(getattr(loader, "batch_sampler", None), "sampler", None)):
         if obj is not None and hasattr(obj, "set_epoch"):
             obj.set_epoch(epoch)
-
-
-def batch_size_of(batch: Any) -> int:
-    """Size of the first dimension of the first tensor in ``batch`` (1 if none)."""
-    if isinstance(batch, torch.Tensor):
-        return batch.shape[0] if batch.dim() else 1
-    if isinstance(batch, (list, tuple)):
-        for item in batch:
-            return batch_size_of(item)
-    if isinstance(batch, dict):
-        for item in batch.values():
-            return batch_size_of(item)
-    return 1

@@ -1,11 +1,14 @@
-"""Starting workers, or noticing that a launcher already did.
+"""Launchers: how a strategy's processes are started. A strategy returns one (or None).
 
-Inside torchrun, srun or mpiexec the workers exist and fw launches nothing. Otherwise, with
-``devices * num_nodes > 1``, fw re-runs the current command (``fw fit ...`` or ``python
-script.py``) in one worker per device through torch.distributed.run's elastic agent, the engine
-behind ``torchrun``: it sets RANK/LOCAL_RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT, watches the
-workers, and when one fails it stops the others and reports that worker's error. The launching
-process does not train; it exits with the job's status once the workers are done.
+- ``ElasticLauncher`` (DDP over Gloo or NCCL): without a launcher around and with
+  ``devices * num_nodes > 1``, fw re-runs the current command (``fw fit ...`` or ``python
+  script.py``) in one worker per device through torch.distributed.run's elastic agent, the engine
+  behind ``torchrun``: it sets RANK/LOCAL_RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT, watches the
+  workers, and when one fails it stops the others and reports that worker's error. The launching
+  process does not train; it exits with the job's status once the workers are done.
+- ``MPIExecLauncher`` (the mpi strategy): MPI jobs are started by ``mpiexec``, so it refuses
+  with the command to run.
+- ``None``: one process, or the workers already exist (torchrun, srun, mpiexec).
 
 For several nodes, run the same command on every node with the same ``rdzv_endpoint``
 (``trainer.rdzv_endpoint=HOST:PORT``, or MASTER_ADDR/MASTER_PORT), as with torchrun; the node
@@ -21,30 +24,41 @@ import socket
 import sys
 import uuid
 
-from framework.environments import DistInfo, check_slurm_batch_trap, check_tasks_per_node
 from framework.errors import ConfigError
 
 
-def check_world(info: DistInfo, devices: int, num_nodes: int, strategy: str) -> None:
-    """Under an external launcher the job's shape must match the recipe's; say how to fix it."""
-    if info.source == "slurm":
-        check_tasks_per_node(info, devices)
-    if info.local_world_size != devices:
+class Launcher:
+    """Starts a job's processes; ``launch()`` returns the job's exit code (this process does
+    not train)."""
+
+    def launch(self) -> int:
+        raise NotImplementedError
+
+
+class MPIExecLauncher(Launcher):
+    """MPI jobs are started by ``mpiexec``: say so, with the command."""
+
+    def __init__(self, world_size: int) -> None:
+        self.world_size = world_size
+
+    def launch(self) -> int:
         raise ConfigError(
-            f"the {info.source} launcher started {info.local_world_size} process(es) on this node but "
-            f"trainer.devices={devices}. HINT: set trainer.devices={info.local_world_size}, or start "
-            f"{devices} processes per node"
-        )
-    if info.world_size != devices * num_nodes:
-        raise ConfigError(
-            f"the {info.source} launcher started {info.world_size} process(es) in all but "
-            f"trainer.devices * trainer.num_nodes = {devices * num_nodes}. "
-            f"HINT: set trainer.num_nodes={max(1, info.world_size // max(devices, 1))}"
+            f"trainer.strategy=mpi with {self.world_size} processes needs an MPI launcher: "
+            f"mpiexec -n {self.world_size} fw fit ... (or set trainer.devices=1)"
         )
 
 
-def check_not_inside_batch_script(world: int) -> None:
-    check_slurm_batch_trap(os.environ, world)
+class ElasticLauncher(Launcher):
+    """One worker per device on this node, through torch's elastic agent (see the module doc)."""
+
+    def __init__(self, nproc_per_node: int, num_nodes: int = 1, max_restarts: int = 0,
+                 rdzv_endpoint: str | None = None, socket_ifname: str | None = None) -> None:
+        self.nproc_per_node, self.num_nodes, self.max_restarts = nproc_per_node, num_nodes, max_restarts
+        self.rdzv_endpoint, self.socket_ifname = rdzv_endpoint, socket_ifname
+
+    def launch(self) -> int:
+        return launch_workers(self.nproc_per_node, self.num_nodes, self.max_restarts,
+                              self.rdzv_endpoint, self.socket_ifname)
 
 
 def current_command() -> list[str]:
@@ -100,7 +114,9 @@ def launch_workers(nproc_per_node: int, num_nodes: int = 1, max_restarts: int = 
         start_method="spawn",
     )
     # fw prints its own one-line summary of a failure; the agent's log lines would repeat it
-    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL if not os.environ.get("FW_DEBUG_LAUNCH") else logging.INFO)
+    agent_log = logging.getLogger("torch.distributed.elastic")
+    level = agent_log.level
+    agent_log.setLevel(logging.CRITICAL if not os.environ.get("FW_DEBUG_LAUNCH") else logging.INFO)
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc_per_node)))
     try:
         elastic_launch(config, entrypoint=sys.executable)(*current_command())
@@ -114,12 +130,14 @@ def launch_workers(nproc_per_node: int, num_nodes: int = 1, max_restarts: int = 
             f"{failure.exitcode}{detail}; the other workers were stopped\n"
         )
         return failure.exitcode if isinstance(failure.exitcode, int) and failure.exitcode > 0 else 1
+    finally:
+        agent_log.setLevel(level)
     return 0
 
 
 def _rendezvous_role(endpoint: str, socket_ifname: str | None) -> tuple[dict, str | None]:
     """(``{"is_host": ...}`` when it can be told, this node's address or None)."""
-    from framework.env_report import interface_addresses
+    from framework.environments.network import interface_addresses
 
     addresses = interface_addresses()
     mine = {a for a in addresses.values() if a}

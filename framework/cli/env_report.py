@@ -15,10 +15,10 @@ from __future__ import annotations
 import os
 import platform
 import socket
-import struct
-import subprocess
 import sys
 from collections.abc import Callable, Mapping, Sequence
+
+from framework.environments.network import interface_addresses
 
 Lines = list[tuple[str, str]]
 
@@ -35,8 +35,6 @@ REPORTED_VARS = (
     "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
     "PMI_RANK", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALRANKID", "MPI_LOCALNRANKS",
 )
-
-_SIOCGIFADDR = 0x8915  # Linux ioctl: the IPv4 address of an interface
 
 
 def env_report(env: Mapping[str, str] | None = None, argv: Sequence[str] | None = None) -> str:
@@ -140,41 +138,6 @@ def network_lines() -> Lines:
     if not addresses:
         return [("interfaces", "none found")]
     return [(name, addr or "(no IPv4 address)") for name, addr in addresses.items()]
-
-
-def interface_addresses() -> dict[str, str | None]:
-    """Return ``{interface: IPv4 address or None}``, via ioctl, else ``ip -o -4 addr``."""
-    try:
-        import fcntl
-
-        names = [name for _, name in socket.if_nameindex()]
-    except (ImportError, OSError, AttributeError):
-        return _ip_command_addresses()
-    found: dict[str, str | None] = {}
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-        for name in names:
-            request = struct.pack("256s", name.encode()[:15])
-            try:
-                reply = fcntl.ioctl(sock.fileno(), _SIOCGIFADDR, request)
-                found[name] = socket.inet_ntoa(reply[20:24])
-            except OSError:
-                found[name] = None
-    return found
-
-
-def _ip_command_addresses() -> dict[str, str | None]:
-    """Parse ``ip -o -4 addr``: ``2: eth0    inet 10.0.0.5/24 brd ...``."""
-    try:
-        done = subprocess.run(["ip", "-o", "-4", "addr"], capture_output=True, text=True,
-                              timeout=5, check=False)
-    except (OSError, subprocess.SubprocessError):
-        return {}
-    found: dict[str, str | None] = {}
-    for line in done.stdout.splitlines():
-        fields = line.split()
-        if len(fields) >= 4 and fields[2] == "inet":
-            found[fields[1]] = fields[3].split("/")[0]
-    return found
 
 
 def cluster_lines(env: Mapping[str, str], argv: Sequence[str] | None = None) -> Lines:

@@ -2,9 +2,25 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
+from framework.callbacks.base import Callback
 from framework.config import instantiate
+
+
+class SaveRecipe(Callback):
+    """Writes the merged recipe as ``config.yaml`` into the run directory (rank 0), so that a
+    run can be read back and repeated."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def setup(self, trainer, module, stage: str) -> None:
+        if trainer.is_global_zero:
+            where = Path(trainer.log_dir or trainer.default_root_dir)
+            where.mkdir(parents=True, exist_ok=True)
+            (where / "config.yaml").write_text(self.text)
 
 
 def run_recipe(stage: str, recipe: dict, recipe_text: str) -> Any:
@@ -18,8 +34,7 @@ def run_recipe(stage: str, recipe: dict, recipe_text: str) -> Any:
     callbacks = instantiate(list(recipe.get("callbacks") or []), "callbacks")
     logger = recipe.get("logger", True)
     logger = instantiate(logger, "logger") if isinstance(logger, (dict, list)) else logger
-    trainer = Trainer(**recipe["trainer"], callbacks=callbacks, logger=logger)
-    trainer._recipe_text = recipe_text
+    trainer = Trainer(**recipe["trainer"], callbacks=[*callbacks, SaveRecipe(recipe_text)], logger=logger)
     module = instantiate(recipe["module"], "module")
     data = instantiate(recipe["data"], "data") if recipe.get("data") else None
     ckpt_path = recipe.get("ckpt_path")

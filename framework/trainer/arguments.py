@@ -1,5 +1,6 @@
 """Checking and normalising the Trainer's arguments; each mistake is a ConfigError that names
-the ``trainer.<key>`` and says what to write instead."""
+the ``trainer.<key>`` and says what to write instead. (The arguments themselves are listed once,
+in ``Trainer.__init__``; the recipe schema is derived from that signature.)"""
 
 from __future__ import annotations
 
@@ -27,6 +28,19 @@ def default_strategy(strategy: Any, world: int) -> Any:
     if isinstance(strategy, dict) and strategy.get("name") == "auto":
         return {**strategy, "name": auto}
     return strategy
+
+
+def devices_for(devices: Any, environment, accelerator) -> Any:
+    """Under torchrun/srun/mpiexec on CPU, ``devices=auto`` means one device per launched task."""
+    if devices == "auto" and accelerator.name == "cpu" and environment.launched_externally:
+        return environment.info().local_world_size
+    return devices
+
+
+def clip_algorithm(value: str) -> str:
+    if value not in ("norm", "value"):
+        raise ConfigError(f"trainer.gradient_clip_algorithm '{value}': use norm or value")
+    return value
 
 
 def parse_devices(devices: Any, accelerator) -> list[int]:

@@ -1,0 +1,21 @@
+"""The loops: what a Trainer call runs once its set-up is done.
+
+- ``fit.py``: ``run_fit`` — sanity check, then training epochs until a limit or a stop request.
+- ``training_epoch.py``: one training epoch — batches, periodic validation, the epoch's end.
+- ``optimization.py``: the per-batch training path — forward and backward (gradient
+  accumulation, ``no_sync``, autocast), the optimizer step (unscale, clipping, GradScaler), the
+  LR schedulers.
+- ``evaluation.py``: validate and test — one pass in eval mode, exact across ranks.
+- ``predict.py``: predict.
+- ``batches.py``: how many batches a loader gives under a limit, and a look-ahead iterator for
+  loaders without a length.
+
+Every loop takes the Trainer and reads and advances ``trainer.state`` (where the run stands),
+records into ``trainer.metrics`` (what was logged) and calls hooks through ``trainer.hooks``.
+"""
+
+from framework.loops.evaluation import run_eval_stage, run_evaluation
+from framework.loops.fit import run_fit
+from framework.loops.predict import run_predict
+
+__all__ = ["run_eval_stage", "run_evaluation", "run_fit", "run_predict"]

@@ -1,0 +1,41 @@
+"""Counting batches under a limit, and knowing which batch is the last."""
+
+from __future__ import annotations
+
+import math
+
+
+def num_batches(loader, limit: int | float | None) -> float:
+    """Batches to run: the loader's length (``inf`` without one), cut by ``limit`` (a count, or
+    a fraction of the length)."""
+    try:
+        total = len(loader)
+    except TypeError:
+        total = math.inf
+    if limit is None:
+        return total
+    if isinstance(limit, float):
+        return math.inf if math.isinf(total) else int(total * limit)
+    return min(total, limit)
+
+
+class LookAhead:
+    """An iterator that knows, after each item, whether it was the last (``.last``): a loader
+    without a length must still end its last gradient-accumulation group with a step."""
+
+    _END = object()
+
+    def __init__(self, iterator) -> None:
+        self._iterator, self.last = iterator, False
+        self._next = next(iterator, self._END)
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        item = self._next
+        if item is self._END:
+            raise StopIteration
+        self._next = next(self._iterator, self._END)
+        self.last = self._next is self._END
+        return item

@@ -1,0 +1,57 @@
+"""``run_fit``: the sanity check, then training epochs until a limit or a stop request.
+
+A fit ends when ``max_steps`` optimizer steps are taken, ``max_epochs`` epochs are done, or a
+stop was requested (a callback's ``trainer.should_stop``, ``max_time``) once ``min_epochs`` have
+run. Why it ended is kept in ``trainer.state.stop_reason``.
+"""
+
+from __future__ import annotations
+
+import time
+
+from framework.errors import ConfigError
+from framework.loops.batches import num_batches
+from framework.loops.evaluation import run_evaluation
+from framework.loops.training_epoch import run_train_epoch, time_is_up
+
+
+def run_fit(trainer, fn: str) -> None:
+    state, hooks = trainer.state, trainer.hooks
+    train_loaders = trainer.loaders.get("train") or []
+    if not train_loaders:
+        raise ConfigError("fit needs training data: pass train_dataloaders= or a datamodule with train_dataloader()")
+    loader = train_loaders[0]
+    trainer.num_training_batches = num_batches(loader, trainer.limits["train"])
+    hooks("on_fit_start")
+    if state.resume_from is None and trainer.num_sanity_val_steps > 0 and trainer.loaders.get("validate"):
+        state.stage = "sanity_check"
+        hooks.callbacks("on_sanity_check_start")
+        run_evaluation(trainer, "validate", limit=trainer.num_sanity_val_steps, log=False)
+        hooks.callbacks("on_sanity_check_end")
+    if state.resume_from is not None:
+        state.resume_from.restore_rng()
+    state.stage = "train"
+    hooks("on_train_start")
+    deadline = time.monotonic() + trainer.max_time if trainer.max_time else None
+    while not _fit_done(trainer):
+        run_train_epoch(trainer, loader, deadline)
+        if deadline is not None and time_is_up(trainer, deadline):
+            state.should_stop = True
+            state.stop("max_time")
+    state.stage = None
+    hooks("on_train_end")
+    hooks("on_fit_end")
+
+
+def _fit_done(trainer) -> bool:
+    state = trainer.state
+    if trainer.max_steps >= 0 and state.global_step >= trainer.max_steps:
+        state.stop("max_steps")
+        return True
+    if trainer.max_epochs >= 0 and state.epoch >= trainer.max_epochs:
+        state.stop("max_epochs")
+        return True
+    if state.should_stop and state.epoch >= trainer.min_epochs:
+        state.stop("should_stop")
+        return True
+    return False

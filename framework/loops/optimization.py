@@ -1,0 +1,105 @@
+"""The per-batch training path, in three pieces built once per epoch:
+
+1. ``forward_backward``: ``training_step`` under autocast, the loss divided for gradient
+   accumulation, backward (scaled under ``16-mixed``); on accumulation steps inside ``no_sync``,
+   so DDP all-reduces the gradients only on the batch that steps.
+2. ``optimizer_step``: for each optimizer, unscale (so hooks and clipping see true gradients),
+   ``on_before_optimizer_step``, clip by norm or value, step (through the GradScaler), zero.
+3. ``step_schedulers``: LR schedulers of the ``step`` interval after each optimizer step, of the
+   ``epoch`` interval after each epoch, every ``frequency``; ReduceLROnPlateau reads its metric.
+
+Each piece is a closure over what it needs, looked up once per epoch, so the per-batch path
+does no attribute lookups, allocates no hook lists and calls no hook nobody overrides.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Callable
+
+import torch
+
+from framework.errors import ConfigError
+
+_NO_CONTEXT = contextlib.nullcontext()
+
+
+def forward_backward_fn(trainer) -> Callable[[Any, int, bool], Any]:
+    """``(batch, batch_idx, sync) -> outputs``; ``sync=False`` skips DDP's gradient all-reduce."""
+    strategy, precision, hooks = trainer.strategy, trainer.precision, trainer.hooks
+    step = strategy.training_step_fn(trainer.module)
+    accumulate = trainer.accumulate_grad_batches
+    no_sync = strategy.no_sync if strategy.multi_process and accumulate > 1 else None
+    autocast = precision.autocast if precision.autocast_dtype is not None else None
+    backward = precision.backward if precision.scaler is not None else torch.Tensor.backward
+    before_backward = hooks.per_batch("on_before_backward")
+    after_backward = hooks.per_batch("on_after_backward")
+
+    def forward_backward(batch: Any, batch_idx: int, sync: bool) -> Any:
+        with no_sync() if no_sync is not None and not sync else _NO_CONTEXT:
+            with autocast() if autocast is not None else _NO_CONTEXT:
+                outputs = step(batch, batch_idx)
+            loss = outputs["loss"] if isinstance(outputs, dict) else outputs
+            if loss is not None:  # None: the step chose to skip this batch
+                if accumulate > 1:
+                    loss = loss / accumulate
+                if before_backward is not None:
+                    before_backward(loss)
+                backward(loss)
+                if after_backward is not None:
+                    after_backward()
+        return outputs
+
+    return forward_backward
+
+
+def optimizer_step_fn(trainer) -> Callable[[], None]:
+    """``() -> None``: step and zero every optimizer."""
+    precision, optimizers = trainer.precision, trainer.optimizers
+    before_step = trainer.hooks.per_batch("on_before_optimizer_step")
+    clip_val, clip_algorithm = trainer.gradient_clip_val, trainer.gradient_clip_algorithm
+    plain = precision.scaler is None and not clip_val
+
+    def optimizer_step() -> None:
+        for opt in optimizers:
+            if not plain:
+                precision.unscale(opt)  # hooks and clipping see the true gradients
+            if before_step is not None:
+                before_step(opt)
+            if plain:
+                opt.step()
+            else:
+                if clip_val:
+                    clip_gradients(opt, clip_val, clip_algorithm)
+                precision.step(opt)
+            opt.zero_grad(set_to_none=True)
+
+    return optimizer_step
+
+
+def clip_gradients(optimizer: torch.optim.Optimizer, value: float, algorithm: str) -> None:
+    params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+    if algorithm == "norm":
+        torch.nn.utils.clip_grad_norm_(params, value)
+    else:
+        torch.nn.utils.clip_grad_value_(params, value)
+
+
+def step_schedulers(trainer, interval: str) -> None:
+    """Step the schedulers of ``interval`` (``step`` or ``epoch``) that are due."""
+    count = trainer.global_step if interval == "step" else trainer.current_epoch + 1
+    for cfg in trainer.lr_scheduler_configs:
+        if cfg.interval != interval or count % cfg.frequency:
+            continue
+        if isinstance(cfg.scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
+            monitor = cfg.monitor or "val_loss"
+            metrics = trainer.callback_metrics
+            if monitor not in metrics:
+                if cfg.strict:
+                    raise ConfigError(
+                        f"lr_scheduler monitor '{monitor}' was not logged; logged: {', '.join(sorted(metrics)) or 'none'}"
+                    )
+                continue
+            cfg.scheduler.step(float(metrics[monitor]))
+        else:
+            cfg.scheduler.step()

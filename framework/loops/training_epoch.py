@@ -1,0 +1,143 @@
+"""One training epoch: batches (see ``optimization.py`` for the per-batch path), validation
+every ``val_check_interval`` batches, and the epoch's end.
+
+Gradient accumulation: ``accumulate_grad_batches = k`` runs forward/backward on every batch and
+steps the optimizers on every k-th batch, on the epoch's last batch (even when its group is
+short), and, for loaders without a length, on the batch a look-ahead shows to be the last.
+
+The loop stops early (keeping the position in ``trainer.state``) when ``max_steps`` is reached,
+when a stop was requested once ``min_epochs`` are done, or when ``max_time`` has passed (read
+jointly by all ranks, every 20 batches when distributed, so that they stop at the same batch).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+from framework.data import set_sampler_epoch
+from framework.errors import ConfigError
+from framework.loops.batches import LookAhead
+from framework.loops.evaluation import log_epoch_metrics, run_evaluation
+from framework.loops.optimization import forward_backward_fn, optimizer_step_fn, step_schedulers
+from framework.seed import get_rng_state
+
+
+def run_train_epoch(trainer, loader, deadline: float | None) -> None:
+    state, module, hooks = trainer.state, trainer.module, trainer.hooks
+    collector = trainer.metrics.new_epoch("train")
+    module.train()
+    set_sampler_epoch(loader, state.epoch)
+    hooks("on_train_epoch_start")
+    state.start_epoch(get_rng_state())
+    iterator = iter(loader)
+    start = _skip_to_resume_position(state, iterator)
+    limit = trainer.num_training_batches
+    lookahead = None
+    if math.isinf(limit):  # no length: read one batch ahead to know which batch is the last
+        iterator = lookahead = LookAhead(iterator)
+
+    # everything per batch is looked up once per epoch
+    forward_backward, optimizer_step = forward_backward_fn(trainer), optimizer_step_fn(trainer)
+    batch_start, batch_end = hooks.per_batch("on_train_batch_start"), hooks.per_batch("on_train_batch_end")
+    to_device, device = trainer.accelerator.batch_to_device, trainer.strategy.root_device
+    accumulate, val_every = trainer.accumulate_grad_batches, _val_check_batches(trainer, limit)
+    step_schedulers_now = any(cfg.interval == "step" for cfg in trainer.lr_scheduler_configs)
+    log_every, metrics = trainer.log_every_n_steps, trainer.metrics
+    # a collective when distributed, so only every 20 batches
+    time_check_every = 20 if trainer.strategy.is_distributed else 1
+
+    for batch_idx, batch in enumerate(iterator, start):
+        if batch_idx >= limit:
+            break
+        batch = metrics.current_batch = to_device(batch, device)
+        if batch_start is not None:
+            batch_start(batch, batch_idx)
+        steps_now = (batch_idx + 1) % accumulate == 0 or batch_idx + 1 == limit or (
+            lookahead is not None and lookahead.last)
+        outputs = forward_backward(batch, batch_idx, steps_now)
+        if steps_now:
+            optimizer_step()
+            state.global_step += 1
+            if step_schedulers_now:
+                step_schedulers(trainer, "step")
+            if state.global_step % log_every == 0 and collector.step_dirty and trainer.loggers:
+                _log_step_metrics(trainer, collector)
+        state.batches_done = batch_idx + 1
+        if batch_end is not None:
+            batch_end(outputs, batch, batch_idx)
+
+        if val_every and (batch_idx + 1) % val_every == 0 and batch_idx + 1 < limit and _val_due(trainer, True):
+            run_evaluation(trainer, "validate")
+            module.train()
+        if state.should_stop and state.epoch + 1 >= trainer.min_epochs:
+            break
+        if trainer.max_steps >= 0 and state.global_step >= trainer.max_steps:
+            break
+        if deadline is not None and (batch_idx + 1) % time_check_every == 0 and time_is_up(trainer, deadline):
+            state.should_stop = True
+            state.stop("max_time")
+            break
+    _end_train_epoch(trainer, collector)
+
+
+def time_is_up(trainer, deadline: float) -> bool:
+    """Has max_time passed on any rank? (Collective when distributed: call on every rank.)"""
+    return trainer.strategy.reduce_boolean_decision(time.monotonic() > deadline, all=False)
+
+
+def _skip_to_resume_position(state, iterator) -> int:
+    """On a mid-epoch resume, skip the batches the checkpoint had already trained on."""
+    resume, state.resume_from = state.resume_from, None
+    if resume is None or not resume.batches:
+        return 0
+    state.batches_done = resume.skip_done_batches(iterator)
+    return state.batches_done
+
+
+def _end_train_epoch(trainer, collector) -> None:
+    state, hooks = trainer.state, trainer.hooks
+    if _val_due(trainer, False) and trainer.loaders.get("validate") and not _stopped_early_by_steps(trainer):
+        run_evaluation(trainer, "validate")
+    hooks.module_hook("on_train_epoch_end")  # the module first, then its epoch metrics, then callbacks
+    collector.compute_epoch(trainer.strategy, trainer.module)
+    trainer.metrics.record_epoch(collector)
+    if collector.step_dirty and trainer.loggers:
+        _log_step_metrics(trainer, collector)
+    log_epoch_metrics(trainer, collector)
+    step_schedulers(trainer, "epoch")
+    state.finish_epoch()
+    hooks.callbacks("on_train_epoch_end")
+    state.advance_epoch()
+
+
+def _stopped_early_by_steps(trainer) -> bool:
+    """Lightning validates at max_steps only at an epoch's natural end; mid-epoch stops skip it."""
+    done = trainer.state.batches_done
+    return trainer.max_steps >= 0 and trainer.global_step >= trainer.max_steps and done < trainer.num_training_batches
+
+
+def _val_check_batches(trainer, limit: float) -> int | None:
+    interval = trainer.val_check_interval
+    if interval is None or not trainer.loaders.get("validate"):
+        return None
+    if isinstance(interval, float):
+        if math.isinf(limit):
+            raise ConfigError("trainer.val_check_interval as a fraction needs a loader with a length")
+        return max(1, int(limit * interval))
+    return int(interval)
+
+
+def _val_due(trainer, mid_epoch: bool) -> bool:
+    """``check_val_every_n_epoch=None`` validates only every ``val_check_interval`` batches."""
+    n = trainer.check_val_every_n_epoch
+    if n is None:
+        return mid_epoch
+    return (trainer.current_epoch + 1) % n == 0
+
+
+def _log_step_metrics(trainer, collector) -> None:
+    metrics = {k: float(v) for k, v in collector.step_values_for("logger").items()}
+    collector.step_dirty = False
+    if metrics:
+        trainer.log_metrics({**metrics, "epoch": trainer.current_epoch}, trainer.global_step)

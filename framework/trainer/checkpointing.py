@@ -1,0 +1,144 @@
+"""Checkpoints of a run: what ``save`` writes, how ``restore`` puts it back, and where a
+resumed fit continues (``ResumePoint``).
+
+A checkpoint holds the weights, optimiser and scheduler states, the GradScaler, the run's
+progress (``RunState.progress()``, one piece), callback states, hyperparameters and every rank's
+RNG states: the current ones and those at the start of the epoch. Resuming in the middle of an
+epoch rebuilds that epoch's data order from the epoch-start RNG, draws (and drops) the batches
+already trained on, then puts back the RNG state of the moment the checkpoint was written, so
+the resumed run is bit for bit the run that was never stopped. The file format (atomic write,
+safe load) is ``framework/checkpoint.py``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import torch.distributed
+
+from framework import checkpoint as ckpt
+from framework.errors import CheckpointError, ConfigError
+from framework.rank_zero import rank_zero_warn
+from framework.seed import get_rng_state, set_rng_state
+
+
+@dataclass
+class ResumePoint:
+    """Where a resumed fit continues: the RNG state to put back once the sanity check has run,
+    and on a mid-epoch resume the batches to skip and the RNG state after them."""
+
+    rng: dict
+    batches: int = 0
+    rng_after_skip: dict | None = None
+
+    def restore_rng(self) -> None:
+        set_rng_state(self.rng)
+
+    def skip_done_batches(self, iterator: Iterator) -> int:
+        """Draw the batches already trained on (the same order), then restore the RNG state the
+        checkpoint had at that point. Returns how many were skipped."""
+        for _ in range(self.batches):
+            next(iterator)
+        if self.rng_after_skip is not None:
+            set_rng_state(self.rng_after_skip)
+        return self.batches
+
+
+# -- save -----------------------------------------------------------------------------------------
+def save(trainer, path) -> None:
+    """Gather every rank's RNG state, write on rank 0, then wait for it on every rank.
+
+    Outside a run (after ``fit`` returned, its process group gone) there is nobody to gather
+    from or wait for: rank 0 writes its own state.
+    """
+    if trainer.module is None:
+        raise ConfigError("save_checkpoint: no model yet; call it during or after fit/validate/test")
+    strategy = trainer.strategy
+    live = strategy.is_distributed and torch.distributed.is_available() and torch.distributed.is_initialized()
+    mine = {"now": get_rng_state(), "epoch_start": trainer.state.epoch_start_rng}
+    rng = strategy.all_gather_object(mine) if live else [mine]
+    error: Exception | None = None
+    if strategy.is_global_zero:
+        try:
+            ckpt.atomic_save(dump(trainer, rng), path)
+        except Exception as exc:  # disk full, permissions: the other ranks must not wait for it
+            error = exc
+    # every rank learns whether rank 0's write succeeded (this is also the barrier)
+    if live and not strategy.reduce_boolean_decision(error is None, all=True) and error is None:
+        raise CheckpointError(f"rank 0 failed to write the checkpoint '{path}'; its own error says why")
+    if error is not None:
+        raise error
+
+
+def dump(trainer, rng_per_rank: list) -> dict:
+    module = trainer.module
+    checkpoint = {
+        "fw_format": ckpt.FORMAT_VERSION,
+        "epoch": trainer.current_epoch,
+        "global_step": trainer.global_step,
+        "loop": trainer.state.progress(),
+        "state_dict": module.state_dict(),
+        "optimizer_states": [opt.state_dict() for opt in trainer.optimizers],
+        "lr_schedulers": [cfg.scheduler.state_dict() for cfg in trainer.lr_scheduler_configs],
+        "precision": trainer.precision.state_dict(),
+        "callbacks": {cb.state_key: cb.state_dict() for cb in trainer.callbacks},
+        "hyper_parameters": ckpt.plain_hparams(getattr(module, "hparams", {}) or {}),
+        "rng": rng_per_rank,
+        "world_size": trainer.world_size,
+    }
+    module.on_save_checkpoint(checkpoint)  # the module's hook first, then the callbacks'
+    trainer.hooks.callbacks("on_save_checkpoint", checkpoint)
+    return checkpoint
+
+
+# -- restore --------------------------------------------------------------------------------------
+def restore(trainer, ckpt_path: Any, fn: str) -> None:
+    """Load weights (and for fit, everything else) from ``ckpt_path``; for fit, leave the
+    point to continue from in ``trainer.state.resume_from``."""
+    if ckpt_path is None:
+        return
+    if ckpt_path == "last":
+        dirs = [getattr(cb, "dirpath", None) for cb in trainer.callbacks]
+        ckpt_path = ckpt.find_last_checkpoint(dirs, trainer.default_root_dir)
+        if ckpt_path is None:
+            rank_zero_warn(f"ckpt_path='last': no last.ckpt under {trainer.default_root_dir}; starting fresh")
+            return
+    checkpoint = ckpt.load_checkpoint(ckpt_path)
+    module = trainer.module
+    module.on_load_checkpoint(checkpoint)
+    try:
+        module.load_state_dict(checkpoint["state_dict"])
+    except RuntimeError as err:
+        raise ConfigError(f"checkpoint '{ckpt_path}' does not fit this model: {str(err).splitlines()[0]}") from None
+    if fn != "fit":
+        return
+    for opt, state in zip(trainer.optimizers, checkpoint["optimizer_states"]):
+        opt.load_state_dict(state)
+    for cfg, state in zip(trainer.lr_scheduler_configs, checkpoint["lr_schedulers"]):
+        cfg.scheduler.load_state_dict(state)
+    trainer.precision.load_state_dict(checkpoint.get("precision", {}))
+    for cb in trainer.callbacks:
+        if cb.state_key in checkpoint.get("callbacks", {}):
+            cb.load_state_dict(checkpoint["callbacks"][cb.state_key])
+    trainer.hooks.callbacks("on_load_checkpoint", checkpoint)
+    trainer.state.load_progress(checkpoint["loop"], checkpoint["global_step"])
+    trainer.state.resume_from = _resume_point(trainer, checkpoint)
+
+
+def _resume_point(trainer, checkpoint: dict) -> ResumePoint:
+    """This rank's RNG states; mid-epoch, first the epoch-start state (to rebuild the same data
+    order), and the saved state once the batches already done are skipped."""
+    states = checkpoint["rng"]
+    rank = trainer.global_rank
+    if len(states) != trainer.world_size:
+        rank_zero_warn(
+            f"checkpoint was written by {len(states)} ranks, this run has {trainer.world_size}: "
+            "RNG states are reused from rank 0, so the run will not be bit-identical"
+        )
+        rank = 0
+    mine = states[rank]
+    batches = trainer.state.batches_done
+    if batches and mine["epoch_start"] is not None:
+        return ResumePoint(mine["epoch_start"], batches, mine["now"])
+    return ResumePoint(mine["now"], batches)

@@ -1,0 +1,172 @@
+"""What a run builds before its loop starts, and what it releases at the end.
+
+``setup``: the process group and device, the data (``prepare_data`` on local rank 0, then
+``setup(stage)``, then every loader sharded for this rank), the loggers and the run directory,
+the hook dispatcher, the wrapped model and the optimisers. ``teardown``: the hooks, the loggers,
+the strategy (process group), and every process-wide setting the run changed, put back.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+from framework.checkpoint import plain_hparams
+from framework.data import DataModule, shard_dataloader
+from framework.errors import ConfigError
+from framework.optim import parse_optimizers
+from framework.rank_zero import rank_zero_print
+from framework.seed import sampler_seed
+from framework.trainer.hooks import HookDispatcher
+
+_LOADER_METHODS = {
+    "train": "train_dataloader",
+    "validate": "val_dataloader",
+    "test": "test_dataloader",
+    "predict": "predict_dataloader",
+}
+
+
+# -- construction-time helpers --------------------------------------------------------------------
+def default_callbacks(callbacks: list, enable_checkpointing: bool, enable_progress_bar: bool) -> list:
+    from framework.callbacks import ModelCheckpoint, RichProgressBar
+
+    callbacks = list(callbacks)
+    if enable_checkpointing and not any(isinstance(c, ModelCheckpoint) for c in callbacks):
+        callbacks.append(ModelCheckpoint())
+    if not enable_checkpointing:
+        callbacks = [c for c in callbacks if not isinstance(c, ModelCheckpoint)]
+    if enable_progress_bar and not any(isinstance(c, RichProgressBar) for c in callbacks):
+        callbacks.append(RichProgressBar())
+    if not enable_progress_bar:
+        callbacks = [c for c in callbacks if not isinstance(c, RichProgressBar)]
+    # checkpointing runs last so it sees what early stopping and others decided
+    return sorted(callbacks, key=lambda c: isinstance(c, ModelCheckpoint))
+
+
+def resolve_loggers(logger: Any) -> list:
+    from framework.loggers import Logger, TensorBoardLogger
+
+    if logger is True:
+        return [TensorBoardLogger()]
+    if logger in (False, None):
+        return []
+    loggers = list(logger) if isinstance(logger, (list, tuple)) else [logger]
+    for lg in loggers:
+        if not isinstance(lg, Logger):
+            raise ConfigError(
+                f"logger: {lg!r} is not an fw Logger; use true, false, or a mapping like "
+                "{_target_: framework.loggers.TensorBoardLogger}"
+            )
+    return loggers
+
+
+# -- set-up ---------------------------------------------------------------------------------------
+def setup(trainer, fn: str, model, datamodule: DataModule | None, loaders: dict) -> None:
+    """Process group, data, loggers, hooks, the wrapped model and (for fit) the optimisers."""
+    strategy = trainer.strategy
+    trainer.hooks = HookDispatcher(trainer.callbacks, trainer, model)
+    _apply_process_settings(trainer)
+    strategy.setup_environment()
+    trainer.module = model
+    model.trainer = trainer
+    trainer.datamodule = datamodule
+    if datamodule is not None:
+        if strategy.local_rank == 0:
+            datamodule.prepare_data()
+        strategy.barrier("prepare_data")
+        datamodule.setup(fn)
+    seed = sampler_seed()
+    trainer.loaders = {
+        key: _prepare_loaders(trainer, key, given, datamodule, seed)
+        for key, given in loaders.items()
+        if given is not None or datamodule is not None
+    }
+    _setup_loggers(trainer)
+    trainer.hooks.callbacks("setup", fn)
+    strategy.setup_module(model)
+    if fn == "fit":
+        trainer.optimizers, trainer.lr_scheduler_configs = parse_optimizers(model.configure_optimizers())
+
+
+def _prepare_loaders(trainer, key: str, given: Any, datamodule, seed: int) -> list:
+    loader = given if given is not None else getattr(datamodule, _LOADER_METHODS[key])()
+    if loader is None:
+        return []
+    loaders = list(loader) if isinstance(loader, (list, tuple)) else [loader]
+    shard = trainer.strategy.distributed_sampler_kwargs()
+    if shard:
+        loaders = [shard_dataloader(dl, train=(key == "train"), seed=seed, **shard) for dl in loaders]
+    return loaders
+
+
+def _setup_loggers(trainer) -> None:
+    for lg in trainer.loggers:
+        lg.set_default_root(trainer.default_root_dir)
+    log_dir = trainer.loggers[0].log_dir if trainer.loggers and trainer.is_global_zero else None
+    trainer.log_dir = trainer.strategy.broadcast(log_dir) if trainer.strategy.is_distributed else log_dir
+    if trainer.is_global_zero:
+        hparams = plain_hparams(getattr(trainer.module, "hparams", {}) or {})
+        for lg in trainer.loggers:
+            lg.log_hyperparams(hparams)
+
+
+def print_summary(trainer, fn: str) -> None:
+    """One line on rank 0: strategy, backend, init method, world size, device, batch sizes
+    (nothing for predict, or when the stage has no data: its loop says so)."""
+    loaders = trainer.loaders.get({"fit": "train"}.get(fn, fn)) or []
+    if fn == "predict" or not loaders:
+        return
+    per_device_batch = getattr(loaders[0], "batch_size", None)
+    info = trainer.strategy.describe()
+    parts = [f"fw {fn}: strategy {trainer.strategy.name}"]
+    if "backend" in info:
+        parts.append(f"backend {info['backend']}, init {info['init_method']}")
+    parts.append(f"world size {trainer.world_size}")
+    parts.append(f"device {info['device']}, precision {trainer.precision.precision}")
+    if per_device_batch:
+        replicas = info.get("replicas", 1)  # DataParallel splits one loader batch over its GPUs
+        per_device = per_device_batch // replicas if replicas > 1 else per_device_batch
+        parts.append(f"batch {per_device} per device, global {per_device * replicas * trainer.world_size}")
+    rank_zero_print(" | ".join(parts))
+
+
+def _apply_process_settings(trainer) -> None:
+    """Set what ``deterministic`` asks for, keeping the values before the run so that teardown
+    puts them back: a later Trainer in the same process starts from a clean slate."""
+    trainer._settings_before_run = (torch.are_deterministic_algorithms_enabled(),
+                                    os.environ.get("CUBLAS_WORKSPACE_CONFIG"))
+    if trainer.deterministic:
+        torch.use_deterministic_algorithms(True)
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+
+
+def _restore_process_settings(trainer) -> None:
+    saved = getattr(trainer, "_settings_before_run", None)
+    if saved is None:
+        return
+    deterministic, cublas = saved
+    torch.use_deterministic_algorithms(deterministic)
+    if cublas is None:
+        os.environ.pop("CUBLAS_WORKSPACE_CONFIG", None)
+    else:
+        os.environ["CUBLAS_WORKSPACE_CONFIG"] = cublas
+    trainer._settings_before_run = None
+
+
+# -- teardown -------------------------------------------------------------------------------------
+def teardown(trainer, fn: str, failed: bool = False) -> None:
+    try:
+        if trainer.hooks is not None:
+            trainer.hooks.callbacks("teardown", fn)
+        if trainer.datamodule is not None:
+            trainer.datamodule.teardown(fn)
+        if trainer.is_global_zero:
+            for lg in trainer.loggers:
+                lg.finalize("failed" if failed else "success")
+    finally:
+        trainer.strategy.teardown()
+        _restore_process_settings(trainer)
+        trainer.state.fn, trainer.state.stage = None, None
