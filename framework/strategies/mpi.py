@@ -71,12 +71,12 @@ class MPIStrategy(DistributedStrategy):
                 f"MPI reports rank {rank} of {world_size} but the launcher's variables say "
                 f"{self.dist.rank} of {self.dist.world_size}; run fw under one mpiexec"
             )
-        if world_size > 1:
-            _abort_on_uncaught_errors()
 
     def setup_environment(self) -> None:
         super().setup_environment()
         self.backend = torch.distributed.get_backend()  # fw_mpi, or mpi when torch has it
+        if self.world_size > 1:
+            _abort_on_uncaught_errors()  # for the MPI job's life, not only this run (see there)
 
     def describe(self) -> dict:
         return {**super().describe(), "init_method": "mpi"}

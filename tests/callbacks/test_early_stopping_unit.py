@@ -1,4 +1,4 @@
-"""EarlyStopping against a fake Trainer that exposes only the documented interface."""
+"""EarlyStopping against a fake Trainer, checked against the real one (last test)."""
 
 import math
 
@@ -8,8 +8,12 @@ import torch
 from framework.callbacks import EarlyStopping
 from framework.errors import ConfigError
 
+from .fakes import assert_matches_real, real_trainer
+
 
 class FakeStrategy:
+    TEST_ONLY = ("others_say", "calls")
+
     def __init__(self, others_say=False):
         self.others_say = others_say  # what the other ranks decided
         self.calls = []
@@ -149,3 +153,9 @@ def test_state_dict_round_trip():
 def test_invalid_arguments(kwargs, match):
     with pytest.raises(ConfigError, match=match):
         EarlyStopping("val/loss", **kwargs)
+
+
+def test_the_fakes_have_the_real_interface():
+    real = real_trainer()
+    assert_matches_real(FakeTrainer(), real)
+    assert_matches_real(FakeStrategy(), real.strategy)

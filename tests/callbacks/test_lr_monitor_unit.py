@@ -1,115 +1,122 @@
-"""LearningRateMonitor against a fake Trainer that exposes only the documented interface."""
+"""LearningRateMonitor driven by a real Trainer (a fake Trainer once hid a bug here: its
+``callback_metrics`` was a plain dict, the real one a fresh dict on every read)."""
 
-from dataclasses import dataclass
+from __future__ import annotations
 
 import pytest
 import torch
+from torch import nn
+from toy import QUIET, LinearModel, loader, regression_data
 
+import framework as fw
 from framework.callbacks import LearningRateMonitor
 from framework.errors import ConfigError
+from framework.loggers import Logger
 
 
-@dataclass
-class SchedulerConfig:
-    scheduler: object
-    interval: str = "epoch"
-    frequency: int = 1
-    monitor: str | None = None
-    name: str | None = None
+class RecordingLogger(Logger):
+    """A real Logger that keeps what it is given."""
 
-
-class FakeTrainer:
-    def __init__(self, optimizers, configs=(), loggers=("a logger",)):
-        self.optimizers = list(optimizers)
-        self.lr_scheduler_configs = list(configs)
-        self.loggers = list(loggers)
-        self.global_step = 0
-        self.callback_metrics = {}
-        self.logged = []
+    def __init__(self) -> None:
+        super().__init__(name="")
+        self.logged: list[tuple[int, dict]] = []
 
     def log_metrics(self, metrics, step):
         self.logged.append((step, dict(metrics)))
 
+    def log_hyperparams(self, params):
+        pass
 
-def params(n=1):
-    return [torch.nn.Parameter(torch.zeros(1)) for _ in range(n)]
+    def lr_rows(self, prefix="lr-"):
+        """(step, {name: value}) for the rows that hold learning rates."""
+        rows = []
+        for step, metrics in self.logged:
+            lrs = {k: v for k, v in metrics.items() if k.startswith(prefix)}
+            if lrs:
+                rows.append((step, lrs))
+        return rows
 
 
-def test_step_scheduler_logged_every_step_and_stored_in_callback_metrics():
-    opt = torch.optim.SGD(params(), lr=1.0)
-    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
-    trainer = FakeTrainer([opt], [SchedulerConfig(sched, interval="step")])
-    cb = LearningRateMonitor()
-    cb.on_train_start(trainer, None)
-    cb.on_train_epoch_start(trainer, None)  # no epoch-interval optimizer: nothing
-    for step in range(3):
-        trainer.global_step = step
-        cb.on_train_batch_start(trainer, None, None, step)
-        cb.on_train_batch_start(trainer, None, None, step)  # accumulation: same step, logged once
-        opt.step()
-        sched.step()
-    assert trainer.logged == [(0, {"lr-SGD": 1.0}), (1, {"lr-SGD": 0.5}), (2, {"lr-SGD": 0.25})]
+class Configurable(LinearModel):
+    """LinearModel whose optimizers come from a function given at construction."""
+
+    def __init__(self, make):
+        super().__init__()
+        self.make = make
+        self.head = nn.Linear(1, 1)  # a second parameter group's worth of weights
+
+    def configure_optimizers(self):
+        return self.make(self)
+
+
+def fit(tmp_path, make, callback, batches=3, epochs=1, logger=True, **trainer_args):
+    recorder = RecordingLogger() if logger else None
+    trainer = fw.Trainer(**{**QUIET, "logger": recorder or False}, default_root_dir=str(tmp_path),
+                         max_epochs=epochs, callbacks=[callback], **trainer_args)
+    trainer.fit(Configurable(make), loader(regression_data(8 * batches), 8))
+    return trainer, recorder
+
+
+def test_step_scheduler_logged_every_step_and_kept_in_callback_metrics(tmp_path):
+    def make(m):
+        opt = torch.optim.SGD(m.parameters(), lr=1.0)
+        sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+    # 2 batches per step (accumulation): several batches share a global_step, logged once
+    trainer, recorder = fit(tmp_path, make, LearningRateMonitor(), batches=6, log_every_n_steps=1,
+                            accumulate_grad_batches=2)
+    assert recorder.lr_rows() == [(0, {"lr-SGD": 1.0}), (1, {"lr-SGD": 0.5}), (2, {"lr-SGD": 0.25})]
+    # the real Trainer's callback_metrics keeps what the callback wrote
     assert isinstance(trainer.callback_metrics["lr-SGD"], torch.Tensor)
     assert trainer.callback_metrics["lr-SGD"].item() == 0.25
 
 
-def test_epoch_interval_names_param_groups_and_momentum():
-    model_params, head_params = params(), params()
-    adam = torch.optim.Adam([{"params": model_params}, {"params": head_params, "lr": 0.1}], lr=0.01)
-    sgd = torch.optim.SGD(params(), lr=0.5, momentum=0.9)
-    sched = torch.optim.lr_scheduler.ExponentialLR(adam, gamma=0.9)
-    trainer = FakeTrainer([adam, sgd], [SchedulerConfig(sched, interval="epoch", name="backbone")])
-    cb = LearningRateMonitor(log_momentum=True)
-    cb.on_train_start(trainer, None)
-    cb.on_train_batch_start(trainer, None, None, 0)  # no step-interval scheduler: nothing
-    assert trainer.logged == []
-    cb.on_train_epoch_start(trainer, None)
-    (step, stats), = trainer.logged
-    assert stats == pytest.approx({
-        "backbone/pg1": 0.01, "backbone/pg1-momentum": 0.9,
-        "backbone/pg2": 0.1, "backbone/pg2-momentum": 0.9,
-        "lr-SGD": 0.5, "lr-SGD-momentum": 0.9,
-    })
+def test_epoch_interval_names_param_groups_and_momentum(tmp_path):
+    def make(m):
+        adam = torch.optim.Adam([{"params": m.net.parameters()}, {"params": m.head.parameters(), "lr": 0.1}], lr=0.01)
+        sched = torch.optim.lr_scheduler.ExponentialLR(adam, gamma=0.9)
+        return {"optimizer": adam, "lr_scheduler": {"scheduler": sched, "interval": "epoch", "name": "backbone"}}
+
+    _, recorder = fit(tmp_path, make, LearningRateMonitor(log_momentum=True), epochs=2, log_every_n_steps=1)
+    rows = [stats for _, stats in recorder.logged if "backbone/pg1" in stats]
+    assert len(rows) == 2  # once per epoch, at its start; nothing per step
+    assert rows[0] == pytest.approx({"backbone/pg1": 0.01, "backbone/pg1-momentum": 0.9,
+                                     "backbone/pg2": 0.1, "backbone/pg2-momentum": 0.9})
+    assert rows[1]["backbone/pg1"] == pytest.approx(0.009)
 
 
-def test_logging_interval_overrides_and_duplicate_names():
-    a, b = torch.optim.SGD(params(), lr=0.1), torch.optim.SGD(params(), lr=0.2)
-    trainer = FakeTrainer([a, b])
-    cb = LearningRateMonitor(logging_interval="step")
-    cb.on_train_start(trainer, None)
-    cb.on_train_epoch_start(trainer, None)
-    assert trainer.logged == []
-    cb.on_train_batch_start(trainer, None, None, 0)
-    assert trainer.logged == [(0, {"lr-SGD": 0.1, "lr-SGD-1": 0.2})]
+def test_logging_interval_step_and_duplicate_names(tmp_path):
+    def make(m):
+        return [torch.optim.SGD(m.net.parameters(), lr=0.1), torch.optim.SGD(m.head.parameters(), lr=0.2)]
+
+    _, recorder = fit(tmp_path, make, LearningRateMonitor(logging_interval="step"), batches=2, log_every_n_steps=1)
+    assert recorder.lr_rows() == [(0, {"lr-SGD": 0.1, "lr-SGD-1": 0.2}), (1, {"lr-SGD": 0.1, "lr-SGD-1": 0.2})]
 
 
-def test_honours_log_every_n_steps():
-    opt = torch.optim.SGD(params(), lr=0.1)
-    trainer = FakeTrainer([opt])
-    trainer.log_every_n_steps = 2
-    cb = LearningRateMonitor(logging_interval="step")
-    cb.on_train_start(trainer, None)
-    for step in range(5):
-        trainer.global_step = step
-        cb.on_train_batch_start(trainer, None, None, step)
-    assert [s for s, _ in trainer.logged] == [0, 2, 4]
+def test_honours_log_every_n_steps(tmp_path):
+    def make(m):
+        return torch.optim.SGD(m.parameters(), lr=0.1)
+
+    _, recorder = fit(tmp_path, make, LearningRateMonitor(logging_interval="step"), batches=5, log_every_n_steps=2)
+    assert [step for step, _ in recorder.lr_rows()] == [0, 2, 4]
 
 
-def test_param_group_names_are_used():
-    opt = torch.optim.SGD([{"params": params(), "name": "enc"}, {"params": params(), "name": "dec"}], lr=0.1)
-    trainer = FakeTrainer([opt])
-    cb = LearningRateMonitor()
-    cb.on_train_start(trainer, None)
-    cb.on_train_epoch_start(trainer, None)
-    assert trainer.logged == [(0, {"lr-SGD/enc": 0.1, "lr-SGD/dec": 0.1})]
+def test_param_group_names_are_used(tmp_path):
+    def make(m):
+        return torch.optim.SGD([{"params": m.net.parameters(), "name": "enc"},
+                                {"params": m.head.parameters(), "name": "dec"}], lr=0.1)
+
+    _, recorder = fit(tmp_path, make, LearningRateMonitor(), log_every_n_steps=1)
+    assert recorder.lr_rows() == [(0, {"lr-SGD/enc": 0.1, "lr-SGD/dec": 0.1})]
 
 
-def test_without_logger_warns_but_fills_callback_metrics():
-    trainer = FakeTrainer([torch.optim.SGD(params(), lr=0.1)], loggers=())
-    cb = LearningRateMonitor()
+def test_without_logger_warns_but_fills_callback_metrics(tmp_path):
+    def make(m):
+        return torch.optim.SGD(m.parameters(), lr=0.1)
+
     with pytest.warns(UserWarning, match="no logger"):
-        cb.on_train_start(trainer, None)
-    cb.on_train_epoch_start(trainer, None)
+        trainer, _ = fit(tmp_path, make, LearningRateMonitor(), logger=False)
     assert trainer.callback_metrics["lr-SGD"].item() == pytest.approx(0.1)
 
 

@@ -1,4 +1,4 @@
-"""ModelCheckpoint against a fake Trainer that exposes only the documented interface."""
+"""ModelCheckpoint against a fake Trainer, checked against the real one (last test)."""
 
 import os
 
@@ -8,8 +8,12 @@ import torch
 from framework.callbacks import ModelCheckpoint
 from framework.errors import ConfigError
 
+from .fakes import assert_matches_real, real_trainer
+
 
 class FakeStrategy:
+    TEST_ONLY = ("decisions",)
+
     def __init__(self):
         self.decisions = []
 
@@ -25,6 +29,8 @@ class FakeStrategy:
 
 
 class FakeTrainer:
+    TEST_ONLY = ("saved",)
+
     def __init__(self, root, log_dir=None):
         self.current_epoch = 0
         self.global_step = 0
@@ -231,3 +237,9 @@ def test_state_dict_round_trip_continues_bookkeeping(tmp_path):
 
 def test_state_keys_differ_between_instances():
     assert ModelCheckpoint(monitor="a").state_key != ModelCheckpoint(monitor="b").state_key
+
+
+def test_the_fakes_have_the_real_interface():
+    real = real_trainer()
+    assert_matches_real(FakeTrainer("/tmp"), real)
+    assert_matches_real(FakeStrategy(), real.strategy)

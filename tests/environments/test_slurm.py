@@ -15,7 +15,7 @@ from framework.environments.slurm import (
 )
 from framework.errors import ConfigError, DistributedSetupError
 
-# What `srun -N1 -n2` sets in task 1 (see /work/shared/slurm/README.md).
+# What `srun -N1 -n2` sets in task 1 (as seen on the test cluster of shared/slurm).
 SRUN_TASK_1 = {
     "SLURM_PROCID": "1", "SLURM_LOCALID": "1", "SLURM_NTASKS": "2", "SLURM_NNODES": "1",
     "SLURM_NODEID": "0", "SLURM_JOB_ID": "4321", "SLURM_STEP_ID": "0",
@@ -137,3 +137,21 @@ def test_tasks_per_node_check() -> None:
     check_tasks_per_node(info, devices=2)
     with pytest.raises(ConfigError, match="HINT: set trainer.devices=2 to match --ntasks-per-node"):
         check_tasks_per_node(info, devices=4)
+
+
+def test_the_environment_checks_itself_against_devices_and_nodes() -> None:
+    slurm = SLURMEnvironment(env=SRUN_TASK_1, argv=[])
+    slurm.check(devices=2, num_nodes=1)
+    with pytest.raises(ConfigError, match="--ntasks-per-node"):
+        slurm.check(devices=4, num_nodes=1)  # SLURM's own hint comes first
+    with pytest.raises(ConfigError, match="HINT: set trainer.num_nodes=1"):
+        slurm.check(devices=2, num_nodes=2)
+
+
+def test_the_local_environment_refuses_to_start_workers_from_a_batch_shell() -> None:
+    from framework.environments import LocalEnvironment
+
+    local = LocalEnvironment(env=BATCH_SHELL, argv=[])
+    local.check(devices=1, num_nodes=1)
+    with pytest.raises(DistributedSetupError, match="outside srun"):
+        local.check(devices=2, num_nodes=1)
