@@ -87,7 +87,7 @@ def dump(trainer, rng_per_rank: list) -> dict:
         "rng": rng_per_rank,
         "world_size": trainer.world_size,
     }
-    module.on_save_checkpoint(checkpoint)  # the module's hook first, then the callbacks'
+    trainer.hooks.module_hook("on_save_checkpoint", checkpoint)  # the module's hook first, then the callbacks'
     trainer.hooks.callbacks("on_save_checkpoint", checkpoint)
     return checkpoint
 
@@ -106,7 +106,7 @@ def restore(trainer, ckpt_path: Any, fn: str) -> None:
             return
     checkpoint = ckpt.load_checkpoint(ckpt_path)
     module = trainer.module
-    module.on_load_checkpoint(checkpoint)
+    trainer.hooks.module_hook("on_load_checkpoint", checkpoint)
     try:
         module.load_state_dict(checkpoint["state_dict"])
     except RuntimeError as err:
