@@ -5,9 +5,12 @@ Gradient accumulation: ``accumulate_grad_batches = k`` runs forward/backward on 
 steps the optimizers on every k-th batch, on the epoch's last batch (even when its group is
 short), and, for loaders without a length, on the batch a look-ahead shows to be the last.
 
-The loop stops early (keeping the position in ``trainer.state``) when ``max_steps`` is reached,
-when a stop was requested once ``min_epochs`` are done, or when ``max_time`` has passed (read
-jointly by all ranks, every 20 batches when distributed, so that they stop at the same batch).
+The loop stops early when ``max_steps`` is reached, when a stop was requested once
+``min_epochs`` are done, or when ``max_time`` has passed (read jointly by all ranks, every 20
+batches when distributed, so that they stop at the same batch). Such a cut epoch still ends (its
+epoch-end hooks run and it counts in ``current_epoch``, as in Lightning), but ``trainer.state``
+records it as unfinished: epoch-interval schedulers do not step for it, and a checkpoint written
+from then on resumes at its next batch, with its running metric aggregates and RNG state.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ def run_train_epoch(trainer, loader, deadline: float | None) -> None:
     hooks("on_train_epoch_start")
     state.start_epoch(get_rng_state())
     iterator = iter(loader)
-    start = _skip_to_resume_position(state, iterator)
+    start = _skip_to_resume_position(trainer, collector, iterator)
     limit = trainer.num_training_batches
     lookahead = None
     if math.isinf(limit):  # no length: read one batch ahead to know which batch is the last
@@ -78,6 +81,9 @@ def run_train_epoch(trainer, loader, deadline: float | None) -> None:
             state.should_stop = True
             state.stop("max_time")
             break
+    at_end = state.batches_done >= limit if lookahead is None else lookahead.last or not state.batches_done
+    if not at_end and state.batches_done:  # a stop cut the epoch short: a resume continues it
+        state.cut_epoch(get_rng_state(), collector.state_dict(module))
     _end_train_epoch(trainer, collector)
 
 
@@ -86,12 +92,16 @@ def time_is_up(trainer, deadline: float) -> bool:
     return trainer.strategy.reduce_boolean_decision(time.monotonic() > deadline, all=False)
 
 
-def _skip_to_resume_position(state, iterator) -> int:
-    """On a mid-epoch resume, skip the batches the checkpoint had already trained on."""
+def _skip_to_resume_position(trainer, collector, iterator) -> int:
+    """On a mid-epoch resume, skip the batches the checkpoint had already trained on, and
+    continue the epoch's metric aggregates from where they were."""
+    state = trainer.state
     resume, state.resume_from = state.resume_from, None
     if resume is None or not resume.batches:
         return 0
     state.batches_done = resume.skip_done_batches(iterator)
+    if resume.metrics:
+        collector.load_state_dict(resume.metrics, trainer.module)
     return state.batches_done
 
 
@@ -105,8 +115,9 @@ def _end_train_epoch(trainer, collector) -> None:
     if collector.step_dirty and trainer.loggers:
         _log_step_metrics(trainer, collector)
     log_epoch_metrics(trainer, collector)
-    step_schedulers(trainer, "epoch")
-    state.finish_epoch()
+    if state.cut is None:  # epoch-interval schedulers step for finished epochs only
+        step_schedulers(trainer, "epoch")
+        state.finish_epoch()
     hooks.callbacks("on_train_epoch_end")
     state.advance_epoch()
 

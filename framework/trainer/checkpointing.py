@@ -31,6 +31,7 @@ class ResumePoint:
     rng: dict
     batches: int = 0
     rng_after_skip: dict | None = None
+    metrics: dict | None = None  # the epoch's running aggregates (see MetricCollector.state_dict)
 
     def restore_rng(self) -> None:
         set_rng_state(self.rng)
@@ -56,12 +57,15 @@ def save(trainer, path) -> None:
         raise ConfigError("save_checkpoint: no model yet; call it during or after fit/validate/test")
     strategy = trainer.strategy
     live = strategy.is_distributed and torch.distributed.is_available() and torch.distributed.is_initialized()
-    mine = {"now": get_rng_state(), "epoch_start": trainer.state.epoch_start_rng}
-    rng = strategy.all_gather_object(mine) if live else [mine]
+    state = trainer.state
+    # a cut epoch resumes right after its last batch, whatever its epoch end drew since
+    now = state.cut.rng_after_last_batch if state.cut is not None else get_rng_state()
+    mine = {"rng": {"now": now, "epoch_start": state.epoch_start_rng}, "metrics": _running_aggregates(trainer)}
+    per_rank = strategy.all_gather_object(mine) if live else [mine]
     error: Exception | None = None
     if strategy.is_global_zero:
         try:
-            ckpt.atomic_save(dump(trainer, rng), path)
+            ckpt.atomic_save(dump(trainer, per_rank), path)
         except Exception as exc:  # disk full, permissions: the other ranks must not wait for it
             error = exc
     # every rank learns whether rank 0's write succeeded (this is also the barrier)
@@ -71,7 +75,9 @@ def save(trainer, path) -> None:
         raise error
 
 
-def dump(trainer, rng_per_rank: list) -> dict:
+def dump(trainer, per_rank: list[dict]) -> dict:
+    """The checkpoint's contents; ``per_rank`` holds every rank's RNG states and running metric
+    aggregates (each rank has its own)."""
     module = trainer.module
     checkpoint = {
         "fw_format": ckpt.FORMAT_VERSION,
@@ -84,12 +90,23 @@ def dump(trainer, rng_per_rank: list) -> dict:
         "precision": trainer.precision.state_dict(),
         "callbacks": {cb.state_key: cb.state_dict() for cb in trainer.callbacks},
         "hyper_parameters": ckpt.plain_hparams(getattr(module, "hparams", {}) or {}),
-        "rng": rng_per_rank,
+        "rng": [mine["rng"] for mine in per_rank],
         "world_size": trainer.world_size,
+        "metrics": [mine["metrics"] for mine in per_rank],
     }
     trainer.hooks.module_hook("on_save_checkpoint", checkpoint)  # the module's hook first, then the callbacks'
     trainer.hooks.callbacks("on_save_checkpoint", checkpoint)
     return checkpoint
+
+
+def _running_aggregates(trainer) -> dict | None:
+    """Mid-epoch, the epoch's metric aggregates so far (so a resume logs the same epoch values)."""
+    state = trainer.state
+    if state.epoch_finished or not state.batches_done:
+        return None
+    if state.cut is not None:
+        return state.cut.metrics
+    return trainer.metrics.training.state_dict(trainer.module)
 
 
 # -- restore --------------------------------------------------------------------------------------
@@ -139,6 +156,7 @@ def _resume_point(trainer, checkpoint: dict) -> ResumePoint:
         rank = 0
     mine = states[rank]
     batches = trainer.state.batches_done
+    metrics = (checkpoint.get("metrics") or [None] * len(states))[rank]
     if batches and mine["epoch_start"] is not None:
-        return ResumePoint(mine["epoch_start"], batches, mine["now"])
-    return ResumePoint(mine["now"], batches)
+        return ResumePoint(mine["epoch_start"], batches, mine["now"], metrics)
+    return ResumePoint(mine["now"], batches, metrics=metrics)

@@ -31,6 +31,7 @@ class LoggedMetrics:
     def __init__(self) -> None:
         self.current_batch: Any = None
         self.collector = MetricCollector("train", self.current_batch_size)
+        self.training = self.collector  # this training epoch's, also while an evaluation runs
         self.epoch_values: dict[str, torch.Tensor] = {}
         self.prog_bar_keys: dict[str, bool] = {}  # epoch metric -> shown in the progress bar
         self._callback_metrics: dict[str, torch.Tensor] = {}
@@ -44,7 +45,7 @@ class LoggedMetrics:
 
     def new_epoch(self, stage: str) -> MetricCollector:
         """A fresh collector for a training epoch (its step values replace the last epoch's)."""
-        self.collector = MetricCollector(stage, self.current_batch_size)
+        self.collector = self.training = MetricCollector(stage, self.current_batch_size)
         return self.collector
 
     @contextlib.contextmanager
@@ -163,6 +164,34 @@ class MetricCollector:
             fn = torch.maximum if entry.reduce_fx == "max" else torch.minimum
             entry.total = value if entry.total is None else fn(entry.total, value)
             entry.weight = 1.0
+
+    # -- checkpoints (a mid-epoch resume continues the epoch's aggregates) ----------------------
+    def state_dict(self, module) -> dict:
+        """The running epoch aggregates: sums and weights, and torchmetrics states."""
+        saved: dict[str, dict] = {}
+        for name, entry in self.entries.items():
+            if not entry.on_epoch:
+                continue
+            flags, path = _spec(entry, module)
+            if entry.metric is None:
+                saved[name] = {"flags": flags, "total": entry.total, "weight": entry.weight}
+            elif path is not None:
+                states = {k: v.clone() if isinstance(v, torch.Tensor) else [t.clone() for t in v]
+                          for k, v in entry.metric.metric_state.items()}
+                saved[name] = {"flags": flags, "metric_path": path, "metric_state": states}
+        return saved
+
+    def load_state_dict(self, saved: dict, module) -> None:
+        for name, item in saved.items():
+            entry = _Entry(name, *item["flags"][:6])
+            if "metric_path" in item:
+                entry.metric = module.get_submodule(item["metric_path"])
+                for key, value in item["metric_state"].items():
+                    setattr(entry.metric, key, value)
+                entry.metric._update_count = max(1, getattr(entry.metric, "_update_count", 0))
+            else:
+                entry.total, entry.weight = item["total"], item["weight"]
+            self.entries[name] = entry
 
     # -- reading --------------------------------------------------------------------------------
     def step_values(self) -> dict[str, torch.Tensor]:

@@ -13,7 +13,10 @@ and ``RunningStage`` (string enums) compares equal.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from framework.trainer.checkpointing import ResumePoint
 
 #: Why a fit stopped (``RunState.stop_reason``).
 STOP_REASONS = ("max_epochs", "max_steps", "max_time", "should_stop")
@@ -27,16 +30,20 @@ class RunState:
         fn: the call that runs: ``fit``, ``validate``, ``test``, ``predict`` (None between calls).
         stage: what runs now: ``sanity_check``, ``train``, ``validate``, ``test``, ``predict``.
         status: ``initializing``, ``running``, ``finished`` or ``interrupted``.
-        epoch: the current epoch (0-based); Lightning's ``trainer.current_epoch``.
+        epoch: the current epoch (0-based); Lightning's ``trainer.current_epoch``. An epoch cut
+            short by a stop (``max_steps``, ``max_time``, ``should_stop``) still ends and counts,
+            as in Lightning; the position below remembers that it was cut.
         global_step: optimizer steps taken so far (all epochs).
-        batches_done: batches of ``epoch`` already trained on (the position in the epoch).
-        epoch_finished: ``epoch`` ran to its end and its epoch-end work is under way (the state
-            moves to the next epoch right after).
+        position_epoch: the epoch that ``batches_done`` and ``epoch_finished`` refer to.
+        batches_done: batches of ``position_epoch`` already trained on.
+        epoch_finished: ``position_epoch`` ran to its end and its epoch-end work is under way
+            (the position moves to the start of the next epoch right after).
         should_stop: a request to stop (callbacks, max_time) at the next check.
         stop_reason: why the last fit stopped, one of ``STOP_REASONS``.
         epoch_start_rng: this rank's RNG state when ``epoch`` began (rebuilds its data order).
-        resume_from: batches of ``epoch`` to skip on a mid-epoch resume, and the RNG state to
-            put back after skipping them (set by ``Trainer`` from a checkpoint, consumed once).
+        cut: set when a stop cut the epoch short (see ``CutEpoch``).
+        resume_from: where a resumed fit continues (``trainer/checkpointing.ResumePoint``):
+            set from a checkpoint, consumed by the first epoch.
     """
 
     fn: str | None = None
@@ -48,18 +55,30 @@ class RunState:
     epoch_finished: bool = False
     should_stop: bool = False
     stop_reason: str | None = None
+    position_epoch: int = 0
     epoch_start_rng: dict | None = None
+    cut: CutEpoch | None = None
     resume_from: ResumePoint | None = None
 
     def start_epoch(self, rng_state: dict) -> None:
-        self.batches_done, self.epoch_finished, self.epoch_start_rng = 0, False, rng_state
+        self.position_epoch, self.batches_done, self.epoch_finished = self.epoch, 0, False
+        self.epoch_start_rng, self.cut = rng_state, None
 
     def finish_epoch(self) -> None:
         """The epoch ran to its end (its epoch-end hooks still see ``epoch``)."""
         self.epoch_finished = True
 
+    def cut_epoch(self, rng_state: dict, metrics: dict) -> None:
+        """A stop ends the epoch before its end: keep the RNG state right after its last batch
+        and its running metric aggregates, so that a checkpoint written from now on resumes at
+        the next batch as if the run had never stopped."""
+        self.cut = CutEpoch(rng_state, metrics)
+
     def advance_epoch(self) -> None:
-        self.epoch, self.batches_done, self.epoch_finished = self.epoch + 1, 0, False
+        """Count the epoch (finished or cut); a finished one moves the position on."""
+        self.epoch += 1
+        if self.epoch_finished:
+            self.position_epoch, self.batches_done, self.epoch_finished = self.epoch, 0, False
 
     def stop(self, reason: str) -> None:
         """Record why the run stops (the first reason wins)."""
@@ -70,7 +89,7 @@ class RunState:
     def progress(self) -> dict[str, Any]:
         """What a checkpoint keeps of the run's progress."""
         return {
-            "epoch": self.epoch,
+            "epoch": self.position_epoch,
             "global_step": self.global_step,
             "batches_done": self.batches_done,
             "epoch_finished": self.epoch_finished,
@@ -82,16 +101,16 @@ class RunState:
         finished, else in its middle (``resume_from`` is left for the caller to fill in)."""
         self.global_step = int(saved.get("global_step", global_step or 0))
         finished = bool(saved["epoch_finished"])
-        self.epoch = int(saved["epoch"]) + (1 if finished else 0)
+        self.epoch = self.position_epoch = int(saved["epoch"]) + (1 if finished else 0)
         self.batches_done = 0 if finished else int(saved["batches_done"])
         self.epoch_finished = False
-        self.should_stop, self.stop_reason = False, None
+        self.should_stop, self.stop_reason, self.cut = False, None, None
 
 
 @dataclass
-class ResumePoint:
-    """A mid-epoch resume: skip ``batches`` batches (drawn in the saved order), then put back
-    ``rng_after_skip`` so that the run continues with the RNG it had when it was saved."""
+class CutEpoch:
+    """An epoch a stop ended early: the RNG state after its last trained batch, and its metric
+    aggregates before the epoch end computed (and reset) them."""
 
-    batches: int
-    rng_after_skip: dict | None = None
+    rng_after_last_batch: dict
+    metrics: dict
