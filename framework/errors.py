@@ -31,6 +31,13 @@ class CheckpointError(FwError):
     exit_code = 1
 
 
+class TrainingError(FwError):
+    """Training went wrong in a way fw refuses to continue from (a non-finite loss, nothing
+    trained); what was saved before stays as it is."""
+
+    exit_code = 1
+
+
 def did_you_mean(name: str, known) -> str:
     """Return ``" (did you mean 'x'?)"`` for the closest of ``known``, or ``""``."""
     import difflib

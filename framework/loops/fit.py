@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import time
 
-from framework.errors import ConfigError
+from framework.errors import ConfigError, TrainingError
 from framework.loops.batches import num_batches
 from framework.loops.evaluation import run_evaluation
 from framework.loops.training_epoch import run_train_epoch, time_is_up
+from framework.rank_zero import rank_zero_warn
 
 
 def run_fit(trainer, fn: str) -> None:
@@ -22,6 +23,7 @@ def run_fit(trainer, fn: str) -> None:
         raise ConfigError("fit needs training data: pass train_dataloaders= or a datamodule with train_dataloader()")
     loader = train_loaders[0]
     trainer.num_training_batches = num_batches(loader, trainer.limits["train"])
+    _check_there_is_something_to_train(trainer, loader)
     hooks("on_fit_start")
     if state.resume_from is None and trainer.num_sanity_val_steps > 0 and trainer.loaders.get("validate"):
         state.stage = "sanity_check"
@@ -41,6 +43,20 @@ def run_fit(trainer, fn: str) -> None:
     state.stage = None
     hooks("on_train_end")
     hooks("on_fit_end")
+
+
+def _check_there_is_something_to_train(trainer, loader) -> None:
+    if num_batches(loader, None) == 0:
+        dataset = getattr(loader, "dataset", None)
+        size = f" ({len(dataset)} samples" if hasattr(dataset, "__len__") else " ("
+        raise TrainingError(
+            f"the training data has no batches{size}, batch_size {getattr(loader, 'batch_size', '?')}"
+            f"{', drop_last' if getattr(loader, 'drop_last', False) else ''} on {trainer.world_size} rank(s)): "
+            "check the data set and the batch size"
+        )
+    if trainer.num_training_batches == 0:
+        rank_zero_warn(f"trainer.limit_train_batches={trainer.limits['train']!r} leaves 0 training batches: "
+                       "fit trains nothing; raise it to train")
 
 
 def _fit_done(trainer) -> bool:

@@ -19,7 +19,7 @@ import math
 import time
 
 from framework.data import set_sampler_epoch
-from framework.errors import ConfigError
+from framework.errors import ConfigError, TrainingError
 from framework.loops.batches import LookAhead
 from framework.loops.evaluation import log_epoch_metrics, run_evaluation
 from framework.loops.optimization import forward_backward_fn, optimizer_step_fn, step_schedulers
@@ -50,6 +50,7 @@ def run_train_epoch(trainer, loader, deadline: float | None) -> None:
     # a collective when distributed, so only every 20 batches
     time_check_every = 20 if trainer.strategy.is_distributed else 1
 
+    trained = 0  # batches whose training_step returned a loss
     for batch_idx, batch in enumerate(iterator, start):
         if batch_idx >= limit:
             break
@@ -59,6 +60,8 @@ def run_train_epoch(trainer, loader, deadline: float | None) -> None:
         steps_now = (batch_idx + 1) % accumulate == 0 or batch_idx + 1 == limit or (
             lookahead is not None and lookahead.last)
         outputs = forward_backward(batch, batch_idx, steps_now)
+        if outputs is not None:
+            trained += 1
         if steps_now:
             optimizer_step()
             state.global_step += 1
@@ -81,6 +84,11 @@ def run_train_epoch(trainer, loader, deadline: float | None) -> None:
             state.should_stop = True
             state.stop("max_time")
             break
+    if not trained and state.batches_done > start:
+        raise TrainingError(
+            f"training_step returned None for all {state.batches_done - start} batches of epoch {state.epoch}: "
+            "nothing was trained. Return the loss (a tensor) or a dict with 'loss'; None skips one batch"
+        )
     at_end = state.batches_done >= limit if lookahead is None else lookahead.last or not state.batches_done
     if not at_end and state.batches_done:  # a stop cut the epoch short: a resume continues it
         state.cut_epoch(get_rng_state(), collector.state_dict(module))

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from framework.errors import ConfigError
+from framework.errors import ConfigError, did_you_mean
 
 
 def as_list(value: Any) -> list:
@@ -35,6 +35,12 @@ def devices_for(devices: Any, environment, accelerator) -> Any:
     if devices == "auto" and accelerator.name == "cpu" and environment.launched_externally:
         return environment.info().local_world_size
     return devices
+
+
+def one_of(name: str, value: Any, choices: tuple[str, ...]) -> str:
+    if value not in choices:
+        raise ConfigError(f"trainer.{name}={value!r}: use one of {', '.join(choices)}{did_you_mean(value, choices)}")
+    return value
 
 
 def clip_algorithm(value: str) -> str:

@@ -15,10 +15,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterator
 
+import torch
 import torch.distributed
 
 from framework import checkpoint as ckpt
-from framework.errors import CheckpointError, ConfigError
+from framework.errors import CheckpointError, ConfigError, TrainingError
 from framework.rank_zero import rank_zero_warn
 from framework.seed import get_rng_state, set_rng_state
 
@@ -57,6 +58,7 @@ def save(trainer, path) -> None:
         raise ConfigError("save_checkpoint: no model yet; call it during or after fit/validate/test")
     strategy = trainer.strategy
     live = strategy.is_distributed and torch.distributed.is_available() and torch.distributed.is_initialized()
+    _refuse_nonfinite_weights(trainer, path, live)
     state = trainer.state
     # a cut epoch resumes right after its last batch, whatever its epoch end drew since
     now = state.cut.rng_after_last_batch if state.cut is not None else get_rng_state()
@@ -73,6 +75,20 @@ def save(trainer, path) -> None:
         raise CheckpointError(f"rank 0 failed to write the checkpoint '{path}'; its own error says why")
     if error is not None:
         raise error
+
+
+def _refuse_nonfinite_weights(trainer, path, live: bool) -> None:
+    """Never write NaN or infinite weights (over a good checkpoint, say): every rank checks
+    its own, and all refuse together."""
+    finite = all(bool(torch.isfinite(p).all()) for p in trainer.module.parameters() if p.is_floating_point())
+    if live:
+        finite = trainer.strategy.reduce_boolean_decision(finite, all=True)
+    if not finite:
+        raise TrainingError(
+            f"the weights are not finite (NaN or inf) at step {trainer.global_step}: the checkpoint "
+            f"'{path}' was not written and earlier checkpoints stay as they are. Lower the learning "
+            "rate or clip gradients (trainer.gradient_clip_val)"
+        )
 
 
 def dump(trainer, per_rank: list[dict]) -> dict:

@@ -92,7 +92,13 @@ def setup(trainer, fn: str, model, datamodule: DataModule | None, loaders: dict)
 
 
 def _prepare_loaders(trainer, key: str, given: Any, datamodule, seed: int) -> list:
-    loader = given if given is not None else getattr(datamodule, _LOADER_METHODS[key])()
+    try:
+        loader = given if given is not None else getattr(datamodule, _LOADER_METHODS[key])()
+    except ValueError as err:  # torch's RandomSampler on an empty data set
+        if "num_samples=0" not in str(err):
+            raise
+        raise ConfigError(f"{type(datamodule).__name__}.{_LOADER_METHODS[key]}(): the data set is empty "
+                          "(a shuffling DataLoader needs at least one sample); check the data") from None
     if loader is None:
         return []
     loaders = list(loader) if isinstance(loader, (list, tuple)) else [loader]

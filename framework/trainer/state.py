@@ -39,6 +39,8 @@ class RunState:
         epoch_finished: ``position_epoch`` ran to its end and its epoch-end work is under way
             (the position moves to the start of the next epoch right after).
         should_stop: a request to stop (callbacks, max_time) at the next check.
+        skip_step: the optimizer step due next throws its gradients away (a non-finite loss
+            under ``on_nonfinite=skip``).
         stop_reason: why the last fit stopped, one of ``STOP_REASONS``.
         epoch_start_rng: this rank's RNG state when ``epoch`` began (rebuilds its data order).
         cut: set when a stop cut the epoch short (see ``CutEpoch``).
@@ -54,6 +56,7 @@ class RunState:
     batches_done: int = 0
     epoch_finished: bool = False
     should_stop: bool = False
+    skip_step: bool = False
     stop_reason: str | None = None
     position_epoch: int = 0
     epoch_start_rng: dict | None = None

@@ -58,6 +58,9 @@ class Trainer:
         default_root_dir: where logs and checkpoints go (default: the working directory).
         deterministic: ``torch.use_deterministic_algorithms`` during this Trainer's runs.
         max_restarts, rdzv_endpoint: passed to the elastic agent when fw launches workers.
+        on_nonfinite: a NaN or infinite loss ``error`` (default: stop, naming the step), ``skip``
+            (drop that optimizer step on every rank) or ``warn`` (go on). Either way no
+            checkpoint is written over a good one with non-finite weights.
     """
 
     def __init__(
@@ -90,6 +93,7 @@ class Trainer:
         default_root_dir: str | None = None,
         max_restarts: int = 0,
         rdzv_endpoint: str | None = None,
+        on_nonfinite: str = "error",
     ) -> None:
         # where the run happens: accelerator, devices, strategy, and how its processes start
         self.accelerator = get_accelerator(accelerator)
@@ -128,6 +132,7 @@ class Trainer:
         self.gradient_clip_val = gradient_clip_val
         self.gradient_clip_algorithm = args.clip_algorithm(gradient_clip_algorithm)
         self.deterministic = bool(deterministic)
+        self.on_nonfinite = args.one_of("on_nonfinite", on_nonfinite, ("error", "skip", "warn"))
         self.default_root_dir = os.fspath(default_root_dir) if default_root_dir else os.getcwd()
 
         # the parts a run calls into, and what it produces
