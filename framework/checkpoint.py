@@ -49,6 +49,10 @@ def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu") -> dict:
     """Read a checkpoint written by fw; a missing, corrupt or truncated file is a CheckpointError
     and the file is left untouched."""
     path = Path(path)
+    if path.is_dir():
+        inside = sorted(p.name for p in path.glob("*.ckpt"))
+        hint = f"; it holds {', '.join(inside[:5])}" if inside else "; it holds no .ckpt file"
+        raise CheckpointError(f"ckpt_path '{path}' is a directory: give a checkpoint file in it{hint}")
     if not path.is_file():
         raise CheckpointError(f"checkpoint '{path}' does not exist; check ckpt_path")
     try:
@@ -66,12 +70,38 @@ def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu") -> dict:
     return checkpoint
 
 
+def remove_stale_temp_files(directory: str | os.PathLike) -> list[str]:
+    """Remove what killed writes left in ``directory`` (``atomic_save``'s ``.NAME.*.tmp``
+    files); call it when no write can be under way there. Returns the removed paths."""
+    removed = []
+    for tmp in glob.glob(os.path.join(os.fspath(directory), ".*.ckpt.*.tmp")):
+        try:
+            os.remove(tmp)
+            removed.append(tmp)
+        except OSError:
+            pass
+    return removed
+
+
 def find_last_checkpoint(dirs: list[str], root: str) -> str | None:
     """``ckpt_path="last"``: the newest ``last*.ckpt`` in the checkpoint dirs, else under root."""
     candidates = [p for d in dirs if d for p in glob.glob(os.path.join(d, "last*.ckpt"))]
     if not candidates:
         candidates = glob.glob(os.path.join(root, "**", "last*.ckpt"), recursive=True)
     return max(candidates, key=os.path.getmtime) if candidates else None
+
+
+def newest_checkpoint_of_run(dirs: list[str], run_id: str) -> str | None:
+    """The newest complete checkpoint (``*.ckpt``, newest first by modification time) under
+    ``dirs`` that was written by the elastic run ``run_id``; None when there is none."""
+    found = {p for d in dirs if d and os.path.isdir(d) for p in glob.glob(os.path.join(d, "**", "*.ckpt"), recursive=True)}
+    for path in sorted(found, key=os.path.getmtime, reverse=True):
+        try:
+            if load_checkpoint(path).get("run_id") == run_id:
+                return path
+        except CheckpointError:
+            continue  # not one of ours, or damaged: an older one will do
+    return None
 
 
 def plain_hparams(hparams: dict) -> dict:

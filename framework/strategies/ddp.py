@@ -8,18 +8,23 @@ a launcher around, fw starts the workers itself (``ElasticLauncher``).
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 import re
 import socket
+import sys
+import threading
+import time
 from pathlib import Path
+from typing import Iterator
 from urllib.parse import urlparse
 
 import torch
 import torch.distributed as dist
 
 from framework.errors import ConfigError, DistributedSetupError, did_you_mean
-from framework.strategies.distributed import DistributedStrategy
+from framework.strategies.distributed import DEFAULT_TIMEOUT_S, DistributedStrategy
 from framework.strategies.launchers import ElasticLauncher, free_port
 
 
@@ -40,7 +45,7 @@ class DDPStrategy(DistributedStrategy):
         self,
         backend: str = "gloo",
         init_method: str = "env://",
-        timeout: float = 1800,
+        timeout: float = DEFAULT_TIMEOUT_S,
         socket_ifname: str | None = None,
         find_unused_parameters: bool = False,
         bucket_cap_mb: float | None = None,
@@ -88,11 +93,12 @@ class DDPStrategy(DistributedStrategy):
                 )
         timeout = datetime.timedelta(seconds=self.timeout)
         try:
-            store = self._elastic_store(timeout)
-            rendezvous = {"store": store} if store is not None else {"init_method": self.init_method}
-            dist.init_process_group(
-                self.backend, world_size=info.world_size, rank=info.rank, timeout=timeout, **rendezvous
-            )
+            with _say_while_waiting(self):
+                store = self._elastic_store(timeout)
+                rendezvous = {"store": store} if store is not None else {"init_method": self.init_method}
+                dist.init_process_group(
+                    self.backend, world_size=info.world_size, rank=info.rank, timeout=timeout, **rendezvous
+                )
         except (dist.DistError, RuntimeError, ValueError) as err:
             raise _explain_init_failure(err, self) from None
 
@@ -138,6 +144,38 @@ class DDPStrategy(DistributedStrategy):
             dist.barrier(device_ids=[self.root_device.index])
         else:
             dist.barrier()
+
+
+@contextlib.contextmanager
+def _say_while_waiting(strategy: DDPStrategy, first: float = 5.0, every: float = 15.0) -> Iterator[None]:
+    """While the rendezvous blocks, say on stderr what this rank waits for, every ``every`` s."""
+    done = threading.Event()
+    info, started = strategy.dist, time.monotonic()
+
+    def report() -> None:
+        wait = first
+        while not done.wait(wait):
+            sys.stderr.write(
+                f"fw: rank {info.rank} of {info.world_size} is waiting for the other ranks at "
+                f"{_where(strategy)} ({time.monotonic() - started:.0f} s of the {strategy.timeout:g} s "
+                "timeout, trainer.strategy.timeout)\n")
+            sys.stderr.flush()
+            wait = every
+
+    thread = threading.Thread(target=report, name="fw-rendezvous-report", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
+
+
+def _where(strategy: DDPStrategy) -> str:
+    where = strategy.init_method
+    if where.startswith("env://"):
+        where = f"env:// ({os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')})"
+    return where
 
 
 def _check_init_method(init_method: str) -> None:
@@ -189,9 +227,7 @@ def _check_interface(name: str, backend: str) -> None:
 
 def _explain_init_failure(err: Exception, strategy: DDPStrategy) -> DistributedSetupError:
     text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-    where = strategy.init_method
-    if where.startswith("env://"):
-        where = f"env:// ({os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')})"
+    where = _where(strategy)
     info = strategy.dist
     joined = re.search(r"(\d+)/(\d+) clients joined", text)
     if joined or "timed out" in text.lower() or "timeout" in text.lower():

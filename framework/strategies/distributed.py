@@ -19,6 +19,9 @@ from torch import nn
 
 from framework.strategies.base import StepModule, Strategy
 
+#: seconds to wait for every rank at start-up and in each collective: long enough for a slow
+#: start, short enough that a first run with a missing or stopped rank ends with an error
+DEFAULT_TIMEOUT_S = 300.0
 #: seconds for Gloo's threads to release the last collectives' work before the group goes
 _GLOO_SETTLE_S = 0.03
 _REDUCE_OPS = {"sum": "SUM", "mean": "SUM", "avg": "SUM", "max": "MAX", "min": "MIN"}
@@ -28,7 +31,8 @@ class DistributedStrategy(Strategy):
     """DDP on the default process group, which this strategy creates unless one exists.
 
     Args:
-        timeout: seconds to wait for every rank at start-up and in each collective.
+        timeout: seconds to wait for every rank at start-up and in each collective (default 300;
+            raise it when ranks start slowly or a step can take longer).
         find_unused_parameters, bucket_cap_mb, static_graph, gradient_as_bucket_view: passed
             to ``DistributedDataParallel``.
     """
@@ -39,7 +43,7 @@ class DistributedStrategy(Strategy):
 
     def __init__(
         self,
-        timeout: float = 1800,
+        timeout: float = DEFAULT_TIMEOUT_S,
         find_unused_parameters: bool = False,
         bucket_cap_mb: float | None = None,
         static_graph: bool = False,

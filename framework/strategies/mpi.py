@@ -21,7 +21,7 @@ import traceback
 import torch
 
 from framework.errors import ConfigError, DistributedSetupError
-from framework.strategies.distributed import DistributedStrategy
+from framework.strategies.distributed import DEFAULT_TIMEOUT_S, DistributedStrategy
 from framework.strategies.launchers import MPIExecLauncher
 
 
@@ -40,7 +40,7 @@ class MPIStrategy(DistributedStrategy):
 
     def __init__(
         self,
-        timeout: float = 1800,
+        timeout: float = DEFAULT_TIMEOUT_S,
         find_unused_parameters: bool = False,
         bucket_cap_mb: float | None = None,
         static_graph: bool = False,

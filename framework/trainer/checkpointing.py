@@ -12,6 +12,8 @@ safe load) is ``framework/checkpoint.py``.
 
 from __future__ import annotations
 
+import os
+import sys
 from dataclasses import dataclass
 from typing import Any, Iterator
 
@@ -20,7 +22,7 @@ import torch.distributed
 
 from framework import checkpoint as ckpt
 from framework.errors import CheckpointError, ConfigError, TrainingError
-from framework.rank_zero import rank_zero_warn
+from framework.rank_zero import rank_zero_print, rank_zero_warn
 from framework.seed import get_rng_state, set_rng_state
 
 
@@ -109,6 +111,7 @@ def dump(trainer, per_rank: list[dict]) -> dict:
         "rng": [mine["rng"] for mine in per_rank],
         "world_size": trainer.world_size,
         "metrics": [mine["metrics"] for mine in per_rank],
+        "run_id": os.environ.get("TORCHELASTIC_RUN_ID"),  # an elastic restart looks for it
     }
     trainer.hooks.module_hook("on_save_checkpoint", checkpoint)  # the module's hook first, then the callbacks'
     trainer.hooks.callbacks("on_save_checkpoint", checkpoint)
@@ -129,6 +132,8 @@ def _running_aggregates(trainer) -> dict | None:
 def restore(trainer, ckpt_path: Any, fn: str) -> None:
     """Load weights (and for fit, everything else) from ``ckpt_path``; for fit, leave the
     point to continue from in ``trainer.state.resume_from``."""
+    if ckpt_path is None and fn == "fit":
+        ckpt_path = _checkpoint_to_restart_from(trainer)
     if ckpt_path is None:
         return
     if ckpt_path == "last":
@@ -143,7 +148,7 @@ def restore(trainer, ckpt_path: Any, fn: str) -> None:
     try:
         module.load_state_dict(checkpoint["state_dict"])
     except RuntimeError as err:
-        raise ConfigError(f"checkpoint '{ckpt_path}' does not fit this model: {str(err).splitlines()[0]}") from None
+        raise CheckpointError(f"checkpoint '{ckpt_path}' does not fit this model: {_mismatch(err)}") from None
     if fn != "fit":
         return
     for opt, state in zip(trainer.optimizers, checkpoint["optimizer_states"]):
@@ -157,6 +162,32 @@ def restore(trainer, ckpt_path: Any, fn: str) -> None:
     trainer.hooks.callbacks("on_load_checkpoint", checkpoint)
     trainer.state.load_progress(checkpoint["loop"], checkpoint["global_step"])
     trainer.state.resume_from = _resume_point(trainer, checkpoint)
+
+
+def _mismatch(err: RuntimeError) -> str:
+    """torch's 'Error(s) in loading state_dict' reduced to the parameters it names."""
+    lines = [line.strip() for line in str(err).splitlines()[1:] if line.strip()]
+    text = "; ".join(lines) if lines else str(err).strip()
+    return text[:400] + (" ..." if len(text) > 400 else "")
+
+
+def _checkpoint_to_restart_from(trainer) -> str | None:
+    """In a worker that the elastic agent restarted (``TORCHELASTIC_RESTART_COUNT`` > 0), the
+    newest checkpoint this run wrote before the failure: rank 0 looks, every rank takes its
+    answer. A first attempt, or a run outside torchrun/fw's launcher, resumes nothing."""
+    restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT") or 0)
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID")
+    if restart == 0 or not run_id:
+        return None
+    path = None
+    if trainer.is_global_zero:
+        dirs = [getattr(cb, "dirpath", None) for cb in trainer.callbacks] + [trainer.default_root_dir]
+        path = ckpt.newest_checkpoint_of_run(dirs, run_id)
+    if trainer.strategy.is_distributed:
+        path = trainer.strategy.broadcast(path)
+    where = f"resuming from {path}" if path else "no checkpoint of this run was found, starting from scratch"
+    rank_zero_print(f"fw: workers restarted by the elastic agent (restart {restart}): {where}", file=sys.stderr)
+    return path
 
 
 def _resume_point(trainer, checkpoint: dict) -> ResumePoint:

@@ -54,3 +54,20 @@ def test_missing_peer_times_out_with_clear_error():
     assert "timed out after 3 s" in error[0] and "1 of 2 ranks arrived" in error[0], error[0]
     assert "Check that all 2 ranks were started" in error[0]
     assert "Traceback" not in result.output
+
+
+@pytest.mark.timeout(60)
+def test_a_missing_peer_is_announced_while_waiting_and_the_default_timeout_suits_a_first_run():
+    from framework.strategies import DDPStrategy, MPIStrategy
+
+    assert DDPStrategy().timeout == MPIStrategy().timeout == 300  # 5 minutes, not torch's 30
+    env = clean_env(RANK="0", WORLD_SIZE="2", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", GROUP_RANK="0",
+                    GROUP_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    cmd = [FW, "fit", "conf/digits.yaml", "trainer.devices=1", "trainer.num_nodes=2",
+           "trainer.strategy={name: ddp_gloo, timeout: 8}", "logger=false", "callbacks=[]"]
+    result = run_cmd(cmd, timeout=45, env=env)
+    assert result.returncode == 1, result.output
+    waiting = [line for line in result.output.splitlines() if "is waiting for the other ranks" in line]
+    assert waiting and waiting[0].startswith("fw: rank 0 of 2 is waiting for the other ranks at env:// (127.0.0.1:")
+    assert "of the 8 s timeout, trainer.strategy.timeout" in waiting[0]
+    assert "timed out after 8 s" in result.output

@@ -1,0 +1,91 @@
+"""Elastic restarts: with ``max_restarts >= 1``, a worker SIGKILLed at a random step makes the
+agent restart the group; the restarted workers find the newest checkpoint of this run on their
+own (no ckpt_path) and end bit-identical to a run that was never interrupted.
+
+CI runs ``FW_RESTART_REPEATS`` (default 3) random kills per launcher; the issue's full count is
+``FW_RESTART_REPEATS=10``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+
+import pytest
+
+from .helpers import check_ok, run_script, write_script
+
+STEPS = 16  # 2 epochs of 8 steps
+
+SCRIPT = """
+import json, os, signal, sys
+import torch, torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader
+import framework as fw
+from framework.callbacks import ModelCheckpoint
+import workload
+
+out, name = sys.argv[1], sys.argv[2]
+kill_rank, kill_step = int(sys.argv[3]), int(sys.argv[4])
+
+class Dropout(workload.Regressor):
+    def __init__(self):
+        super().__init__()
+        self.drop = nn.Dropout(0.2)
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return F.mse_loss(self.net(self.drop(x)), y)
+
+class KillOnce(fw.Callback):
+    def on_train_batch_start(self, trainer, module, batch, batch_idx):
+        first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
+        if first_attempt and trainer.global_rank == kill_rank and trainer.global_step == kill_step:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+fw.seed_everything(0)
+model = Dropout()
+trainer = fw.Trainer(devices=2, strategy="ddp_gloo", max_epochs=2, accelerator="cpu", logger=False,
+                     enable_progress_bar=False, num_sanity_val_steps=0, default_root_dir=f"{out}/{name}",
+                     max_restarts=1 if name != "straight" else 0,
+                     callbacks=[KillOnce(), ModelCheckpoint(every_n_train_steps=1, save_top_k=-1)])
+trainer.fit(model, DataLoader(workload.regression_data(64), batch_size=4, shuffle=True))
+with open(f"{out}/{name}_rank{trainer.global_rank}.json", "w") as f:
+    json.dump({"step": trainer.global_step, "w": torch.cat([p.detach().flatten() for p in model.parameters()]).tolist()}, f)
+"""
+
+
+def _repeats() -> int:
+    return int(os.environ.get("FW_RESTART_REPEATS", "3"))
+
+
+@pytest.mark.timeout(60 + 60 * 10)
+@pytest.mark.parametrize("launcher", ["fw", "torchrun"])
+def test_a_worker_killed_at_a_random_step_restarts_and_resumes_bit_identically(tmp_path, launcher):
+    script = write_script(tmp_path, SCRIPT)
+    extra = {} if launcher == "fw" else {"launcher": "torchrun"}
+    check_ok(run_script(script, str(tmp_path), "straight", "-1", "-1", timeout=60, **extra))
+    straight = [json.loads((tmp_path / f"straight_rank{r}.json").read_text()) for r in (0, 1)]
+    rng = random.Random()
+    for attempt in range(_repeats()):
+        rank, step = rng.randrange(2), rng.randrange(1, STEPS)
+        name = f"killed{attempt}"
+        if launcher == "torchrun":  # torchrun takes its restarts on the command line
+            result = _torchrun_with_restarts(script, tmp_path, name, rank, step)
+        else:
+            result = run_script(script, str(tmp_path), name, str(rank), str(step), timeout=90)
+        check_ok(result)
+        assert "workers restarted by the elastic agent (restart 1): resuming from" in result.output, result.output
+        for r in (0, 1):
+            got = json.loads((tmp_path / f"{name}_rank{r}.json").read_text())
+            assert got["step"] == STEPS and got["w"] == straight[r]["w"], f"kill of rank {rank} at step {step}: rank {r}"
+
+
+def _torchrun_with_restarts(script, tmp_path, name, rank, step):
+    from .helpers import PYTHON, free_port, run_cmd
+
+    cmd = [PYTHON, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--max-restarts", "1",
+           "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}", str(script),
+           str(tmp_path), name, str(rank), str(step)]
+    return run_cmd(cmd, timeout=90)
