@@ -91,13 +91,13 @@ def find_last_checkpoint(dirs: list[str], root: str) -> str | None:
     return max(candidates, key=os.path.getmtime) if candidates else None
 
 
-def newest_checkpoint_of_run(dirs: list[str], run_id: str) -> str | None:
+def newest_checkpoint_of_run(dirs: list[str], key: str, run_id: str) -> str | None:
     """The newest complete checkpoint (``*.ckpt``, newest first by modification time) under
-    ``dirs`` that was written by the elastic run ``run_id``; None when there is none."""
+    ``dirs`` whose ``key`` (``run_id``: the elastic run; ``slurm_job_id``) is ``run_id``."""
     found = {p for d in dirs if d and os.path.isdir(d) for p in glob.glob(os.path.join(d, "**", "*.ckpt"), recursive=True)}
     for path in sorted(found, key=os.path.getmtime, reverse=True):
         try:
-            if load_checkpoint(path).get("run_id") == run_id:
+            if load_checkpoint(path).get(key) == run_id:
                 return path
         except CheckpointError:
             continue  # not one of ours, or damaged: an older one will do

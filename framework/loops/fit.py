@@ -12,7 +12,7 @@ import time
 from framework.errors import ConfigError, TrainingError
 from framework.loops.batches import num_batches
 from framework.loops.evaluation import run_evaluation
-from framework.loops.training_epoch import run_train_epoch, time_is_up
+from framework.loops.training_epoch import run_train_epoch, stop_requested
 from framework.rank_zero import rank_zero_warn
 
 
@@ -37,9 +37,7 @@ def run_fit(trainer, fn: str) -> None:
     deadline = time.monotonic() + trainer.max_time if trainer.max_time else None
     while not _fit_done(trainer):
         run_train_epoch(trainer, loader, deadline)
-        if deadline is not None and time_is_up(trainer, deadline):
-            state.should_stop = True
-            state.stop("max_time")
+        stop_requested(trainer, deadline)
     state.stage = None
     hooks("on_train_end")
     hooks("on_fit_end")
@@ -66,6 +64,8 @@ def _fit_done(trainer) -> bool:
         return True
     if trainer.max_epochs >= 0 and state.epoch >= trainer.max_epochs:
         state.stop("max_epochs")
+        return True
+    if state.stop_reason == "preempted":
         return True
     if state.should_stop and state.epoch >= trainer.min_epochs:
         state.stop("should_stop")

@@ -6,8 +6,9 @@ steps the optimizers on every k-th batch, on the epoch's last batch (even when i
 short), and, for loaders without a length, on the batch a look-ahead shows to be the last.
 
 The loop stops early when ``max_steps`` is reached, when a stop was requested once
-``min_epochs`` are done, or when ``max_time`` has passed (read jointly by all ranks, every 20
-batches when distributed, so that they stop at the same batch). Such a cut epoch still ends (its
+``min_epochs`` are done, when ``max_time`` has passed, or when a rank received a stop signal
+(both read jointly by all ranks, every 20 batches when distributed, so that they stop at the
+same batch). Such a cut epoch still ends (its
 epoch-end hooks run and it counts in ``current_epoch``, as in Lightning), but ``trainer.state``
 records it as unfinished: epoch-interval schedulers do not step for it, and a checkpoint written
 from then on resumes at its next batch, with its running metric aggregates and RNG state.
@@ -17,6 +18,8 @@ from __future__ import annotations
 
 import math
 import time
+
+import torch
 
 from framework.data import set_sampler_epoch
 from framework.errors import ConfigError, TrainingError
@@ -48,7 +51,7 @@ def run_train_epoch(trainer, loader, deadline: float | None) -> None:
     step_schedulers_now = any(cfg.interval == "step" for cfg in trainer.lr_scheduler_configs)
     log_every, metrics = trainer.log_every_n_steps, trainer.metrics
     # a collective when distributed, so only every 20 batches
-    time_check_every = 20 if trainer.strategy.is_distributed else 1
+    stop_check_every = 20 if trainer.strategy.is_distributed else 1
 
     trained = 0  # batches whose training_step returned a loss
     for batch_idx, batch in enumerate(iterator, start):
@@ -80,9 +83,7 @@ def run_train_epoch(trainer, loader, deadline: float | None) -> None:
             break
         if trainer.max_steps >= 0 and state.global_step >= trainer.max_steps:
             break
-        if deadline is not None and (batch_idx + 1) % time_check_every == 0 and time_is_up(trainer, deadline):
-            state.should_stop = True
-            state.stop("max_time")
+        if (batch_idx + 1) % stop_check_every == 0 and stop_requested(trainer, deadline):
             break
     if not trained and state.batches_done > start:
         raise TrainingError(
@@ -95,9 +96,18 @@ def run_train_epoch(trainer, loader, deadline: float | None) -> None:
     _end_train_epoch(trainer, collector)
 
 
-def time_is_up(trainer, deadline: float) -> bool:
-    """Has max_time passed on any rank? (Collective when distributed: call on every rank.)"""
-    return trainer.strategy.reduce_boolean_decision(time.monotonic() > deadline, all=False)
+def stop_requested(trainer, deadline: float | None) -> bool:
+    """Has any rank received a stop signal, or has max_time passed on any rank? If so, every
+    rank records the stop (``preempted`` wins over ``max_time``). Collective when distributed:
+    call on every rank at the same batch."""
+    state = trainer.state
+    mine = 2 if state.signal is not None else 1 if deadline is not None and time.monotonic() > deadline else 0
+    if trainer.strategy.is_distributed:
+        mine = int(trainer.strategy.all_reduce(torch.tensor(mine, device=trainer.strategy.collective_device), "max"))
+    if mine:
+        state.should_stop = True
+        state.stop("preempted" if mine == 2 else "max_time")
+    return bool(mine)
 
 
 def _skip_to_resume_position(trainer, collector, iterator) -> int:
@@ -115,7 +125,8 @@ def _skip_to_resume_position(trainer, collector, iterator) -> int:
 
 def _end_train_epoch(trainer, collector) -> None:
     state, hooks = trainer.state, trainer.hooks
-    if _val_due(trainer, False) and trainer.loaders.get("validate") and not _stopped_early_by_steps(trainer):
+    if (_val_due(trainer, False) and trainer.loaders.get("validate") and not _stopped_early_by_steps(trainer)
+            and state.stop_reason != "preempted"):  # a preempted run has no time for it
         run_evaluation(trainer, "validate")
     hooks.module_hook("on_train_epoch_end")  # the module first, then its epoch metrics, then callbacks
     collector.compute_epoch(trainer.strategy, trainer.module)

@@ -20,11 +20,14 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import socket
 import sys
 import uuid
 
 from framework.errors import ConfigError
+
+_LAUNCHER_PID = "FW_LAUNCHER_PID"
 
 
 class Launcher:
@@ -85,6 +88,7 @@ def launch_workers(nproc_per_node: int, num_nodes: int = 1, max_restarts: int = 
     rendezvous, and this node is announced by the address of ``socket_ifname`` when one is
     named (its host name may not resolve to an address the other nodes can reach).
     """
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
@@ -112,14 +116,22 @@ def launch_workers(nproc_per_node: int, num_nodes: int = 1, max_restarts: int = 
         max_restarts=max_restarts,
         monitor_interval=0.1,
         start_method="spawn",
+        # the agent passes these on to the workers, which stop after their step and write a
+        # checkpoint (trainer/signals.py); without SIGUSR1 here it would kill the launcher alone
+        signals_to_handle="SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2",
     )
     # fw prints its own one-line summary of a failure; the agent's log lines would repeat it
     agent_log = logging.getLogger("torch.distributed.elastic")
     level = agent_log.level
     agent_log.setLevel(logging.CRITICAL if not os.environ.get("FW_DEBUG_LAUNCH") else logging.INFO)
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc_per_node)))
+    os.environ[_LAUNCHER_PID] = str(os.getpid())  # workers die with this process (die_with_launcher)
     try:
         elastic_launch(config, entrypoint=sys.executable)(*current_command())
+    except SignalException as err:
+        sys.stderr.write(f"fw: launcher received {signal.Signals(err.sigval).name}: the workers were told to stop "
+                         "after their step and write a checkpoint (preempted.ckpt), then stopped\n")
+        return 0
     except ChildFailedError as err:
         rank, failure = err.get_first_failure()
         message = failure.message if isinstance(failure.message, str) else failure.message.get("message", "")
@@ -151,6 +163,23 @@ def _rendezvous_role(endpoint: str, socket_ifname: str | None) -> tuple[dict, st
     if local_addr is None and configs.get("is_host") and host_ip not in ("127.0.0.1", None):
         local_addr = host_ip
     return configs, local_addr
+
+
+def die_with_launcher() -> None:
+    """In a worker of fw's launcher: have the kernel send SIGTERM when the launcher dies, even
+    by SIGKILL, so that no worker trains on unsupervised (it stops after its step, see
+    ``trainer/signals.py``). Linux only; elsewhere nothing."""
+    launcher = os.environ.get(_LAUNCHER_PID)
+    if not launcher or not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if str(os.getppid()) != launcher:  # it died before we asked
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def record_worker_error(exc: BaseException) -> None:

@@ -43,6 +43,18 @@ def one_of(name: str, value: Any, choices: tuple[str, ...]) -> str:
     return value
 
 
+def signal_name(name: str, value: Any) -> str | None:
+    import signal
+
+    if value is None:
+        return None
+    text = str(value).upper()
+    text = text if text.startswith("SIG") else f"SIG{text}"
+    if not isinstance(getattr(signal, text, None), signal.Signals):
+        raise ConfigError(f"trainer.{name}={value!r}: not a signal name; use e.g. SIGUSR1, SIGUSR2, or null")
+    return text
+
+
 def clip_algorithm(value: str) -> str:
     if value not in ("norm", "value"):
         raise ConfigError(f"trainer.gradient_clip_algorithm '{value}': use norm or value")

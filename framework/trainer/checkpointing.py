@@ -111,7 +111,9 @@ def dump(trainer, per_rank: list[dict]) -> dict:
         "rng": [mine["rng"] for mine in per_rank],
         "world_size": trainer.world_size,
         "metrics": [mine["metrics"] for mine in per_rank],
-        "run_id": os.environ.get("TORCHELASTIC_RUN_ID"),  # an elastic restart looks for it
+        # a restarted (elastic) or requeued (SLURM) job looks for its own checkpoints by these
+        "run_id": os.environ.get("TORCHELASTIC_RUN_ID"),
+        "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
     }
     trainer.hooks.module_hook("on_save_checkpoint", checkpoint)  # the module's hook first, then the callbacks'
     trainer.hooks.callbacks("on_save_checkpoint", checkpoint)
@@ -172,21 +174,26 @@ def _mismatch(err: RuntimeError) -> str:
 
 
 def _checkpoint_to_restart_from(trainer) -> str | None:
-    """In a worker that the elastic agent restarted (``TORCHELASTIC_RESTART_COUNT`` > 0), the
-    newest checkpoint this run wrote before the failure: rank 0 looks, every rank takes its
-    answer. A first attempt, or a run outside torchrun/fw's launcher, resumes nothing."""
-    restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT") or 0)
-    run_id = os.environ.get("TORCHELASTIC_RUN_ID")
-    if restart == 0 or not run_id:
+    """In a worker that the elastic agent restarted (``TORCHELASTIC_RESTART_COUNT`` > 0), or in
+    a SLURM job that was requeued (``SLURM_RESTART_COUNT`` > 0), the newest checkpoint this run
+    wrote before: rank 0 looks, every rank takes its answer. A first attempt resumes nothing."""
+    env = os.environ
+    if int(env.get("TORCHELASTIC_RESTART_COUNT") or 0) and env.get("TORCHELASTIC_RUN_ID"):
+        key, value, who = "run_id", env["TORCHELASTIC_RUN_ID"], "workers restarted by the elastic agent"
+        count = env["TORCHELASTIC_RESTART_COUNT"]
+    elif int(env.get("SLURM_RESTART_COUNT") or 0) and env.get("SLURM_JOB_ID"):
+        key, value, who = "slurm_job_id", env["SLURM_JOB_ID"], f"SLURM job {env['SLURM_JOB_ID']} requeued"
+        count = env["SLURM_RESTART_COUNT"]
+    else:
         return None
     path = None
     if trainer.is_global_zero:
         dirs = [getattr(cb, "dirpath", None) for cb in trainer.callbacks] + [trainer.default_root_dir]
-        path = ckpt.newest_checkpoint_of_run(dirs, run_id)
+        path = ckpt.newest_checkpoint_of_run(dirs, key, value)
     if trainer.strategy.is_distributed:
         path = trainer.strategy.broadcast(path)
     where = f"resuming from {path}" if path else "no checkpoint of this run was found, starting from scratch"
-    rank_zero_print(f"fw: workers restarted by the elastic agent (restart {restart}): {where}", file=sys.stderr)
+    rank_zero_print(f"fw: {who} (restart {count}): {where}", file=sys.stderr)
     return path
 
 

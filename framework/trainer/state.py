@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from framework.trainer.checkpointing import ResumePoint
 
 #: Why a fit stopped (``RunState.stop_reason``).
-STOP_REASONS = ("max_epochs", "max_steps", "max_time", "should_stop")
+STOP_REASONS = ("max_epochs", "max_steps", "max_time", "should_stop", "preempted")
 
 
 @dataclass
@@ -41,6 +41,8 @@ class RunState:
         should_stop: a request to stop (callbacks, max_time) at the next check.
         skip_step: the optimizer step due next throws its gradients away (a non-finite loss
             under ``on_nonfinite=skip``).
+        signal: a stop signal this process received (SIGTERM, SIGINT, the preemption signal),
+            until the ranks agree to stop on it (see ``trainer/signals.py``).
         stop_reason: why the last fit stopped, one of ``STOP_REASONS``.
         epoch_start_rng: this rank's RNG state when ``epoch`` began (rebuilds its data order).
         cut: set when a stop cut the epoch short (see ``CutEpoch``).
@@ -57,6 +59,7 @@ class RunState:
     epoch_finished: bool = False
     should_stop: bool = False
     skip_step: bool = False
+    signal: int | None = None
     stop_reason: str | None = None
     position_epoch: int = 0
     epoch_start_rng: dict | None = None

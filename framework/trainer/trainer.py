@@ -8,6 +8,7 @@ checkpoint save and resume in ``checkpointing.py`` beside this file.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import sys
@@ -23,10 +24,11 @@ from framework.environments import DistInfo, detect_environment
 from framework.errors import ConfigError
 from framework.precision import Precision
 from framework.strategies import Strategy, create_strategy
-from framework.strategies.launchers import record_worker_error
+from framework.strategies.launchers import die_with_launcher, record_worker_error
 from framework.trainer import arguments as args
 from framework.trainer import checkpointing, setup
 from framework.trainer.metrics import LoggedMetrics
+from framework.trainer.signals import SignalCatcher, save_after_signal
 from framework.trainer.state import RunState
 
 
@@ -94,6 +96,8 @@ class Trainer:
         max_restarts: int = 0,
         rdzv_endpoint: str | None = None,
         on_nonfinite: str = "error",
+        preemption_signal: str | None = "SIGUSR1",
+        requeue: bool = False,
     ) -> None:
         # where the run happens: accelerator, devices, strategy, and how its processes start
         self.accelerator = get_accelerator(accelerator)
@@ -107,6 +111,7 @@ class Trainer:
         self.strategy.check(devices, len(self.devices), self.num_nodes, self.environment)
         self.strategy.connect(self.accelerator, self._dist_info(), self.devices)
         self.launcher = self.strategy.launcher(self.environment, self.num_nodes, int(max_restarts), rdzv_endpoint)
+        die_with_launcher()
         self.precision = Precision(precision, self.accelerator.name)
 
         # when to stop, validate, log, step
@@ -133,6 +138,8 @@ class Trainer:
         self.gradient_clip_algorithm = args.clip_algorithm(gradient_clip_algorithm)
         self.deterministic = bool(deterministic)
         self.on_nonfinite = args.one_of("on_nonfinite", on_nonfinite, ("error", "skip", "warn"))
+        self.preemption_signal = args.signal_name("preemption_signal", preemption_signal)
+        self.requeue = bool(requeue)
         self.default_root_dir = os.fspath(default_root_dir) if default_root_dir else os.getcwd()
 
         # the parts a run calls into, and what it produces
@@ -258,15 +265,19 @@ class Trainer:
         model = model if model is not None else self.module
         if model is None:
             raise ConfigError(f"trainer.{fn}() needs a model")
-        self.state.fn, self.state.status = fn, "running"
+        self.state.fn, self.state.status, self.state.signal = fn, "running", None
         failed = False
         try:
             setup.setup(self, fn, model, datamodule, loaders)
             checkpointing.restore(self, ckpt_path, fn)
             setup.print_summary(self, fn)
-            result = loop(self, fn)
-            self.state.status = "finished"
-            return result
+            with SignalCatcher(self) if fn == "fit" else contextlib.nullcontext():
+                result = loop(self, fn)
+            if self.state.stop_reason == "preempted":
+                self.state.status = "interrupted"
+                save_after_signal(self)
+            else:
+                self.state.status = "finished"
         except BaseException as exc:
             failed = True
             self.state.status = "interrupted"
@@ -277,6 +288,9 @@ class Trainer:
             raise
         finally:
             setup.teardown(self, fn, failed)
+        if self.state.stop_reason == "preempted":
+            sys.exit(0)  # stopped on a signal, with its state saved: a clean end
+        return result
 
     def _dist_info(self) -> DistInfo:
         """Ranks from the launcher around us; a fresh ``DistInfo`` when there is none (one

@@ -1,0 +1,91 @@
+"""Stopping on a signal without losing anything: preemption (SIGTERM, the preemption signal,
+SIGUSR1 by default, as ``sbatch --signal=USR1@90`` sends it) and Ctrl-C (SIGINT).
+
+During a fit, ``SignalCatcher`` turns these signals into a request (``trainer.state.signal``);
+the training loop reads the requests of all ranks together at its next stop check (every batch
+in one process, every 20 batches when distributed, and at each epoch end), so that every rank
+finishes the same step and stops there. Then every rank takes part in writing a checkpoint
+(rank 0 writes ``preempted.ckpt``), under SLURM the job requeues itself if asked
+(``trainer.requeue``), and the process exits with status 0 and a message that says how to
+resume. A requeued or restarted job finds that checkpoint on its own.
+
+A second Ctrl-C in a process that no launcher supervises stops at once (KeyboardInterrupt).
+The handlers are installed for the fit only; the previous ones come back after it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+from typing import Any
+
+
+def signal_name(signum: int) -> str:
+    return signal.Signals(signum).name
+
+
+class SignalCatcher:
+    """Installs the stop handlers for the duration of a ``with`` block (main thread only)."""
+
+    def __init__(self, trainer) -> None:
+        self.state = trainer.state
+        self.rank = trainer.global_rank
+        names = ["SIGTERM", "SIGINT"] + ([trainer.preemption_signal] if trainer.preemption_signal else [])
+        self.signals = [getattr(signal, name) for name in dict.fromkeys(names)]
+        self._previous: dict[int, Any] = {}
+        self._supervised = bool(os.environ.get("TORCHELASTIC_RUN_ID"))  # a launcher stops us if need be
+
+    def __enter__(self) -> SignalCatcher:
+        if threading.current_thread() is threading.main_thread():
+            for signum in self.signals:
+                self._previous[signum] = signal.signal(signum, self._handle)
+            # a program may block them until it can handle them (a signal that arrives while
+            # it starts, as Slurm's may); one that waits comes in now
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, self.signals)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous)
+        self._previous.clear()
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.state.signal is None:
+            self.state.signal = signum
+            sys.stderr.write(f"fw: rank {self.rank} received {signal_name(signum)}: stopping after this step "
+                             "and writing a checkpoint\n")
+            sys.stderr.flush()
+        elif signum == signal.SIGINT and not self._supervised:
+            raise KeyboardInterrupt  # a second Ctrl-C: stop now
+
+
+def save_after_signal(trainer) -> None:
+    """After the ranks stopped on a signal: every rank helps write ``preempted.ckpt`` (in the
+    first ModelCheckpoint's folder, else ``default_root_dir``), SLURM requeues the job if asked,
+    and rank 0 says where the checkpoint is."""
+    from framework.rank_zero import rank_zero_print
+
+    dirs = [cb.dirpath for cb in trainer.callbacks if getattr(cb, "dirpath", None)]
+    path = os.path.join(dirs[0] if dirs else trainer.default_root_dir, "preempted.ckpt")
+    trainer.save_checkpoint(path)
+    requeued = requeue_slurm_job() if trainer.requeue and trainer.is_global_zero else None
+    name = signal_name(trainer.state.signal) if trainer.state.signal else "a signal to another rank"
+    rank_zero_print(f"fw: stopped by {name} at step {trainer.global_step}; checkpoint {path}"
+                    + (f"; {requeued}" if requeued else f"; resume with ckpt_path={path}"), file=sys.stderr)
+
+
+def requeue_slurm_job() -> str:
+    """``scontrol requeue $SLURM_JOB_ID``; returns what happened, in words."""
+    job = os.environ.get("SLURM_JOB_ID")
+    if not job:
+        return "not a SLURM job: nothing to requeue"
+    try:
+        done = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError) as err:
+        return f"scontrol requeue {job} failed: {err}"
+    if done.returncode != 0:
+        return f"scontrol requeue {job} failed: {done.stderr.strip() or done.returncode}"
+    return f"SLURM job {job} requeued"

@@ -1,0 +1,145 @@
+"""Preemption and Ctrl-C: SIGTERM, SIGUSR1 (the preemption signal) and SIGINT make every rank
+finish its step and stop together; a checkpoint is written, the job exits 0 with a message,
+and the run resumed from that checkpoint ends bit-identical to one never stopped. Signals go to
+a single process, to fw's launcher and to one of its workers; a launcher killed outright takes
+its workers with it."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from distributed.helpers import PYTHON, _descendants, _kill_tree, check_ok, clean_env, run_script, write_script
+
+SCRIPT = """
+import json, os, sys, time
+from pathlib import Path
+import torch, torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader
+import framework as fw
+import workload
+
+out, name, devices = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+ckpt = sys.argv[4] if len(sys.argv) > 4 else None
+
+class Slow(workload.Regressor):
+    def __init__(self):
+        super().__init__()
+        self.drop = nn.Dropout(0.2)
+    def training_step(self, batch, batch_idx):
+        if name == "stopped":
+            time.sleep(0.05)
+            if self.global_step == 3 and self.global_rank == 0:
+                (out / "started").write_text(str(os.getpid()))
+        x, y = batch
+        return F.mse_loss(self.net(self.drop(x)), y)
+
+fw.seed_everything(0)
+model = Slow()
+trainer = fw.Trainer(devices=devices, strategy="ddp_gloo" if devices > 1 else "single", max_epochs=4,
+                     default_root_dir=str(out / "root"), **workload.FIT_ARGS)
+trainer.fit(model, DataLoader(workload.regression_data(64), batch_size=4, shuffle=True), ckpt_path=ckpt)
+with open(out / f"{name}_rank{trainer.global_rank}.json", "w") as f:
+    json.dump({"step": trainer.global_step, "w": torch.cat([p.detach().flatten() for p in model.parameters()]).tolist()}, f)
+"""
+
+
+def _start(script: Path, out: Path, devices: int) -> subprocess.Popen:
+    return subprocess.Popen([PYTHON, str(script), str(out), "stopped", str(devices)], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=clean_env(), start_new_session=True)
+
+
+def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 60) -> None:
+    end = time.monotonic() + timeout
+    while not path.exists():
+        assert proc.poll() is None, f"ended before training started:\n{proc.communicate()[0]}"
+        assert time.monotonic() < end, "training did not start"
+        time.sleep(0.05)
+
+
+def _finish(proc: subprocess.Popen, timeout: float = 60) -> str:
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _kill_tree(proc.pid)
+        raise AssertionError(f"did not end within {timeout} s:\n{proc.communicate()[0]}") from None
+    return out
+
+
+def _check_resumes_exactly(script: Path, out: Path, devices: int, output: str) -> None:
+    checkpoint = out / "root" / "preempted.ckpt"
+    assert checkpoint.is_file(), output
+    assert f"resume with ckpt_path={checkpoint}" in output, output
+    assert "Traceback" not in output, output
+    check_ok(run_script(script, str(out), "straight", str(devices), launcher="python", timeout=90))
+    check_ok(run_script(script, str(out), "resumed", str(devices), str(checkpoint), launcher="python", timeout=90))
+    for rank in range(devices):
+        straight = json.loads((out / f"straight_rank{rank}.json").read_text())
+        resumed = json.loads((out / f"resumed_rank{rank}.json").read_text())
+        assert resumed == straight, f"rank {rank}"
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1, signal.SIGINT], ids=lambda s: s.name)
+def test_a_signal_to_a_single_process_stops_it_with_a_checkpoint(tmp_path, sig):
+    script = write_script(tmp_path, SCRIPT)
+    proc = _start(script, tmp_path, 1)
+    _wait_for(tmp_path / "started", proc)
+    os.kill(proc.pid, sig)
+    output = _finish(proc)
+    assert proc.returncode == 0, output
+    assert f"fw: rank 0 received {sig.name}: stopping after this step" in output
+    assert f"fw: stopped by {sig.name} at step" in output
+    _check_resumes_exactly(script, tmp_path, 1, output)
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("target,sig", [("launcher", signal.SIGTERM), ("launcher", signal.SIGUSR1), ("launcher", signal.SIGINT),
+                                        ("worker", signal.SIGUSR1)],
+                         ids=lambda v: v if isinstance(v, str) else v.name)
+def test_a_signal_to_the_launcher_or_a_worker_stops_every_rank_with_a_checkpoint(tmp_path, target, sig):
+    script = write_script(tmp_path, SCRIPT)
+    proc = _start(script, tmp_path, 2)
+    _wait_for(tmp_path / "started", proc)
+    pid = proc.pid if target == "launcher" else int((tmp_path / "started").read_text())  # rank 0's worker
+    os.kill(pid, sig)
+    output = _finish(proc)
+    assert proc.returncode == 0, output
+    assert f"received {sig.name}" in output, output
+    _check_resumes_exactly(script, tmp_path, 2, output)
+
+
+@pytest.mark.timeout(120)
+def test_no_worker_outlives_its_launcher(tmp_path):
+    script = write_script(tmp_path, SCRIPT)
+    proc = _start(script, tmp_path, 2)
+    _wait_for(tmp_path / "started", proc)
+    workers = _descendants(proc.pid)
+    assert workers
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=10)
+    end = time.monotonic() + 30
+    alive = workers
+    while alive and time.monotonic() < end:
+        alive = [p for p in alive if _is_running(p)]
+        time.sleep(0.1)
+    try:
+        assert not alive, f"workers {alive} outlived their launcher"
+    finally:
+        for p in alive:
+            _kill_tree(p)
+
+
+def _is_running(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
