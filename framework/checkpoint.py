@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from framework.errors import CheckpointError
+from framework.errors import CheckpointError, ConfigError
 
 FORMAT_VERSION = 1
 
@@ -68,6 +68,24 @@ def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu") -> dict:
     if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:
         raise CheckpointError(f"'{path}' is not an fw checkpoint (no 'state_dict'); check ckpt_path")
     return checkpoint
+
+
+def check_writable(path: str | os.PathLike, what: str) -> None:
+    """Can ``path`` be created (if needed) and written? A probe file in the nearest folder that
+    exists answers without creating anything. A read-only file system, a file in the way or a
+    missing permission becomes one ConfigError naming ``what`` and the path."""
+    existing = Path(os.path.abspath(path))
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    try:
+        if not existing.is_dir():
+            raise NotADirectoryError(20, f"'{existing}' is a file")
+        fd, probe = tempfile.mkstemp(prefix=".fw-write-probe.", dir=existing)
+        os.close(fd)
+        os.remove(probe)
+    except OSError as err:
+        raise ConfigError(f"{what} '{path}' is not a writable directory ({type(err).__name__}: "
+                          f"{err.strerror or err}); pick a folder fw can create and write") from None
 
 
 def remove_stale_temp_files(directory: str | os.PathLike) -> list[str]:

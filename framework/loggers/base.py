@@ -67,13 +67,24 @@ class Logger(ABC):
         folder = version if isinstance(version, str) else f"version_{version}"
         return os.path.join(self.root_dir, folder)
 
-    def set_default_root(self, root_dir: str | os.PathLike) -> None:
-        """Set ``save_dir`` when the user gave none. Called by the Trainer before any logging."""
+    def set_default_root(self, root_dir: str | os.PathLike, resume_from: str | None = None) -> None:
+        """Set ``save_dir`` when the user gave none. Called by the Trainer before any logging.
+
+        ``resume_from``: the checkpoint a resumed run starts from; when it lies in one of this
+        logger's version folders (and no version was given), the run goes on logging there.
+        """
         if self._save_dir is None:
             self._save_dir = os.fspath(root_dir)
+        if self._version is None and resume_from:
+            self._version = self._version_holding(resume_from)
         # Resolve the version now, before any logger writes: several loggers sharing a name then
         # share a version folder instead of the second one seeing the first's and moving on.
         _ = self.version
+
+    def _version_holding(self, path: str) -> int | None:
+        relative = os.path.relpath(os.path.realpath(path), os.path.realpath(self.root_dir))
+        match = re.fullmatch(r"version_(\d+)", relative.split(os.sep)[0])
+        return int(match.group(1)) if match and not relative.startswith("..") else None
 
     def set_version(self, version: int | str) -> None:
         """Pin the version, e.g. to the one rank 0 resolved, so that every rank agrees."""

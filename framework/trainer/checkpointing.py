@@ -75,8 +75,22 @@ def save(trainer, path) -> None:
     # every rank learns whether rank 0's write succeeded (this is also the barrier)
     if live and not strategy.reduce_boolean_decision(error is None, all=True) and error is None:
         raise CheckpointError(f"rank 0 failed to write the checkpoint '{path}'; its own error says why")
+    cause = _os_error(error)
+    if cause is not None:  # full disk, no permission, a file where a folder should be
+        raise CheckpointError(
+            f"writing the checkpoint '{path}' failed ({type(cause).__name__}: {cause.strerror or cause}); "
+            "earlier checkpoints are intact. Free space or pick a writable folder"
+        ) from None
     if error is not None:
         raise error
+
+
+def _os_error(error: BaseException | None) -> OSError | None:
+    """The OSError behind ``error`` (torch.save on a full disk raises its own error while
+    handling the OSError), or None."""
+    while error is not None and not isinstance(error, OSError):
+        error = error.__cause__ or error.__context__
+    return error
 
 
 def _refuse_nonfinite_weights(trainer, path, live: bool) -> None:
@@ -131,20 +145,27 @@ def _running_aggregates(trainer) -> dict | None:
 
 
 # -- restore --------------------------------------------------------------------------------------
-def restore(trainer, ckpt_path: Any, fn: str) -> None:
-    """Load weights (and for fit, everything else) from ``ckpt_path``; for fit, leave the
-    point to continue from in ``trainer.state.resume_from``."""
+def resolve_path(trainer, ckpt_path: Any, fn: str) -> str | None:
+    """The checkpoint file a run starts from: ``ckpt_path`` itself, the newest ``last*.ckpt``
+    for ``"last"``, or, in a restarted or requeued job's fit, its own newest checkpoint."""
     if ckpt_path is None and fn == "fit":
-        ckpt_path = _checkpoint_to_restart_from(trainer)
-    if ckpt_path is None:
-        return
+        return _checkpoint_to_restart_from(trainer)
     if ckpt_path == "last":
         dirs = [getattr(cb, "dirpath", None) for cb in trainer.callbacks]
-        ckpt_path = ckpt.find_last_checkpoint(dirs, trainer.default_root_dir)
-        if ckpt_path is None:
+        found = ckpt.find_last_checkpoint(dirs, trainer.default_root_dir)
+        if found is None:
             rank_zero_warn(f"ckpt_path='last': no last.ckpt under {trainer.default_root_dir}; starting fresh")
-            return
+        return found
+    return None if ckpt_path is None else str(ckpt_path)
+
+
+def restore(trainer, ckpt_path: str | None, fn: str) -> None:
+    """Load weights (and for fit, everything else) from ``ckpt_path`` (see ``resolve_path``);
+    for fit, leave the point to continue from in ``trainer.state.resume_from``."""
+    if ckpt_path is None:
+        return
     checkpoint = ckpt.load_checkpoint(ckpt_path)
+    rank_zero_print(f"fw {fn}: loaded {ckpt_path} (step {checkpoint.get('global_step')})", file=sys.stderr)
     module = trainer.module
     trainer.hooks.module_hook("on_load_checkpoint", checkpoint)
     try:

@@ -13,12 +13,13 @@ from typing import Any
 
 import torch
 
-from framework.checkpoint import plain_hparams
+from framework.checkpoint import check_writable, plain_hparams
 from framework.data import DataModule, shard_dataloader
 from framework.errors import ConfigError
 from framework.optim import parse_optimizers
 from framework.rank_zero import rank_zero_print
 from framework.seed import sampler_seed
+from framework.trainer import checkpointing
 from framework.trainer.hooks import HookDispatcher
 
 _LOADER_METHODS = {
@@ -64,8 +65,10 @@ def resolve_loggers(logger: Any) -> list:
 
 
 # -- set-up ---------------------------------------------------------------------------------------
-def setup(trainer, fn: str, model, datamodule: DataModule | None, loaders: dict) -> None:
-    """Process group, data, loggers, hooks, the wrapped model and (for fit) the optimisers."""
+def setup(trainer, fn: str, model, datamodule: DataModule | None, loaders: dict, ckpt_path: Any) -> str | None:
+    """Process group, data, loggers, hooks, the wrapped model and (for fit) the optimisers.
+    Returns the checkpoint to start from (see ``checkpointing.resolve_path``): a resumed run
+    logs into the version folder its checkpoint came from."""
     strategy = trainer.strategy
     trainer.hooks = HookDispatcher(trainer.callbacks, trainer, model)
     _apply_process_settings(trainer)
@@ -84,11 +87,13 @@ def setup(trainer, fn: str, model, datamodule: DataModule | None, loaders: dict)
         for key, given in loaders.items()
         if given is not None or datamodule is not None
     }
-    _setup_loggers(trainer)
+    resume_path = checkpointing.resolve_path(trainer, ckpt_path, fn)
+    _setup_loggers(trainer, resume_path)
     trainer.hooks.callbacks("setup", fn)
     strategy.setup_module(model)
     if fn == "fit":
         trainer.optimizers, trainer.lr_scheduler_configs = parse_optimizers(model.configure_optimizers())
+    return resume_path
 
 
 def _prepare_loaders(trainer, key: str, given: Any, datamodule, seed: int) -> list:
@@ -108,9 +113,11 @@ def _prepare_loaders(trainer, key: str, given: Any, datamodule, seed: int) -> li
     return loaders
 
 
-def _setup_loggers(trainer) -> None:
+def _setup_loggers(trainer, resume_path: str | None) -> None:
+    if trainer.is_global_zero:
+        check_writable(trainer.default_root_dir, "trainer.default_root_dir")
     for lg in trainer.loggers:
-        lg.set_default_root(trainer.default_root_dir)
+        lg.set_default_root(trainer.default_root_dir, resume_from=resume_path)
     log_dir = trainer.loggers[0].log_dir if trainer.loggers and trainer.is_global_zero else None
     trainer.log_dir = trainer.strategy.broadcast(log_dir) if trainer.strategy.is_distributed else log_dir
     if trainer.is_global_zero:

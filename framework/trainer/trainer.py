@@ -268,8 +268,8 @@ class Trainer:
         self.state.fn, self.state.status, self.state.signal = fn, "running", None
         failed = False
         try:
-            setup.setup(self, fn, model, datamodule, loaders)
-            checkpointing.restore(self, ckpt_path, fn)
+            resume_path = setup.setup(self, fn, model, datamodule, loaders, ckpt_path)
+            checkpointing.restore(self, resume_path, fn)
             setup.print_summary(self, fn)
             with SignalCatcher(self) if fn == "fit" else contextlib.nullcontext():
                 result = loop(self, fn)

@@ -71,3 +71,28 @@ def test_a_missing_peer_is_announced_while_waiting_and_the_default_timeout_suits
     assert waiting and waiting[0].startswith("fw: rank 0 of 2 is waiting for the other ranks at env:// (127.0.0.1:")
     assert "of the 8 s timeout, trainer.strategy.timeout" in waiting[0]
     assert "timed out after 8 s" in result.output
+
+
+STOPPED = """
+import os, signal
+from torch.utils.data import DataLoader
+import framework as fw
+import workload
+
+class Freezes(workload.Regressor):
+    def training_step(self, batch, batch_idx):
+        if self.global_rank == 1 and batch_idx == 3:
+            os.kill(os.getpid(), signal.SIGSTOP)  # stops answering, without dying
+        return super().training_step(batch, batch_idx)
+
+trainer = fw.Trainer(devices=2, strategy={"name": "ddp_gloo", "timeout": 5}, max_epochs=2, **workload.FIT_ARGS)
+trainer.fit(Freezes(), DataLoader(workload.regression_data(64), batch_size=4))
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_rank_that_stops_answering_ends_the_job_after_the_timeout(tmp_path):
+    result = run_script(write_script(tmp_path, STOPPED), timeout=100)
+    assert result.returncode != 0, result.output
+    assert result.wall_s < 80, f"took {result.wall_s:.1f} s"
+    assert "fw: error: worker rank 0" in result.output and "Timed out" in result.output, result.output

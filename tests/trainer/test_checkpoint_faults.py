@@ -48,3 +48,22 @@ def test_stale_temp_files_of_killed_writes_are_removed_at_the_next_start(tmp_pat
     trainer.fit(LinearModel(), loader(regression_data(16), 8))
     assert not stale.exists() and keep.exists()
     assert sorted(os.listdir(ck)) == ["epoch=0-step=1.ckpt", "last.ckpt", "notes.txt"]
+
+
+def test_a_resume_continues_in_the_same_version_folder_and_save_top_k_holds(tmp_path):
+    from framework.loggers import CSVLogger
+
+    def run(epochs, ckpt=None):
+        trainer = fw.Trainer(accelerator="cpu", devices=1, enable_progress_bar=False, max_epochs=epochs,
+                             default_root_dir=str(tmp_path), logger=CSVLogger(),
+                             callbacks=[ModelCheckpoint(save_top_k=1, save_last=True)])
+        trainer.fit(LinearModel(), loader(regression_data(16), 8), ckpt_path=ckpt)
+        return trainer
+
+    first = run(2)
+    last = os.path.join(first.log_dir, "checkpoints", "last.ckpt")
+    run(4, ckpt=last)
+    run(5, ckpt="last")
+    assert sorted(os.listdir(tmp_path / "fw_logs")) == ["version_0"]
+    assert sorted(os.listdir(tmp_path / "fw_logs" / "version_0" / "checkpoints")) == [
+        "epoch=4-step=10.ckpt", "last.ckpt"]
