@@ -7,6 +7,8 @@ from framework.data.sampler_injection import (
     ShardedSampler,
     set_sampler_epoch,
     shard_dataloader,
+    skipping_first_batches,
 )
 
-__all__ = ["DataModule", "EvalShardSampler", "ShardedSampler", "batch_size_of", "set_sampler_epoch", "shard_dataloader"]
+__all__ = ["DataModule", "EvalShardSampler", "ShardedSampler", "batch_size_of", "set_sampler_epoch", "shard_dataloader",
+           "skipping_first_batches"]

@@ -113,7 +113,53 @@ def shard_dataloader(loader: DataLoader, num_replicas: int, rank: int, train: bo
     return _rebuild(loader, new_sampler)
 
 
-def _rebuild(loader: DataLoader, sampler: Sampler) -> DataLoader:
+def skipping_first_batches(loader: Any, batches: int) -> DataLoader | None:
+    """A copy of ``loader`` for one epoch that leaves out its first ``batches`` batches by
+    drawing their indices only: no sample of them is loaded, so a mid-epoch resume costs the
+    same wherever the epoch stopped. The order and the random draws are the original's. None
+    for loaders it cannot do this for (iterable data sets, objects that are not DataLoaders)."""
+    if (not isinstance(loader, DataLoader) or isinstance(loader.dataset, IterableDataset)
+            or loader.batch_sampler is None):
+        return None
+    return _rebuild(loader, None, batch_sampler=_SkipFirst(loader.batch_sampler, batches))
+
+
+class _SkipFirst(Sampler[list]):
+    """A batch sampler without the first ``batches`` batches of another. The skip happens at
+    the first batch, or earlier when ``started.skip()`` is called: a resume calls it right
+    after creating the loader's iterator, so the sampler's random draw comes exactly where it
+    came in the run that was stopped, before the RNG state is put back."""
+
+    def __init__(self, batch_sampler: Any, batches: int) -> None:
+        self.batch_sampler, self.batches = batch_sampler, batches
+        self.started: _Skipping | None = None
+
+    def __iter__(self) -> _Skipping:
+        self.started = _Skipping(iter(self.batch_sampler), self.batches)
+        return self.started
+
+    def __len__(self) -> int:
+        return max(0, len(self.batch_sampler) - self.batches)
+
+
+class _Skipping:
+    def __init__(self, batches: Iterator[list], count: int) -> None:
+        self.batches, self.count = batches, count
+
+    def skip(self) -> None:
+        for _ in range(self.count):
+            next(self.batches, None)
+        self.count = 0
+
+    def __iter__(self) -> _Skipping:
+        return self
+
+    def __next__(self) -> list:
+        self.skip()
+        return next(self.batches)
+
+
+def _rebuild(loader: DataLoader, sampler: Sampler | None, batch_sampler: Any = None) -> DataLoader:
     kwargs: dict[str, Any] = {
         "batch_size": loader.batch_size,
         "sampler": sampler,
@@ -130,6 +176,8 @@ def _rebuild(loader: DataLoader, sampler: Sampler) -> DataLoader:
     if loader.num_workers > 0:
         kwargs["prefetch_factor"] = loader.prefetch_factor
         kwargs["multiprocessing_context"] = loader.multiprocessing_context
+    if batch_sampler is not None:  # it decides the batches: DataLoader takes no size or sampler then
+        kwargs.update(batch_size=1, sampler=None, drop_last=False, batch_sampler=batch_sampler)
     return DataLoader(loader.dataset, **kwargs)
 
 

@@ -36,8 +36,7 @@ def run_train_epoch(trainer, loader, deadline: float | None) -> None:
     set_sampler_epoch(loader, state.epoch)
     hooks("on_train_epoch_start")
     state.start_epoch(get_rng_state())
-    iterator = iter(loader)
-    start = _skip_to_resume_position(trainer, collector, iterator)
+    iterator, start = _iterate_from_resume_position(trainer, collector, loader)
     limit = trainer.num_training_batches
     lookahead = None
     if math.isinf(limit):  # no length: read one batch ahead to know which batch is the last
@@ -110,17 +109,18 @@ def stop_requested(trainer, deadline: float | None) -> bool:
     return bool(mine)
 
 
-def _skip_to_resume_position(trainer, collector, iterator) -> int:
-    """On a mid-epoch resume, skip the batches the checkpoint had already trained on, and
-    continue the epoch's metric aggregates from where they were."""
+def _iterate_from_resume_position(trainer, collector, loader):
+    """The epoch's iterator and first batch index: on a mid-epoch resume, after the batches the
+    checkpoint had already trained on, with the epoch's metric aggregates continued."""
     state = trainer.state
     resume, state.resume_from = state.resume_from, None
     if resume is None or not resume.batches:
-        return 0
-    state.batches_done = resume.skip_done_batches(iterator)
+        return iter(loader), 0
+    iterator = resume.iterate_from_position(loader)
     if resume.metrics:
         collector.load_state_dict(resume.metrics, trainer.module)
-    return state.batches_done
+    state.batches_done = resume.batches
+    return iterator, resume.batches
 
 
 def _end_train_epoch(trainer, collector) -> None:

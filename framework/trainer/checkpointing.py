@@ -21,6 +21,7 @@ import torch
 import torch.distributed
 
 from framework import checkpoint as ckpt
+from framework.data import skipping_first_batches
 from framework.errors import CheckpointError, ConfigError, TrainingError
 from framework.rank_zero import rank_zero_print, rank_zero_warn
 from framework.seed import get_rng_state, set_rng_state
@@ -35,18 +36,30 @@ class ResumePoint:
     batches: int = 0
     rng_after_skip: dict | None = None
     metrics: dict | None = None  # the epoch's running aggregates (see MetricCollector.state_dict)
+    loader_state: dict | None = None  # a stateful training loader's own state_dict()
 
     def restore_rng(self) -> None:
         set_rng_state(self.rng)
 
-    def skip_done_batches(self, iterator: Iterator) -> int:
-        """Draw the batches already trained on (the same order), then restore the RNG state the
-        checkpoint had at that point. Returns how many were skipped."""
-        for _ in range(self.batches):
-            next(iterator)
+    def iterate_from_position(self, loader: Any) -> Iterator:
+        """An iterator over ``loader`` that starts after the batches already trained on, and
+        the RNG state the checkpoint had at that point. A loader with ``load_state_dict`` (such
+        as torchdata's StatefulDataLoader) resumes itself; a DataLoader skips the batches by
+        their indices alone (see ``skipping_first_batches``); anything else draws and drops them."""
+        if self.loader_state is not None and callable(getattr(loader, "load_state_dict", None)):
+            loader.load_state_dict(self.loader_state)
+            iterator = iter(loader)
+        else:
+            skipping = skipping_first_batches(loader, self.batches)
+            iterator = iter(skipping if skipping is not None else loader)
+            if skipping is not None:
+                skipping.batch_sampler.started.skip()  # the sampler draws now, as it did then
+            else:
+                for _ in range(self.batches):
+                    next(iterator)
         if self.rng_after_skip is not None:
             set_rng_state(self.rng_after_skip)
-        return self.batches
+        return iterator
 
 
 # -- save -----------------------------------------------------------------------------------------
@@ -64,7 +77,8 @@ def save(trainer, path) -> None:
     state = trainer.state
     # a cut epoch resumes right after its last batch, whatever its epoch end drew since
     now = state.cut.rng_after_last_batch if state.cut is not None else get_rng_state()
-    mine = {"rng": {"now": now, "epoch_start": state.epoch_start_rng}, "metrics": _running_aggregates(trainer)}
+    mine = {"rng": {"now": now, "epoch_start": state.epoch_start_rng}, "metrics": _running_aggregates(trainer),
+            "loader": _loader_state(trainer)}
     per_rank = strategy.all_gather_object(mine) if live else [mine]
     error: Exception | None = None
     if strategy.is_global_zero:
@@ -125,6 +139,7 @@ def dump(trainer, per_rank: list[dict]) -> dict:
         "rng": [mine["rng"] for mine in per_rank],
         "world_size": trainer.world_size,
         "metrics": [mine["metrics"] for mine in per_rank],
+        "loader_states": [mine["loader"] for mine in per_rank],
         # a restarted (elastic) or requeued (SLURM) job looks for its own checkpoints by these
         "run_id": os.environ.get("TORCHELASTIC_RUN_ID"),
         "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
@@ -132,6 +147,15 @@ def dump(trainer, per_rank: list[dict]) -> dict:
     trainer.hooks.module_hook("on_save_checkpoint", checkpoint)  # the module's hook first, then the callbacks'
     trainer.hooks.callbacks("on_save_checkpoint", checkpoint)
     return checkpoint
+
+
+def _loader_state(trainer) -> dict | None:
+    """Mid-epoch, a stateful training loader's own position (its ``state_dict()``)."""
+    loaders = trainer.loaders.get("train") or []
+    state = trainer.state
+    if not loaders or state.epoch_finished or not state.batches_done:
+        return None
+    return loaders[0].state_dict() if callable(getattr(loaders[0], "state_dict", None)) else None
 
 
 def _running_aggregates(trainer) -> dict | None:
@@ -232,6 +256,7 @@ def _resume_point(trainer, checkpoint: dict) -> ResumePoint:
     mine = states[rank]
     batches = trainer.state.batches_done
     metrics = (checkpoint.get("metrics") or [None] * len(states))[rank]
+    loader = (checkpoint.get("loader_states") or [None] * len(states))[rank]
     if batches and mine["epoch_start"] is not None:
-        return ResumePoint(mine["epoch_start"], batches, mine["now"], metrics)
-    return ResumePoint(mine["now"], batches, metrics=metrics)
+        return ResumePoint(mine["epoch_start"], batches, mine["now"], metrics, loader)
+    return ResumePoint(mine["now"], batches, metrics=metrics, loader_state=loader)

@@ -1,0 +1,84 @@
+"""A mid-epoch resume reaches its position without loading the samples it skips (so its cost
+does not grow with the position: see benchmarks/bench_resume.py), and a loader that keeps its
+own state (``state_dict``/``load_state_dict``, as torchdata's StatefulDataLoader) is saved and
+restored instead of being skipped through."""
+
+from __future__ import annotations
+
+import torch
+from toy import QUIET, DropoutMLP, regression_data
+from torch.utils.data import DataLoader, Dataset
+
+import framework as fw
+
+
+class Counting(Dataset):
+    def __init__(self, n=320):
+        self.base, self.loaded = regression_data(n), 0
+
+    def __len__(self):
+        return len(self.base)
+
+    def __getitem__(self, i):
+        self.loaded += 1
+        return self.base[i]
+
+
+def fit(root, loader, ckpt=None, **limits):
+    fw.seed_everything(3)
+    model = DropoutMLP()
+    trainer = fw.Trainer(**QUIET, default_root_dir=str(root), **limits)
+    trainer.fit(model, loader, ckpt_path=ckpt)
+    return trainer, model
+
+
+def test_a_mid_epoch_resume_loads_none_of_the_skipped_samples(tmp_path):
+    data = Counting()
+    straight_trainer, straight = fit(tmp_path, DataLoader(data, batch_size=8, shuffle=True), max_epochs=1)
+    stopped, _ = fit(tmp_path, DataLoader(data, batch_size=8, shuffle=True), max_steps=30)
+    stopped.save_checkpoint(tmp_path / "at30.ckpt")
+    data.loaded = 0
+    _, resumed = fit(tmp_path, DataLoader(data, batch_size=8, shuffle=True), ckpt=str(tmp_path / "at30.ckpt"),
+                     max_epochs=1)
+    assert data.loaded == (40 - 30) * 8  # only the batches still to train on
+    for a, b in zip(straight.state_dict().values(), resumed.state_dict().values()):
+        assert torch.equal(a, b)
+
+
+class Stateful(DataLoader):
+    """Keeps its own position, as torchdata's StatefulDataLoader does."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.position, self.resume_at, self.restored = 0, 0, []
+
+    def __iter__(self):
+        batches = super().__iter__()  # made at once, as a DataLoader's iterator is
+        start, self.resume_at = self.resume_at, 0
+        self.position = start
+        return self._from(batches, start)
+
+    def _from(self, batches, start):
+        for i, batch in enumerate(batches):
+            if i >= start:
+                self.position = i + 1
+                yield batch
+
+    def state_dict(self):
+        return {"position": self.position}
+
+    def load_state_dict(self, state):
+        self.restored.append(dict(state))
+        self.resume_at = state["position"]
+
+
+def test_a_stateful_loader_is_saved_and_restored(tmp_path):
+    data = regression_data(320)
+    _, straight = fit(tmp_path, Stateful(data, batch_size=8), max_epochs=1)
+    stopped, _ = fit(tmp_path, Stateful(data, batch_size=8), max_steps=12)
+    stopped.save_checkpoint(tmp_path / "at12.ckpt")
+    loader = Stateful(data, batch_size=8)
+    _, resumed = fit(tmp_path, loader, ckpt=str(tmp_path / "at12.ckpt"), max_epochs=1)
+    assert loader.restored == [{"position": 12}]
+    for a, b in zip(straight.state_dict().values(), resumed.state_dict().values()):
+        assert torch.equal(a, b)
