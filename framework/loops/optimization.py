@@ -47,7 +47,7 @@ def forward_backward_fn(trainer) -> Callable[[Any, int, bool], Any]:
         with no_sync() if no_sync is not None and not sync else _NO_CONTEXT:
             with autocast() if autocast is not None else _NO_CONTEXT:
                 outputs = step(batch, batch_idx)
-            loss = outputs["loss"] if isinstance(outputs, dict) else outputs
+            loss = _loss_of(outputs) if isinstance(outputs, dict) else outputs
             if loss is not None:
                 loss = guard(loss, batch_idx)
             if loss is not None:  # None: the step chose to skip this batch (or the guard did)
@@ -61,6 +61,15 @@ def forward_backward_fn(trainer) -> Callable[[Any, int, bool], Any]:
         return outputs
 
     return forward_backward
+
+
+def _loss_of(outputs: dict) -> Any:
+    if "loss" not in outputs:
+        raise TrainingError(
+            f"training_step returned a dict without 'loss' (keys: {', '.join(map(str, outputs)) or 'none'}); "
+            "put the loss to optimise under 'loss', or return None to skip the batch"
+        )
+    return outputs["loss"]
 
 
 def _nonfinite_guard(trainer) -> Callable[[torch.Tensor, int], torch.Tensor | None]:

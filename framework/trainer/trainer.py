@@ -22,6 +22,7 @@ from framework.callbacks.base import Callback
 from framework.data import DataModule
 from framework.environments import DistInfo, detect_environment
 from framework.errors import ConfigError
+from framework.module import TrainModule
 from framework.precision import Precision
 from framework.strategies import Strategy, create_strategy
 from framework.strategies.launchers import die_with_launcher, record_worker_error
@@ -265,6 +266,9 @@ class Trainer:
         model = model if model is not None else self.module
         if model is None:
             raise ConfigError(f"trainer.{fn}() needs a model")
+        if not isinstance(model, TrainModule):
+            raise ConfigError(f"trainer.{fn}(): the model is a {type(model).__module__}.{type(model).__qualname__}, "
+                              "not a TrainModule; subclass framework.TrainModule (training_step, configure_optimizers)")
         self.state.fn, self.state.status, self.state.signal = fn, "running", None
         failed = False
         try:

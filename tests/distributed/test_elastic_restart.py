@@ -89,3 +89,29 @@ def _torchrun_with_restarts(script, tmp_path, name, rank, step):
            "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}", str(script),
            str(tmp_path), name, str(rank), str(step)]
     return run_cmd(cmd, timeout=90)
+
+
+ALWAYS_FAILS = """
+from torch.utils.data import DataLoader
+import framework as fw
+import workload
+
+class Fails(workload.Regressor):
+    def training_step(self, batch, batch_idx):
+        if self.global_rank == 1 and batch_idx == 3:
+            raise ValueError("rank 1 cannot go past batch 3")
+        return super().training_step(batch, batch_idx)
+
+trainer = fw.Trainer(devices=2, strategy="ddp_gloo", max_epochs=2, max_restarts=1, **workload.FIT_ARGS)
+trainer.fit(Fails(), DataLoader(workload.regression_data(64), batch_size=4))
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_restart_that_cannot_succeed_ends_with_the_real_cause(tmp_path):
+    result = run_script(write_script(tmp_path, ALWAYS_FAILS), timeout=100)
+    assert result.returncode != 0
+    errors = [line for line in result.output.splitlines() if line.startswith("fw: error:")]
+    assert errors and "worker rank 1" in errors[-1] and "ValueError: rank 1 cannot go past batch 3" in errors[-1], \
+        result.output
+    assert "timed out" not in result.output.lower()

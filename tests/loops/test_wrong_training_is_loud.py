@@ -152,3 +152,14 @@ def test_skip_under_ddp_drops_the_step_on_every_rank(tmp_path):
     r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
     assert r0["w"] == r1["w"] and all(math.isfinite(v) for v in r0["w"])
     assert r0["step"] == r1["step"] == 8
+
+
+def test_a_dict_without_loss_and_a_model_that_is_not_a_train_module_say_so():
+    class NoLoss(LinearModel):
+        def training_step(self, batch, batch_idx):
+            return {"out": super().training_step(batch, batch_idx)}
+
+    with pytest.raises(TrainingError, match=r"returned a dict without 'loss' \(keys: out\)"):
+        fw.Trainer(**QUIET, max_epochs=1).fit(NoLoss(), loader(regression_data(16), 8))
+    with pytest.raises(ConfigError, match=r"the model is a torch.nn.modules.linear.Linear, not a TrainModule"):
+        fw.Trainer(**QUIET, max_epochs=1).fit(torch.nn.Linear(4, 1), loader(regression_data(16), 8))
