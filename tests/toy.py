@@ -8,6 +8,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 import framework as fw
+import framework.loggers as fw_loggers
 
 QUIET = dict(logger=False, enable_checkpointing=False, enable_progress_bar=False, accelerator="cpu", devices=1)
 
@@ -110,3 +111,17 @@ class ToyData(fw.DataModule):
 
     def val_dataloader(self):
         return loader(self.data, self.batch_size)
+
+
+class RecordingLogger(fw_loggers.Logger):
+    """A real Logger that keeps every ``log_metrics`` call as ``(step, {name: value})``."""
+
+    def __init__(self) -> None:
+        super().__init__(name="")
+        self.rows: list[tuple[int, dict]] = []
+
+    def log_metrics(self, metrics, step):
+        self.rows.append((step, dict(metrics)))
+
+    def log_hyperparams(self, params):
+        pass

@@ -6,31 +6,18 @@ from __future__ import annotations
 import pytest
 import torch
 from torch import nn
-from toy import QUIET, LinearModel, loader, regression_data
+from toy import QUIET, LinearModel, RecordingLogger, loader, regression_data
 
 import framework as fw
 from framework.callbacks import LearningRateMonitor
 from framework.errors import ConfigError
-from framework.loggers import Logger
 
 
-class RecordingLogger(Logger):
-    """A real Logger that keeps what it is given."""
-
-    def __init__(self) -> None:
-        super().__init__(name="")
-        self.logged: list[tuple[int, dict]] = []
-
-    def log_metrics(self, metrics, step):
-        self.logged.append((step, dict(metrics)))
-
-    def log_hyperparams(self, params):
-        pass
-
+class LRRows(RecordingLogger):
     def lr_rows(self, prefix="lr-"):
         """(step, {name: value}) for the rows that hold learning rates."""
         rows = []
-        for step, metrics in self.logged:
+        for step, metrics in self.rows:
             lrs = {k: v for k, v in metrics.items() if k.startswith(prefix)}
             if lrs:
                 rows.append((step, lrs))
@@ -50,7 +37,7 @@ class Configurable(LinearModel):
 
 
 def fit(tmp_path, make, callback, batches=3, epochs=1, logger=True, **trainer_args):
-    recorder = RecordingLogger() if logger else None
+    recorder = LRRows() if logger else None
     trainer = fw.Trainer(**{**QUIET, "logger": recorder or False}, default_root_dir=str(tmp_path),
                          max_epochs=epochs, callbacks=[callback], **trainer_args)
     trainer.fit(Configurable(make), loader(regression_data(8 * batches), 8))
@@ -79,7 +66,7 @@ def test_epoch_interval_names_param_groups_and_momentum(tmp_path):
         return {"optimizer": adam, "lr_scheduler": {"scheduler": sched, "interval": "epoch", "name": "backbone"}}
 
     _, recorder = fit(tmp_path, make, LearningRateMonitor(log_momentum=True), epochs=2, log_every_n_steps=1)
-    rows = [stats for _, stats in recorder.logged if "backbone/pg1" in stats]
+    rows = [stats for _, stats in recorder.rows if "backbone/pg1" in stats]
     assert len(rows) == 2  # once per epoch, at its start; nothing per step
     assert rows[0] == pytest.approx({"backbone/pg1": 0.01, "backbone/pg1-momentum": 0.9,
                                      "backbone/pg2": 0.1, "backbone/pg2-momentum": 0.9})

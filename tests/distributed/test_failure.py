@@ -39,14 +39,18 @@ def test_crashing_rank_stops_the_job(launcher, tmp_path):
         assert "fw: error: worker rank 1" in result.output, result.output
 
 
-@pytest.mark.timeout(60)
-def test_missing_peer_times_out_with_clear_error():
-    # this process is rank 0 of 2 on node 0; the other node never comes
+def _rank_0_without_its_peer(timeout: int):
+    """``fw fit`` as rank 0 of 2 on node 0, whose other node never comes."""
     env = clean_env(RANK="0", WORLD_SIZE="2", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", GROUP_RANK="0",
                     GROUP_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     cmd = [FW, "fit", "conf/digits.yaml", "trainer.devices=1", "trainer.num_nodes=2",
-           "trainer.strategy={name: ddp_gloo, timeout: 3}", "logger=false", "callbacks=[]"]
-    result = run_cmd(cmd, timeout=45, env=env)
+           f"trainer.strategy={{name: ddp_gloo, timeout: {timeout}}}", "logger=false", "callbacks=[]"]
+    return run_cmd(cmd, timeout=45, env=env)
+
+
+@pytest.mark.timeout(60)
+def test_missing_peer_times_out_with_clear_error():
+    result = _rank_0_without_its_peer(timeout=3)
     assert result.returncode == 1, result.output
     assert result.wall_s < 25, f"took {result.wall_s:.1f} s"
     error = [line for line in result.output.splitlines() if line.startswith("fw: error:")]
@@ -61,11 +65,7 @@ def test_a_missing_peer_is_announced_while_waiting_and_the_default_timeout_suits
     from framework.strategies import DDPStrategy, MPIStrategy
 
     assert DDPStrategy().timeout == MPIStrategy().timeout == 300  # 5 minutes, not torch's 30
-    env = clean_env(RANK="0", WORLD_SIZE="2", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", GROUP_RANK="0",
-                    GROUP_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
-    cmd = [FW, "fit", "conf/digits.yaml", "trainer.devices=1", "trainer.num_nodes=2",
-           "trainer.strategy={name: ddp_gloo, timeout: 8}", "logger=false", "callbacks=[]"]
-    result = run_cmd(cmd, timeout=45, env=env)
+    result = _rank_0_without_its_peer(timeout=8)
     assert result.returncode == 1, result.output
     waiting = [line for line in result.output.splitlines() if "is waiting for the other ranks" in line]
     assert waiting and waiting[0].startswith("fw: rank 0 of 2 is waiting for the other ranks at env:// (127.0.0.1:")

@@ -11,26 +11,12 @@ import torch
 import torch.nn.functional as F
 import torchmetrics
 from torch import nn
-from toy import loader, regression_data
+from toy import RecordingLogger, loader, regression_data
 
 import framework as fw
 from framework.checkpoint import load_checkpoint
-from framework.loggers import Logger
-
 BATCHES = 5  # per epoch
 STOP_AT = 7  # global step: batch 2 of epoch 1
-
-
-class Rows(Logger):
-    def __init__(self):
-        super().__init__(name="")
-        self.rows: list[tuple[int, dict]] = []
-
-    def log_metrics(self, metrics, step):
-        self.rows.append((step, dict(metrics)))
-
-    def log_hyperparams(self, params):
-        pass
 
 
 class Net(fw.TrainModule):
@@ -72,7 +58,7 @@ class StopAt(fw.Callback):
 def fit(root, *, ckpt=None, callbacks=(), model_args=None, **limits):
     fw.seed_everything(5)
     model = Net(**(model_args or {}))
-    rows = Rows()
+    rows = RecordingLogger()
     trainer = fw.Trainer(accelerator="cpu", devices=1, logger=rows, enable_checkpointing=False,
                          enable_progress_bar=False, log_every_n_steps=1, default_root_dir=str(root),
                          callbacks=list(callbacks), **limits)
