@@ -66,6 +66,11 @@ def _show(job: str) -> str:
     return subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True, timeout=20).stdout
 
 
+def _node_idle() -> bool:
+    done = subprocess.run(["sinfo", "-h", "-o", "%t"], capture_output=True, text=True, timeout=20)
+    return done.stdout.split() == ["idle"]
+
+
 def _state(job: str) -> str:
     for field in _show(job).split():
         if field.startswith("JobState="):
@@ -94,8 +99,10 @@ def test_sbatch_signal_stops_checkpoints_requeues_and_resumes_exactly(tmp_path):
     try:
         end, hurried = time.monotonic() + 300, False
         while not (tmp_path / "job.json").exists() and time.monotonic() < end:
-            if not hurried and "Restarts=1" in _show(job) and _state(job) == "PENDING":
-                # Slurm holds a requeued job for 2 minutes; the test need not wait that long
+            if not hurried and "Restarts=1" in _show(job) and _state(job) == "PENDING" and _node_idle():
+                # Slurm holds a requeued job for 2 minutes; the test need not wait that long, but
+                # the first attempt must be cleaned up first ("Job credential revoked" otherwise)
+                time.sleep(3)
                 subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], capture_output=True, timeout=20)
                 hurried = True
             time.sleep(1)
