@@ -84,6 +84,7 @@ def run_train_epoch(trainer, loader, deadline: float | None) -> None:
             break
         if (batch_idx + 1) % stop_check_every == 0 and stop_requested(trainer, deadline):
             break
+    forward_backward.flush_checks()
     if not trained and state.batches_done > start:
         raise TrainingError(
             f"training_step returned None for all {state.batches_done - start} batches of epoch {state.epoch}: "

@@ -163,3 +163,22 @@ def test_a_dict_without_loss_and_a_model_that_is_not_a_train_module_say_so():
         fw.Trainer(**QUIET, max_epochs=1).fit(NoLoss(), loader(regression_data(16), 8))
     with pytest.raises(ConfigError, match=r"the model is a torch.nn.modules.linear.Linear, not a TrainModule"):
         fw.Trainer(**QUIET, max_epochs=1).fit(torch.nn.Linear(4, 1), loader(regression_data(16), 8))
+
+
+def test_on_an_accelerator_losses_are_read_in_batches_and_the_first_bad_step_is_named(monkeypatch):
+    from framework.loops import optimization
+
+    seen = []
+
+    class Counts(NaNAt):
+        def training_step(self, batch, batch_idx):
+            seen.append(self.global_step + 1)
+            return super().training_step(batch, batch_idx)
+
+    monkeypatch.setattr(optimization, "checks_later", lambda device: True)  # as on a GPU
+    monkeypatch.setattr(optimization, "CHECK_EVERY_ON_ACCELERATORS", 4)
+    with pytest.raises(TrainingError, match=r"loss is nan at step 6 \(epoch 1, batch 0\)"):
+        fw.Trainer(**QUIET, max_epochs=3).fit(Counts(6), loader(regression_data(40), 8))
+    assert seen[-1] == 9  # read together with steps 6-9 (step 5 ended epoch 0), not at step 6 itself
+    with pytest.warns(UserWarning, match="non-finite loss at step 3"):  # the epoch's end reads the rest
+        fw.Trainer(**QUIET, max_epochs=1, on_nonfinite="warn").fit(NaNAt(3), loader(regression_data(40), 8))
