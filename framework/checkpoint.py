@@ -70,10 +70,10 @@ def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu") -> dict:
     return checkpoint
 
 
-def check_writable(path: str | os.PathLike, what: str) -> None:
-    """Can ``path`` be created (if needed) and written? A probe file in the nearest folder that
-    exists answers without creating anything. A read-only file system, a file in the way or a
-    missing permission becomes one ConfigError naming ``what`` and the path."""
+def writable_error(path: str | os.PathLike, what: str) -> str | None:
+    """Why ``path`` cannot be created (if needed) and written, or None. A probe file in the
+    nearest folder that exists answers without creating anything: a read-only file system, a
+    file in the way or a missing permission is named with ``what`` and the path."""
     existing = Path(os.path.abspath(path))
     while not existing.exists() and existing != existing.parent:
         existing = existing.parent
@@ -84,8 +84,19 @@ def check_writable(path: str | os.PathLike, what: str) -> None:
         os.close(fd)
         os.remove(probe)
     except OSError as err:
-        raise ConfigError(f"{what} '{path}' is not a writable directory ({type(err).__name__}: "
-                          f"{err.strerror or err}); pick a folder fw can create and write") from None
+        return (f"{what} '{path}' is not a writable directory ({type(err).__name__}: "
+                f"{err.strerror or err}); pick a folder fw can create and write")
+    return None
+
+
+def check_writable_on_every_rank(path: str | os.PathLike, what: str, strategy) -> None:
+    """Rank 0 checks ``writable_error``; every rank raises the same ConfigError (a rank that
+    raised alone would leave the others waiting in the next collective)."""
+    error = writable_error(path, what) if strategy.is_global_zero else None
+    if strategy.is_distributed:
+        error = strategy.broadcast(error)
+    if error:
+        raise ConfigError(error)
 
 
 def remove_stale_temp_files(directory: str | os.PathLike) -> list[str]:
@@ -109,16 +120,23 @@ def find_last_checkpoint(dirs: list[str], root: str) -> str | None:
     return max(candidates, key=os.path.getmtime) if candidates else None
 
 
-def newest_checkpoint_of_run(dirs: list[str], key: str, run_id: str) -> str | None:
+def newest_checkpoint_of_run(dirs: list[str], match: dict[str, Any]) -> str | None:
     """The newest complete checkpoint (``*.ckpt``, newest first by modification time) under
-    ``dirs`` whose ``key`` (``run_id``: the elastic run; ``slurm_job_id``) is ``run_id``."""
+    ``dirs`` whose entries equal ``match`` (the run's id and which fit of the program it is)."""
     found = {p for d in dirs if d and os.path.isdir(d) for p in glob.glob(os.path.join(d, "**", "*.ckpt"), recursive=True)}
-    for path in sorted(found, key=os.path.getmtime, reverse=True):
+    dated = []
+    for path in found:
         try:
-            if load_checkpoint(path).get(key) == run_id:
-                return path
+            dated.append((os.path.getmtime(path), path))
+        except OSError:  # removed meanwhile (top-k pruning)
+            continue
+    for _, path in sorted(dated, reverse=True):
+        try:
+            checkpoint = load_checkpoint(path)
         except CheckpointError:
-            continue  # not one of ours, or damaged: an older one will do
+            continue  # not one of ours, damaged, or removed meanwhile: an older one will do
+        if all(checkpoint.get(key) == value for key, value in match.items()):
+            return path
     return None
 
 

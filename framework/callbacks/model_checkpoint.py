@@ -23,7 +23,7 @@ import re
 from typing import Any
 
 from framework.callbacks.base import Callback
-from framework.checkpoint import check_writable, remove_stale_temp_files
+from framework.checkpoint import check_writable_on_every_rank, remove_stale_temp_files
 from framework.errors import ConfigError, did_you_mean
 from framework.rank_zero import rank_zero_warn
 
@@ -115,9 +115,10 @@ class ModelCheckpoint(Callback):
             root = trainer.log_dir or trainer.default_root_dir
             # Every rank must write to and prune the same folder: take rank 0's.
             self.dirpath = trainer.strategy.broadcast(os.path.realpath(os.path.join(root, "checkpoints")))
-        if trainer.is_global_zero and self._fitting:
-            check_writable(self.dirpath, "ModelCheckpoint dirpath")  # now, not after an epoch
-            remove_stale_temp_files(self.dirpath)  # what killed writes left
+        if self._fitting:
+            check_writable_on_every_rank(self.dirpath, "ModelCheckpoint dirpath", trainer.strategy)  # now
+            if trainer.is_global_zero:
+                remove_stale_temp_files(self.dirpath)  # what killed writes left
 
     def on_validation_end(self, trainer, module) -> None:
         if trainer.sanity_checking or not self._fitting:

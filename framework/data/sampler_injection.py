@@ -117,10 +117,12 @@ def skipping_first_batches(loader: Any, batches: int) -> DataLoader | None:
     """A copy of ``loader`` for one epoch that leaves out its first ``batches`` batches by
     drawing their indices only: no sample of them is loaded, so a mid-epoch resume costs the
     same wherever the epoch stopped. The order and the random draws are the original's. None
-    for loaders it cannot do this for (iterable data sets, objects that are not DataLoaders)."""
+    for loaders it cannot do this for (iterable data sets, objects that are not DataLoaders, and
+    loaders with worker processes, whose own RNG and batch-to-worker order depend on every
+    sample they loaded: those are drawn and dropped)."""
     if (not isinstance(loader, DataLoader) or isinstance(loader.dataset, IterableDataset)
-            or loader.batch_sampler is None):
-        return None
+            or loader.batch_sampler is None or loader.num_workers > 0):
+        return None  # worker processes: their RNG and batch assignment follow the samples loaded
     return _rebuild(loader, None, batch_sampler=_SkipFirst(loader.batch_sampler, batches))
 
 

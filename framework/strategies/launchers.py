@@ -28,6 +28,8 @@ import uuid
 from framework.errors import ConfigError
 
 _LAUNCHER_PID = "FW_LAUNCHER_PID"
+#: signals a worker turns into a clean stop with a checkpoint (trainer/signals.py, default setup)
+_WORKERS_STOP_ON = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
 
 
 class Launcher:
@@ -118,7 +120,7 @@ def launch_workers(nproc_per_node: int, num_nodes: int = 1, max_restarts: int = 
         start_method="spawn",
         # the agent passes these on to the workers, which stop after their step and write a
         # checkpoint (trainer/signals.py); without SIGUSR1 here it would kill the launcher alone
-        signals_to_handle="SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2",
+        signals_to_handle="SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1",
     )
     # fw prints its own one-line summary of a failure; the agent's log lines would repeat it
     agent_log = logging.getLogger("torch.distributed.elastic")
@@ -129,9 +131,13 @@ def launch_workers(nproc_per_node: int, num_nodes: int = 1, max_restarts: int = 
     try:
         elastic_launch(config, entrypoint=sys.executable)(*current_command())
     except SignalException as err:
-        sys.stderr.write(f"fw: launcher received {signal.Signals(err.sigval).name}: the workers were told to stop "
-                         "after their step and write a checkpoint (preempted.ckpt), then stopped\n")
-        return 0
+        name = signal.Signals(err.sigval).name
+        if err.sigval in _WORKERS_STOP_ON:  # workers stop after their step, write preempted.ckpt, exit 0
+            sys.stderr.write(f"fw: launcher received {name}: the workers were told to stop after their step "
+                             "and write a checkpoint (preempted.ckpt)\n")
+            return 0
+        sys.stderr.write(f"fw: launcher received {name}: the workers were stopped\n")
+        return 128 + int(err.sigval)
     except ChildFailedError as err:
         rank, failure = err.get_first_failure()
         message = failure.message if isinstance(failure.message, str) else failure.message.get("message", "")
@@ -169,7 +175,7 @@ def die_with_launcher() -> None:
     """In a worker of fw's launcher: have the kernel send SIGTERM when the launcher dies, even
     by SIGKILL, so that no worker trains on unsupervised (it stops after its step, see
     ``trainer/signals.py``). Linux only; elsewhere nothing."""
-    launcher = os.environ.get(_LAUNCHER_PID)
+    launcher = os.environ.pop(_LAUNCHER_PID, None)  # not for the processes this worker starts
     if not launcher or not sys.platform.startswith("linux"):
         return
     import ctypes
@@ -178,7 +184,7 @@ def die_with_launcher() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         return
-    if str(os.getppid()) != launcher:  # it died before we asked
+    if os.getppid() == 1:  # it died before we asked: the worker is an orphan already
         os.kill(os.getpid(), signal.SIGTERM)
 
 

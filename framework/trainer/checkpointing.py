@@ -143,6 +143,7 @@ def dump(trainer, per_rank: list[dict]) -> dict:
         # a restarted (elastic) or requeued (SLURM) job looks for its own checkpoints by these
         "run_id": os.environ.get("TORCHELASTIC_RUN_ID"),
         "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
+        "fit_index": trainer.state.fit_index,
     }
     trainer.hooks.module_hook("on_save_checkpoint", checkpoint)  # the module's hook first, then the callbacks'
     trainer.hooks.callbacks("on_save_checkpoint", checkpoint)
@@ -172,6 +173,8 @@ def _running_aggregates(trainer) -> dict | None:
 def resolve_path(trainer, ckpt_path: Any, fn: str) -> str | None:
     """The checkpoint file a run starts from: ``ckpt_path`` itself, the newest ``last*.ckpt``
     for ``"last"``, or, in a restarted or requeued job's fit, its own newest checkpoint."""
+    if fn == "fit":
+        trainer.state.fit_index = _count_fit()
     if ckpt_path is None and fn == "fit":
         return _checkpoint_to_restart_from(trainer)
     if ckpt_path == "last":
@@ -218,6 +221,17 @@ def _mismatch(err: RuntimeError) -> str:
     return text[:400] + (" ..." if len(text) > 400 else "")
 
 
+_fits_in_this_process = 0
+
+
+def _count_fit() -> int:
+    """Which fit of this program this is (1, 2, ...): a restarted program runs the same fits in
+    the same order, so a pretraining fit resumes from its own checkpoints, not a later fit's."""
+    global _fits_in_this_process
+    _fits_in_this_process += 1
+    return _fits_in_this_process
+
+
 def _checkpoint_to_restart_from(trainer) -> str | None:
     """In a worker that the elastic agent restarted (``TORCHELASTIC_RESTART_COUNT`` > 0), or in
     a SLURM job that was requeued (``SLURM_RESTART_COUNT`` > 0), the newest checkpoint this run
@@ -234,7 +248,7 @@ def _checkpoint_to_restart_from(trainer) -> str | None:
     path = None
     if trainer.is_global_zero:
         dirs = [getattr(cb, "dirpath", None) for cb in trainer.callbacks] + [trainer.default_root_dir]
-        path = ckpt.newest_checkpoint_of_run(dirs, key, value)
+        path = ckpt.newest_checkpoint_of_run(dirs, {key: value, "fit_index": trainer.state.fit_index})
     if trainer.strategy.is_distributed:
         path = trainer.strategy.broadcast(path)
     where = f"resuming from {path}" if path else "no checkpoint of this run was found, starting from scratch"

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from framework.checkpoint import check_writable, plain_hparams
+from framework.checkpoint import check_writable_on_every_rank, plain_hparams
 from framework.data import DataModule, shard_dataloader
 from framework.errors import ConfigError
 from framework.optim import parse_optimizers
@@ -114,8 +114,7 @@ def _prepare_loaders(trainer, key: str, given: Any, datamodule, seed: int) -> li
 
 
 def _setup_loggers(trainer, resume_path: str | None) -> None:
-    if trainer.is_global_zero:
-        check_writable(trainer.default_root_dir, "trainer.default_root_dir")
+    check_writable_on_every_rank(trainer.default_root_dir, "trainer.default_root_dir", trainer.strategy)
     for lg in trainer.loggers:
         lg.set_default_root(trainer.default_root_dir, resume_from=resume_path)
     log_dir = trainer.loggers[0].log_dir if trainer.loggers and trainer.is_global_zero else None

@@ -35,6 +35,7 @@ class RunState:
             as in Lightning; the position below remembers that it was cut.
         global_step: optimizer steps taken so far (all epochs).
         position_epoch: the epoch that ``batches_done`` and ``epoch_finished`` refer to.
+        fit_index: which fit of this program the last fit was (1, 2, ...; see checkpointing).
         batches_done: batches of ``position_epoch`` already trained on.
         epoch_finished: ``position_epoch`` ran to its end and its epoch-end work is under way
             (the position moves to the start of the next epoch right after).
@@ -62,6 +63,7 @@ class RunState:
     signal: int | None = None
     stop_reason: str | None = None
     position_epoch: int = 0
+    fit_index: int = 0
     epoch_start_rng: dict | None = None
     cut: CutEpoch | None = None
     resume_from: ResumePoint | None = None
@@ -87,9 +89,10 @@ class RunState:
             self.position_epoch, self.batches_done, self.epoch_finished = self.epoch, 0, False
 
     def stop(self, reason: str) -> None:
-        """Record why the run stops (the first reason wins)."""
+        """Record why the run stops (the first reason wins, but a signal wins over all: its
+        stop writes a checkpoint and may requeue the job)."""
         assert reason in STOP_REASONS, reason
-        self.stop_reason = self.stop_reason or reason
+        self.stop_reason = reason if reason == "preempted" else self.stop_reason or reason
 
     # -- checkpoints ------------------------------------------------------------------------
     def progress(self) -> dict[str, Any]:

@@ -269,7 +269,7 @@ class Trainer:
         if not isinstance(model, TrainModule):
             raise ConfigError(f"trainer.{fn}(): the model is a {type(model).__module__}.{type(model).__qualname__}, "
                               "not a TrainModule; subclass framework.TrainModule (training_step, configure_optimizers)")
-        self.state.fn, self.state.status, self.state.signal = fn, "running", None
+        self.state.fn, self.state.status, self.state.signal, self.state.stop_reason = fn, "running", None, None
         failed = False
         try:
             resume_path = setup.setup(self, fn, model, datamodule, loaders, ckpt_path)
@@ -277,7 +277,7 @@ class Trainer:
             setup.print_summary(self, fn)
             with SignalCatcher(self) if fn == "fit" else contextlib.nullcontext():
                 result = loop(self, fn)
-            if self.state.stop_reason == "preempted":
+            if fn == "fit" and self.state.stop_reason == "preempted":
                 self.state.status = "interrupted"
                 save_after_signal(self)
             else:
@@ -292,7 +292,7 @@ class Trainer:
             raise
         finally:
             setup.teardown(self, fn, failed)
-        if self.state.stop_reason == "preempted":
+        if fn == "fit" and self.state.stop_reason == "preempted":
             sys.exit(0)  # stopped on a signal, with its state saved: a clean end
         return result
 

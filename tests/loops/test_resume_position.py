@@ -82,3 +82,12 @@ def test_a_stateful_loader_is_saved_and_restored(tmp_path):
     assert loader.restored == [{"position": 12}]
     for a, b in zip(straight.state_dict().values(), resumed.state_dict().values()):
         assert torch.equal(a, b)
+
+
+def test_loaders_with_workers_are_drawn_and_dropped_not_skipped_by_index():
+    from framework.data import skipping_first_batches
+
+    data = regression_data(32)
+    assert skipping_first_batches(DataLoader(data, batch_size=8), 2) is not None
+    # worker processes seed their own RNG and take batches in turn: skipping would change both
+    assert skipping_first_batches(DataLoader(data, batch_size=8, num_workers=2), 2) is None

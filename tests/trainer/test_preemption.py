@@ -143,3 +143,42 @@ def _is_running(pid: int) -> bool:
     except OSError:
         return False
     return state != "Z"
+
+
+def test_after_a_stop_on_a_signal_the_same_trainer_validates_normally(tmp_path):
+    import sys as _sys
+
+    _sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    import framework as fw
+    from toy import QUIET, LinearModel, loader, regression_data
+
+    class SignalAtStep3(fw.Callback):
+        def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+            if trainer.global_step == 3:
+                os.kill(os.getpid(), signal.SIGTERM)
+
+    trainer = fw.Trainer(**QUIET, max_epochs=5, default_root_dir=str(tmp_path), callbacks=[SignalAtStep3()])
+    with pytest.raises(SystemExit) as stopped:  # a notebook catches this
+        trainer.fit(LinearModel(), loader(regression_data(32), 8), loader(regression_data(16), 8))
+    assert stopped.value.code == 0 and trainer.global_step == 3 and (tmp_path / "preempted.ckpt").is_file()
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL or callable(signal.getsignal(signal.SIGTERM))
+    results = trainer.validate(dataloaders=loader(regression_data(16), 8))  # no second exit
+    assert "val/loss" in results[0] and trainer.state.stop_reason is None
+
+
+def test_a_signal_wins_over_max_time_as_the_stop_reason():
+    from framework.trainer.state import RunState
+
+    state = RunState()
+    state.stop("max_time")
+    state.stop("should_stop")
+    assert state.stop_reason == "max_time"
+    state.stop("preempted")
+    assert state.stop_reason == "preempted"
+
+
+def test_a_process_started_by_a_worker_is_not_taken_for_a_worker():
+    code = "import framework as fw; fw.Trainer(accelerator='cpu', logger=False); print('alive')"
+    done = subprocess.run([PYTHON, "-c", code], env={**clean_env(), "FW_LAUNCHER_PID": "1"}, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0 and "alive" in done.stdout, done.stderr
