@@ -174,9 +174,16 @@ def _rendezvous_role(endpoint: str, socket_ifname: str | None) -> tuple[dict, st
 def die_with_launcher() -> None:
     """In a worker of fw's launcher: have the kernel send SIGTERM when the launcher dies, even
     by SIGKILL, so that no worker trains on unsupervised (it stops after its step, see
-    ``trainer/signals.py``). Linux only; elsewhere nothing."""
-    launcher = os.environ.pop(_LAUNCHER_PID, None)  # not for the processes this worker starts
+    ``trainer/signals.py``). A process that a worker starts in turn inherits the variable but
+    not the launcher as its parent, and is left alone. Linux only; elsewhere nothing."""
+    launcher = os.environ.get(_LAUNCHER_PID)
     if not launcher or not sys.platform.startswith("linux"):
+        return
+    parent = os.getppid()
+    if parent == 1:  # the launcher died before we could ask: this worker is an orphan already
+        os.kill(os.getpid(), signal.SIGTERM)
+        return
+    if str(parent) != launcher:
         return
     import ctypes
 
@@ -184,8 +191,6 @@ def die_with_launcher() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         return
-    if os.getppid() == 1:  # it died before we asked: the worker is an orphan already
-        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def record_worker_error(exc: BaseException) -> None:

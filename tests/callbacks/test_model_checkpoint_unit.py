@@ -13,6 +13,8 @@ from .fakes import assert_matches_real, real_trainer
 
 class FakeStrategy:
     TEST_ONLY = ("decisions",)
+    is_global_zero = True
+    is_distributed = False
 
     def __init__(self):
         self.decisions = []
