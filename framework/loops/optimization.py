@@ -110,16 +110,12 @@ def _nonfinite_guard(trainer) -> Callable[[torch.Tensor, int], torch.Tensor | No
         rank_zero_warn(f"non-finite loss at {where}: " + ("step skipped" if mode == "skip" else "training on"))
 
     def flush() -> None:
-        if not pending:
-            return
-        flags = torch.stack([flag for _, flag, _ in pending])
-        if not bool(flags.all()):  # one sync for all of them
-            for where, flag, loss in pending:
-                if not bool(flag):
-                    pending.clear()
-                    report(where, loss)
-                    break
+        checked = list(pending)
         pending.clear()
+        if not checked or bool(torch.stack([flag for _, flag, _ in checked]).all()):  # one sync for all
+            return
+        where, _, loss = next(item for item in checked if not bool(item[1]))  # the first bad step
+        report(where, loss)
 
     def guard(loss: torch.Tensor, batch_idx: int) -> torch.Tensor | None:
         where = f"step {state.global_step + 1} (epoch {state.epoch}, batch {batch_idx})"

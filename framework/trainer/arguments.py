@@ -43,7 +43,7 @@ def one_of(name: str, value: Any, choices: tuple[str, ...]) -> str:
     return value
 
 
-def signal_name(name: str, value: Any) -> str | None:
+def signal_arg(name: str, value: Any) -> str | None:
     import signal
 
     if value is None:

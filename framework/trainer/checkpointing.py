@@ -153,8 +153,7 @@ def dump(trainer, per_rank: list[dict]) -> dict:
 def _loader_state(trainer) -> dict | None:
     """Mid-epoch, a stateful training loader's own position (its ``state_dict()``)."""
     loaders = trainer.loaders.get("train") or []
-    state = trainer.state
-    if not loaders or state.epoch_finished or not state.batches_done:
+    if not loaders or not trainer.state.mid_epoch:
         return None
     return loaders[0].state_dict() if callable(getattr(loaders[0], "state_dict", None)) else None
 
@@ -162,7 +161,7 @@ def _loader_state(trainer) -> dict | None:
 def _running_aggregates(trainer) -> dict | None:
     """Mid-epoch, the epoch's metric aggregates so far (so a resume logs the same epoch values)."""
     state = trainer.state
-    if state.epoch_finished or not state.batches_done:
+    if not state.mid_epoch:
         return None
     if state.cut is not None:
         return state.cut.metrics

@@ -21,6 +21,7 @@ import torch
 
 from framework.data import batch_size_of
 from framework.errors import ConfigError
+from framework.rank_zero import rank_zero_warn
 
 _REDUCE_FX = ("mean", "sum", "max", "min")
 
@@ -179,6 +180,10 @@ class MetricCollector:
                 states = {k: v.clone() if isinstance(v, torch.Tensor) else [t.clone() for t in v]
                           for k, v in entry.metric.metric_state.items()}
                 saved[name] = {"flags": flags, "metric_path": path, "metric_state": states}
+            else:
+                rank_zero_warn(f"self.log('{name}', metric): the metric is not an attribute of the module, so a "
+                               "checkpoint cannot keep its state; after a mid-epoch resume its epoch value "
+                               "covers only the batches after the resume. Make it an attribute of the module")
         return saved
 
     def load_state_dict(self, saved: dict, module) -> None:

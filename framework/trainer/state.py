@@ -68,6 +68,12 @@ class RunState:
     cut: CutEpoch | None = None
     resume_from: ResumePoint | None = None
 
+    @property
+    def mid_epoch(self) -> bool:
+        """Some but not all batches of ``position_epoch`` are done: a checkpoint written now
+        resumes inside it."""
+        return self.batches_done > 0 and not self.epoch_finished
+
     def start_epoch(self, rng_state: dict) -> None:
         self.position_epoch, self.batches_done, self.epoch_finished = self.epoch, 0, False
         self.epoch_start_rng, self.cut = rng_state, None

@@ -139,7 +139,7 @@ class Trainer:
         self.gradient_clip_algorithm = args.clip_algorithm(gradient_clip_algorithm)
         self.deterministic = bool(deterministic)
         self.on_nonfinite = args.one_of("on_nonfinite", on_nonfinite, ("error", "skip", "warn"))
-        self.preemption_signal = args.signal_name("preemption_signal", preemption_signal)
+        self.preemption_signal = args.signal_arg("preemption_signal", preemption_signal)
         self.requeue = bool(requeue)
         self.default_root_dir = os.fspath(default_root_dir) if default_root_dir else os.getcwd()
 
