@@ -236,9 +236,10 @@ def _checkpoint_to_restart_from(trainer) -> str | None:
     a SLURM job that was requeued (``SLURM_RESTART_COUNT`` > 0), the newest checkpoint this run
     wrote before: rank 0 looks, every rank takes its answer. A first attempt resumes nothing."""
     env = os.environ
-    if int(env.get("TORCHELASTIC_RESTART_COUNT") or 0) and env.get("TORCHELASTIC_RUN_ID"):
+    restarts = _elastic_restarts(trainer)
+    if restarts and env.get("TORCHELASTIC_RUN_ID"):
         key, value, who = "run_id", env["TORCHELASTIC_RUN_ID"], "workers restarted by the elastic agent"
-        count = env["TORCHELASTIC_RESTART_COUNT"]
+        count = str(restarts)
     elif int(env.get("SLURM_RESTART_COUNT") or 0) and env.get("SLURM_JOB_ID"):
         key, value, who = "slurm_job_id", env["SLURM_JOB_ID"], f"SLURM job {env['SLURM_JOB_ID']} requeued"
         count = env["SLURM_RESTART_COUNT"]
@@ -253,6 +254,17 @@ def _checkpoint_to_restart_from(trainer) -> str | None:
     where = f"resuming from {path}" if path else "no checkpoint of this run was found, starting from scratch"
     rank_zero_print(f"fw: {who} (restart {count}): {where}", file=sys.stderr)
     return path
+
+
+def _elastic_restarts(trainer) -> int:
+    """How often the elastic agents restarted this job's workers, as every rank agrees: on
+    several nodes, the agent whose workers were healthy restarts them for the new round
+    without counting it, so its ``TORCHELASTIC_RESTART_COUNT`` stays behind the others'."""
+    restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT") or 0)
+    if os.environ.get("TORCHELASTIC_RUN_ID") and trainer.strategy.is_distributed:
+        mine = torch.tensor(restarts, device=trainer.strategy.collective_device)
+        restarts = int(trainer.strategy.all_reduce(mine, "max").item())
+    return restarts
 
 
 def _resume_point(trainer, checkpoint: dict) -> ResumePoint:

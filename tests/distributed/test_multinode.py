@@ -100,3 +100,104 @@ def test_two_nodes_over_their_own_interfaces_equal_one_process(two_hosts, tmp_pa
     for key, value in single["state"].items():
         assert torch.equal(a["state"][key], b["state"][key])
         torch.testing.assert_close(a["state"][key], value, atol=1e-5, rtol=0)
+
+
+RESTART_SCRIPT = """
+import json, os, signal, sys, time
+import torch, torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader
+import framework as fw
+from framework.callbacks import ModelCheckpoint
+import workload
+
+node, ifname, endpoint, out, name = sys.argv[1:6]
+kill_rank, kill_step = int(sys.argv[6]), int(sys.argv[7])
+marker = f"{out}/{name}.killed"  # the nodes' restart counts differ, so a file says "done once"
+
+class Dropout(workload.Regressor):
+    def __init__(self):
+        super().__init__()
+        self.drop = nn.Dropout(0.2)
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return F.mse_loss(self.net(self.drop(x)), y)
+
+class KillOnce(fw.Callback):
+    # kills rank kill_rank at kill_step, once; the other rank is in a long step then, so its
+    # worker is still healthy when the new round starts: its agent restarts it as a membership
+    # change, which the agent does not count as a restart
+    def on_train_batch_start(self, trainer, module, batch, batch_idx):
+        if trainer.global_step != kill_step or os.path.exists(marker):
+            return
+        if trainer.global_rank == kill_rank:
+            open(marker, "w").close()
+            os.kill(os.getpid(), signal.SIGKILL)
+        else:
+            time.sleep(3)
+
+fw.seed_everything(0)
+model = Dropout()
+trainer = fw.Trainer(devices=1, num_nodes=2, rdzv_endpoint=endpoint,
+                     strategy={"name": "ddp_gloo", "socket_ifname": ifname, "timeout": 60},
+                     max_epochs=2, accelerator="cpu", logger=False, enable_progress_bar=False,
+                     num_sanity_val_steps=0, default_root_dir=f"{out}/{name}",
+                     max_restarts=0 if kill_rank < 0 else 1,
+                     callbacks=[KillOnce(), ModelCheckpoint(every_n_train_steps=1, save_top_k=-1)])
+trainer.fit(model, DataLoader(workload.regression_data(64), batch_size=4, shuffle=True))
+with open(f"{out}/{name}_rank{trainer.global_rank}.json", "w") as f:
+    json.dump({"step": trainer.global_step,
+               "w": torch.cat([p.detach().flatten() for p in model.parameters()]).tolist()}, f)
+"""
+
+
+def _run_on_both(two_hosts, script, tmp_path, *args: str, timeout: float = 120) -> dict[str, str]:
+    """Run ``script NODE IFNAME ENDPOINT OUT *args`` in namespaces A and B; their outputs."""
+    names, ifaces, addrs = two_hosts
+    endpoint = f"{addrs['A']}:{free_port()}"
+    procs = {
+        node: subprocess.Popen(
+            ["ip", "netns", "exec", names[node], sys.executable, str(script), node, ifaces[node], endpoint,
+             str(tmp_path), *args],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=clean_env(), cwd=REPO,
+            start_new_session=True)
+        for node in "AB"
+    }
+    outputs = {}
+    try:
+        for node, proc in procs.items():
+            outputs[node], _ = proc.communicate(timeout=timeout)
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                _kill_tree(proc.pid)
+                proc.communicate()
+    for node, proc in procs.items():
+        assert proc.returncode == 0, f"node {node} exited {proc.returncode}:\n{outputs.get(node)}\n" \
+                                     f"other node:\n{outputs['B' if node == 'A' else 'A']}"
+    return outputs
+
+
+@pytest.mark.timeout(60 + 90 * 10)
+def test_a_worker_killed_on_either_node_restarts_both_and_resumes_bit_identically(two_hosts, tmp_path):
+    """As tests/distributed/test_elastic_restart.py, across two nodes: the node whose worker
+    died restarts it, the other node's agent restarts its own worker for the new round, and
+    both resume from the newest checkpoint of the run (``FW_RESTART_REPEATS`` kills)."""
+    import json
+    import random
+
+    script = write_script(tmp_path, RESTART_SCRIPT)
+    _run_on_both(two_hosts, script, tmp_path, "straight", "-1", "-1")
+    straight = [json.loads((tmp_path / f"straight_rank{r}.json").read_text()) for r in (0, 1)]
+    rng = random.Random()
+    for attempt in range(int(os.environ.get("FW_RESTART_REPEATS", "2"))):
+        rank, step = rng.randrange(2), rng.randrange(1, 16)
+        name = f"killed{attempt}"
+        outputs = _run_on_both(two_hosts, script, tmp_path, name, str(rank), str(step))
+        assert (tmp_path / f"{name}.killed").exists(), outputs
+        both = outputs["A"] + outputs["B"]
+        assert "workers restarted by the elastic agent" in both and "resuming from" in both, both
+        for r in (0, 1):
+            got = json.loads((tmp_path / f"{name}_rank{r}.json").read_text())
+            assert got["step"] == 16 and got["w"] == straight[r]["w"], \
+                f"kill of rank {rank} at step {step}: rank {r}\n{both}"
