@@ -8,7 +8,10 @@ processes are started (``launcher``): ``DDPStrategy`` (Gloo or NCCL, from an ini
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import os
+import subprocess
 import sys
 import time
 from typing import Any, Iterator
@@ -113,6 +116,14 @@ class DistributedStrategy(Strategy):
 
     def on_exception(self, exc: BaseException) -> None:
         self._failed = True
+        if "timed out" in str(exc).lower() and self.world_size > 1:
+            sys.stderr.write(
+                f"fw: rank {self.global_rank} of {self.world_size} waited {self.timeout:g} s for the other ranks "
+                "in a collective (trainer.strategy.timeout): a rank stopped answering or died; its own "
+                "output says why\n")
+        if self.dist.source == "slurm" and self.world_size > 1 and isinstance(exc, Exception):
+            atexit.register(_end_slurm_step, self.global_rank)  # after the error is printed
+
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "backend": self.backend, "rank": self.global_rank}
@@ -154,3 +165,19 @@ class DistributedStrategy(Strategy):
         flag = torch.tensor(int(bool(decision)), device=self.collective_device)
         total = int(self.all_reduce(flag, "sum").item())
         return total == self.world_size if all else total > 0
+
+
+def _end_slurm_step(rank: int) -> None:
+    """End this rank's srun step, as torchrun and mpiexec end the job when one process fails:
+    srun keeps the other tasks running unless started with ``--kill-on-bad-exit``, and a rank
+    that stopped answering would then hold the allocation until its time limit."""
+    job, step = os.environ.get("SLURM_JOB_ID"), os.environ.get("SLURM_STEP_ID")
+    if not job or step is None:
+        return
+    sys.stderr.write(f"fw: rank {rank} failed: ending SLURM step {job}.{step} so that no rank is left "
+                     "waiting for it (srun --kill-on-bad-exit=1 does the same)\n")
+    sys.stderr.flush()
+    try:
+        subprocess.run(["scancel", "--quiet", "--signal=KILL", f"{job}.{step}"], timeout=10, check=False)
+    except (OSError, subprocess.SubprocessError):
+        sys.stderr.write("fw: scancel is not available here; start the job with srun --kill-on-bad-exit=1\n")

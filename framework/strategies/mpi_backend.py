@@ -25,7 +25,8 @@ that rank's traceback. Without it the job hangs until something outside kills it
 Other things to know:
 
 * CPU tensors only; collectives are synchronous (DDP's all-reduce does not overlap backward).
-* ``timeout`` is accepted for API symmetry but cannot bound an MPI collective.
+* ``timeout`` bounds every call of the group: past it, a watchdog aborts the MPI job (MPI's
+  own collectives have no timeout); it reports a long wait on stderr every 30 s.
 * torch ranks must equal ``COMM_WORLD`` ranks (``init_mpi_process_group`` makes it so);
   ``dist.new_group(ranks, backend="fw_mpi")`` builds a sub-communicator of those ranks.
 * ``reduce``/``gather``/``scatter``/``all_to_all`` work when called from Python
@@ -73,7 +74,7 @@ def _create_backend(backend_opts, _pg_options) -> dist.ProcessGroup:
             f"torch rank {backend_opts.group_rank}/{backend_opts.group_size} does not match MPI rank "
             f"{comm.Get_rank()}/{comm.Get_size()}: initialise the default group with rank=COMM_WORLD.rank"
         )
-    return MPIProcessGroup(comm)
+    return MPIProcessGroup(comm, getattr(backend_opts, "timeout", None))
 
 
 def register_mpi_backend(name: str = BACKEND_NAME) -> str:
@@ -94,7 +95,8 @@ def init_mpi_process_group(timeout: datetime.timedelta | None = None) -> tuple[i
     without it is a world of size 1).
 
     Args:
-        timeout: passed to ``init_process_group``; it cannot bound an MPI collective.
+        timeout: passed to ``init_process_group``; the group aborts the MPI job when a call
+            waits longer (torch's default, 30 minutes, when None).
 
     Raises:
         DistributedSetupError: mpi4py is not installed, or a group is already initialised.

@@ -14,8 +14,10 @@ Rules that every method follows:
   DDP's gradient all-reduce with backward). Point-to-point ``send``/``recv`` are the
   exception: they start a non-blocking MPI request and ``Work.wait()`` completes it, so
   ``isend``/``irecv`` pairs in either order do not deadlock.
-* MPI collectives have no timeout; a dead peer is handled by the launcher (run under
-  ``python -m mpi4py`` so an uncaught exception aborts the whole job).
+* MPI collectives have no timeout, so the group keeps its own: a watchdog thread says on
+  stderr what a rank has been waiting for (every 30 s) and aborts the MPI job once one call
+  has waited longer than the group's timeout (a rank that stopped answering). A rank that
+  raises aborts the job at once (``MPIStrategy.on_exception`` and the excepthook).
 
 This relies on a private, experimental torch API (``_create_work_from_future``, Python
 subclasses of ``ProcessGroup``); ``tests/strategies/test_mpi_backend.py`` pins its behaviour.
@@ -23,7 +25,12 @@ subclasses of ``ProcessGroup``); ``tests/strategies/test_mpi_backend.py`` pins i
 
 from __future__ import annotations
 
-from typing import Any
+import functools
+import sys
+import threading
+import time
+from datetime import timedelta
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
@@ -76,18 +83,95 @@ class _Staged:
             self.t.copy_(self.buf)
 
 
+class _Watchdog:
+    """Bounds every MPI call of a group by ``timeout`` (MPI has no timeout of its own).
+
+    The calls mark themselves busy (``watching``: two attribute writes, no lock); a daemon
+    thread looks once a second, reports a wait every 30 s (or half the timeout) on stderr, and
+    past the timeout aborts the whole MPI job: a rank that stopped answering (SIGSTOP, a
+    dead node, a deadlock) would otherwise keep the others waiting forever.
+    """
+
+    def __init__(self, comm, timeout_s: float) -> None:
+        self.comm, self.timeout_s = comm, timeout_s
+        self.report_every = min(30.0, timeout_s / 2)
+        self.what: str | None = None
+        self.since = 0.0
+        self._thread = threading.Thread(target=self._watch, name="fw-mpi-watchdog", daemon=True)
+        self._thread.start()
+
+    def watching(self, what: str, call: Callable[[], Any]) -> Any:
+        if self.what is not None:  # a call made by another watched call
+            return call()
+        self.since = time.monotonic()  # before ``what``: the thread reads ``what`` first
+        self.what = what
+        try:
+            return call()
+        finally:
+            self.what = None
+
+    def _watch(self) -> None:
+        seen, next_report = None, self.report_every
+        while True:
+            time.sleep(min(1.0, self.report_every / 2))
+            what = self.what
+            since = self.since
+            if what is None:
+                continue
+            if (what, since) != seen:
+                seen, next_report = (what, since), self.report_every
+            waited = time.monotonic() - since
+            where = f"rank {self.comm.Get_rank()} of {self.comm.Get_size()}"
+            if waited > self.timeout_s:
+                self._abort(f"fw: error: {where} waited {waited:.0f} s in MPI {what} for the other ranks "
+                            f"(timeout {self.timeout_s:g} s, trainer.strategy.timeout): a rank stopped "
+                            "answering; aborting the MPI job")
+            if waited >= next_report:
+                next_report += self.report_every
+                sys.__stderr__.write(f"fw: {where} has waited {waited:.0f} s in MPI {what} for the other "
+                                     f"ranks (aborting after {self.timeout_s:g} s, trainer.strategy.timeout)\n")
+                sys.__stderr__.flush()
+
+    def _abort(self, message: str) -> None:
+        from mpi4py import MPI
+
+        sys.__stderr__.write(message + "\n")
+        sys.__stderr__.flush()
+        time.sleep(0.5)  # let the launcher forward the line before the abort tears it down
+        MPI.COMM_WORLD.Abort(1)
+
+
+def _watched(what: str):
+    """Run the decorated method under the group's watchdog (when it has one), named ``what``."""
+
+    def wrap(method):
+        @functools.wraps(method)
+        def run(self, *args, **kwargs):
+            if self._watchdog is None:
+                return method(self, *args, **kwargs)
+            return self._watchdog.watching(what, lambda: method(self, *args, **kwargs))
+
+        return run
+
+    return wrap
+
+
 class MPIProcessGroup(dist.ProcessGroup):
     """A c10d process group over an mpi4py communicator (CPU tensors, synchronous collectives).
 
     Args:
         comm: the ``mpi4py.MPI.Comm`` the group uses; its rank and size are the group's.
+        timeout: the longest one call may wait for the other ranks before the job is aborted
+            (None: no bound, as MPI itself).
     """
 
-    def __init__(self, comm) -> None:
+    def __init__(self, comm, timeout: timedelta | None = None) -> None:
         super().__init__(comm.Get_rank(), comm.Get_size())
         from mpi4py import MPI
 
         self._MPI, self.comm = MPI, comm
+        bounded = timeout is not None and comm.Get_size() > 1
+        self._watchdog = _Watchdog(comm, timeout.total_seconds()) if bounded else None
         self._ops = {
             _RedOp.SUM: MPI.SUM, _RedOp.AVG: MPI.SUM, _RedOp.PRODUCT: MPI.PROD,
             _RedOp.MIN: MPI.MIN, _RedOp.MAX: MPI.MAX,
@@ -126,6 +210,7 @@ class MPIProcessGroup(dist.ProcessGroup):
                 else:  # integer mean truncates, as NCCL's does
                     buf.copy_(torch.div(buf, self.size(), rounding_mode="trunc"))
 
+    @_watched("all-reduce")
     def allreduce(self, tensors: list[torch.Tensor], opts=None) -> dist.Work:
         for t in tensors:
             self._reduce_into(t, None, opts, "allreduce")
@@ -134,18 +219,21 @@ class MPIProcessGroup(dist.ProcessGroup):
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts=None) -> dist.Work:
         return self.allreduce(tensors, opts)
 
+    @_watched("reduce")
     def reduce(self, tensors: list[torch.Tensor], opts) -> dist.Work:
         # Called by torch.distributed's Python functions only (no C++ trampoline hook).
         for t in tensors:
             self._reduce_into(t, None, opts, "reduce")
         return _done(tensors)
 
+    @_watched("reduce-scatter")
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts=None):
         self._reduce_into(output, input, opts, "reduce_scatter")
         return _done(output)
 
     _reduce_scatter_base = reduce_scatter_single
 
+    @_watched("reduce-scatter")
     def reduce_scatter(self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], opts=None):
         for out, chunks in zip(outputs, inputs):
             self.reduce_scatter_single(out, torch.cat([c.reshape(-1) for c in chunks]), opts)
@@ -153,6 +241,7 @@ class MPIProcessGroup(dist.ProcessGroup):
 
     # ---- data movement ----------------------------------------------------------------
 
+    @_watched("broadcast")
     def broadcast(self, tensors: list[torch.Tensor], opts=None) -> dist.Work:
         root = opts.rootRank if opts is not None else 0
         for t in tensors:
@@ -160,6 +249,7 @@ class MPIProcessGroup(dist.ProcessGroup):
                 self.comm.Bcast(_view(buf), root=root)
         return _done(tensors)
 
+    @_watched("all-gather")
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts=None) -> dist.Work:
         if output.numel() != input.numel() * self.size():
             raise ValueError("all_gather_into_tensor: output must hold world_size * input.numel()")
@@ -170,6 +260,7 @@ class MPIProcessGroup(dist.ProcessGroup):
 
     _allgather_base = all_gather_single
 
+    @_watched("all-gather")
     def allgather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts=None):
         for outs, inp in zip(outputs, inputs):
             flat = torch.empty((self.size(), inp.numel()), dtype=inp.dtype)
@@ -178,6 +269,7 @@ class MPIProcessGroup(dist.ProcessGroup):
                 out.copy_(row.view(out.shape))
         return _done(outputs)
 
+    @_watched("gather")
     def gather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts) -> dist.Work:
         # Python-level hook only, like ``reduce``; ``outputs`` is empty except on the root.
         (inp,) = inputs
@@ -189,6 +281,7 @@ class MPIProcessGroup(dist.ProcessGroup):
                 out.copy_(row.view(out.shape))
         return _done(outputs[0] if outputs else [])
 
+    @_watched("scatter")
     def scatter(self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], opts) -> dist.Work:
         (out,) = outputs
         is_root = self.rank() == opts.rootRank
@@ -197,6 +290,7 @@ class MPIProcessGroup(dist.ProcessGroup):
             self.comm.Scatter(_view(flat) if is_root else None, _view(buf), root=opts.rootRank)
         return _done(outputs)
 
+    @_watched("all-to-all")
     def alltoall(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts=None) -> dist.Work:
         flat_out = torch.empty(sum(t.numel() for t in outputs), dtype=outputs[0].dtype)
         flat_in = torch.cat([t.detach().reshape(-1) for t in inputs])
@@ -205,6 +299,7 @@ class MPIProcessGroup(dist.ProcessGroup):
             out.copy_(chunk.view(out.shape))
         return _done(outputs)
 
+    @_watched("all-to-all")
     def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
         n = self.size()
         send, row_in = input.detach().contiguous(), input[0].numel() if input.dim() else 1
@@ -223,18 +318,22 @@ class MPIProcessGroup(dist.ProcessGroup):
 
     all_to_all_single = alltoall_base
 
+    @_watched("barrier")
     def barrier(self, opts=None) -> dist.Work:
         self.comm.Barrier()
         return _done([])
 
     # ---- point to point: non-blocking, completed by Work.wait() -------------------------
 
-    def _p2p(self, start, t: torch.Tensor, receive: bool) -> dist.Work:
+    def _p2p(self, start, t: torch.Tensor, receive: bool, what: str) -> dist.Work:
         staged = _Staged(t, copy_in=not receive)
         request = start(_view(staged.buf))  # the closure below keeps the buffer alive
 
         def wait(_timeout) -> bool:
-            request.Wait()
+            if self._watchdog is None:
+                request.Wait()
+            else:
+                self._watchdog.watching(what, request.Wait)
             if receive:
                 staged.__exit__(None, None, None)  # copy a staged receive back into ``t``
             return True
@@ -243,8 +342,10 @@ class MPIProcessGroup(dist.ProcessGroup):
 
     def send(self, tensors: list[torch.Tensor], dst: int, tag: int) -> dist.Work:
         (t,) = tensors
-        return self._p2p(lambda buf: self.comm.Isend(buf, dest=dst, tag=tag), t, receive=False)
+        return self._p2p(lambda buf: self.comm.Isend(buf, dest=dst, tag=tag), t, receive=False,
+                         what=f"send to rank {dst}")
 
     def recv(self, tensors: list[torch.Tensor], src: int, tag: int) -> dist.Work:
         (t,) = tensors
-        return self._p2p(lambda buf: self.comm.Irecv(buf, source=src, tag=tag), t, receive=True)
+        return self._p2p(lambda buf: self.comm.Irecv(buf, source=src, tag=tag), t, receive=True,
+                         what=f"receive from rank {src}")

@@ -91,8 +91,12 @@ trainer.fit(Freezes(), DataLoader(workload.regression_data(64), batch_size=4))
 
 
 @pytest.mark.timeout(120)
-def test_a_rank_that_stops_answering_ends_the_job_after_the_timeout(tmp_path):
-    result = run_script(write_script(tmp_path, STOPPED), timeout=100)
+@pytest.mark.parametrize("launcher", ["fw", "torchrun"])
+def test_a_rank_that_stops_answering_ends_the_job_after_the_timeout(tmp_path, launcher):
+    result = run_script(write_script(tmp_path, STOPPED), launcher=launcher, timeout=100)
     assert result.returncode != 0, result.output
     assert result.wall_s < 80, f"took {result.wall_s:.1f} s"
-    assert "fw: error: worker rank 0" in result.output and "Timed out" in result.output, result.output
+    assert "fw: rank 0 of 2 waited 5 s for the other ranks in a collective (trainer.strategy.timeout)" \
+        in result.output, result.output
+    if launcher == "fw":
+        assert "fw: error: worker rank 0" in result.output and "Timed out" in result.output, result.output

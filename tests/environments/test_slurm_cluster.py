@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 import torch
@@ -87,3 +88,39 @@ def test_sbatch_without_srun_is_explained_not_a_hang(tmp_path):
     text = log.read_text()
     assert "outside srun" in text and "srun" in text.split("outside srun", 1)[1]
     assert not (tmp_path / "rank0.pt").exists()
+
+
+STOPPED = textwrap.dedent(
+    """
+    import os, signal
+    import framework as fw
+    from toy import LinearModel, loader, regression_data
+
+    class Freezes(LinearModel):
+        def training_step(self, batch, batch_idx):
+            if self.global_rank == 1 and batch_idx == 2:
+                os.kill(os.getpid(), signal.SIGSTOP)  # stops answering, without dying
+            return super().training_step(batch, batch_idx)
+
+    trainer = fw.Trainer(accelerator="cpu", devices=2, strategy={"name": "ddp_gloo", "timeout": 6}, max_epochs=1,
+                         logger=False, enable_checkpointing=False, enable_progress_bar=False)
+    trainer.fit(Freezes(), loader(regression_data(32), 4))
+    """
+)
+
+
+@needs_slurm
+@pytest.mark.timeout(120)
+def test_a_rank_that_stops_answering_under_srun_ends_the_step(tmp_path):
+    """Without --kill-on-bad-exit srun waits for every task: the rank that timed out ends the step."""
+    script = tmp_path / "stopped.py"
+    script.write_text(STOPPED)
+    start = time.monotonic()
+    proc = subprocess.run(["srun", "-N1", "-n2", "--time=2", sys.executable, str(script)],
+                          env=subprocess_env(), capture_output=True, text=True, timeout=100)
+    elapsed = time.monotonic() - start
+    output = proc.stdout + proc.stderr
+    assert proc.returncode != 0, output
+    assert "fw: rank 0 of 2 waited 6 s for the other ranks in a collective (trainer.strategy.timeout)" in output
+    assert "fw: rank 0 failed: ending SLURM step" in output, output
+    assert elapsed < 60, f"took {elapsed:.1f} s\n{output}"
