@@ -8,7 +8,8 @@ collective of the framework move data over MPI, with no ports to open.
 Ranks come from the MPI launcher. Without one, ``fw fit`` with ``devices > 1`` refuses with the
 command to run (MPI jobs are started by ``mpiexec``, not by fw). An exception on one rank aborts
 the whole job through ``MPI.COMM_WORLD.Abort`` so that no rank waits forever in a collective
-(MPI collectives have no timeout).
+(MPI collectives have no timeout); a rank that stops answering makes the others abort the job
+once they have waited ``timeout`` seconds in one call (the ``fw_mpi`` group's watchdog).
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ class MPIStrategy(DistributedStrategy):
     """DDP whose default process group runs over MPI; ranks come from ``mpiexec``.
 
     Args:
-        timeout: seconds for torch's collectives (MPI's own have none; see ``abort_mpi_job``).
+        timeout: seconds one collective may wait for the other ranks before the MPI job is
+            aborted (the ``fw_mpi`` group's watchdog; MPI's own collectives have no timeout).
         find_unused_parameters, bucket_cap_mb, static_graph, gradient_as_bucket_view: passed
             to ``DistributedDataParallel``.
         init_method: refused: MPI connects the ranks itself (there is no address or file to
