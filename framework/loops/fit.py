@@ -12,7 +12,7 @@ import time
 from framework.errors import ConfigError, TrainingError
 from framework.loops.batches import num_batches
 from framework.loops.evaluation import run_evaluation
-from framework.loops.training_epoch import run_train_epoch, stop_requested
+from framework.loops.training_epoch import StopCheck, run_train_epoch
 from framework.rank_zero import rank_zero_warn
 
 
@@ -34,10 +34,10 @@ def run_fit(trainer, fn: str) -> None:
         state.resume_from.restore_rng()
     state.stage = "train"
     hooks("on_train_start")
-    deadline = time.monotonic() + trainer.max_time if trainer.max_time else None
+    stops = StopCheck(trainer, time.monotonic() + trainer.max_time if trainer.max_time else None)
     while not _fit_done(trainer):
-        run_train_epoch(trainer, loader, deadline)
-        stop_requested(trainer, deadline)
+        run_train_epoch(trainer, loader, stops)
+        stops()
     state.stage = None
     hooks("on_train_end")
     hooks("on_fit_end")

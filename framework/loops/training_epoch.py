@@ -7,8 +7,8 @@ short), and, for loaders without a length, on the batch a look-ahead shows to be
 
 The loop stops early when ``max_steps`` is reached, when a stop was requested once
 ``min_epochs`` are done, when ``max_time`` has passed, or when a rank received a stop signal
-(both read jointly by all ranks, every 20 batches when distributed, so that they stop at the
-same batch). Such a cut epoch still ends (its
+(both read jointly by all ranks when distributed, so that they stop at the same batch: see
+``StopCheck``). Such a cut epoch still ends (its
 epoch-end hooks run and it counts in ``current_epoch``, as in Lightning), but ``trainer.state``
 records it as unfinished: epoch-interval schedulers do not step for it, and a checkpoint written
 from then on resumes at its next batch, with its running metric aggregates and RNG state.
@@ -29,7 +29,7 @@ from framework.loops.optimization import forward_backward_fn, optimizer_step_fn,
 from framework.seed import get_rng_state
 
 
-def run_train_epoch(trainer, loader, deadline: float | None) -> None:
+def run_train_epoch(trainer, loader, stops: StopCheck) -> None:
     state, module, hooks = trainer.state, trainer.module, trainer.hooks
     collector = trainer.metrics.new_epoch("train")
     module.train()
@@ -49,8 +49,6 @@ def run_train_epoch(trainer, loader, deadline: float | None) -> None:
     accumulate, val_every = trainer.accumulate_grad_batches, _val_check_batches(trainer, limit)
     step_schedulers_now = any(cfg.interval == "step" for cfg in trainer.lr_scheduler_configs)
     log_every, metrics = trainer.log_every_n_steps, trainer.metrics
-    # a collective when distributed, so only every 20 batches
-    stop_check_every = 20 if trainer.strategy.is_distributed else 1
 
     trained = 0  # batches whose training_step returned a loss
     for batch_idx, batch in enumerate(iterator, start):
@@ -82,7 +80,7 @@ def run_train_epoch(trainer, loader, deadline: float | None) -> None:
             break
         if trainer.max_steps >= 0 and state.global_step >= trainer.max_steps:
             break
-        if (batch_idx + 1) % stop_check_every == 0 and stop_requested(trainer, deadline):
+        if (batch_idx + 1) % stops.every == 0 and stops():
             break
     forward_backward.flush_checks()
     if not trained and state.batches_done > start:
@@ -96,18 +94,41 @@ def run_train_epoch(trainer, loader, deadline: float | None) -> None:
     _end_train_epoch(trainer, collector)
 
 
-def stop_requested(trainer, deadline: float | None) -> bool:
-    """Has any rank received a stop signal, or has max_time passed on any rank? If so, every
-    rank records the stop (``preempted`` wins over ``max_time``). Collective when distributed:
-    call on every rank at the same batch."""
-    state = trainer.state
-    mine = 2 if state.signal is not None else 1 if deadline is not None and time.monotonic() > deadline else 0
-    if trainer.strategy.is_distributed:
-        mine = int(trainer.strategy.all_reduce(torch.tensor(mine, device=trainer.strategy.collective_device), "max"))
-    if mine:
-        state.should_stop = True
-        state.stop("preempted" if mine == 2 else "max_time")
-    return bool(mine)
+class StopCheck:
+    """Has any rank received a stop signal, or has ``max_time`` passed on any rank? If so, every
+    rank records the stop (``preempted`` wins over ``max_time``).
+
+    In one process the loop asks after every batch. Distributed, the answer is a collective
+    (call it on every rank at the same batch), so the loop asks every ``every`` batches: as
+    rarely as every 20 batches, but at least about every 5 s of training, because a launcher
+    that passes on SIGTERM waits only so long (30 s for torch's agent) before it kills the
+    workers. The ranks agree on ``every``: the check's all-reduce carries each rank's seconds
+    per batch since the last check, and all derive the next interval from the largest.
+    """
+
+    TARGET_S, MOST = 5.0, 20
+
+    def __init__(self, trainer, deadline: float | None) -> None:
+        self.trainer, self.deadline = trainer, deadline
+        self.distributed = trainer.strategy.is_distributed
+        self.every = 1
+        self._since = time.monotonic()
+
+    def __call__(self) -> bool:
+        state, now = self.trainer.state, time.monotonic()
+        mine = 2 if state.signal is not None else 1 if self.deadline is not None and now > self.deadline else 0
+        if self.distributed:
+            per_batch = (now - self._since) / self.every  # at an epoch's end, fewer: an overestimate
+            self._since = now
+            strategy = self.trainer.strategy
+            both = strategy.all_reduce(torch.tensor([float(mine), per_batch], dtype=torch.float64,
+                                                    device=strategy.collective_device), "max").tolist()
+            mine = int(both[0])
+            self.every = max(1, min(self.MOST, int(self.TARGET_S / max(both[1], 1e-9))))
+        if mine:
+            state.should_stop = True
+            state.stop("preempted" if mine == 2 else "max_time")
+        return bool(mine)
 
 
 def _iterate_from_resume_position(trainer, collector, loader):

@@ -3,7 +3,8 @@ SIGUSR1 by default, as ``sbatch --signal=USR1@90`` sends it) and Ctrl-C (SIGINT)
 
 During a fit, ``SignalCatcher`` turns these signals into a request (``trainer.state.signal``);
 the training loop reads the requests of all ranks together at its next stop check (every batch
-in one process, every 20 batches when distributed, and at each epoch end), so that every rank
+in one process; distributed, every 20 batches or about every 5 s of training, whichever comes
+first, and at each epoch end: ``loops.training_epoch.StopCheck``), so that every rank
 finishes the same step and stops there. Then every rank takes part in writing a checkpoint
 (rank 0 writes ``preempted.ckpt``), under SLURM the job requeues itself if asked
 (``trainer.requeue``), and the process exits with status 0 and a message that says how to

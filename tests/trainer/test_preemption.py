@@ -182,3 +182,45 @@ def test_a_process_started_by_a_worker_is_not_taken_for_a_worker():
     done = subprocess.run([PYTHON, "-c", code], env={**clean_env(), "FW_LAUNCHER_PID": "1"}, capture_output=True,
                           text=True, timeout=60)
     assert done.returncode == 0 and "alive" in done.stdout, done.stderr
+
+
+SLOW_STEPS = """
+import os, sys, time
+from pathlib import Path
+from torch.utils.data import DataLoader
+import framework as fw
+import workload
+
+out = Path(sys.argv[1])
+
+class Slow(workload.Regressor):
+    def training_step(self, batch, batch_idx):
+        time.sleep(0.5)  # 20 batches take 10 s: a launcher's grace period is not much longer
+        if self.global_step == 2 and self.global_rank == 0:
+            (out / "started").write_text(str(os.getpid()))
+        return super().training_step(batch, batch_idx)
+
+trainer = fw.Trainer(devices=2, strategy="ddp_gloo", max_epochs=1, default_root_dir=str(out / "root"),
+                     **workload.FIT_ARGS)
+trainer.fit(Slow(), DataLoader(workload.regression_data(256), batch_size=4))
+"""
+
+
+@pytest.mark.timeout(120)
+def test_with_slow_steps_the_ranks_agree_to_stop_within_seconds_not_twenty_batches(tmp_path):
+    """The joint stop check runs at least every ~5 s of training (StopCheck.TARGET_S), so a
+    signal is acted on well within the 30 s a launcher waits before SIGKILL."""
+    script = write_script(tmp_path, SLOW_STEPS)
+    proc = subprocess.Popen([PYTHON, str(script), str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, env=clean_env(), start_new_session=True)
+    _wait_for(tmp_path / "started", proc)
+    sent = time.monotonic()
+    os.kill(proc.pid, signal.SIGTERM)
+    output = _finish(proc)
+    assert proc.returncode == 0, output
+    stopped = [line for line in output.splitlines() if "fw: stopped by SIGTERM at step" in line]
+    assert stopped, output
+    step = int(stopped[0].split("at step")[1].split()[0].strip(",:;"))
+    assert 3 <= step <= 14, output  # signalled at step 2 or 3; 20 batches between checks would reach 20
+    assert (tmp_path / "root" / "preempted.ckpt").is_file()
+    assert time.monotonic() - sent < 30
