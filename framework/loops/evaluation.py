@@ -46,6 +46,7 @@ def run_evaluation(trainer, stage: str, limit: int | None = None, log: bool = Tr
                     if batch_idx >= n:
                         break
                     batch = trainer.metrics.current_batch = to_device(batch, device)
+                    trainer.state.eval_batches += 1
                     hooks.callbacks(f"on_{prefix}_batch_start", batch, batch_idx)
                     with trainer.precision.autocast():
                         args = (batch, batch_idx) if len(loaders) == 1 else (batch, batch_idx, dl_idx)

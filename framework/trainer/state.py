@@ -49,6 +49,8 @@ class RunState:
         cut: set when a stop cut the epoch short (see ``CutEpoch``).
         resume_from: where a resumed fit continues (``trainer/checkpointing.ResumePoint``):
             set from a checkpoint, consumed by the first epoch.
+        eval_batches: evaluation batches run so far in this process (with the training position,
+            the progress that ``trainer/heartbeat.py`` watches).
     """
 
     fn: str | None = None
@@ -67,6 +69,7 @@ class RunState:
     epoch_start_rng: dict | None = None
     cut: CutEpoch | None = None
     resume_from: ResumePoint | None = None
+    eval_batches: int = 0
 
     @property
     def mid_epoch(self) -> bool:

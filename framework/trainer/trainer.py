@@ -28,6 +28,7 @@ from framework.strategies import Strategy, create_strategy
 from framework.strategies.launchers import die_with_launcher, record_worker_error
 from framework.trainer import arguments as args
 from framework.trainer import checkpointing, setup
+from framework.trainer.heartbeat import Heartbeat
 from framework.trainer.metrics import LoggedMetrics
 from framework.trainer.signals import SignalCatcher, save_after_signal
 from framework.trainer.state import RunState
@@ -275,7 +276,7 @@ class Trainer:
             resume_path = setup.setup(self, fn, model, datamodule, loaders, ckpt_path)
             checkpointing.restore(self, resume_path, fn)
             setup.print_summary(self, fn)
-            with SignalCatcher(self) if fn == "fit" else contextlib.nullcontext():
+            with SignalCatcher(self) if fn == "fit" else contextlib.nullcontext(), Heartbeat(self):
                 result = loop(self, fn)
             if fn == "fit" and self.state.stop_reason == "preempted":
                 self.state.status = "interrupted"

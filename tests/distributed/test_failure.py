@@ -98,5 +98,8 @@ def test_a_rank_that_stops_answering_ends_the_job_after_the_timeout(tmp_path, la
     assert result.wall_s < 80, f"took {result.wall_s:.1f} s"
     assert "fw: rank 0 of 2 waited 5 s for the other ranks in a collective (trainer.strategy.timeout)" \
         in result.output, result.output
+    # while it waits, rank 0 says for whom: rank 1's heartbeat stood still
+    waiting = [line for line in result.output.splitlines() if line.startswith("fw: rank 0 of 2 has been in epoch 0")]
+    assert any("rank 1 stopped answering" in line for line in waiting), result.output
     if launcher == "fw":
         assert "fw: error: worker rank 0" in result.output and "Timed out" in result.output, result.output

@@ -1,0 +1,143 @@
+"""While a distributed run waits, say for whom: every rank's heartbeat, in the rendezvous store.
+
+A rank that stops answering (SIGSTOP, a frozen node, a deadlock) leaves the others waiting in a
+collective until ``trainer.strategy.timeout``. So that they can say for whom while they wait,
+each rank runs a ``Heartbeat`` thread during a run: every few seconds it writes a beat count and
+where the rank is (stage, epoch, batch) to the store that the ranks met at, over a connection
+of its own with a short timeout. When its own rank has made no progress for ``report_every``
+seconds, the thread reads everyone's beats and prints one line: which ranks stopped answering
+(their beat count stood still), which are elsewhere, or that all are alive in the same step (a
+slow step). The main thread's only cost is the progress counters it keeps anyway.
+
+Only for process groups that met at a TCP store (fw's launcher, torchrun, srun, ``tcp://``);
+the ``mpi`` strategy's group watches its own calls (``strategies/mpi_pg.py``).
+"""
+
+from __future__ import annotations
+
+import datetime
+import itertools
+import sys
+import threading
+import time
+
+import torch.distributed as dist
+
+
+_RUNS = itertools.count(1)  # runs of this process
+
+
+class Heartbeat:
+    """Context manager: beats and watches for the duration of one run (see module doc)."""
+
+    def __init__(self, trainer) -> None:
+        self.trainer = trainer
+        timeout = float(getattr(trainer.strategy, "timeout", 300.0))
+        self.report_every = min(30.0, timeout / 3)
+        self.beat_every = min(5.0, self.report_every / 2)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def __enter__(self) -> Heartbeat:
+        strategy = self.trainer.strategy
+        store = _tcp_store()
+        if not strategy.is_distributed or store is None:
+            return self
+        # a namespace of this run's own (the store may hold an earlier run's beats); every rank
+        # runs the same runs in the same order, so they agree on the number without a collective
+        run = str(next(_RUNS))
+        self._thread = threading.Thread(target=self._run, args=(store, run), name="fw-heartbeat", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+    # -- the thread ---------------------------------------------------------------------------
+    def _run(self, address: tuple[str, int], run: str) -> None:
+        rank, size = self.trainer.global_rank, self.trainer.world_size
+        try:
+            store = dist.TCPStore(*address, is_master=False, timeout=datetime.timedelta(seconds=self.beat_every))
+        except (RuntimeError, dist.DistError):
+            return  # the store is gone already: the run is over or failing on its own
+        keys = [f"fw/heartbeat/{run}/{r}" for r in range(size)]
+        beats, last_progress, still_since, next_report = 0, None, time.monotonic(), self.report_every
+        seen: dict[int, tuple[str, float]] = {}  # rank -> (its last beat, when that changed)
+        while beats == 0 or not self._stop.wait(self.beat_every):  # the first beat at once
+            beats += 1
+            try:
+                store.set(keys[rank], f"{beats}|{self._where()}")
+            except (RuntimeError, dist.DistError):
+                pass  # the store's host may be the rank that stopped: said below
+            progress, now = self._progress(), time.monotonic()
+            if progress != last_progress:
+                last_progress, still_since, next_report = progress, now, self.report_every
+                seen.clear()
+                continue
+            # stalled: from now on watch the others' beats, to name the ones that stand still
+            answer = _read_beats(store, keys, rank, seen, now)
+            if now - still_since < next_report:
+                continue
+            next_report += self.report_every
+            if answer is None:
+                answer = self._describe(seen, now)
+            timeout = getattr(self.trainer.strategy, "timeout", 300.0)
+            sys.stderr.write(f"fw: rank {rank} of {size} has been {self._where()} for {now - still_since:.0f} s, "
+                             f"waiting for the other ranks: {answer} (the job ends after "
+                             f"trainer.strategy.timeout={timeout:g} s)\n")
+            sys.stderr.flush()
+
+    def _progress(self) -> tuple:
+        state = self.trainer.state
+        return state.stage, state.epoch, state.global_step, state.batches_done, state.eval_batches
+
+    def _where(self) -> str:
+        state = self.trainer.state
+        if state.stage == "train":
+            return f"in epoch {state.epoch}, batch {state.batches_done}"
+        return f"in {state.stage or 'set-up'} (epoch {state.epoch}, step {state.global_step})"
+
+    def _describe(self, seen: dict[int, tuple[str, float]], now: float) -> str:
+        silent, elsewhere = [], []
+        for other, (value, changed) in sorted(seen.items()):
+            where = value.split("|", 1)[1] if "|" in value else "before its first beat"
+            if now - changed >= 1.5 * self.beat_every:
+                silent.append(f"rank {other} stopped answering (no heartbeat for {now - changed:.0f} s, last {where})")
+            elif where != self._where():
+                elsewhere.append(f"rank {other} is {where}")
+        if silent or elsewhere:
+            return "; ".join(silent + elsewhere)
+        return "every rank is alive and at the same place (a slow step?)"
+
+
+def _read_beats(store, keys: list[str], rank: int, seen: dict, now: float) -> str | None:
+    """Update ``seen`` from the store; a message instead when the store does not answer."""
+    others = [r for r in range(len(keys)) if r != rank]
+    try:
+        present = [r for r in others if store.check([keys[r]])]
+        values = store.multi_get([keys[r] for r in present]) if present else []
+    except (RuntimeError, dist.DistError):
+        return "the store the ranks met at does not answer (its host, usually rank 0, stopped?)"
+    found = dict(zip(present, (v.decode() for v in values)))
+    for other in others:
+        value = found.get(other, "")
+        if other not in seen or seen[other][0] != value:
+            seen[other] = (value, now)
+    return None
+
+
+def _tcp_store() -> tuple[str, int] | None:
+    """(host, port) of the TCP store the default process group met at, else None."""
+    from torch.distributed import distributed_c10d
+
+    try:
+        store = distributed_c10d._get_default_store()
+    except (RuntimeError, ValueError):
+        return None
+    while isinstance(store, dist.PrefixStore):
+        store = store.underlying_store
+    if isinstance(store, dist.TCPStore):
+        return store.host, store.port
+    return None
