@@ -11,6 +11,7 @@ Loading uses ``torch.load(weights_only=True)``: a checkpoint cannot run code.
 from __future__ import annotations
 
 import glob
+import inspect
 import os
 import tempfile
 from pathlib import Path
@@ -159,3 +160,25 @@ def plain_hparams(hparams: dict) -> dict:
         return str(value)
 
     return {str(k): plain(v) for k, v in hparams.items()}
+
+
+def load_from_checkpoint(cls, path: str | os.PathLike, map_location: Any = None, strict: bool | None = None,
+                         **overrides: Any):
+    """``cls`` built from the hyperparameters saved in the checkpoint at ``path`` (``overrides``
+    win; only names ``__init__`` takes, unless it takes ``**kwargs``), its ``on_load_checkpoint``
+    run, the weights loaded (``strict`` by default) and the module moved where they were
+    loaded to (``map_location``, the CPU when None). As Lightning's ``load_from_checkpoint``."""
+    checkpoint = load_checkpoint(path, map_location=map_location if map_location is not None else "cpu")
+    kwargs = {**checkpoint.get("hyper_parameters", {}), **overrides}
+    params = inspect.signature(cls.__init__).parameters
+    if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        kwargs = {k: v for k, v in kwargs.items() if k in params and k != "self"}
+    module = cls(**kwargs)
+    module.on_load_checkpoint(checkpoint)
+    try:
+        module.load_state_dict(checkpoint["state_dict"], strict=True if strict is None else strict)
+    except RuntimeError as err:
+        lines = [line.strip() for line in str(err).splitlines()[1:] if line.strip()]
+        raise CheckpointError(f"checkpoint '{path}' does not fit {cls.__name__}: {'; '.join(lines)[:400]}") from None
+    device = next((t.device for t in checkpoint["state_dict"].values() if isinstance(t, torch.Tensor)), None)
+    return module.to(device) if device is not None else module

@@ -7,13 +7,32 @@ collector for the current stage.
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import inspect
-from typing import Any, Mapping
+from argparse import Namespace
+from typing import Any, Iterator, Mapping
 
 import torch
 from torch import nn
 
 from framework.rank_zero import rank_zero_print
+
+
+class AttributeDict(dict):
+    """A dict whose keys are also attributes (``self.hparams.lr``), as Lightning's hparams."""
+
+    def __getattr__(self, key: str) -> Any:
+        try:
+            return self[key]
+        except KeyError as err:
+            raise AttributeError(f"hparams has no '{key}'; it has: {', '.join(map(str, self)) or 'nothing'}") from err
+
+    def __setattr__(self, key: str, value: Any) -> None:
+        self[key] = value
+
+    def __delattr__(self, key: str) -> None:
+        del self[key]
 
 
 class TrainModule(nn.Module):
@@ -40,7 +59,10 @@ class TrainModule(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         object.__setattr__(self, "_trainer", None)
-        object.__setattr__(self, "hparams", {})
+        object.__setattr__(self, "hparams", AttributeDict())
+        object.__setattr__(self, "_hparams_initial", AttributeDict())
+        object.__setattr__(self, "_automatic_optimization", True)
+        object.__setattr__(self, "_toggled", {})
 
     # -- where the module stands ------------------------------------------------------------
     @property
@@ -76,24 +98,147 @@ class TrainModule(nn.Module):
         rank_zero_print(*args, **kwargs)
 
     # -- hyperparameters --------------------------------------------------------------------
-    def save_hyperparameters(self, *names: str, ignore: list[str] | str | None = None) -> None:
-        """Record the caller's ``__init__`` arguments in ``self.hparams``.
+    def save_hyperparameters(self, *args: Any, ignore: list[str] | str | None = None, frame=None,
+                             logger: bool = True) -> None:
+        """Record the caller's ``__init__`` arguments in ``self.hparams`` (attribute access:
+        ``self.hparams.lr``), as Lightning does.
 
-        They are stored in checkpoints and sent to loggers. ``names`` picks some; ``ignore``
-        leaves some out (e.g. a large tensor).
+        They are stored in checkpoints (``load_from_checkpoint`` rebuilds the module from them)
+        and sent to loggers. ``args`` picks some by name, or is one dict / ``Namespace`` to save
+        instead; ``ignore`` leaves some out (e.g. a large tensor or a sub-module).
         """
-        frame = inspect.currentframe().f_back
-        code = frame.f_code  # the __init__ that called us (a subclass may have another signature)
-        arg_names = code.co_varnames[1 : code.co_argcount + code.co_kwonlyargcount]
-        args = {k: frame.f_locals[k] for k in arg_names if k in frame.f_locals}
-        if code.co_flags & inspect.CO_VARKEYWORDS:  # **kwargs are flattened into hparams
-            varkw = code.co_varnames[code.co_argcount + code.co_kwonlyargcount
-                                     + bool(code.co_flags & inspect.CO_VARARGS)]
-            args.update(frame.f_locals.get(varkw, {}))
-        if names:
-            args = {k: v for k, v in args.items() if k in names}
+        frame = frame or inspect.currentframe().f_back
+        if len(args) == 1 and isinstance(args[0], (dict, Namespace)):
+            given = args[0]
+            found = dict(vars(given) if isinstance(given, Namespace) else given)
+        else:
+            code = frame.f_code  # the __init__ that called us (a subclass may have another signature)
+            arg_names = code.co_varnames[1 : code.co_argcount + code.co_kwonlyargcount]
+            found = {k: frame.f_locals[k] for k in arg_names if k in frame.f_locals}
+            if code.co_flags & inspect.CO_VARKEYWORDS:  # **kwargs are flattened into hparams
+                varkw = code.co_varnames[code.co_argcount + code.co_kwonlyargcount
+                                         + bool(code.co_flags & inspect.CO_VARARGS)]
+                found.update(frame.f_locals.get(varkw, {}))
+            if args:
+                found = {k: v for k, v in found.items() if k in args}
         ignored = {ignore} if isinstance(ignore, str) else set(ignore or ())
-        self.hparams.update({k: v for k, v in args.items() if k not in ignored})
+        self.hparams.update({k: v for k, v in found.items() if k not in ignored})
+        object.__setattr__(self, "_hparams_initial", copy.deepcopy(self.hparams))
+
+    @property
+    def hparams_initial(self) -> AttributeDict:
+        """The hyperparameters as ``save_hyperparameters`` recorded them (later edits of
+        ``self.hparams`` do not show here)."""
+        return copy.deepcopy(self._hparams_initial)
+
+    @classmethod
+    def load_from_checkpoint(cls, checkpoint_path: Any, map_location: Any = None, hparams_file: Any = None,
+                             strict: bool | None = None, **kwargs: Any):
+        """A module of this class rebuilt from a checkpoint: ``__init__`` gets the saved
+        hyperparameters (``save_hyperparameters``), overridden by ``kwargs``; then the weights
+        are loaded. ``map_location`` as in ``torch.load``."""
+        from framework.checkpoint import load_from_checkpoint
+
+        return load_from_checkpoint(cls, checkpoint_path, map_location=map_location, strict=strict, **kwargs)
+
+    # -- optimization (Lightning's names; manual optimization in framework/loops/manual.py) ----
+    @property
+    def automatic_optimization(self) -> bool:
+        """False: ``training_step`` drives the optimizers itself (``self.optimizers()``,
+        ``self.manual_backward``); the loop only calls it."""
+        return self._automatic_optimization
+
+    @automatic_optimization.setter
+    def automatic_optimization(self, value: bool) -> None:
+        object.__setattr__(self, "_automatic_optimization", bool(value))
+
+    def optimizers(self, use_pl_optimizer: bool = True):
+        """The optimizers from ``configure_optimizers``: one, or a list when there are several.
+        Their ``step`` does what a step needs under this run's strategy and precision."""
+        from framework.loops.manual import ManualOptimizer
+
+        trainer = self.trainer
+        opts = trainer.optimizers
+        if use_pl_optimizer:
+            cached = getattr(trainer, "_wrapped_optimizers", None)
+            if cached is None or [w.optimizer for w in cached] != opts:
+                cached = [ManualOptimizer(opt, trainer) for opt in opts]
+                object.__setattr__(trainer, "_wrapped_optimizers", cached)
+            opts = cached
+        return opts[0] if len(opts) == 1 else list(opts)
+
+    def lr_schedulers(self):
+        """The LR schedulers from ``configure_optimizers``: None, one, or a list."""
+        schedulers = [cfg.scheduler for cfg in self.trainer.lr_scheduler_configs]
+        if not schedulers:
+            return None
+        return schedulers[0] if len(schedulers) == 1 else schedulers
+
+    def manual_backward(self, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
+        """Backward in manual optimization: scaled under 16-mixed, with the backward hooks;
+        ``args``/``kwargs`` go to ``Tensor.backward``."""
+        manual = getattr(self.trainer, "manual", None)
+        if manual is None:
+            raise RuntimeError("manual_backward is for manual optimization: set self.automatic_optimization = False "
+                               "in __init__, or return the loss from training_step")
+        manual.backward(loss, *args, **kwargs)
+
+    def backward(self, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
+        loss.backward(*args, **kwargs)
+
+    def toggle_optimizer(self, optimizer) -> None:
+        """Only ``optimizer``'s parameters require gradients until ``untoggle_optimizer``: the
+        parameters of the other optimizers are frozen (their previous flags are kept)."""
+        optimizer = getattr(optimizer, "optimizer", optimizer)
+        state: dict = {}
+        for opt in self.trainer.optimizers:
+            for group in opt.param_groups:
+                for param in group["params"]:
+                    if param not in state:
+                        state[param] = param.requires_grad
+                        param.requires_grad = False
+        for group in optimizer.param_groups:
+            for param in group["params"]:
+                param.requires_grad = state[param]
+        object.__setattr__(self, "_toggled", state)
+
+    def untoggle_optimizer(self, optimizer) -> None:
+        """Give the other optimizers' parameters back the flags they had before the toggle."""
+        optimizer = getattr(optimizer, "optimizer", optimizer)
+        for opt in self.trainer.optimizers:
+            if opt is optimizer:
+                continue
+            for group in opt.param_groups:
+                for param in group["params"]:
+                    if param in self._toggled:
+                        param.requires_grad = self._toggled[param]
+        object.__setattr__(self, "_toggled", {})
+
+    @contextlib.contextmanager
+    def toggled_optimizer(self, optimizer) -> Iterator[None]:
+        self.toggle_optimizer(optimizer)
+        try:
+            yield
+        finally:
+            self.untoggle_optimizer(optimizer)
+
+    def clip_gradients(self, optimizer, gradient_clip_val: float | None = None,
+                       gradient_clip_algorithm: str | None = None) -> None:
+        """Clip ``optimizer``'s gradients by norm (default) or value. In manual optimization
+        the gradients are averaged over the ranks and unscaled first, so the clip sees the
+        gradients the step will use."""
+        from framework.loops.optimization import clip_gradients
+
+        if not gradient_clip_val:
+            return
+        algorithm = gradient_clip_algorithm or "norm"
+        if algorithm not in ("norm", "value"):
+            raise ValueError(f"gradient_clip_algorithm '{algorithm}': use 'norm' or 'value'")
+        optimizer = getattr(optimizer, "optimizer", optimizer)
+        manual = getattr(self.trainer, "manual", None)
+        if manual is not None:
+            manual.prepare_gradients(optimizer)
+        clip_gradients(optimizer, float(gradient_clip_val), algorithm)
 
     # -- logging ------------------------------------------------------------------------------
     def log(

@@ -12,6 +12,7 @@ import time
 from framework.errors import ConfigError, TrainingError
 from framework.loops.batches import num_batches
 from framework.loops.evaluation import run_evaluation
+from framework.loops.manual import ManualOptimization, check_manual_settings
 from framework.loops.training_epoch import StopCheck, run_train_epoch
 from framework.rank_zero import rank_zero_warn
 
@@ -22,6 +23,9 @@ def run_fit(trainer, fn: str) -> None:
     if not train_loaders:
         raise ConfigError("fit needs training data: pass train_dataloaders= or a datamodule with train_dataloader()")
     loader = train_loaders[0]
+    if not trainer.module.automatic_optimization:
+        check_manual_settings(trainer)
+        trainer.manual = ManualOptimization(trainer)
     trainer.num_training_batches = num_batches(loader, trainer.limits["train"])
     _check_there_is_something_to_train(trainer, loader)
     hooks("on_fit_start")

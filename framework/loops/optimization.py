@@ -34,7 +34,7 @@ def forward_backward_fn(trainer) -> Callable[[Any, int, bool], Any]:
     step), ``warn`` says so and goes on.
     """
     strategy, precision, hooks = trainer.strategy, trainer.precision, trainer.hooks
-    guard = _nonfinite_guard(trainer)
+    guard = nonfinite_guard(trainer)
     step = strategy.training_step_fn(trainer.module)
     accumulate = trainer.accumulate_grad_batches
     no_sync = strategy.no_sync if strategy.multi_process and accumulate > 1 else None
@@ -83,7 +83,7 @@ def checks_later(device: torch.device) -> bool:
     return device.type != "cpu"
 
 
-def _nonfinite_guard(trainer) -> Callable[[torch.Tensor, int], torch.Tensor | None]:
+def nonfinite_guard(trainer) -> Callable[[torch.Tensor, int], torch.Tensor | None]:
     """What to do with each loss: return it, return None (skip the batch), or raise.
 
     ``skip`` must decide before the backward, so it reads every loss at once. ``error`` and

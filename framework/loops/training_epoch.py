@@ -25,7 +25,7 @@ from framework.data import set_sampler_epoch
 from framework.errors import ConfigError, TrainingError
 from framework.loops.batches import LookAhead
 from framework.loops.evaluation import log_epoch_metrics, run_evaluation
-from framework.loops.optimization import forward_backward_fn, optimizer_step_fn, step_schedulers
+from framework.loops.optimization import forward_backward_fn, nonfinite_guard, optimizer_step_fn, step_schedulers
 from framework.seed import get_rng_state
 
 
@@ -43,7 +43,11 @@ def run_train_epoch(trainer, loader, stops: StopCheck) -> None:
         iterator = lookahead = LookAhead(iterator)
 
     # everything per batch is looked up once per epoch
-    forward_backward, optimizer_step = forward_backward_fn(trainer), optimizer_step_fn(trainer)
+    manual = trainer.manual is not None  # the module steps its optimizers itself (loops/manual.py)
+    if manual:
+        forward_backward, optimizer_step = trainer.manual.step_fn(nonfinite_guard(trainer)), None
+    else:
+        forward_backward, optimizer_step = forward_backward_fn(trainer), optimizer_step_fn(trainer)
     batch_start, batch_end = hooks.per_batch("on_train_batch_start"), hooks.per_batch("on_train_batch_end")
     to_device, device = trainer.accelerator.batch_to_device, trainer.strategy.root_device
     accumulate, val_every = trainer.accumulate_grad_batches, _val_check_batches(trainer, limit)
@@ -60,9 +64,12 @@ def run_train_epoch(trainer, loader, stops: StopCheck) -> None:
         steps_now = (batch_idx + 1) % accumulate == 0 or batch_idx + 1 == limit or (
             lookahead is not None and lookahead.last)
         outputs = forward_backward(batch, batch_idx, steps_now)
-        if outputs is not None:
+        if outputs is not None or manual:
             trained += 1
-        if steps_now:
+        if manual:  # every batch counts as one for logging, as in Lightning
+            if (batch_idx + 1) % log_every == 0 and collector.step_dirty and trainer.loggers:
+                _log_step_metrics(trainer, collector)
+        elif steps_now:
             optimizer_step()
             state.global_step += 1
             if step_schedulers_now:
@@ -157,7 +164,8 @@ def _end_train_epoch(trainer, collector) -> None:
         _log_step_metrics(trainer, collector)
     log_epoch_metrics(trainer, collector)
     if state.cut is None:  # epoch-interval schedulers step for finished epochs only
-        step_schedulers(trainer, "epoch")
+        if trainer.manual is None:  # in manual optimization the module steps them
+            step_schedulers(trainer, "epoch")
         state.finish_epoch()
     hooks.callbacks("on_train_epoch_end")
     state.advance_epoch()

@@ -158,6 +158,10 @@ class Strategy(ABC):
     def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:
         return bool(decision)
 
+    def average_gradients(self, params: list[torch.nn.Parameter]) -> None:
+        """Average the gradients of ``params`` over the ranks, in place (manual optimization,
+        where DDP's reducer is not used); nothing to do in one process."""
+
     @property
     def collective_device(self) -> torch.device:
         """Where tensors handed to collectives must live (NCCL: the GPU; Gloo/MPI: the CPU)."""

@@ -161,6 +161,18 @@ class DistributedStrategy(Strategy):
     def barrier(self, name: str | None = None) -> None:
         dist.barrier()
 
+    def average_gradients(self, params: list[nn.Parameter]) -> None:
+        """One flat all-reduce per dtype and device, each gradient divided by the world size
+        first, as DDP's reducer does. Every rank must pass the same parameters."""
+        groups: dict[tuple, list[torch.Tensor]] = {}
+        for p in params:
+            groups.setdefault((p.grad.dtype, p.grad.device), []).append(p.grad)
+        for grads in groups.values():
+            flat = torch._utils._flatten_dense_tensors(grads).div_(self.world_size)
+            dist.all_reduce(flat)
+            for grad, averaged in zip(grads, torch._utils._unflatten_dense_tensors(flat, grads)):
+                grad.copy_(averaged)
+
     def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:
         flag = torch.tensor(int(bool(decision)), device=self.collective_device)
         total = int(self.all_reduce(flag, "sum").item())

@@ -182,3 +182,4 @@ def teardown(trainer, fn: str, failed: bool = False) -> None:
         trainer.strategy.teardown()
         _restore_process_settings(trainer)
         trainer.state.fn, trainer.state.stage = None, None
+        trainer.manual = None

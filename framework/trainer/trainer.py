@@ -158,6 +158,7 @@ class Trainer:
         self.hooks = None  # a HookDispatcher while a run is on
         self.optimizers: list[torch.optim.Optimizer] = []
         self.lr_scheduler_configs: list = []
+        self.manual = None  # a fit in manual optimization: its loops/manual.ManualOptimization
         self.num_training_batches: float = math.inf
         self.num_val_batches = 0
 

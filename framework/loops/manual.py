@@ -1,0 +1,188 @@
+"""Manual optimization (``self.automatic_optimization = False``), with Lightning's meaning.
+
+The module drives its optimizers itself in ``training_step``::
+
+    opt_g, opt_d = self.optimizers()
+    self.toggle_optimizer(opt_g)
+    self.manual_backward(g_loss)
+    opt_g.step()
+    opt_g.zero_grad()
+    self.untoggle_optimizer(opt_g)
+
+The loop then runs ``training_step`` and nothing else: no backward of a returned loss, no
+optimizer or LR-scheduler step (the module steps its schedulers, ``self.lr_schedulers()``),
+no automatic clipping or accumulation (both refused, as in Lightning: the module clips with
+``self.clip_gradients`` and accumulates by stepping when it chooses). ``trainer.global_step``
+counts optimizer steps, each ``opt.step()`` one, as in Lightning.
+
+What fw does for the module, per ``ManualOptimizer.step``:
+
+- **Gradients across ranks.** The step runs outside DDP's reducer (inside ``no_sync``), so any
+  number of ``manual_backward`` calls per step is allowed (a GAN's two losses through shared
+  parameters included). Before an optimizer steps, or its gradients are clipped, the gradients
+  of its parameters are averaged over the ranks in one flat all-reduce. Averaging is linear, so
+  this equals DDP's per-backward all-reduce; it also leaves accumulation (several backwards,
+  one step) with one all-reduce instead of one per backward.
+- **Precision.** ``manual_backward`` scales the loss under ``16-mixed``; the step unscales
+  (once, also when ``clip_gradients`` already did), steps through the GradScaler and updates it.
+- **Hooks.** ``on_before_backward``/``on_after_backward`` around each ``manual_backward``,
+  ``on_before_optimizer_step`` before each step (gradients averaged and unscaled).
+- **Non-finite losses** (``trainer.on_nonfinite``) are checked in ``manual_backward``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Callable
+
+import torch
+
+from framework.errors import ConfigError
+
+
+def check_manual_settings(trainer) -> None:
+    """Settings that automatic optimization needs and manual optimization cannot honour."""
+    if trainer.accumulate_grad_batches != 1:
+        raise ConfigError(
+            f"trainer.accumulate_grad_batches={trainer.accumulate_grad_batches}: automatic gradient accumulation "
+            "is not supported with manual optimization (self.automatic_optimization = False); remove it and step "
+            "the optimizers every N batches in training_step"
+        )
+    if trainer.gradient_clip_val:
+        raise ConfigError(
+            f"trainer.gradient_clip_val={trainer.gradient_clip_val}: automatic gradient clipping is not supported "
+            "with manual optimization; remove it and call self.clip_gradients(opt, gradient_clip_val=...) "
+            "in training_step before opt.step()"
+        )
+
+
+class ManualOptimization:
+    """The run's side of manual optimization: ``trainer.manual`` while a manual fit runs."""
+
+    def __init__(self, trainer) -> None:
+        self.trainer = trainer
+        self.backwards = 0  # manual_backward calls so far: gradients changed since a sync?
+        self._synced: dict[int, int] = {}  # id(optimizer) -> backwards when last averaged
+        self._unscaled: set[int] = set()  # optimizers unscaled since their last step
+        self.batch_idx = 0
+        self._guard: Callable | None = None
+
+    # -- per epoch / per batch ----------------------------------------------------------------
+    def step_fn(self, guard) -> Callable[[Any, int, bool], Any]:
+        """``(batch, batch_idx, _) -> outputs``: ``training_step`` under autocast, outside DDP's
+        reducer; the loop does nothing else with the outputs."""
+        trainer = self.trainer
+        strategy, precision = trainer.strategy, trainer.precision
+        step = strategy.training_step_fn(trainer.module)
+        no_sync = strategy.no_sync if strategy.multi_process else None
+        autocast = precision.autocast if precision.autocast_dtype is not None else None
+        self._guard = guard
+        self._before_backward = trainer.hooks.per_batch("on_before_backward")
+        self._after_backward = trainer.hooks.per_batch("on_after_backward")
+        self._before_step = trainer.hooks.per_batch("on_before_optimizer_step")
+
+        def manual_step(batch: Any, batch_idx: int, _sync: bool) -> Any:
+            self.batch_idx = batch_idx
+            with no_sync() if no_sync is not None else contextlib.nullcontext():
+                with autocast() if autocast is not None else contextlib.nullcontext():
+                    return step(batch, batch_idx)
+
+        manual_step.flush_checks = guard.flush
+        return manual_step
+
+    # -- what the module calls ------------------------------------------------------------------
+    def backward(self, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
+        state = self.trainer.state
+        if self._guard is not None:
+            checked = self._guard(loss, self.batch_idx)
+            if checked is None or state.skip_step:  # on_nonfinite=skip: this loss adds nothing
+                state.skip_step = False
+                return
+        if self._before_backward is not None:
+            self._before_backward(loss)
+        scaler = self.trainer.precision.scaler
+        (scaler.scale(loss) if scaler is not None else loss).backward(*args, **kwargs)
+        self.backwards += 1
+        if self._after_backward is not None:
+            self._after_backward()
+
+    def prepare_gradients(self, optimizer: torch.optim.Optimizer) -> None:
+        """Average ``optimizer``'s gradients over the ranks (if a backward changed them since)
+        and unscale them (16-mixed): what clipping and the step need to see."""
+        key = id(optimizer)
+        if self._synced.get(key) != self.backwards:
+            params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+            self.trainer.strategy.average_gradients(params)
+            self._synced[key] = self.backwards
+        if self.trainer.precision.scaler is not None and key not in self._unscaled:
+            self.trainer.precision.unscale(optimizer)
+            self._unscaled.add(key)
+
+    def step(self, optimizer: torch.optim.Optimizer, closure: Callable[[], Any] | None, **kwargs: Any) -> Any:
+        precision = self.trainer.precision
+
+        def before_update() -> None:
+            self.prepare_gradients(optimizer)
+            if self._before_step is not None:
+                self._before_step(optimizer)
+
+        if precision.scaler is not None:
+            result = closure() if closure is not None else None
+            before_update()
+            precision.scaler.step(optimizer, **kwargs)
+            precision.scaler.update()
+        elif closure is not None:
+            def wrapped() -> Any:
+                out = closure()
+                before_update()
+                return out
+
+            result = optimizer.step(closure=wrapped, **kwargs)
+        else:
+            before_update()
+            result = optimizer.step(**kwargs)
+        self._unscaled.discard(id(optimizer))
+        self.trainer.state.global_step += 1
+        return result
+
+
+class ManualOptimizer:
+    """What ``self.optimizers()`` returns (Lightning's ``LightningOptimizer``): the optimizer,
+    whose ``step`` averages gradients over ranks, unscales, runs ``on_before_optimizer_step``
+    and counts the step. Everything else is the wrapped optimizer's (``param_groups``,
+    ``state``, ``zero_grad``, ``state_dict``); ``.optimizer`` is the optimizer itself."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, trainer) -> None:
+        self.__dict__["optimizer"] = optimizer
+        self.__dict__["_trainer"] = trainer
+
+    def step(self, closure: Callable[[], Any] | None = None, **kwargs: Any) -> Any:
+        manual = getattr(self._trainer, "manual", None)
+        if manual is None:  # automatic optimization: the loop steps; a module stepping too is plain torch
+            return self.optimizer.step(closure=closure, **kwargs) if closure else self.optimizer.step(**kwargs)
+        if closure is not None and not callable(closure):
+            raise ConfigError("optimizer.step(closure): the closure must be callable")
+        return manual.step(self.optimizer, closure, **kwargs)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.optimizer.zero_grad(set_to_none=set_to_none)
+
+    @contextlib.contextmanager
+    def toggle_model(self, sync_grad: bool = True):
+        """Only this optimizer's parameters get gradients inside (``toggle_optimizer``).
+        ``sync_grad`` is accepted for Lightning's sake: fw averages at the step anyway."""
+        module = self._trainer.module
+        module.toggle_optimizer(self)
+        try:
+            yield
+        finally:
+            module.untoggle_optimizer(self)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.__dict__["optimizer"], name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self.optimizer, name, value)
+
+    def __repr__(self) -> str:
+        return f"ManualOptimizer({self.optimizer!r})"

@@ -1,0 +1,97 @@
+"""Lightning-style modules written once, built on either base class: ``make_*(Base)`` with
+``Base`` fw's ``TrainModule`` or pytorch_lightning's ``LightningModule``. The code inside uses
+only Lightning's API, as a user's LightningModule does."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+
+def gan_data(n: int = 64) -> TensorDataset:
+    """Points on a ring, each with its own noise vector (so that ranks draw no noise)."""
+    g = torch.Generator().manual_seed(3)
+    angle = torch.rand(n, generator=g) * 6.2832
+    x = torch.stack([angle.cos(), angle.sin()], 1) + 0.05 * torch.randn(n, 2, generator=g)
+    z = torch.randn(n, 4, generator=g)
+    return TensorDataset(x, z)
+
+
+def gan_loader(batch_size: int, n: int = 64) -> DataLoader:
+    return DataLoader(gan_data(n), batch_size=batch_size, shuffle=False)
+
+
+def make_gan(Base):
+    class GAN(Base):
+        """Lightning's basic GAN recipe: two optimizers, toggled, manual backward and steps,
+        the discriminator's gradients clipped, both schedulers stepped by the module."""
+
+        def __init__(self, lr: float = 0.01, clip: float = 0.5):
+            super().__init__()
+            self.save_hyperparameters()
+            self.automatic_optimization = False
+            self.generator = nn.Sequential(nn.Linear(4, 16), nn.Tanh(), nn.Linear(16, 2))
+            self.discriminator = nn.Sequential(nn.Linear(2, 16), nn.LeakyReLU(0.2), nn.Linear(16, 1))
+
+        def training_step(self, batch, batch_idx):
+            x, z = batch
+            opt_g, opt_d = self.optimizers()
+            ones, zeros = torch.ones(len(x), 1), torch.zeros(len(x), 1)
+
+            self.toggle_optimizer(opt_g)
+            g_loss = F.binary_cross_entropy_with_logits(self.discriminator(self.generator(z)), ones)
+            self.manual_backward(g_loss)
+            opt_g.step()
+            opt_g.zero_grad()
+            self.untoggle_optimizer(opt_g)
+
+            self.toggle_optimizer(opt_d)
+            fake = self.generator(z).detach()
+            d_loss = (F.binary_cross_entropy_with_logits(self.discriminator(x), ones)
+                      + F.binary_cross_entropy_with_logits(self.discriminator(fake), zeros)) / 2
+            self.manual_backward(d_loss)
+            self.clip_gradients(opt_d, gradient_clip_val=self.hparams.clip, gradient_clip_algorithm="norm")
+            opt_d.step()
+            opt_d.zero_grad()
+            self.untoggle_optimizer(opt_d)
+            self.log_dict({"g_loss": g_loss, "d_loss": d_loss}, prog_bar=True)
+
+        def on_train_epoch_end(self):
+            for scheduler in self.lr_schedulers():
+                scheduler.step()
+
+        def configure_optimizers(self):
+            lr = self.hparams.learning_rate if "learning_rate" in self.hparams else self.hparams.lr
+            opt_g = torch.optim.Adam(self.generator.parameters(), lr=lr, betas=(0.5, 0.999))
+            opt_d = torch.optim.Adam(self.discriminator.parameters(), lr=lr, betas=(0.5, 0.999))
+            steps = [torch.optim.lr_scheduler.StepLR(o, step_size=1, gamma=0.5) for o in (opt_g, opt_d)]
+            return [opt_g, opt_d], steps
+
+    return GAN
+
+
+def make_accumulating(Base, every: int = 2):
+    class Accumulating(Base):
+        """Manual accumulation: a backward every batch, a step every ``every`` batches."""
+
+        def __init__(self):
+            super().__init__()
+            self.automatic_optimization = False
+            self.net = nn.Sequential(nn.Linear(2, 8), nn.Tanh(), nn.Linear(8, 1))
+
+        def training_step(self, batch, batch_idx):
+            x, z = batch
+            opt = self.optimizers()
+            loss = F.mse_loss(self.net(x), z[:, :1]) / every
+            self.manual_backward(loss)
+            if (batch_idx + 1) % every == 0:
+                opt.step()
+                opt.zero_grad()
+            return loss
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.net.parameters(), lr=0.1, momentum=0.9)
+
+    return Accumulating
