@@ -86,6 +86,64 @@ class TrainModule(nn.Module):
         return self._trainer.global_rank if self._trainer is not None else 0
 
     @property
+    def local_rank(self) -> int:
+        return self._trainer.local_rank if self._trainer is not None else 0
+
+    @property
+    def dtype(self) -> torch.dtype:
+        for p in self.parameters():
+            return p.dtype
+        return torch.get_default_dtype()
+
+    @property
+    def logger(self):
+        """The Trainer's first logger, or None."""
+        return self._trainer.logger if self._trainer is not None else None
+
+    @property
+    def loggers(self) -> list:
+        return list(self._trainer.loggers) if self._trainer is not None else []
+
+    @property
+    def example_input_array(self) -> Any:
+        """An input for ``forward`` (set it in ``__init__``): the model summary then shows
+        each layer's input and output shapes."""
+        return self.__dict__.get("_example_input_array")
+
+    @example_input_array.setter
+    def example_input_array(self, value: Any) -> None:
+        object.__setattr__(self, "_example_input_array", value)
+
+    def freeze(self) -> None:
+        """No parameter requires gradients, and eval mode."""
+        for p in self.parameters():
+            p.requires_grad = False
+        self.eval()
+
+    def unfreeze(self) -> None:
+        for p in self.parameters():
+            p.requires_grad = True
+        self.train()
+
+    def all_gather(self, data: Any, group: Any = None, sync_grads: bool = False) -> Any:
+        """Tensors (or a dict/list/tuple of them) stacked from every rank along a new first
+        dimension; in one process the data come back unchanged, as in Lightning."""
+        if self._trainer is None or not self._trainer.strategy.is_distributed:
+            return data
+        strategy = self._trainer.strategy
+        if isinstance(data, torch.Tensor):
+            if sync_grads:
+                import torch.distributed.nn.functional as dist_fn
+
+                return torch.stack(dist_fn.all_gather(data.contiguous()))
+            return strategy.all_gather(data.to(strategy.collective_device)).to(data.device)
+        if isinstance(data, dict):
+            return {k: self.all_gather(v, group, sync_grads) for k, v in data.items()}
+        if isinstance(data, (list, tuple)):
+            return type(data)(self.all_gather(v, group, sync_grads) for v in data)
+        return data
+
+    @property
     def current_epoch(self) -> int:
         return self._trainer.current_epoch if self._trainer is not None else 0
 
@@ -287,6 +345,21 @@ class TrainModule(nn.Module):
 
     def configure_optimizers(self) -> Any:
         raise NotImplementedError(f"{type(self).__name__} must implement configure_optimizers()")
+
+    # -- data and set-up hooks (Lightning's; a DataModule's come first) -----------------------
+    def prepare_data(self) -> None:
+        """Download or write files: once per node (local rank 0), before ``setup``."""
+
+    def setup(self, stage: str) -> None:
+        """Build what the run needs on every rank (``stage``: fit, validate, test, predict);
+        runs before the module's own ``*_dataloader()`` methods are asked for data."""
+
+    def teardown(self, stage: str) -> None: ...
+
+    def configure_callbacks(self):
+        """Callbacks this module always wants (a list or one); they replace a Trainer callback
+        of the same type, as in Lightning."""
+        return []
 
     # -- hooks (override what you need; empty ones cost nothing per step) -------------------
     def on_fit_start(self) -> None: ...

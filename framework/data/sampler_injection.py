@@ -188,3 +188,13 @@ def set_sampler_epoch(loader: Any, epoch: int) -> None:
     for obj in (getattr(loader, "sampler", None), getattr(getattr(loader, "batch_sampler", None), "sampler", None)):
         if obj is not None and hasattr(obj, "set_epoch"):
             obj.set_epoch(epoch)
+
+
+def without_shuffle(loader: Any) -> Any:
+    """``loader`` with its RandomSampler replaced by a SequentialSampler (``overfit_batches``:
+    the same batches every epoch, as Lightning does); other loaders unchanged."""
+    if isinstance(loader, DataLoader) and isinstance(loader.sampler, RandomSampler) and loader.batch_size is not None:
+        rank_zero_warn("overfit_batches: the training DataLoader's shuffling is turned off, so that every epoch "
+                       "sees the same batches")
+        return _rebuild(loader, SequentialSampler(loader.dataset))
+    return loader

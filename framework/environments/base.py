@@ -35,6 +35,19 @@ class ClusterEnvironment(ABC):
         self.env: Mapping[str, str] = os.environ if env is None else env
         self.argv: Sequence[str] = sys.argv if argv is None else argv
 
+    def __getstate__(self) -> dict:
+        """Picklable (``ddp_spawn`` sends the Trainer to its workers): ``os.environ`` goes as
+        a marker and is the worker's own ``os.environ`` again on the other side."""
+        state = dict(self.__dict__)
+        if state.get("env") is os.environ:
+            state["env"] = None
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        if self.env is None:
+            self.env = os.environ
+
     @staticmethod
     @abstractmethod
     def detect(env: Mapping[str, str]) -> bool:

@@ -39,3 +39,17 @@ class LookAhead:
         self._next = next(self._iterator, self._END)
         self.last = self._next is self._END
         return item
+
+
+def positional_arity(fn) -> float:
+    """How many positional arguments ``fn`` takes (``inf`` with ``*args``): a step written as
+    ``training_step(self, batch)`` is called without ``batch_idx``, as Lightning does."""
+    import inspect
+
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return math.inf
+    if any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in params):
+        return math.inf
+    return sum(p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD) for p in params)

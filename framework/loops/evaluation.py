@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from framework.errors import ConfigError
-from framework.loops.batches import num_batches
+from framework.loops.batches import num_batches, positional_arity
 
 _LOADER_NAMES = {"validate": "val_dataloader", "test": "test_dataloader"}
 
@@ -29,6 +29,7 @@ def run_evaluation(trainer, stage: str, limit: int | None = None, log: bool = Tr
     module, hooks, state = trainer.module, trainer.hooks, trainer.state
     loaders = trainer.loaders.get(stage) or []
     step_fn = module.validation_step if stage == "validate" else module.test_step
+    arity = positional_arity(step_fn)
     prefix = "validation" if stage == "validate" else "test"
     sanity_check = state.stage == "sanity_check"
     outer_stage, state.stage = state.stage, state.stage if sanity_check else stage
@@ -36,11 +37,13 @@ def run_evaluation(trainer, stage: str, limit: int | None = None, log: bool = Tr
     module.eval()
     to_device, device = trainer.accelerator.batch_to_device, trainer.strategy.root_device
     try:
-        with trainer.metrics.evaluating(stage) as collector, torch.no_grad():
+        with trainer.metrics.evaluating(stage) as collector, (torch.inference_mode() if trainer.inference_mode else torch.no_grad()):
             hooks.callbacks(f"on_{prefix}_start")
             hooks(f"on_{prefix}_epoch_start")
             for dl_idx, loader in enumerate(loaders):
-                n = limit if limit is not None else num_batches(loader, trainer.limits[stage])
+                n = num_batches(loader, trainer.limits[stage])
+                if limit is not None:  # the sanity check: at most ``limit`` of them
+                    n = min(n, limit)
                 trainer.num_val_batches = n
                 for batch_idx, batch in enumerate(loader):
                     if batch_idx >= n:
@@ -50,7 +53,7 @@ def run_evaluation(trainer, stage: str, limit: int | None = None, log: bool = Tr
                     hooks.callbacks(f"on_{prefix}_batch_start", batch, batch_idx)
                     with trainer.precision.autocast():
                         args = (batch, batch_idx) if len(loaders) == 1 else (batch, batch_idx, dl_idx)
-                        outputs = step_fn(*args)
+                        outputs = step_fn(*args[:arity])
                     hooks.callbacks(f"on_{prefix}_batch_end", outputs, batch, batch_idx)
             hooks.module_hook(f"on_{prefix}_epoch_end")  # the module first, then its metrics, then callbacks
             values = collector.compute_epoch(trainer.strategy, trainer.module)

@@ -15,6 +15,8 @@ from framework.loops.evaluation import run_evaluation
 from framework.loops.manual import ManualOptimization, check_manual_settings
 from framework.loops.training_epoch import StopCheck, run_train_epoch
 from framework.rank_zero import rank_zero_warn
+from framework.seed import get_rng_state, set_rng_state
+from framework.trainer.setup import reload_loaders
 
 
 def run_fit(trainer, fn: str) -> None:
@@ -29,17 +31,25 @@ def run_fit(trainer, fn: str) -> None:
     trainer.num_training_batches = num_batches(loader, trainer.limits["train"])
     _check_there_is_something_to_train(trainer, loader)
     hooks("on_fit_start")
-    if state.resume_from is None and trainer.num_sanity_val_steps > 0 and trainer.loaders.get("validate"):
+    if state.resume_from is None and trainer.num_sanity_val_steps != 0 and trainer.loaders.get("validate"):
         state.stage = "sanity_check"
         hooks.callbacks("on_sanity_check_start")
-        run_evaluation(trainer, "validate", limit=trainer.num_sanity_val_steps, log=False)
+        sanity = trainer.num_sanity_val_steps
+        rng = get_rng_state()  # the sanity check leaves the random streams as it found them, as in Lightning
+        run_evaluation(trainer, "validate", limit=None if sanity < 0 else sanity, log=False)  # -1: all
+        set_rng_state(rng)
         hooks.callbacks("on_sanity_check_end")
     if state.resume_from is not None:
         state.resume_from.restore_rng()
     state.stage = "train"
     hooks("on_train_start")
     stops = StopCheck(trainer, time.monotonic() + trainer.max_time if trainer.max_time else None)
+    reload_every = trainer.reload_dataloaders_every_n_epochs
     while not _fit_done(trainer):
+        if reload_every and state.epoch > 0 and state.epoch % reload_every == 0:
+            reload_loaders(trainer)
+            loader = trainer.loaders["train"][0]
+            trainer.num_training_batches = num_batches(loader, trainer.limits["train"])
         run_train_epoch(trainer, loader, stops)
         stops()
     state.stage = None

@@ -38,6 +38,7 @@ from typing import Any, Callable
 import torch
 
 from framework.errors import ConfigError
+from framework.loops.batches import positional_arity
 
 
 def check_manual_settings(trainer) -> None:
@@ -74,6 +75,7 @@ class ManualOptimization:
         trainer = self.trainer
         strategy, precision = trainer.strategy, trainer.precision
         step = strategy.training_step_fn(trainer.module)
+        with_idx = positional_arity(trainer.module.training_step) >= 2
         no_sync = strategy.no_sync if strategy.multi_process else None
         autocast = precision.autocast if precision.autocast_dtype is not None else None
         self._guard = guard
@@ -85,7 +87,7 @@ class ManualOptimization:
             self.batch_idx = batch_idx
             with no_sync() if no_sync is not None else contextlib.nullcontext():
                 with autocast() if autocast is not None else contextlib.nullcontext():
-                    return step(batch, batch_idx)
+                    return step(batch, batch_idx) if with_idx else step(batch)
 
         manual_step.flush_checks = guard.flush
         return manual_step

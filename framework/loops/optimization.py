@@ -21,6 +21,7 @@ from typing import Any, Callable
 import torch
 
 from framework.errors import ConfigError, TrainingError
+from framework.loops.batches import positional_arity
 from framework.rank_zero import rank_zero_warn
 
 _NO_CONTEXT = contextlib.nullcontext()
@@ -36,6 +37,7 @@ def forward_backward_fn(trainer) -> Callable[[Any, int, bool], Any]:
     strategy, precision, hooks = trainer.strategy, trainer.precision, trainer.hooks
     guard = nonfinite_guard(trainer)
     step = strategy.training_step_fn(trainer.module)
+    with_idx = positional_arity(trainer.module.training_step) >= 2  # training_step(self, batch) is allowed
     accumulate = trainer.accumulate_grad_batches
     no_sync = strategy.no_sync if strategy.multi_process and accumulate > 1 else None
     autocast = precision.autocast if precision.autocast_dtype is not None else None
@@ -46,7 +48,7 @@ def forward_backward_fn(trainer) -> Callable[[Any, int, bool], Any]:
     def forward_backward(batch: Any, batch_idx: int, sync: bool) -> Any:
         with no_sync() if no_sync is not None and not sync else _NO_CONTEXT:
             with autocast() if autocast is not None else _NO_CONTEXT:
-                outputs = step(batch, batch_idx)
+                outputs = step(batch, batch_idx) if with_idx else step(batch)
             loss = _loss_of(outputs) if isinstance(outputs, dict) else outputs
             if loss is not None:
                 loss = guard(loss, batch_idx)

@@ -1,12 +1,13 @@
 """Predict: ``predict_step`` over the predict loaders in eval mode, no gradients; the outputs
-are returned in order. The module's training mode is put back afterwards."""
+are returned in order (a list per loader when there are several, as in Lightning; nothing with
+``return_predictions=False``). The module's training mode is put back afterwards."""
 
 from __future__ import annotations
 
 import torch
 
 from framework.errors import ConfigError
-from framework.loops.batches import num_batches
+from framework.loops.batches import num_batches, positional_arity
 
 
 def run_predict(trainer, fn: str) -> list:
@@ -18,12 +19,16 @@ def run_predict(trainer, fn: str) -> list:
     module.eval()
     trainer.state.stage = "predict"
     to_device, device = trainer.accelerator.batch_to_device, trainer.strategy.root_device
-    predictions: list = []
+    keep = getattr(trainer, "return_predictions", True)
+    arity = positional_arity(module.predict_step)
+    per_loader: list[list] = []
     try:
         hooks.callbacks("on_predict_start")
         hooks("on_predict_epoch_start")
-        with torch.no_grad():
-            for loader in loaders:
+        with (torch.inference_mode() if trainer.inference_mode else torch.no_grad()):
+            for dl_idx, loader in enumerate(loaders):
+                predictions: list = []
+                per_loader.append(predictions)
                 n = num_batches(loader, trainer.limits["predict"])
                 trainer.num_val_batches = n  # the progress bar's total
                 for batch_idx, batch in enumerate(loader):
@@ -32,11 +37,15 @@ def run_predict(trainer, fn: str) -> list:
                     batch = to_device(batch, device)
                     hooks.callbacks("on_predict_batch_start", batch, batch_idx)
                     with trainer.precision.autocast():
-                        out = module.predict_step(batch, batch_idx)
+                        args = (batch, batch_idx) if len(loaders) == 1 else (batch, batch_idx, dl_idx)
+                        out = module.predict_step(*args[:arity])
                     hooks.callbacks("on_predict_batch_end", out, batch, batch_idx)
-                    predictions.append(out)
+                    if keep:
+                        predictions.append(out)
         hooks("on_predict_epoch_end")
         hooks.callbacks("on_predict_end")
     finally:
         module.train(was_training)
-    return predictions
+    if not keep:
+        return None
+    return per_loader[0] if len(per_loader) == 1 else per_loader

@@ -61,8 +61,8 @@ def run_train_epoch(trainer, loader, stops: StopCheck) -> None:
         batch = metrics.current_batch = to_device(batch, device)
         if batch_start is not None:
             batch_start(batch, batch_idx)
-        steps_now = (batch_idx + 1) % accumulate == 0 or batch_idx + 1 == limit or (
-            lookahead is not None and lookahead.last)
+        state.is_last_batch = last = batch_idx + 1 == limit or (lookahead is not None and lookahead.last)
+        steps_now = last or (batch_idx + 1) % accumulate == 0
         outputs = forward_backward(batch, batch_idx, steps_now)
         if outputs is not None or manual:
             trained += 1
@@ -78,7 +78,7 @@ def run_train_epoch(trainer, loader, stops: StopCheck) -> None:
                 _log_step_metrics(trainer, collector)
         state.batches_done = batch_idx + 1
         if batch_end is not None:
-            batch_end(outputs, batch, batch_idx)
+            batch_end(_handed_on(outputs, 1 if manual else accumulate), batch, batch_idx)
 
         if val_every and (batch_idx + 1) % val_every == 0 and batch_idx + 1 < limit and _val_due(trainer, True):
             run_evaluation(trainer, "validate")
@@ -99,6 +99,21 @@ def run_train_epoch(trainer, loader, stops: StopCheck) -> None:
     if not at_end and state.batches_done:  # a stop cut the epoch short: a resume continues it
         state.cut_epoch(get_rng_state(), collector.state_dict(module))
     _end_train_epoch(trainer, collector)
+
+
+def _handed_on(outputs, accumulate: int) -> dict:
+    """What ``on_train_batch_end`` gets, as in Lightning: a dict whose ``loss`` is detached (and
+    divided for accumulation, as it was for the backward); ``{}`` for a skipped batch."""
+    if outputs is None:
+        return {}
+    if isinstance(outputs, dict):
+        handed = dict(outputs)
+        if isinstance(handed.get("loss"), torch.Tensor):
+            handed["loss"] = handed["loss"].detach() / accumulate if accumulate > 1 else handed["loss"].detach()
+        return handed
+    if isinstance(outputs, torch.Tensor):
+        return {"loss": outputs.detach() / accumulate if accumulate > 1 else outputs.detach()}
+    return outputs
 
 
 class StopCheck:

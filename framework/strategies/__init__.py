@@ -1,4 +1,5 @@
-"""Strategies, one registry: ``single``, ``dp``, ``ddp_gloo``, ``ddp_nccl``, ``ddp``, ``mpi``.
+"""Strategies, one registry: ``single``, ``dp``, ``ddp_gloo``, ``ddp_nccl``, ``ddp``, ``mpi``,
+``ddp_spawn``, ``ddp_notebook``; Lightning's other names are aliases (``ALIASES``).
 
 ``trainer.strategy`` is a name or a mapping ``{name: ..., option: value}``; ``ddp`` means NCCL
 on CUDA and Gloo otherwise.
@@ -17,6 +18,7 @@ from framework.strategies.dp import DataParallelStrategy
 from framework.strategies.mpi import MPIStrategy
 from framework.strategies.registry import StrategyRegistry
 from framework.strategies.single import SingleDeviceStrategy
+from framework.strategies.spawn import SpawnDDPStrategy
 
 STRATEGIES = StrategyRegistry()
 STRATEGIES.register("single", SingleDeviceStrategy, "one device, one process")
@@ -24,6 +26,21 @@ STRATEGIES.register("dp", DataParallelStrategy, "torch.nn.DataParallel over the 
 STRATEGIES.register("ddp_gloo", functools.partial(DDPStrategy, backend="gloo"), "DDP over Gloo")
 STRATEGIES.register("ddp_nccl", functools.partial(DDPStrategy, backend="nccl"), "DDP over NCCL")
 STRATEGIES.register("mpi", MPIStrategy, "DDP with communication over MPI (mpiexec)")
+STRATEGIES.register("ddp_spawn", functools.partial(SpawnDDPStrategy, start_method="spawn"),
+                    "DDP, workers spawned from the call (torch.multiprocessing)")
+STRATEGIES.register("ddp_notebook", functools.partial(SpawnDDPStrategy, start_method="fork"),
+                    "DDP, workers forked from the call (notebooks, python -)")
+
+#: Lightning's strategy names that are another name, with options, for one of fw's
+ALIASES = {
+    "single_device": ("single", {}),
+    "ddp_fork": ("ddp_notebook", {}),
+    "ddp_find_unused_parameters_true": ("ddp", {"find_unused_parameters": True}),
+    "ddp_find_unused_parameters_false": ("ddp", {"find_unused_parameters": False}),
+    "ddp_spawn_find_unused_parameters_true": ("ddp_spawn", {"find_unused_parameters": True}),
+    "ddp_notebook_find_unused_parameters_true": ("ddp_notebook", {"find_unused_parameters": True}),
+}
+STRATEGIES.other_names = ["auto", "ddp", *ALIASES]
 
 
 def create_strategy(spec: str | Mapping[str, Any] | Strategy, accelerator_name: str) -> Strategy:
@@ -39,10 +56,15 @@ def create_strategy(spec: str | Mapping[str, Any] | Strategy, accelerator_name: 
         name = options.pop("name")
     else:
         raise ConfigError(f"trainer.strategy: expected a name or a mapping, got {type(spec).__name__}")
+    if name in ALIASES:
+        name, implied = ALIASES[name]
+        options = {**implied, **options}
     if name == "auto":
         name = "single"
     if name == "ddp":
         name = "ddp_nccl" if accelerator_name == "cuda" else "ddp_gloo"
+    if name in ("ddp_spawn", "ddp_notebook") and "backend" not in options:
+        options["backend"] = "nccl" if accelerator_name == "cuda" else "gloo"
     if name == "ddp_nccl" and accelerator_name != "cuda":
         raise ConfigError(
             "trainer.strategy=ddp_nccl needs CUDA (NCCL has no CPU support); "

@@ -80,6 +80,13 @@ class DistributedStrategy(Strategy):
         raise NotImplementedError
 
     def setup_module(self, module: nn.Module) -> nn.Module:
+        if getattr(self, "sync_batchnorm", False):
+            if self.root_device.type != "cuda":
+                from framework.errors import ConfigError
+
+                raise ConfigError("trainer.sync_batchnorm=true needs GPUs (torch's SyncBatchNorm runs on CUDA only); "
+                                  "on the CPU leave it off: BatchNorm statistics then stay per rank")
+            module = nn.SyncBatchNorm.convert_sync_batchnorm(module)
         module.to(self.root_device)
         device_ids = [self.root_device.index] if self.root_device.type == "cuda" else None
         self.model = nn.parallel.DistributedDataParallel(

@@ -33,8 +33,11 @@ _WORKERS_STOP_ON = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
 
 
 class Launcher:
-    """Starts a job's processes; ``launch()`` returns the job's exit code (this process does
-    not train)."""
+    """Starts a job's processes. Two kinds: ``reruns_program`` ones re-run the whole program in
+    each worker and ``launch()`` returns the job's exit code (this process does not train);
+    the others run one Trainer call in workers they start (``launch_call``, ``ddp_spawn``)."""
+
+    reruns_program = True
 
     def launch(self) -> int:
         raise NotImplementedError
@@ -74,10 +77,11 @@ def current_command() -> list[str]:
     if spec is not None and spec.name not in ("__main__", None):
         name = spec.name[: -len(".__main__")] if spec.name.endswith(".__main__") else spec.name
         return ["-m", name, *sys.argv[1:]]
-    if not sys.argv or not sys.argv[0] or sys.argv[0] == "-c":
+    if not sys.argv or not sys.argv[0] or sys.argv[0] in ("-c", "-"):
         raise ConfigError(
-            "fw cannot start workers from an interactive session or `python -c`; put the code in a "
-            "script, or launch with torchrun --nproc-per-node=N script.py"
+            "fw's launcher re-runs the program in each worker, and an interactive session, `python -c` or "
+            "`python -` has no program to re-run: use trainer.strategy=ddp_notebook (workers forked from this "
+            "process), put the code in a script, or launch with torchrun --nproc-per-node=N script.py"
         )
     return [os.path.abspath(sys.argv[0]), *sys.argv[1:]]
 

@@ -14,6 +14,7 @@ class StrategyRegistry:
     def __init__(self) -> None:
         self._factories: dict[str, Callable[..., Strategy]] = {}
         self._help: dict[str, str] = {}
+        self.other_names: list[str] = []  # names resolved before the registry (auto, ddp, aliases)
 
     def register(self, name: str, factory: Callable[..., Strategy], description: str = "") -> None:
         if name in self._factories:
@@ -29,9 +30,9 @@ class StrategyRegistry:
 
     def create(self, name: str, **options: Any) -> Strategy:
         if name not in self._factories:
+            known = sorted([*self._factories, *self.other_names])
             raise ConfigError(
-                f"trainer.strategy: unknown strategy '{name}'{did_you_mean(name, self._factories)}; "
-                f"known: {', '.join(self.names())}"
+                f"trainer.strategy: unknown strategy '{name}'{did_you_mean(name, known)}; known: {', '.join(known)}"
             )
         factory = self._factories[name]
         accepted = self._options(factory)

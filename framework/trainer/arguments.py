@@ -132,3 +132,20 @@ def check_callbacks(callbacks: list) -> list:
             hint = " (a mapping without '_target_'?)" if isinstance(cb, dict) else ""
             raise ConfigError(f"callbacks[{i}]: {type(cb).__name__} is not an fw Callback{hint}")
     return callbacks
+
+
+def fast_dev_run_arg(value: Any) -> int:
+    """``fast_dev_run``: False/0 off, True 1 batch, n batches."""
+    if value is True:
+        return 1
+    if value is False or value is None:
+        return 0
+    if isinstance(value, int) and value >= 0:
+        return value
+    raise ConfigError(f"trainer.fast_dev_run={value!r}: use true (1 batch), false, or a number of batches >= 0")
+
+
+def non_negative_int(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(f"trainer.{name}={value!r}: use a whole number >= 0")
+    return value

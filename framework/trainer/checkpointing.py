@@ -176,6 +176,12 @@ def resolve_path(trainer, ckpt_path: Any, fn: str) -> str | None:
         trainer.state.fit_index = _count_fit()
     if ckpt_path is None and fn == "fit":
         return _checkpoint_to_restart_from(trainer)
+    if ckpt_path == "best":
+        best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback is not None else ""
+        if not best:
+            raise CheckpointError("ckpt_path='best': no best checkpoint is known to this Trainer (a ModelCheckpoint "
+                                  "with monitor= records one during fit); give the checkpoint's path instead")
+        return best
     if ckpt_path == "last":
         dirs = [getattr(cb, "dirpath", None) for cb in trainer.callbacks]
         found = ckpt.find_last_checkpoint(dirs, trainer.default_root_dir)
@@ -188,6 +194,7 @@ def resolve_path(trainer, ckpt_path: Any, fn: str) -> str | None:
 def restore(trainer, ckpt_path: str | None, fn: str) -> None:
     """Load weights (and for fit, everything else) from ``ckpt_path`` (see ``resolve_path``);
     for fit, leave the point to continue from in ``trainer.state.resume_from``."""
+    trainer.state.ckpt_path = ckpt_path
     if ckpt_path is None:
         return
     checkpoint = ckpt.load_checkpoint(ckpt_path)

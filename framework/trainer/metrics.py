@@ -63,6 +63,14 @@ class LoggedMetrics:
         self.epoch_values.update(collector.epoch_values)
         self.prog_bar_keys.update({k: flags[0] for k, flags in collector.epoch_flags.items()})
 
+    def take_values(self, values: dict[str, torch.Tensor], prog_bar: set[str]) -> None:
+        """Hold ``values`` as the latest metrics (the results of a run made in other
+        processes: ``ddp_spawn``), ``prog_bar`` of them shown in the progress bar."""
+        self.collector = self.training = MetricCollector("train", self.current_batch_size)
+        self.epoch_values = dict(values)
+        self.prog_bar_keys = {k: k in prog_bar for k in values}
+        self._callback_metrics.clear()
+
     @property
     def callback_metrics(self) -> dict[str, torch.Tensor]:
         """One dict, kept for the run: the latest step values and every epoch aggregate.

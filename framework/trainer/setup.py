@@ -15,12 +15,14 @@ import torch
 
 from framework.checkpoint import check_writable_on_every_rank, plain_hparams
 from framework.data import DataModule, shard_dataloader
+from framework.data.sampler_injection import without_shuffle
 from framework.errors import ConfigError
 from framework.optim import parse_optimizers
-from framework.rank_zero import rank_zero_print
+from framework.rank_zero import rank_zero_print, rank_zero_warn
 from framework.seed import sampler_seed
+from framework.trainer import arguments as args
 from framework.trainer import checkpointing
-from framework.trainer.hooks import HookDispatcher
+from framework.trainer.hooks import HookDispatcher, overrides
 
 _LOADER_METHODS = {
     "train": "train_dataloader",
@@ -47,6 +49,12 @@ def default_callbacks(callbacks: list, enable_checkpointing: bool, enable_progre
     return sorted(callbacks, key=lambda c: isinstance(c, ModelCheckpoint))
 
 
+def without_dev_run_callbacks(callbacks: list) -> list:
+    from framework.callbacks import EarlyStopping, LearningRateMonitor, ModelCheckpoint
+
+    return [c for c in callbacks if not isinstance(c, (ModelCheckpoint, EarlyStopping, LearningRateMonitor))]
+
+
 def resolve_loggers(logger: Any) -> list:
     from framework.loggers import Logger, TensorBoardLogger
 
@@ -70,23 +78,31 @@ def setup(trainer, fn: str, model, datamodule: DataModule | None, loaders: dict,
     Returns the checkpoint to start from (see ``checkpointing.resolve_path``): a resumed run
     logs into the version folder its checkpoint came from."""
     strategy = trainer.strategy
+    _attach_model_callbacks(trainer, model)
     trainer.hooks = HookDispatcher(trainer.callbacks, trainer, model)
     _apply_process_settings(trainer)
     strategy.setup_environment()
     trainer.module = model
     model.trainer = trainer
     trainer.datamodule = datamodule
-    if datamodule is not None:
-        if strategy.local_rank == 0:
+    if strategy.local_rank == 0:  # downloads and files: once per node
+        if datamodule is not None:
             datamodule.prepare_data()
-        strategy.barrier("prepare_data")
+        model.prepare_data()
+    strategy.barrier("prepare_data")
+    if datamodule is not None:
         datamodule.setup(fn)
+    model.setup(fn)
     seed = sampler_seed()
+    source = datamodule if datamodule is not None else model  # Lightning: the module's own *_dataloader()
+    trainer._loader_requests = (loaders, source, seed)
     trainer.loaders = {
-        key: _prepare_loaders(trainer, key, given, datamodule, seed)
+        key: _prepare_loaders(trainer, key, given, source, seed)
         for key, given in loaders.items()
-        if given is not None or datamodule is not None
+        if given is not None or datamodule is not None or _defines_loader(model, key)
     }
+    if fn == "fit" and trainer.loaders.get("validate") and not _runs_validation(trainer, model):
+        trainer.loaders["validate"] = []
     resume_path = checkpointing.resolve_path(trainer, ckpt_path, fn)
     _setup_loggers(trainer, resume_path)
     trainer.hooks.callbacks("setup", fn)
@@ -94,6 +110,48 @@ def setup(trainer, fn: str, model, datamodule: DataModule | None, loaders: dict,
     if fn == "fit":
         trainer.optimizers, trainer.lr_scheduler_configs = parse_optimizers(model.configure_optimizers())
     return resume_path
+
+
+def reload_loaders(trainer) -> None:
+    """``reload_dataloaders_every_n_epochs``: ask the DataModule (or the module) for its
+    training and validation loaders again; loaders passed to ``fit`` directly stay."""
+    loaders, source, seed = trainer._loader_requests
+    for key in ("train", "validate"):
+        if loaders.get(key) is None and trainer.loaders.get(key):
+            trainer.loaders[key] = _prepare_loaders(trainer, key, None, source, seed)
+
+
+def _attach_model_callbacks(trainer, model) -> None:
+    """``configure_callbacks()``: each replaces the Trainer's callbacks of its type (Lightning's rule)."""
+    from framework.callbacks import ModelCheckpoint
+
+    extra = model.configure_callbacks()
+    extra = args.check_callbacks(args.as_list(extra)) if extra else []
+    if not extra:
+        return
+    types = {type(cb) for cb in extra}
+    kept = [cb for cb in trainer.callbacks if type(cb) not in types]
+    trainer.callbacks = sorted(kept + extra, key=lambda c: isinstance(c, ModelCheckpoint))
+
+
+def _defines_loader(model, key: str) -> bool:
+    from framework.module import TrainModule
+
+    return overrides(model, TrainModule, _LOADER_METHODS[key])
+
+
+def _runs_validation(trainer, model) -> bool:
+    """Fit validates when the module has a ``validation_step`` and ``limit_val_batches`` is not
+    0, as in Lightning (which skips the loop, sanity check included, otherwise)."""
+    from framework.module import TrainModule
+
+    if trainer.limits["validate"] == 0:
+        return False
+    if not overrides(model, TrainModule, "validation_step"):
+        rank_zero_warn(f"validation data was given but {type(model).__name__} has no validation_step: "
+                       "fit skips validation (define validation_step to validate)")
+        return False
+    return True
 
 
 def _prepare_loaders(trainer, key: str, given: Any, datamodule, seed: int) -> list:
@@ -107,7 +165,9 @@ def _prepare_loaders(trainer, key: str, given: Any, datamodule, seed: int) -> li
     if loader is None:
         return []
     loaders = list(loader) if isinstance(loader, (list, tuple)) else [loader]
-    shard = trainer.strategy.distributed_sampler_kwargs()
+    if key == "train" and trainer.overfit_batches:
+        loaders = [without_shuffle(dl) for dl in loaders]
+    shard = trainer.strategy.distributed_sampler_kwargs() if trainer.use_distributed_sampler else None
     if shard:
         loaders = [shard_dataloader(dl, train=(key == "train"), seed=seed, **shard) for dl in loaders]
     return loaders
@@ -143,24 +203,31 @@ def print_summary(trainer, fn: str) -> None:
         per_device = per_device_batch // replicas if replicas > 1 else per_device_batch
         parts.append(f"batch {per_device} per device, global {per_device * replicas * trainer.world_size}")
     rank_zero_print(" | ".join(parts))
+    if fn == "fit" and trainer.enable_model_summary and trainer.is_global_zero:
+        from framework.trainer.summary import print_model_summary
+
+        print_model_summary(trainer.module)
 
 
 def _apply_process_settings(trainer) -> None:
     """Set what ``deterministic`` asks for, keeping the values before the run so that teardown
     puts them back: a later Trainer in the same process starts from a clean slate."""
     trainer._settings_before_run = (torch.are_deterministic_algorithms_enabled(),
-                                    os.environ.get("CUBLAS_WORKSPACE_CONFIG"))
+                                    os.environ.get("CUBLAS_WORKSPACE_CONFIG"), torch.backends.cudnn.benchmark)
     if trainer.deterministic:
         torch.use_deterministic_algorithms(True)
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    if trainer.benchmark is not None:
+        torch.backends.cudnn.benchmark = trainer.benchmark
 
 
 def _restore_process_settings(trainer) -> None:
     saved = getattr(trainer, "_settings_before_run", None)
     if saved is None:
         return
-    deterministic, cublas = saved
+    deterministic, cublas, benchmark = saved
     torch.use_deterministic_algorithms(deterministic)
+    torch.backends.cudnn.benchmark = benchmark
     if cublas is None:
         os.environ.pop("CUBLAS_WORKSPACE_CONFIG", None)
     else:
@@ -175,6 +242,8 @@ def teardown(trainer, fn: str, failed: bool = False) -> None:
             trainer.hooks.callbacks("teardown", fn)
         if trainer.datamodule is not None:
             trainer.datamodule.teardown(fn)
+        if trainer.module is not None:
+            trainer.module.teardown(fn)
         if trainer.is_global_zero:
             for lg in trainer.loggers:
                 lg.finalize("failed" if failed else "success")

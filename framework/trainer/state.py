@@ -49,6 +49,8 @@ class RunState:
         cut: set when a stop cut the epoch short (see ``CutEpoch``).
         resume_from: where a resumed fit continues (``trainer/checkpointing.ResumePoint``):
             set from a checkpoint, consumed by the first epoch.
+        is_last_batch: the training batch being run is its epoch's last.
+        ckpt_path: the checkpoint the current (or last) run started from, else None.
         eval_batches: evaluation batches run so far in this process (with the training position,
             the progress that ``trainer/heartbeat.py`` watches).
     """
@@ -70,6 +72,8 @@ class RunState:
     cut: CutEpoch | None = None
     resume_from: ResumePoint | None = None
     eval_batches: int = 0
+    is_last_batch: bool = False
+    ckpt_path: str | None = None
 
     @property
     def mid_epoch(self) -> bool:

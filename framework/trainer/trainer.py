@@ -28,13 +28,15 @@ from framework.strategies import Strategy, create_strategy
 from framework.strategies.launchers import die_with_launcher, record_worker_error
 from framework.trainer import arguments as args
 from framework.trainer import checkpointing, setup
+from framework.rank_zero import rank_zero_print
 from framework.trainer.heartbeat import Heartbeat
 from framework.trainer.metrics import LoggedMetrics
+from framework.trainer.properties import TrainerProperties
 from framework.trainer.signals import SignalCatcher, save_after_signal
 from framework.trainer.state import RunState
 
 
-class Trainer:
+class Trainer(TrainerProperties):
     """Runs fit/validate/test/predict for a ``TrainModule``. Keyword names follow Lightning's.
 
     This signature is the one list of the Trainer's arguments: the recipe schema
@@ -100,6 +102,17 @@ class Trainer:
         on_nonfinite: str = "error",
         preemption_signal: str | None = "SIGUSR1",
         requeue: bool = False,
+        enable_model_summary: bool = True,
+        fast_dev_run: int | bool = False,
+        overfit_batches: int | float = 0.0,
+        reload_dataloaders_every_n_epochs: int = 0,
+        benchmark: bool | None = None,
+        detect_anomaly: bool = False,
+        inference_mode: bool = True,
+        use_distributed_sampler: bool = True,
+        sync_batchnorm: bool = False,
+        barebones: bool = False,
+        profiler: Any = None,
     ) -> None:
         # where the run happens: accelerator, devices, strategy, and how its processes start
         self.accelerator = get_accelerator(accelerator)
@@ -144,10 +157,43 @@ class Trainer:
         self.requeue = bool(requeue)
         self.default_root_dir = os.fspath(default_root_dir) if default_root_dir else os.getcwd()
 
+        # Lightning's debugging, speed and data switches
+        if profiler is not None:
+            raise ConfigError(f"trainer.profiler={profiler!r}: fw has no profiler of its own; wrap trainer.fit in "
+                              "torch.profiler.profile(...), or add the ThroughputMonitor callback for step times")
+        self.barebones = bool(barebones)
+        if self.barebones:  # nothing that costs time per step besides the step itself
+            logger, enable_checkpointing, enable_progress_bar, enable_model_summary = False, False, False, False
+            self.num_sanity_val_steps = 0
+        self.enable_model_summary = bool(enable_model_summary)
+        self.overfit_batches = args.limit_arg("overfit_batches", overfit_batches) or 0
+        if self.overfit_batches:  # the same first batches every epoch, for training and validation
+            self.limits["train"] = self.limits["validate"] = self.overfit_batches
+        self.fast_dev_run = args.fast_dev_run_arg(fast_dev_run)
+        if self.fast_dev_run:
+            n = self.fast_dev_run
+            if not self.overfit_batches:
+                self.limits["train"] = self.limits["validate"] = n
+            self.limits["test"] = self.limits["predict"] = n
+            self.max_steps, self.max_epochs, self.num_sanity_val_steps = n, 1, 0
+            self.val_check_interval, self.check_val_every_n_epoch = None, 1
+            logger = False
+        self.reload_dataloaders_every_n_epochs = args.non_negative_int(
+            "reload_dataloaders_every_n_epochs", reload_dataloaders_every_n_epochs)
+        self.benchmark = benchmark if benchmark is None else bool(benchmark)
+        self.detect_anomaly = bool(detect_anomaly)
+        self.inference_mode = bool(inference_mode)
+        self.use_distributed_sampler = bool(use_distributed_sampler)
+        self.strategy.sync_batchnorm = bool(sync_batchnorm)
+
         # the parts a run calls into, and what it produces
         self.callbacks = setup.default_callbacks(
             args.check_callbacks(args.as_list(callbacks)), enable_checkpointing, enable_progress_bar
         )
+        if self.fast_dev_run:  # Lightning's rule: no checkpoints, early stops or LR logs in a dev run
+            self.callbacks = setup.without_dev_run_callbacks(self.callbacks)
+            rank_zero_print(f"fw: fast_dev_run={self.fast_dev_run}: {self.fast_dev_run} batch(es) per stage, "
+                            "without logging or checkpoints", file=sys.stderr)
         self.loggers = setup.resolve_loggers(logger)
         self.log_dir: str | None = None
         self.state = RunState()
@@ -244,17 +290,30 @@ class Trainer:
 
     # -- public API -----------------------------------------------------------------------------
     def fit(self, model, train_dataloaders=None, val_dataloaders=None, datamodule=None, ckpt_path=None) -> None:
-        """Train ``model``; ``ckpt_path`` (a path or ``"last"``) resumes from a checkpoint."""
+        """Train ``model``; ``ckpt_path`` (a path, ``"last"`` or ``"best"``) resumes from a
+        checkpoint. A DataModule may be given in place of ``train_dataloaders``, as in Lightning."""
+        if isinstance(train_dataloaders, DataModule):
+            train_dataloaders, datamodule = None, _one_datamodule(train_dataloaders, datamodule)
         self._run("fit", model, datamodule, {"train": train_dataloaders, "validate": val_dataloaders},
                   ckpt_path, loops.run_fit)
 
-    def validate(self, model=None, dataloaders=None, datamodule=None, ckpt_path=None) -> list[dict]:
+    def validate(self, model=None, dataloaders=None, ckpt_path=None, verbose: bool = True,
+                 datamodule=None) -> list[dict]:
+        """One pass over the validation data; the logged epoch values, one dict per loader."""
+        dataloaders, datamodule = _split_datamodule(dataloaders, datamodule)
         return self._run("validate", model, datamodule, {"validate": dataloaders}, ckpt_path, loops.run_eval_stage)
 
-    def test(self, model=None, dataloaders=None, datamodule=None, ckpt_path=None) -> list[dict]:
+    def test(self, model=None, dataloaders=None, ckpt_path=None, verbose: bool = True,
+             datamodule=None) -> list[dict]:
+        dataloaders, datamodule = _split_datamodule(dataloaders, datamodule)
         return self._run("test", model, datamodule, {"test": dataloaders}, ckpt_path, loops.run_eval_stage)
 
-    def predict(self, model=None, dataloaders=None, datamodule=None, ckpt_path=None) -> list:
+    def predict(self, model=None, dataloaders=None, datamodule=None, return_predictions: bool | None = None,
+                ckpt_path=None) -> list | None:
+        """``predict_step`` over the data: a list of outputs, a list of such lists for several
+        loaders, or None with ``return_predictions=False``."""
+        dataloaders, datamodule = _split_datamodule(dataloaders, datamodule)
+        self.return_predictions = True if return_predictions is None else bool(return_predictions)
         return self._run("predict", model, datamodule, {"predict": dataloaders}, ckpt_path, loops.run_predict)
 
     def save_checkpoint(self, path: str | os.PathLike) -> None:
@@ -263,8 +322,10 @@ class Trainer:
 
     # -- orchestration --------------------------------------------------------------------------
     def _run(self, fn: str, model, datamodule, loaders: dict, ckpt_path, loop) -> Any:
-        if self.launcher is not None:  # start the workers (they run this whole program), wait
+        if self.launcher is not None and self.launcher.reruns_program:  # workers run this whole program
             sys.exit(self.launcher.launch())
+        if self.launcher is not None:  # workers run this call (ddp_spawn), rank 0's results come back
+            return self.launcher.launch_call(self, self._run, fn, model, datamodule, loaders, ckpt_path, loop)
         model = model if model is not None else self.module
         if model is None:
             raise ConfigError(f"trainer.{fn}() needs a model")
@@ -277,7 +338,9 @@ class Trainer:
             resume_path = setup.setup(self, fn, model, datamodule, loaders, ckpt_path)
             checkpointing.restore(self, resume_path, fn)
             setup.print_summary(self, fn)
-            with SignalCatcher(self) if fn == "fit" else contextlib.nullcontext(), Heartbeat(self):
+            with SignalCatcher(self) if fn == "fit" else contextlib.nullcontext(), Heartbeat(self), \
+                    torch.autograd.set_detect_anomaly(self.detect_anomaly) if self.detect_anomaly else \
+                    contextlib.nullcontext():
                 result = loop(self, fn)
             if fn == "fit" and self.state.stop_reason == "preempted":
                 self.state.status = "interrupted"
@@ -304,3 +367,15 @@ class Trainer:
         if self.strategy.multi_process and self.environment.launched_externally:
             return self.environment.info()
         return DistInfo()
+
+
+def _one_datamodule(given: DataModule, datamodule) -> DataModule:
+    if datamodule is not None:
+        raise ConfigError("a DataModule was given twice (positionally and as datamodule=); pass it once")
+    return given
+
+
+def _split_datamodule(dataloaders, datamodule):
+    if isinstance(dataloaders, DataModule):
+        return None, _one_datamodule(dataloaders, datamodule)
+    return dataloaders, datamodule

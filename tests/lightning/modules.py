@@ -95,3 +95,62 @@ def make_accumulating(Base, every: int = 2):
             return torch.optim.SGD(self.net.parameters(), lr=0.1, momentum=0.9)
 
     return Accumulating
+
+
+class RandomDataset(torch.utils.data.Dataset):
+    """Lightning's bug-report template data: ``length`` random vectors of ``size``."""
+
+    def __init__(self, size: int = 32, length: int = 64, seed: int = 5):
+        self.data = torch.randn(length, size, generator=torch.Generator().manual_seed(seed))
+
+    def __getitem__(self, index):
+        return self.data[index]
+
+    def __len__(self):
+        return len(self.data)
+
+
+def make_boring(Base):
+    class BoringModel(Base):
+        """Lightning's bug-report template, with the idioms ports trip over: attribute hparams,
+        the module's own dataloaders and setup, training_step without batch_idx, an epoch
+        scheduler, validation and test steps that log."""
+
+        def __init__(self, learning_rate: float = 0.1, batch_size: int = 4):
+            super().__init__()
+            self.save_hyperparameters()
+            self.layer = nn.Linear(32, 2)
+            self.setup_stages = []
+
+        def forward(self, x):
+            return self.layer(x)
+
+        def setup(self, stage):
+            self.setup_stages.append(stage)
+            self.train_set, self.val_set = RandomDataset(seed=5), RandomDataset(length=20, seed=6)
+
+        def train_dataloader(self):
+            return DataLoader(self.train_set, batch_size=self.hparams.batch_size, shuffle=True)
+
+        def val_dataloader(self):
+            return DataLoader(self.val_set, batch_size=self.hparams.batch_size)
+
+        def test_dataloader(self):
+            return DataLoader(self.val_set, batch_size=self.hparams.batch_size)
+
+        def training_step(self, batch):
+            loss = self(batch).pow(2).mean()
+            self.log("train_loss", loss, prog_bar=True)
+            return {"loss": loss}
+
+        def validation_step(self, batch, batch_idx):
+            self.log("valid_loss", self(batch).pow(2).mean())
+
+        def test_step(self, batch, batch_idx):
+            self.log("test_loss", self(batch).pow(2).mean())
+
+        def configure_optimizers(self):
+            opt = torch.optim.SGD(self.layer.parameters(), lr=self.hparams.learning_rate)
+            return {"optimizer": opt, "lr_scheduler": torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.7)}
+
+    return BoringModel

@@ -1,0 +1,90 @@
+"""The model summary printed at the start of a fit (``enable_model_summary``), as Lightning's:
+each top-level layer with its type, parameter count and mode, and its input and output shapes
+when the module sets ``example_input_array``; then trainable, non-trainable and total parameters
+and their size. A rich table on stderr, rank 0 only."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+
+def layer_rows(module: nn.Module) -> list[dict[str, Any]]:
+    """One row per direct child: name, type, parameters, mode, and shapes (``"?"`` unknown)."""
+    rows = [{"name": name, "type": type(child).__name__, "params": sum(p.numel() for p in child.parameters()),
+             "mode": "train" if child.training else "eval", "in": "?", "out": "?"}
+            for name, child in module.named_children()]
+    example = getattr(module, "example_input_array", None)
+    if example is not None and rows:
+        _record_shapes(module, example, rows)
+    return rows
+
+
+def _record_shapes(module: nn.Module, example: Any, rows: list[dict]) -> None:
+    by_name = {row["name"]: row for row in rows}
+    hooks = []
+    for name, child in module.named_children():
+        def hook(_mod, inputs, output, row=by_name[name]):
+            row["in"], row["out"] = _shape(inputs[0] if len(inputs) == 1 else inputs), _shape(output)
+        hooks.append(child.register_forward_hook(hook))
+    was_training = module.training
+    device = next((p.device for p in module.parameters()), torch.device("cpu"))
+    try:
+        module.eval()
+        with torch.no_grad():
+            inputs = _to(example, device)
+            module(*inputs) if isinstance(inputs, tuple) else module(**inputs) if isinstance(inputs, dict) \
+                else module(inputs)
+    finally:
+        module.train(was_training)
+        for h in hooks:
+            h.remove()
+
+
+def _to(value: Any, device: torch.device) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.to(device)
+    if isinstance(value, (list, tuple)):
+        return type(value)(_to(v, device) for v in value)
+    if isinstance(value, dict):
+        return {k: _to(v, device) for k, v in value.items()}
+    return value
+
+
+def _shape(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        return str(list(value.shape))
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_shape(v) for v in value) + "]"
+    return "?"
+
+
+def _count(n: int) -> str:
+    for unit, size in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return str(n)
+
+
+def print_model_summary(module: nn.Module) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    rows = layer_rows(module)
+    shapes = any(row["in"] != "?" for row in rows)
+    table = Table(title=f"{type(module).__name__}", title_justify="left")
+    for column in ["", "Name", "Type", "Params", "Mode"] + (["In sizes", "Out sizes"] if shapes else []):
+        table.add_column(column, justify="right" if column == "Params" else "left")
+    for i, row in enumerate(rows):
+        cells = [str(i), row["name"], row["type"], _count(row["params"]), row["mode"]]
+        table.add_row(*cells + ([row["in"], row["out"]] if shapes else []))
+    params = list(module.parameters())
+    trainable = sum(p.numel() for p in params if p.requires_grad)
+    total = sum(p.numel() for p in params)
+    size_mb = sum(p.numel() * p.element_size() for p in params) / 1e6
+    console = Console(stderr=True)
+    console.print(table)
+    console.print(f"{_count(trainable)} trainable params, {_count(total - trainable)} non-trainable params, "
+                  f"{_count(total)} total params, {size_mb:.3f} MB")
