@@ -66,6 +66,23 @@ class MLPModule(fw.TrainModule):
         return make_optimizer(self.parameters(), self.optimizer_name)
 
 
+class ManualMLPModule(MLPModule):
+    """The same step in manual optimization: the module calls backward and steps itself."""
+
+    def __init__(self, net: nn.Module, optimizer: str = "adam") -> None:
+        super().__init__(net, optimizer)
+        self.automatic_optimization = False
+
+    def training_step(self, batch, batch_idx):
+        opt = self.optimizers()
+        x, y = batch
+        loss = F.cross_entropy(self.net(x), y)
+        self.manual_backward(loss)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss
+
+
 class EpochTimer(fw.Callback):
     """Wall time of each training epoch, from two once-per-epoch hooks (no per-step cost);
     ``sync`` (e.g. torch.cuda.synchronize) runs before each reading."""

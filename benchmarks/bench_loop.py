@@ -6,6 +6,7 @@ the same number of steps. Run::
 
     .venv/bin/python benchmarks/bench_loop.py            # ~1 minute on 2 CPU cores
     .venv/bin/python benchmarks/bench_loop.py --quick    # a few seconds, a smoke test
+    .venv/bin/python benchmarks/bench_loop.py --manual   # fw in manual optimization
     python benchmarks/bench_loop.py --device cuda        # on a GPU machine
 
 What is timed: whole epochs of N steps. For fw, a callback records ``time.perf_counter()`` in
@@ -38,7 +39,7 @@ from torch import nn  # noqa: E402
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
 import framework as fw  # noqa: E402
-from _modules import EpochTimer, MLPModule, make_mlp, make_optimizer, raw_epochs  # noqa: E402
+from _modules import EpochTimer, ManualMLPModule, MLPModule, make_mlp, make_optimizer, raw_epochs  # noqa: E402
 from _common import fmt_time, iqr, machine_info, median, print_table, result_path, write_json  # noqa: E402
 
 BATCH = 64
@@ -62,15 +63,19 @@ def fw_trainer(device: str, epochs: int, callbacks=None) -> fw.Trainer:
     return fw.Trainer(
         accelerator="cuda" if device.startswith("cuda") else "cpu", devices=1, max_epochs=epochs,
         logger=False, enable_checkpointing=False, enable_progress_bar=False, num_sanity_val_steps=0,
-        callbacks=callbacks,
+        enable_model_summary=False, callbacks=callbacks,
     )  # fmt: skip
+
+
+MODULES = {"automatic": MLPModule, "manual": ManualMLPModule}
+OPTIMIZATION = "automatic"  # --manual: the module steps its optimizer itself (manual optimization)
 
 
 def fw_epochs(net: nn.Module, loader: DataLoader, optimizer: str, epochs: int, device: str, sync) -> list[float]:
     timer = EpochTimer(sync)
     trainer = fw_trainer(device, epochs, [timer])
     with contextlib.redirect_stdout(io.StringIO()):  # fw prints a one-line run summary per fit
-        trainer.fit(MLPModule(net, optimizer), train_dataloaders=loader)
+        trainer.fit(MODULES[OPTIMIZATION](net, optimizer), train_dataloaders=loader)
     return timer.times
 
 
@@ -100,8 +105,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=40, help="rounds (R), alternating which side goes first")
     parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (0: leave torch's default)")
     parser.add_argument("--quick", action="store_true", help="a short run (smoke test)")
+    parser.add_argument("--manual", action="store_true", help="fw side in manual optimization")
     parser.add_argument("--out", type=Path, default=None, help="results folder (default benchmarks/results)")
     args = parser.parse_args()
+    global OPTIMIZATION
+    OPTIMIZATION = "manual" if args.manual else "automatic"
     if args.quick:
         args.steps, args.epochs, args.rounds = 50, 3, 4
     if args.threads:
@@ -150,6 +158,7 @@ def main() -> None:
         "params": sum(p.numel() for p in init.parameters()),
         "batch_size": BATCH,
         "optimizer": args.optimizer,
+        "optimization": OPTIMIZATION,
         "steps_per_epoch": args.steps,
         "epochs_per_round": args.epochs,
         "rounds": args.rounds,
@@ -167,10 +176,11 @@ def main() -> None:
         "wall_s": wall,
         "samples_step_s": samples,
     }
-    path = write_json(result_path("loop", device, args.out), result)
+    path = write_json(result_path("loop" if OPTIMIZATION == "automatic" else "loop-manual", device, args.out), result)
 
     print_table(
-        f"fw vs raw PyTorch loop — {result['model']}, batch {BATCH}, {args.optimizer}, {result['hardware']}, {device}",
+        f"fw vs raw PyTorch loop — {result['model']}, batch {BATCH}, {args.optimizer}, {OPTIMIZATION} optimization, "
+        f"{result['hardware']}, {device}",
         ["side", "median step", "IQR", "epochs timed"],
         [
             ["raw PyTorch", fmt_time(raw_med), " – ".join(fmt_time(v) for v in result["raw_step_iqr_s"]), len(samples["raw"])],

@@ -71,7 +71,8 @@ def test_resume_mid_epoch_in_new_process_is_bit_identical(tmp_path):
     _run(tmp_path, "saver", max_epochs=3, every_n=7)  # 5 batches per epoch: step 7 is mid-epoch 1
     mid = tmp_path / "saver_ckpt" / "epoch=1-step=7.ckpt"
     assert load_checkpoint(mid)["loop"] == {  # the run state, saved as one piece
-        "epoch": 1, "global_step": 7, "batches_done": 2, "epoch_finished": False, "stop_reason": None}
+        "epoch": 1, "global_step": 7, "batches_stepped": 7, "batches_done": 2, "epoch_finished": False,
+        "stop_reason": None}
     resumed = _run(tmp_path, "resumed", max_epochs=3, ckpt=str(mid))
     _assert_bit_identical(straight, resumed)
 

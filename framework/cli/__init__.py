@@ -79,3 +79,10 @@ def main(argv: list[str] | None = None) -> int:
 def _in_mpi_job() -> bool:
     mpi = sys.modules.get("mpi4py.MPI")
     return mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized() and mpi.COMM_WORLD.Get_size() > 1
+
+
+def __getattr__(name: str):
+    if name == "LightningCLI":  # a port that kept Lightning's CLI class: say what fw has instead
+        raise ImportError("fw has no LightningCLI: write a recipe (YAML: module, data, trainer) and run "
+                          "`fw fit conf/x.yaml key=value ...`; see README.md, Recipes")
+    raise AttributeError(f"module 'framework.cli' has no attribute '{name}'")

@@ -21,7 +21,8 @@ def run_eval_stage(trainer, fn: str) -> list[dict]:
     if not trainer.loaders.get(fn):
         raise ConfigError(f"{fn} needs data: pass dataloaders= or a datamodule with {_LOADER_NAMES[fn]}()")
     values = run_evaluation(trainer, fn)
-    return [{k: float(v) for k, v in values.items() if v.numel() == 1}]
+    aliases = {k for k in values if f"{k}_epoch" in values}  # Lightning returns ``x_epoch`` only
+    return [{k: float(v) for k, v in values.items() if v.numel() == 1 and k not in aliases}]
 
 
 def run_evaluation(trainer, stage: str, limit: int | None = None, log: bool = True) -> dict:
@@ -70,7 +71,7 @@ def run_evaluation(trainer, stage: str, limit: int | None = None, log: bool = Tr
 
 def log_epoch_metrics(trainer, collector) -> None:
     """Send ``collector``'s scalar epoch values that may be logged to the loggers."""
-    metrics = {k: float(v) for k, v in collector.epoch_values.items()
-               if v.numel() == 1 and collector.epoch_flags.get(k, (False, True))[1]}
+    metrics = {k: float(v) for k, v in collector.epoch_values.items()   # the ``x_epoch`` names, not the
+               if v.numel() == 1 and collector.epoch_flags.get(k, (False, False))[1]}  # plain ``x`` alias
     if metrics:
-        trainer.log_metrics({**metrics, "epoch": trainer.current_epoch}, trainer.global_step)
+        trainer.log_metrics({**metrics, "epoch": trainer.current_epoch}, trainer.state.log_step)

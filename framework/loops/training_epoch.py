@@ -66,15 +66,19 @@ def run_train_epoch(trainer, loader, stops: StopCheck) -> None:
         outputs = forward_backward(batch, batch_idx, steps_now)
         if outputs is not None or manual:
             trained += 1
-        if manual:  # every batch counts as one for logging, as in Lightning
-            if (batch_idx + 1) % log_every == 0 and collector.step_dirty and trainer.loggers:
+        if manual:  # every batch counts as one that stepped, as in Lightning
+            state.batches_stepped += 1
+            if (state.batches_stepped % log_every == 0 or state.should_stop) and collector.step_dirty \
+                    and trainer.loggers:
                 _log_step_metrics(trainer, collector)
         elif steps_now:
             optimizer_step()
             state.global_step += 1
+            state.batches_stepped += 1
             if step_schedulers_now:
                 step_schedulers(trainer, "step")
-            if state.global_step % log_every == 0 and collector.step_dirty and trainer.loggers:
+            if (state.batches_stepped % log_every == 0 or state.should_stop) and collector.step_dirty \
+                    and trainer.loggers:
                 _log_step_metrics(trainer, collector)
         state.batches_done = batch_idx + 1
         if batch_end is not None:
@@ -175,9 +179,7 @@ def _end_train_epoch(trainer, collector) -> None:
     hooks.module_hook("on_train_epoch_end")  # the module first, then its epoch metrics, then callbacks
     collector.compute_epoch(trainer.strategy, trainer.module)
     trainer.metrics.record_epoch(collector)
-    if collector.step_dirty and trainer.loggers:
-        _log_step_metrics(trainer, collector)
-    log_epoch_metrics(trainer, collector)
+    log_epoch_metrics(trainer, collector)  # step rows only every log_every_n_steps, as in Lightning
     if state.cut is None:  # epoch-interval schedulers step for finished epochs only
         if trainer.manual is None:  # in manual optimization the module steps them
             step_schedulers(trainer, "epoch")
@@ -215,4 +217,4 @@ def _log_step_metrics(trainer, collector) -> None:
     metrics = {k: float(v) for k, v in collector.step_values_for("logger").items()}
     collector.step_dirty = False
     if metrics:
-        trainer.log_metrics({**metrics, "epoch": trainer.current_epoch}, trainer.global_step)
+        trainer.log_metrics({**metrics, "epoch": trainer.current_epoch}, trainer.state.log_step)

@@ -34,6 +34,9 @@ class RunState:
             short by a stop (``max_steps``, ``max_time``, ``should_stop``) still ends and counts,
             as in Lightning; the position below remembers that it was cut.
         global_step: optimizer steps taken so far (all epochs).
+        batches_stepped: Lightning's ``_batches_that_stepped``: batches whose optimizer step
+            ran (automatic optimization), or batches run (manual); loggers see step rows every
+            ``log_every_n_steps`` of them, labelled ``log_step``, as in Lightning.
         position_epoch: the epoch that ``batches_done`` and ``epoch_finished`` refer to.
         fit_index: which fit of this program the last fit was (1, 2, ...; see checkpointing).
         batches_done: batches of ``position_epoch`` already trained on.
@@ -60,6 +63,7 @@ class RunState:
     status: str = "initializing"
     epoch: int = 0
     global_step: int = 0
+    batches_stepped: int = 0
     batches_done: int = 0
     epoch_finished: bool = False
     should_stop: bool = False
@@ -108,11 +112,19 @@ class RunState:
         self.stop_reason = reason if reason == "preempted" else self.stop_reason or reason
 
     # -- checkpoints ------------------------------------------------------------------------
+    @property
+    def log_step(self) -> int:
+        """The step a logged row carries, Lightning's: during a fit, the batches that stepped
+        before the current one (its rows, validation and epoch end all come before Lightning
+        counts the batch); in a stand-alone validate/test, all of them."""
+        return max(self.batches_stepped - 1, 0) if self.fn == "fit" else self.batches_stepped
+
     def progress(self) -> dict[str, Any]:
         """What a checkpoint keeps of the run's progress."""
         return {
             "epoch": self.position_epoch,
             "global_step": self.global_step,
+            "batches_stepped": self.batches_stepped,
             "batches_done": self.batches_done,
             "epoch_finished": self.epoch_finished,
             "stop_reason": self.stop_reason,
@@ -122,6 +134,7 @@ class RunState:
         """Continue where ``progress()`` left off: at the next epoch if the saved one had
         finished, else in its middle (``resume_from`` is left for the caller to fill in)."""
         self.global_step = int(saved.get("global_step", global_step or 0))
+        self.batches_stepped = int(saved.get("batches_stepped", self.global_step))
         finished = bool(saved["epoch_finished"])
         self.epoch = self.position_epoch = int(saved["epoch"]) + (1 if finished else 0)
         self.batches_done = 0 if finished else int(saved["batches_done"])

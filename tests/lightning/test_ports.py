@@ -366,3 +366,69 @@ def test_spawned_workers_train_and_the_caller_gets_the_weights_and_metrics(tmp_p
     fw.Trainer(max_epochs=2, **QUIET).fit(single, loader(regression_data(32), 8))
     for key, value in single.state_dict().items():
         torch.testing.assert_close(got["state"][key], value, atol=1e-5, rtol=0)
+
+
+ROWS = """
+import sys, torch
+sys.path.insert(0, {tests!r})
+from lightning.modules import gan_loader, make_boring, make_gan
+which, model_name, out = sys.argv[1], sys.argv[2], sys.argv[3]
+rows = []
+if which == "lightning":
+    import pytorch_lightning as pl
+    from pytorch_lightning.loggers.logger import Logger
+    pl.seed_everything(7); Base, Trainer = pl.LightningModule, pl.Trainer
+else:
+    import framework as fw
+    from framework.loggers import Logger
+    fw.seed_everything(7); Base, Trainer = fw.TrainModule, fw.Trainer
+
+class Rows(Logger):
+    name, version = "rows", 0
+    def log_metrics(self, metrics, step=None):
+        rows.append((step, {{k: round(float(v), 6) for k, v in metrics.items()}}))
+    def log_hyperparams(self, *args, **kwargs):
+        pass
+
+if model_name == "gan":
+    model, data = make_gan(Base)(), [gan_loader(8)]
+else:
+    class Boring(make_boring(Base)):
+        def training_step(self, batch):
+            out = super().training_step(batch)
+            self.log("both", out["loss"], on_step=True, on_epoch=True)
+            return out
+    model, data = Boring(), []
+trainer = Trainer(logger=Rows(), max_epochs=2, accelerator="cpu", devices=1, enable_checkpointing=False,
+                  enable_progress_bar=False, enable_model_summary=False, log_every_n_steps=3, limit_train_batches=7,
+                  limit_val_batches=2)
+trainer.fit(model, *data)
+results = trainer.validate(model, verbose=False) if model_name != "gan" else []
+torch.save({{"rows": rows, "results": results}}, out)
+"""
+
+
+@needs_lightning
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("model", ["boring", "gan"])
+def test_logged_rows_fall_on_lightnings_steps_with_lightnings_names(tmp_path, model):
+    """``log_every_n_steps`` rows at the same steps (Lightning labels a row with the batches
+    that stepped before it), no extra step row at an epoch's end, epoch rows with ``x_epoch``
+    only, and validate() results without the plain alias; manual optimization counts batches."""
+    script = tmp_path / "rows.py"
+    script.write_text(ROWS.format(tests=str(ROOT / "tests")))
+    got = {}
+    for which in ("fw", "lightning"):
+        out = tmp_path / f"{which}.pt"
+        proc = subprocess.run([sys.executable, str(script), which, model, str(out)], env=subprocess_env(),
+                              capture_output=True, text=True, timeout=120, cwd=tmp_path)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        got[which] = torch.load(out)
+    assert got["fw"]["rows"] == got["lightning"]["rows"]
+    assert got["fw"]["results"] == got["lightning"]["results"]
+    assert len(got["fw"]["rows"]) >= 4
+
+
+def test_lightning_cli_is_refused_with_what_to_use():
+    with pytest.raises(ImportError, match="fw has no LightningCLI.*fw fit conf/x.yaml"):
+        from framework.cli import LightningCLI  # noqa: F401
