@@ -156,3 +156,45 @@ def test_without_gpu_the_cuda_paths_say_why():
     with pytest.warns(UserWarning, match="no GPU in use"):
         model, trainer = _fit("dp", 1, 8, accelerator="cpu")
     _assert_close_to(model, _cpu_reference(8), atol=0)
+
+
+MANUAL = textwrap.dedent("""
+    import sys, torch, framework as fw
+    from lightning.modules import gan_loader, make_gan
+    devices, precision, out = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+    fw.seed_everything(0)
+    model = make_gan(fw.TrainModule)()
+    trainer = fw.Trainer(accelerator="cuda", devices=devices, strategy="ddp_nccl" if devices > 1 else "single",
+                         precision=precision, max_epochs=2, num_sanity_val_steps=0, logger=False,
+                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    trainer.fit(model, gan_loader(8 // devices))
+    if trainer.is_global_zero:
+        torch.save({"state": {k: v.cpu() for k, v in model.state_dict().items()}, "step": trainer.global_step}, out)
+""")
+
+
+def _manual_gan(tmp_path, devices: int, precision: str = "32") -> dict:
+    script = tmp_path / "manual.py"
+    script.write_text(MANUAL)
+    out = tmp_path / f"gan-{devices}-{precision}.pt"
+    proc = subprocess.run([sys.executable, str(script), str(devices), precision, str(out)], cwd=ROOT,
+                          env=subprocess_env(), capture_output=True, text=True, timeout=150)
+    assert proc.returncode == 0, proc.stderr
+    return torch.load(out)
+
+
+@needs_gpu
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("precision", ["32", "16-mixed", "bf16-mixed"])
+def test_manual_optimization_gan_on_one_gpu(tmp_path, precision):
+    got = _manual_gan(tmp_path, 1, precision)
+    assert got["step"] == 32
+    assert all(torch.isfinite(v).all() for v in got["state"].values())
+
+
+@needs_2_gpus
+@pytest.mark.timeout(240)
+def test_manual_optimization_gan_on_two_gpus_over_nccl_equals_one_gpu(tmp_path):
+    one, two = _manual_gan(tmp_path, 1), _manual_gan(tmp_path, 2)
+    for key, value in one["state"].items():
+        torch.testing.assert_close(two["state"][key], value, atol=1e-5, rtol=0)

@@ -38,7 +38,7 @@ def make_gan(Base):
         def training_step(self, batch, batch_idx):
             x, z = batch
             opt_g, opt_d = self.optimizers()
-            ones, zeros = torch.ones(len(x), 1), torch.zeros(len(x), 1)
+            ones, zeros = torch.ones(len(x), 1, device=x.device), torch.zeros(len(x), 1, device=x.device)
 
             self.toggle_optimizer(opt_g)
             g_loss = F.binary_cross_entropy_with_logits(self.discriminator(self.generator(z)), ones)

@@ -14,6 +14,7 @@ import torch
 from conftest import ROOT, subprocess_env
 
 from framework.errors import ConfigError
+from mpi_helpers import mpiexec, needs_mpi
 
 needs_lightning = pytest.mark.skipif(importlib.util.find_spec("pytorch_lightning") is None,
                                      reason="pytorch_lightning is not installed (pip install pytorch-lightning; "
@@ -103,30 +104,87 @@ DDP = """
 import sys, torch
 import framework as fw
 sys.path.insert(0, {tests!r})
-from lightning.modules import gan_loader, make_gan
+from lightning.modules import gan_loader, make_accumulating, make_gan
 
-devices, out = int(sys.argv[1]), sys.argv[2]
+model_name, strategy, devices, out = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
 fw.seed_everything(0)
-model = make_gan(fw.TrainModule)()
-trainer = fw.Trainer(max_epochs=2, accelerator="cpu", devices=devices, strategy="ddp_gloo" if devices > 1 else "single",
-                     logger=False, enable_checkpointing=False, enable_progress_bar=False, num_sanity_val_steps=0)
-trainer.fit(model, gan_loader(8 // devices))
+model = (make_gan if model_name == "gan" else make_accumulating)(fw.TrainModule)()
+trainer = fw.Trainer(max_epochs=2, accelerator="cpu", devices=devices, strategy=strategy, logger=False,
+                     enable_checkpointing=False, enable_progress_bar=False, num_sanity_val_steps=0,
+                     enable_model_summary=False)
+trainer.fit(model, gan_loader(8 // trainer.world_size))
 if trainer.is_global_zero:
     torch.save({{"state": model.state_dict(), "step": trainer.global_step}}, out)
 """
 
 
-@pytest.mark.timeout(180)
-def test_manual_gan_on_two_gloo_ranks_equals_one_process_on_the_full_batch(tmp_path):
+def _run_ddp(tmp_path, model: str, strategy: str, devices: int, launcher: list[str] | None = None) -> dict:
     script = tmp_path / "ddp.py"
     script.write_text(DDP.format(tests=str(ROOT / "tests")))
-    results = {}
-    for devices in (1, 2):
-        out = tmp_path / f"d{devices}.pt"
-        proc = subprocess.run([sys.executable, str(script), str(devices), str(out)], env=subprocess_env(),
-                              capture_output=True, text=True, timeout=150, cwd=tmp_path)
-        assert proc.returncode == 0, proc.stdout + proc.stderr
-        results[devices] = torch.load(out)
-    assert results[1]["step"] == results[2]["step"] == 32
-    for key, value in results[1]["state"].items():
-        torch.testing.assert_close(results[2]["state"][key], value, atol=1e-5, rtol=0, msg=key)
+    out = tmp_path / f"{model}-{strategy}-{devices}.pt"
+    cmd = [*(launcher or []), sys.executable, str(script), model, strategy, str(devices), str(out)]
+    proc = subprocess.run(cmd, env=subprocess_env(), capture_output=True, text=True, timeout=150, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return torch.load(out)
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("model,steps", [("gan", 32), ("accumulating", 8)])
+def test_manual_optimization_on_two_gloo_ranks_equals_one_process_on_the_full_batch(tmp_path, model, steps):
+    """A GAN (two optimizers, toggled, clipped) and manual accumulation (a backward every
+    batch, a step every second): 2 ranks on half batches = one process on the full batch."""
+    one, two = _run_ddp(tmp_path, model, "single", 1), _run_ddp(tmp_path, model, "ddp_gloo", 2)
+    assert one["step"] == two["step"] == steps
+    for key, value in one["state"].items():
+        torch.testing.assert_close(two["state"][key], value, atol=1e-5, rtol=0, msg=key)
+
+
+@needs_mpi
+@pytest.mark.timeout(180)
+def test_manual_gan_under_mpi_equals_one_process_on_the_full_batch(tmp_path):
+    one = _run_ddp(tmp_path, "gan", "single", 1)
+    two = _run_ddp(tmp_path, "gan", "mpi", 2, launcher=[mpiexec(), "-n", "2"])
+    for key, value in one["state"].items():
+        torch.testing.assert_close(two["state"][key], value, atol=1e-5, rtol=0, msg=key)
+
+
+def test_manual_optimization_under_16_mixed_equals_the_hand_written_amp_loop():
+    """manual_backward scales the loss, clip_gradients unscales first, step goes through the
+    GradScaler and updates it: the same numbers as torch.amp written by hand."""
+    import torch.nn.functional as F
+
+    import framework as fw
+    from lightning.modules import gan_loader, make_accumulating
+
+    class Clipped(make_accumulating(fw.TrainModule, every=1)):
+        def training_step(self, batch, batch_idx):
+            x, z = batch
+            opt = self.optimizers()
+            loss = F.mse_loss(self.net(x), z[:, :1])
+            self.manual_backward(loss)
+            self.clip_gradients(opt, gradient_clip_val=0.1)
+            opt.step()
+            opt.zero_grad()
+
+    fw.seed_everything(0)
+    model = Clipped()
+    init = {k: v.clone() for k, v in model.state_dict().items()}
+    fw.Trainer(max_epochs=1, precision="16-mixed", logger=False, enable_checkpointing=False, enable_progress_bar=False,
+               enable_model_summary=False).fit(model, gan_loader(8))
+
+    fw.seed_everything(0)
+    by_hand = Clipped()
+    by_hand.load_state_dict(init)
+    opt = torch.optim.SGD(by_hand.net.parameters(), lr=0.1, momentum=0.9)
+    scaler = torch.amp.GradScaler("cpu")
+    for x, z in gan_loader(8):
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = F.mse_loss(by_hand.net(x), z[:, :1])
+        scaler.scale(loss).backward()
+        scaler.unscale_(opt)
+        torch.nn.utils.clip_grad_norm_(by_hand.net.parameters(), 0.1)
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad()
+    for key, value in by_hand.state_dict().items():
+        assert torch.equal(model.state_dict()[key], value), key
