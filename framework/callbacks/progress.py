@@ -176,7 +176,8 @@ class RichProgressBar(Callback):
         if not trainer.sanity_checking:  # the sanity check has its own bar
             self._eval_start(trainer, "Validation")
 
-    def on_validation_batch_end(self, trainer, module, outputs: Any, batch: Any, batch_idx: int) -> None:
+    def on_validation_batch_end(self, trainer, module, outputs: Any,
+                                batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
         self._eval_batch_end(trainer)
 
     def on_validation_end(self, trainer, module) -> None:
@@ -187,7 +188,8 @@ class RichProgressBar(Callback):
     def on_test_start(self, trainer, module) -> None:
         self._eval_start(trainer, "Testing")
 
-    def on_test_batch_end(self, trainer, module, outputs: Any, batch: Any, batch_idx: int) -> None:
+    def on_test_batch_end(self, trainer, module, outputs: Any,
+                          batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
         self._eval_batch_end(trainer)
 
     def on_test_end(self, trainer, module) -> None:
@@ -196,7 +198,8 @@ class RichProgressBar(Callback):
     def on_predict_start(self, trainer, module) -> None:
         self._eval_start(trainer, "Predicting")
 
-    def on_predict_batch_end(self, trainer, module, outputs: Any, batch: Any, batch_idx: int) -> None:
+    def on_predict_batch_end(self, trainer, module, outputs: Any,
+                             batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
         self._eval_batch_end(trainer)
 
     def on_predict_end(self, trainer, module) -> None:

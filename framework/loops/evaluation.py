@@ -38,9 +38,12 @@ def run_evaluation(trainer, stage: str, limit: int | None = None, log: bool = Tr
     module.eval()
     to_device, device = trainer.accelerator.batch_to_device, trainer.strategy.root_device
     try:
-        with trainer.metrics.evaluating(stage) as collector, (torch.inference_mode() if trainer.inference_mode else torch.no_grad()):
-            hooks.callbacks(f"on_{prefix}_start")
+        no_grad = torch.inference_mode() if trainer.inference_mode else torch.no_grad()  # Lightning's switch
+        with trainer.metrics.evaluating(stage) as collector, no_grad:
+            hooks(f"on_{prefix}_start")
             hooks(f"on_{prefix}_epoch_start")
+            batch_start = hooks.per_batch(f"on_{prefix}_batch_start")
+            batch_end = hooks.per_batch(f"on_{prefix}_batch_end")
             for dl_idx, loader in enumerate(loaders):
                 n = num_batches(loader, trainer.limits[stage])
                 if limit is not None:  # the sanity check: at most ``limit`` of them
@@ -51,18 +54,21 @@ def run_evaluation(trainer, stage: str, limit: int | None = None, log: bool = Tr
                         break
                     batch = trainer.metrics.current_batch = to_device(batch, device)
                     trainer.state.eval_batches += 1
-                    hooks.callbacks(f"on_{prefix}_batch_start", batch, batch_idx)
+                    where = (batch_idx,) if len(loaders) == 1 else (batch_idx, dl_idx)  # Lightning's arguments
+                    if batch_start is not None:
+                        batch_start(batch, *where)
                     with trainer.precision.autocast():
                         args = (batch, batch_idx) if len(loaders) == 1 else (batch, batch_idx, dl_idx)
                         outputs = step_fn(*args[:arity])
-                    hooks.callbacks(f"on_{prefix}_batch_end", outputs, batch, batch_idx)
+                    if batch_end is not None:
+                        batch_end(outputs, batch, *where)
             hooks.module_hook(f"on_{prefix}_epoch_end")  # the module first, then its metrics, then callbacks
             values = collector.compute_epoch(trainer.strategy, trainer.module)
             if log and not sanity_check:
                 trainer.metrics.record_epoch(collector)
                 log_epoch_metrics(trainer, collector)
             hooks.callbacks(f"on_{prefix}_epoch_end")
-            hooks.callbacks(f"on_{prefix}_end")
+            hooks(f"on_{prefix}_end")
     finally:
         state.stage = outer_stage
         module.train(was_training)

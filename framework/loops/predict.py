@@ -23,9 +23,11 @@ def run_predict(trainer, fn: str) -> list:
     arity = positional_arity(module.predict_step)
     per_loader: list[list] = []
     try:
-        hooks.callbacks("on_predict_start")
+        hooks("on_predict_start")
         hooks("on_predict_epoch_start")
-        with (torch.inference_mode() if trainer.inference_mode else torch.no_grad()):
+        batch_start = hooks.per_batch("on_predict_batch_start")
+        batch_end = hooks.per_batch("on_predict_batch_end")
+        with torch.inference_mode() if trainer.inference_mode else torch.no_grad():
             for dl_idx, loader in enumerate(loaders):
                 predictions: list = []
                 per_loader.append(predictions)
@@ -35,15 +37,18 @@ def run_predict(trainer, fn: str) -> list:
                     if batch_idx >= n:
                         break
                     batch = to_device(batch, device)
-                    hooks.callbacks("on_predict_batch_start", batch, batch_idx)
+                    where = (batch_idx,) if len(loaders) == 1 else (batch_idx, dl_idx)
+                    if batch_start is not None:
+                        batch_start(batch, *where)
                     with trainer.precision.autocast():
                         args = (batch, batch_idx) if len(loaders) == 1 else (batch, batch_idx, dl_idx)
                         out = module.predict_step(*args[:arity])
-                    hooks.callbacks("on_predict_batch_end", out, batch, batch_idx)
+                    if batch_end is not None:
+                        batch_end(out, batch, *where)
                     if keep:
                         predictions.append(out)
         hooks("on_predict_epoch_end")
-        hooks.callbacks("on_predict_end")
+        hooks("on_predict_end")
     finally:
         module.train(was_training)
     if not keep:

@@ -8,9 +8,11 @@ Ordering rules (Lightning's), all of them here:
    (``hooks.module_hook(name)``), then the loop computes the epoch's metrics, then the callbacks alone
    (``hooks.callbacks(name)``), so that checkpointing and early stopping see what the module
    logged at its epoch end.
-3. ``setup``, ``teardown``, ``on_exception``, ``on_sanity_check_*``, ``on_*_start``/``_end`` of
-   evaluation and the checkpoint hooks go to the callbacks only (``hooks.callbacks``); the module's
-   own checkpoint hooks are called by the checkpointing code, before the callbacks'.
+3. ``setup``, ``teardown``, ``on_exception``, ``on_sanity_check_*`` and the checkpoint hooks go
+   to the callbacks only (``hooks.callbacks``); the module's own ``setup``/``teardown`` are
+   called by set-up, and its checkpoint hooks by the checkpointing code, before the callbacks'.
+   Evaluation and predict ``on_*_start``/``_end`` and batch hooks follow rule 1, with
+   ``dataloader_idx`` added when there are several loaders, as in Lightning.
 
 Hooks nobody overrides cost nothing: at set-up the dispatcher records, per hook, only the
 callbacks that override it, and ``per_batch(name)`` returns ``None`` for a per-batch hook that

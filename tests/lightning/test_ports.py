@@ -201,7 +201,7 @@ def test_no_validation_step_means_no_validation_loop_and_sanity_settings_mean_li
         validation_step = fw.TrainModule.validation_step  # as if never defined
 
     class Count(fw.Callback):
-        def on_validation_batch_start(self, trainer, module, batch, batch_idx):
+        def on_validation_batch_start(self, trainer, module, batch, batch_idx, dataloader_idx=0):
             calls.append(trainer.sanity_checking)
 
     trainer = fw.Trainer(max_epochs=1, callbacks=[Count()], **QUIET)
@@ -432,3 +432,31 @@ def test_logged_rows_fall_on_lightnings_steps_with_lightnings_names(tmp_path, mo
 def test_lightning_cli_is_refused_with_what_to_use():
     with pytest.raises(ImportError, match="fw has no LightningCLI.*fw fit conf/x.yaml"):
         from framework.cli import LightningCLI  # noqa: F401
+
+
+def test_the_modules_own_evaluation_hooks_run_with_lightnings_arguments():
+    calls = []
+
+    class Hooked(BoringModel):
+        def on_validation_start(self):
+            calls.append("validation_start")
+
+        def on_validation_batch_end(self, outputs, batch, batch_idx, dataloader_idx=0):
+            calls.append(("val_batch", batch_idx, dataloader_idx))
+
+        def on_test_end(self):
+            calls.append("test_end")
+
+        def on_predict_batch_start(self, batch, batch_idx, dataloader_idx=0):
+            calls.append(("predict_batch", batch_idx, dataloader_idx))
+
+        def predict_step(self, batch, batch_idx, dataloader_idx=0):
+            return self(batch)
+
+    model, trainer = Hooked(), fw.Trainer(**QUIET)
+    two = [DataLoader(RandomDataset(length=4), batch_size=4), DataLoader(RandomDataset(length=8), batch_size=4)]
+    trainer.validate(model, two)
+    trainer.test(model)
+    trainer.predict(model, two[0])
+    assert calls == ["validation_start", ("val_batch", 0, 0), ("val_batch", 0, 1), ("val_batch", 1, 1), "test_end",
+                     ("predict_batch", 0, 0)]
