@@ -125,3 +125,26 @@ class RecordingLogger(fw_loggers.Logger):
 
     def log_hyperparams(self, params):
         pass
+
+
+def freezing_script(strategy: dict) -> str:
+    """A 2-rank fit (``strategy``) whose rank 1 SIGSTOPs itself at batch 2: it stops answering
+    without dying, and the other rank must end the job after the timeout."""
+    import textwrap
+
+    return textwrap.dedent(f"""
+        import os, signal
+        import framework as fw
+        from toy import LinearModel, loader, regression_data
+
+        class Freezes(LinearModel):
+            def training_step(self, batch, batch_idx):
+                if self.global_rank == 1 and batch_idx == 2:
+                    os.kill(os.getpid(), signal.SIGSTOP)
+                return super().training_step(batch, batch_idx)
+
+        trainer = fw.Trainer(accelerator="cpu", devices=2, strategy={strategy!r}, max_epochs=1,
+                             logger=False, enable_checkpointing=False, enable_progress_bar=False)
+        trainer.fit(Freezes(), loader(regression_data(32), 4))
+    """)
+

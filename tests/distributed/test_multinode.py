@@ -71,28 +71,8 @@ def two_hosts():
 
 @pytest.mark.timeout(150)
 def test_two_nodes_over_their_own_interfaces_equal_one_process(two_hosts, tmp_path):
-    names, ifaces, addrs = two_hosts
     script = write_script(tmp_path, SCRIPT)
-    endpoint = f"{addrs['A']}:{free_port()}"
-    procs = {
-        node: subprocess.Popen(
-            ["ip", "netns", "exec", names[node], sys.executable, str(script), node, ifaces[node], endpoint,
-             str(tmp_path)],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=clean_env(), cwd=REPO,
-            start_new_session=True)
-        for node in "AB"
-    }
-    outputs = {}
-    try:
-        for node, proc in procs.items():
-            outputs[node], _ = proc.communicate(timeout=120)
-    finally:
-        for proc in procs.values():
-            if proc.poll() is None:
-                _kill_tree(proc.pid)
-                proc.communicate()
-    for node, proc in procs.items():
-        assert proc.returncode == 0, f"node {node}:\n{outputs.get(node)}"
+    _run_on_both(two_hosts, script, tmp_path)
     a = torch.load(tmp_path / "nodeA_rank0.pt")
     b = torch.load(tmp_path / "nodeB_rank1.pt")
     assert a["world_size"] == b["world_size"] == 2

@@ -15,6 +15,7 @@ import time
 import pytest
 import torch
 from conftest import subprocess_env
+from toy import freezing_script
 
 pytestmark = pytest.mark.slurm
 
@@ -90,23 +91,6 @@ def test_sbatch_without_srun_is_explained_not_a_hang(tmp_path):
     assert not (tmp_path / "rank0.pt").exists()
 
 
-STOPPED = textwrap.dedent(
-    """
-    import os, signal
-    import framework as fw
-    from toy import LinearModel, loader, regression_data
-
-    class Freezes(LinearModel):
-        def training_step(self, batch, batch_idx):
-            if self.global_rank == 1 and batch_idx == 2:
-                os.kill(os.getpid(), signal.SIGSTOP)  # stops answering, without dying
-            return super().training_step(batch, batch_idx)
-
-    trainer = fw.Trainer(accelerator="cpu", devices=2, strategy={"name": "ddp_gloo", "timeout": 6}, max_epochs=1,
-                         logger=False, enable_checkpointing=False, enable_progress_bar=False)
-    trainer.fit(Freezes(), loader(regression_data(32), 4))
-    """
-)
 
 
 @needs_slurm
@@ -114,7 +98,7 @@ STOPPED = textwrap.dedent(
 def test_a_rank_that_stops_answering_under_srun_ends_the_step(tmp_path):
     """Without --kill-on-bad-exit srun waits for every task: the rank that timed out ends the step."""
     script = tmp_path / "stopped.py"
-    script.write_text(STOPPED)
+    script.write_text(freezing_script({"name": "ddp_gloo", "timeout": 6}))
     start = time.monotonic()
     proc = subprocess.run(["srun", "-N1", "-n2", "--time=2", sys.executable, str(script)],
                           env=subprocess_env(), capture_output=True, text=True, timeout=100)

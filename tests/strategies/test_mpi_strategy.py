@@ -15,6 +15,7 @@ import pytest
 import torch
 from conftest import ROOT, subprocess_env
 from mpi_helpers import mpiexec, needs_mpi
+from toy import freezing_script
 
 pytestmark = [needs_mpi, pytest.mark.mpi]
 
@@ -196,23 +197,6 @@ def test_a_failing_rank_ends_the_mpi_job_within_seconds(tmp_path, body, message)
     assert elapsed < 30, f"the job took {elapsed:.1f} s to end"
 
 
-STOPPED = textwrap.dedent(
-    """
-    import os, signal
-    import framework as fw
-    from toy import LinearModel, loader, regression_data
-
-    class Freezes(LinearModel):
-        def training_step(self, batch, batch_idx):
-            if self.global_rank == 1 and batch_idx == 2:
-                os.kill(os.getpid(), signal.SIGSTOP)  # stops answering, without dying
-            return super().training_step(batch, batch_idx)
-
-    trainer = fw.Trainer(accelerator="cpu", devices=2, strategy={"name": "mpi", "timeout": 6}, max_epochs=1,
-                         logger=False, enable_checkpointing=False, enable_progress_bar=False)
-    trainer.fit(Freezes(), loader(regression_data(32), 4))
-    """
-)
 
 
 @needs_mpi
@@ -220,7 +204,7 @@ STOPPED = textwrap.dedent(
 def test_a_rank_that_stops_answering_ends_the_mpi_job_after_the_timeout(tmp_path):
     """MPI collectives have no timeout: the group's watchdog says what it waits for, then aborts."""
     script = tmp_path / "stopped.py"
-    script.write_text(STOPPED)
+    script.write_text(freezing_script({"name": "mpi", "timeout": 6}))
     start = time.monotonic()
     proc = _mpirun(script, timeout=60)
     elapsed = time.monotonic() - start
