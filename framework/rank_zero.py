@@ -44,11 +44,60 @@ def rank_zero_only(fn: F) -> F:
 
 @rank_zero_only
 def rank_zero_print(*args: Any, **kwargs: Any) -> None:
+    """``print`` on rank 0: for what a command was asked to print (stdout is the user's)."""
     print(*args, **kwargs, flush=True)
+
+
+def library_logger():
+    """The ``framework`` logger: INFO and up, one plain line each on stderr (set up once; it
+    does not propagate to the root logger, so an application's logging setup shows each line
+    once). Silence it with ``logging.getLogger("framework").setLevel(logging.WARNING)``."""
+    import logging
+    import sys
+
+    log = logging.getLogger("framework")
+    if not getattr(log, "_fw_configured", False):
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+        log.propagate = False
+        log._fw_configured = True
+    return log
+
+
+@rank_zero_only
+def rank_zero_info(message: str) -> None:
+    """A library message on rank 0 (run summary, progress notes): stderr, through ``logging``."""
+    library_logger().info(message)
+
+
+class FwWarning(UserWarning):
+    """fw's warnings: shown as one line, ``fw: warning: ...`` (no source line)."""
 
 
 @rank_zero_only
 def rank_zero_warn(message: str) -> None:
+    """A warning on rank 0, through ``warnings`` (filters and ``pytest.warns`` work), shown as
+    one line on stderr."""
     import warnings
 
-    warnings.warn(message, stacklevel=3)
+    _one_line_fw_warnings()
+    warnings.warn(message, FwWarning, stacklevel=3)
+
+
+def _one_line_fw_warnings() -> None:
+    import warnings
+
+    shown = warnings.showwarning
+    if getattr(shown, "_fw_one_line", False):
+        return
+
+    def showwarning(message, category, filename, lineno, file=None, line=None):
+        if isinstance(category, type) and issubclass(category, FwWarning):
+            library_logger().warning(f"fw: warning: {message}")
+            return
+        shown(message, category, filename, lineno, file, line)
+
+    showwarning._fw_one_line = True
+    warnings.showwarning = showwarning

@@ -12,7 +12,7 @@ import math
 
 from framework.callbacks.base import Callback
 from framework.errors import ConfigError, did_you_mean
-from framework.rank_zero import rank_zero_print, rank_zero_warn
+from framework.rank_zero import rank_zero_info, rank_zero_warn
 
 
 class EarlyStopping(Callback):
@@ -111,7 +111,7 @@ class EarlyStopping(Callback):
         if should_stop:
             self.stopped_epoch = trainer.current_epoch
         if reason and self.verbose:
-            rank_zero_print(f"EarlyStopping: {reason}")
+            rank_zero_info(f"EarlyStopping: {reason}")
 
     def _evaluate(self, current: float) -> tuple[bool, str | None]:
         """Update ``best_score``/``wait_count`` with ``current``; return (stop?, why)."""

@@ -83,13 +83,16 @@ def torch_lines() -> Lines:
 
     lines: Lines = [("torch", torch.__version__), ("cuda (build)", str(torch.version.cuda))]
     if dist.is_available():
+        import importlib.util
+
         backends = {
-            "gloo": dist.is_gloo_available(),
-            "nccl": dist.is_nccl_available(),
-            "mpi": dist.is_mpi_available(),
+            "gloo": "yes" if dist.is_gloo_available() else "no",
+            "nccl": "yes" if dist.is_nccl_available() else "no",
+            # the mpi strategy runs on torch's own MPI backend or, without it, on fw's over mpi4py
+            "mpi": "yes (torch's)" if dist.is_mpi_available() else
+                   "yes (fw's, over mpi4py)" if importlib.util.find_spec("mpi4py") else "no (pip install 'fw[mpi]')",
         }
-        lines.append(("backends", ", ".join(f"{k}={'yes' if v else 'no'}"
-                                            for k, v in backends.items())))
+        lines.append(("backends", ", ".join(f"{k}={v}" for k, v in backends.items())))
     else:
         lines.append(("backends", "torch.distributed is not available in this build"))
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0

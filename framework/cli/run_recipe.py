@@ -43,7 +43,16 @@ def run_recipe(stage: str, recipe: dict, recipe_text: str) -> Any:
     else:
         result = getattr(trainer, stage)(module, datamodule=data, ckpt_path=ckpt_path)
     if stage != "predict":
-        metrics = {k: float(v) for k, v in sorted(trainer.callback_metrics.items()) if v.numel() == 1}
+        values = trainer.callback_metrics
+        metrics = {k: float(v) for k, v in sorted(values.items()) if v.numel() == 1 and not _shadowed(k, values)}
         if metrics:
             rank_zero_print("fw: final metrics: " + ", ".join(f"{k}={v:.4f}" for k, v in metrics.items()))
     return result
+
+
+def _shadowed(name: str, values: dict) -> bool:
+    """A metric logged on step and epoch appears as ``x``, ``x_step`` and ``x_epoch``: the final
+    line shows ``x_epoch`` alone."""
+    base = name[: -len("_step")] if name.endswith("_step") else name
+    return f"{base}_epoch" in values and name != f"{base}_epoch"
+

@@ -70,7 +70,9 @@ def create_strategy(spec: str | Mapping[str, Any] | Strategy, accelerator_name: 
             "trainer.strategy=ddp_nccl needs CUDA (NCCL has no CPU support); "
             "use trainer.strategy=ddp_gloo on CPU, or trainer.accelerator=cuda on a GPU machine"
         )
-    return STRATEGIES.create(name, **options)
+    strategy = STRATEGIES.create(name, **options)
+    strategy.accelerator_name = accelerator_name  # for checks made before connect()
+    return strategy
 
 
 __all__ = [

@@ -52,6 +52,8 @@ class Strategy(ABC):
         self.model: nn.Module | None = None
 
     # -- decisions made when the Trainer is built ------------------------------------------
+    accelerator_name = "cpu"  # set by create_strategy: the accelerator the strategy will run on
+
     def check(self, devices: Any, num_devices: int, num_nodes: int, environment: ClusterEnvironment) -> None:
         """Refuse a job this strategy cannot run, saying how to fix it.
 

@@ -12,12 +12,20 @@ from typing import Any
 import torch
 from torch import nn
 
+from framework.errors import ConfigError
 from framework.rank_zero import rank_zero_warn
 from framework.strategies.base import StepModule, Strategy
 
 
 class DataParallelStrategy(Strategy):
     name = "dp"
+
+    def check(self, devices: Any, num_devices: int, num_nodes: int, environment) -> None:
+        super().check(devices, num_devices, num_nodes, environment)
+        if num_devices > 1 and self.accelerator_name != "cuda":
+            raise ConfigError(f"trainer.strategy=dp with trainer.devices={devices} needs GPUs (DataParallel splits "
+                              f"each batch over GPUs); on the CPU use trainer.strategy=ddp_gloo with "
+                              f"trainer.devices={num_devices}, or devices=1")
 
     def setup_module(self, module: nn.Module) -> nn.Module:
         module.to(self.root_device)

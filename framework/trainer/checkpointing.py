@@ -13,7 +13,6 @@ safe load) is ``framework/checkpoint.py``.
 from __future__ import annotations
 
 import os
-import sys
 from dataclasses import dataclass
 from typing import Any, Iterator
 
@@ -23,7 +22,7 @@ import torch.distributed
 from framework import checkpoint as ckpt
 from framework.data import skipping_first_batches
 from framework.errors import CheckpointError, ConfigError, TrainingError
-from framework.rank_zero import rank_zero_print, rank_zero_warn
+from framework.rank_zero import rank_zero_info, rank_zero_warn
 from framework.seed import get_rng_state, set_rng_state
 
 
@@ -198,7 +197,7 @@ def restore(trainer, ckpt_path: str | None, fn: str) -> None:
     if ckpt_path is None:
         return
     checkpoint = ckpt.load_checkpoint(ckpt_path)
-    rank_zero_print(f"fw {fn}: loaded {ckpt_path} (step {checkpoint.get('global_step')})", file=sys.stderr)
+    rank_zero_info(f"fw {fn}: loaded {ckpt_path} (step {checkpoint.get('global_step')})")
     module = trainer.module
     trainer.hooks.module_hook("on_load_checkpoint", checkpoint)
     try:
@@ -259,7 +258,7 @@ def _checkpoint_to_restart_from(trainer) -> str | None:
     if trainer.strategy.is_distributed:
         path = trainer.strategy.broadcast(path)
     where = f"resuming from {path}" if path else "no checkpoint of this run was found, starting from scratch"
-    rank_zero_print(f"fw: {who} (restart {count}): {where}", file=sys.stderr)
+    rank_zero_info(f"fw: {who} (restart {count}): {where}")
     return path
 
 

@@ -18,7 +18,7 @@ from framework.data import DataModule, shard_dataloader
 from framework.data.sampler_injection import without_shuffle
 from framework.errors import ConfigError
 from framework.optim import parse_optimizers
-from framework.rank_zero import rank_zero_print, rank_zero_warn
+from framework.rank_zero import rank_zero_info, rank_zero_warn
 from framework.seed import sampler_seed
 from framework.trainer import arguments as args
 from framework.trainer import checkpointing
@@ -196,17 +196,31 @@ def print_summary(trainer, fn: str) -> None:
     parts = [f"fw {fn}: strategy {trainer.strategy.name}"]
     if "backend" in info:
         parts.append(f"backend {info['backend']}, init {info['init_method']}")
-    parts.append(f"world size {trainer.world_size}")
+    parts.append(f"world size {trainer.world_size}" + (f", {info['threads']} thread(s) per process"
+                                                        if trainer.world_size > 1 and "threads" in info else ""))
     parts.append(f"device {info['device']}, precision {trainer.precision.precision}")
     if per_device_batch:
         replicas = info.get("replicas", 1)  # DataParallel splits one loader batch over its GPUs
         per_device = per_device_batch // replicas if replicas > 1 else per_device_batch
         parts.append(f"batch {per_device} per device, global {per_device * replicas * trainer.world_size}")
-    rank_zero_print(" | ".join(parts))
+    rank_zero_info(" | ".join(parts))
     if fn == "fit" and trainer.enable_model_summary and trainer.is_global_zero:
         from framework.trainer.summary import print_model_summary
 
         print_model_summary(trainer.module)
+
+
+def report_where_it_went(trainer) -> None:
+    """One line at the end of a fit: where its logs and its best and last checkpoints are."""
+    parts = [f"fw fit: done at step {trainer.global_step}"]
+    if trainer.log_dir:
+        parts.append(f"logs in {trainer.log_dir}")
+    for cb in trainer.checkpoint_callbacks:
+        if cb.best_model_path:
+            parts.append(f"best checkpoint {cb.best_model_path}")
+        if cb.last_model_path and cb.last_model_path != cb.best_model_path:
+            parts.append(f"last checkpoint {cb.last_model_path}")
+    rank_zero_info(" | ".join(parts))
 
 
 def _apply_process_settings(trainer) -> None:

@@ -67,15 +67,15 @@ def save_after_signal(trainer) -> None:
     """After the ranks stopped on a signal: every rank helps write ``preempted.ckpt`` (in the
     first ModelCheckpoint's folder, else ``default_root_dir``), SLURM requeues the job if asked,
     and rank 0 says where the checkpoint is."""
-    from framework.rank_zero import rank_zero_print
+    from framework.rank_zero import rank_zero_info
 
     dirs = [cb.dirpath for cb in trainer.callbacks if getattr(cb, "dirpath", None)]
     path = os.path.join(dirs[0] if dirs else trainer.default_root_dir, "preempted.ckpt")
     trainer.save_checkpoint(path)
     requeued = requeue_slurm_job() if trainer.requeue and trainer.is_global_zero else None
     name = signal_name(trainer.state.signal) if trainer.state.signal else "a signal to another rank"
-    rank_zero_print(f"fw: stopped by {name} at step {trainer.global_step}; checkpoint {path}"
-                    + (f"; {requeued}" if requeued else f"; resume with ckpt_path={path}"), file=sys.stderr)
+    rank_zero_info(f"fw: stopped by {name} at step {trainer.global_step}; checkpoint {path}"
+                    + (f"; {requeued}" if requeued else f"; resume with ckpt_path={path}"))
 
 
 def requeue_slurm_job() -> str:

@@ -28,7 +28,7 @@ from framework.strategies import Strategy, create_strategy
 from framework.strategies.launchers import die_with_launcher, record_worker_error
 from framework.trainer import arguments as args
 from framework.trainer import checkpointing, setup
-from framework.rank_zero import rank_zero_print
+from framework.rank_zero import rank_zero_info
 from framework.trainer.heartbeat import Heartbeat
 from framework.trainer.metrics import LoggedMetrics
 from framework.trainer.properties import TrainerProperties
@@ -192,8 +192,8 @@ class Trainer(TrainerProperties):
         )
         if self.fast_dev_run:  # Lightning's rule: no checkpoints, early stops or LR logs in a dev run
             self.callbacks = setup.without_dev_run_callbacks(self.callbacks)
-            rank_zero_print(f"fw: fast_dev_run={self.fast_dev_run}: {self.fast_dev_run} batch(es) per stage, "
-                            "without logging or checkpoints", file=sys.stderr)
+            rank_zero_info(f"fw: fast_dev_run={self.fast_dev_run}: {self.fast_dev_run} batch(es) per stage, "
+                            "without logging or checkpoints")
         self.loggers = setup.resolve_loggers(logger)
         self.log_dir: str | None = None
         self.state = RunState()
@@ -347,6 +347,8 @@ class Trainer(TrainerProperties):
                 save_after_signal(self)
             else:
                 self.state.status = "finished"
+                if fn == "fit":
+                    setup.report_where_it_went(self)
         except BaseException as exc:
             failed = True
             self.state.status = "interrupted"

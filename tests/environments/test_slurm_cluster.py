@@ -108,3 +108,37 @@ def test_a_rank_that_stops_answering_under_srun_ends_the_step(tmp_path):
     assert "fw: rank 0 of 2 waited 6 s for the other ranks in a collective (trainer.strategy.timeout)" in output
     assert "fw: rank 0 failed: ending SLURM step" in output, output
     assert elapsed < 60, f"took {elapsed:.1f} s\n{output}"
+
+
+THREADS = textwrap.dedent(
+    """
+    import sys, torch, framework as fw
+    from toy import LinearModel, loader, regression_data
+    trainer = fw.Trainer(accelerator="cpu", devices=2, strategy="ddp_gloo", max_epochs=1, logger=False,
+                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    trainer.fit(LinearModel(), loader(regression_data(16), 4))
+    print(f"rank {trainer.global_rank} threads {torch.get_num_threads()}", flush=True)
+    """
+)
+
+
+@needs_slurm
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("omp", [None, "2"])
+def test_under_srun_each_task_gets_its_share_of_the_cores_unless_the_user_chose(tmp_path, omp):
+    """srun leaves every task with all cores' threads (4-40x slower per step on 2 cores): fw
+    gives each its share (cores / tasks on the node) and says so in the run summary."""
+    import os
+
+    script = tmp_path / "threads.py"
+    script.write_text(THREADS)
+    env = {k: v for k, v in subprocess_env().items() if k != "OMP_NUM_THREADS"}
+    if omp:
+        env["OMP_NUM_THREADS"] = omp
+    proc = subprocess.run(["srun", "-N1", "-n2", "--time=2", sys.executable, str(script)], env=env,
+                          capture_output=True, text=True, timeout=100)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    expected = int(omp) if omp else max(1, (os.cpu_count() or 2) // 2)
+    assert sorted(line for line in proc.stdout.splitlines() if line.startswith("rank")) == \
+        [f"rank 0 threads {expected}", f"rank 1 threads {expected}"]
+    assert f"world size 2, {expected} thread(s) per process" in proc.stderr

@@ -1,0 +1,83 @@
+"""What a newcomer meets (issue 10): stdout holds only what a command was asked to print, library
+messages are one line each on stderr, a fit says where its logs and checkpoints went, fw's
+warnings are one line naming the fix, and CPU settings that would run silently wrong are refused."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, subprocess_env
+
+import framework as fw
+from framework.errors import ConfigError
+
+FW = str(Path(sys.executable).parent / "fw")
+
+
+@pytest.mark.timeout(120)
+def test_fw_fit_prints_its_results_on_stdout_and_everything_else_on_stderr(tmp_path):
+    proc = subprocess.run([FW, "fit", str(ROOT / "conf" / "regression.yaml"), "trainer.enable_progress_bar=false",
+                           "trainer.max_epochs=2", f"trainer.default_root_dir={tmp_path}"],
+                          env=subprocess_env(), capture_output=True, text=True, timeout=100, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout.strip().splitlines()
+    assert len(out) == 1 and out[0].startswith("fw: final metrics: "), proc.stdout
+    assert "fw fit: strategy single" in proc.stderr
+    done = [line for line in proc.stderr.splitlines() if line.startswith("fw fit: done at step")]
+    assert done and "logs in " in done[0], proc.stderr
+    assert "best checkpoint" in done[0] and str(tmp_path) in done[0]
+
+
+def test_the_final_metrics_line_names_each_value_once(tmp_path):
+    proc = subprocess.run([FW, "fit", str(ROOT / "conf" / "digits.yaml"), "trainer.enable_progress_bar=false",
+                           "trainer.max_epochs=1", f"trainer.default_root_dir={tmp_path}"],
+                          env=subprocess_env(), capture_output=True, text=True, timeout=100, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    line = proc.stdout.strip()
+    assert "train/loss_epoch=" in line and "train/loss=" not in line and "train/loss_step=" not in line, line
+
+
+WARNS = """
+import sys
+sys.path.insert(0, {tests!r})
+import framework as fw
+from toy import LinearModel, loader, regression_data
+
+class NoVal(LinearModel):
+    validation_step = fw.TrainModule.validation_step
+
+fw.Trainer(max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False).fit(
+    NoVal(), loader(regression_data(16), 8), loader(regression_data(8), 8))
+"""
+
+
+def test_fws_warnings_are_one_line_on_stderr(tmp_path):
+    script = tmp_path / "warns.py"
+    script.write_text(WARNS.format(tests=str(ROOT / "tests")))
+    proc = subprocess.run([sys.executable, str(script)], env=subprocess_env(), capture_output=True, text=True,
+                          timeout=60, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == ""
+    lines = [line for line in proc.stderr.splitlines() if "validation_step" in line]
+    assert lines == ["fw: warning: validation data was given but NoVal has no validation_step: fit skips "
+                     "validation (define validation_step to validate)"], proc.stderr
+    assert "UserWarning" not in proc.stderr and "warnings.warn" not in proc.stderr
+
+
+def test_dp_with_several_devices_on_the_cpu_is_refused_not_run_on_one():
+    with pytest.raises(ConfigError, match="strategy=dp with trainer.devices=2 needs GPUs.*ddp_gloo"):
+        fw.Trainer(accelerator="cpu", devices=2, strategy="dp")
+
+
+def test_fw_env_reports_the_mpi_strategy_fw_can_run():
+    import importlib.util
+
+    proc = subprocess.run([FW, "env"], env=subprocess_env(), capture_output=True, text=True, timeout=60)
+    row = next(line for line in proc.stdout.splitlines() if "backends" in line)
+    if importlib.util.find_spec("mpi4py"):
+        assert "mpi=yes" in row, row
+    else:
+        assert "mpi=no (pip install 'fw[mpi]')" in row, row
