@@ -81,3 +81,40 @@ def test_fw_env_reports_the_mpi_strategy_fw_can_run():
         assert "mpi=yes" in row, row
     else:
         assert "mpi=no (pip install 'fw[mpi]')" in row, row
+
+
+@pytest.mark.parametrize("extra,warned", [([], True), (["ckpt_path=none"], False)])
+def test_validate_without_a_checkpoint_says_the_weights_are_fresh_unless_asked(tmp_path, extra, warned):
+    proc = subprocess.run([FW, "validate", str(ROOT / "conf" / "regression.yaml"), "trainer.enable_progress_bar=false",
+                           f"trainer.default_root_dir={tmp_path}", *extra],
+                          env=subprocess_env(), capture_output=True, text=True, timeout=100, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    line = "fw: warning: fw validate without ckpt_path scores freshly initialised weights"
+    assert (line in proc.stderr) is warned, proc.stderr
+
+
+NO_SKLEARN = """
+import builtins, sys
+real = builtins.__import__
+def without_sklearn(name, *args, **kwargs):
+    if name.split(".")[0] == "sklearn":
+        raise ModuleNotFoundError(f"No module named {{name!r}}", name=name)
+    return real(name, *args, **kwargs)
+builtins.__import__ = without_sklearn
+from framework.cli import main
+sys.exit(main({argv!r}))
+"""
+
+
+def test_a_missing_optional_package_is_one_line_naming_the_extra(tmp_path):
+    script = tmp_path / "no_sklearn.py"
+    argv = ["fit", str(ROOT / "conf" / "digits.yaml"), "trainer.enable_progress_bar=false",
+            f"trainer.default_root_dir={tmp_path}"]
+    script.write_text(NO_SKLEARN.format(argv=argv))
+    proc = subprocess.run([sys.executable, str(script)], env=subprocess_env(), capture_output=True, text=True,
+                          timeout=100, cwd=ROOT)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "fw: error: this run needs scikit-learn (module 'sklearn'), which is not installed: "
+        "pip install 'fw[recipes]' (or pip install scikit-learn)")
+    assert "Traceback" not in proc.stderr

@@ -74,6 +74,34 @@ def main(argv: list[str] | None = None) -> int:
             abort_mpi_job(err)
         sys.stderr.write(f"fw: error: {err}\n")
         return err.exit_code
+    except ModuleNotFoundError as err:
+        hint = _missing_extra(err.name or "")
+        if hint is None:
+            raise
+        sys.stderr.write(f"fw: error: {hint}\n")
+        return 2
+
+
+#: optional packages, and how to install them (top-level module -> (distribution, fw extra))
+_OPTIONAL = {
+    "sklearn": ("scikit-learn", "recipes"),
+    "matplotlib": ("matplotlib", "bench"),
+    "mpi4py": ("mpi4py", "mpi"),
+    "tensorboard": ("tensorboard", None),
+    "rich": ("rich", None),
+    "omegaconf": ("omegaconf", None),
+    "torchmetrics": ("torchmetrics", None),
+}
+
+
+def _missing_extra(module: str) -> str | None:
+    """One line for a missing optional package: what is missing and the install command."""
+    top = module.split(".")[0]
+    if top not in _OPTIONAL:
+        return None
+    dist, extra = _OPTIONAL[top]
+    how = f"pip install 'fw[{extra}]' (or pip install {dist})" if extra else f"pip install {dist}"
+    return f"this run needs {dist} (module '{top}'), which is not installed: {how}"
 
 
 def _in_mpi_job() -> bool:

@@ -24,7 +24,7 @@ class SaveRecipe(Callback):
 
 
 def run_recipe(stage: str, recipe: dict, recipe_text: str) -> Any:
-    from framework.rank_zero import rank_zero_print
+    from framework.rank_zero import rank_zero_print, rank_zero_warn
     from framework.seed import seed_everything
     from framework.trainer import Trainer
 
@@ -38,6 +38,11 @@ def run_recipe(stage: str, recipe: dict, recipe_text: str) -> Any:
     module = instantiate(recipe["module"], "module")
     data = instantiate(recipe["data"], "data") if recipe.get("data") else None
     ckpt_path = recipe.get("ckpt_path")
+    if isinstance(ckpt_path, str) and ckpt_path.lower() == "none":  # fresh weights on purpose: say nothing
+        ckpt_path = None
+    elif ckpt_path is None and stage != "fit":
+        rank_zero_warn(f"fw {stage} without ckpt_path scores freshly initialised weights; give "
+                       "ckpt_path=last (this run's newest) or ckpt_path=PATH, or ckpt_path=none if that is intended")
     if stage == "fit":
         result = trainer.fit(module, datamodule=data, ckpt_path=ckpt_path)
     else:
