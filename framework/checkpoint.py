@@ -114,11 +114,16 @@ def remove_stale_temp_files(directory: str | os.PathLike) -> list[str]:
 
 
 def find_last_checkpoint(dirs: list[str], root: str) -> str | None:
-    """``ckpt_path="last"``: the newest ``last*.ckpt`` in the checkpoint dirs, else under root."""
-    candidates = [p for d in dirs if d for p in glob.glob(os.path.join(d, "last*.ckpt"))]
-    if not candidates:
-        candidates = glob.glob(os.path.join(root, "**", "last*.ckpt"), recursive=True)
-    return max(candidates, key=os.path.getmtime) if candidates else None
+    """``ckpt_path="last"``: the newest ``last*.ckpt`` in the checkpoint dirs, else under root;
+    without any (``save_last`` off, ModelCheckpoint's default), the newest checkpoint under
+    root: the one the latest run wrote last."""
+    for pattern in ("last*.ckpt", "*.ckpt"):
+        candidates = [p for d in dirs if d for p in glob.glob(os.path.join(d, pattern))]
+        if not candidates:
+            candidates = glob.glob(os.path.join(root, "**", pattern), recursive=True)
+        if candidates:
+            return max(candidates, key=os.path.getmtime)
+    return None
 
 
 def newest_checkpoint_of_run(dirs: list[str], match: dict[str, Any]) -> str | None:

@@ -82,11 +82,13 @@ def rank_zero_warn(message: str) -> None:
     one line on stderr."""
     import warnings
 
-    _one_line_fw_warnings()
     warnings.warn(message, FwWarning, stacklevel=3)
 
 
 def _one_line_fw_warnings() -> None:
+    """Show FwWarning as one line; every other warning as before. Installed when this module is
+    imported (not at the first warning: inside ``catch_warnings(record=True)`` a hook installed
+    then would take the warning away from the record)."""
     import warnings
 
     shown = warnings.showwarning
@@ -101,3 +103,6 @@ def _one_line_fw_warnings() -> None:
 
     showwarning._fw_one_line = True
     warnings.showwarning = showwarning
+
+
+_one_line_fw_warnings()

@@ -113,6 +113,15 @@ def test_missing_checkpoint_and_last_without_any(tmp_path):
     with pytest.raises(CheckpointError, match="does not exist"):
         trainer.fit(DropoutMLP(), loader(regression_data(16), 8), ckpt_path=str(tmp_path / "nope.ckpt"))
     trainer = fw.Trainer(max_epochs=1, default_root_dir=str(tmp_path), **QUIET)
-    with pytest.warns(UserWarning, match="no last.ckpt"):
+    with pytest.warns(UserWarning, match="no checkpoint under"):
         trainer.fit(DropoutMLP(), loader(regression_data(16), 8), ckpt_path="last")
     assert trainer.global_step == 2
+
+
+def test_last_without_save_last_is_the_newest_checkpoint_the_latest_run_wrote(tmp_path):
+    trainer = fw.Trainer(max_epochs=2, default_root_dir=str(tmp_path), logger=False, enable_progress_bar=False)
+    trainer.fit(DropoutMLP(), loader(regression_data(16), 8))  # ModelCheckpoint's default: no last.ckpt
+    newest = trainer.checkpoint_callback.best_model_path
+    again = fw.Trainer(max_epochs=3, default_root_dir=str(tmp_path), logger=False, enable_progress_bar=False)
+    again.fit(DropoutMLP(), loader(regression_data(16), 8), ckpt_path="last")
+    assert again.ckpt_path == newest and again.global_step == 6

@@ -7,8 +7,9 @@ from framework.callbacks.base import Callback
 from framework.callbacks.early_stopping import EarlyStopping
 from framework.callbacks.lr_monitor import LearningRateMonitor
 from framework.callbacks.model_checkpoint import ModelCheckpoint
+from framework.callbacks.prediction_writer import BasePredictionWriter, PredictionWriter
 from framework.callbacks.progress import RichProgressBar
 from framework.callbacks.throughput import ThroughputMonitor
 
-__all__ = ["Callback", "EarlyStopping", "LearningRateMonitor", "ModelCheckpoint", "RichProgressBar",
-           "ThroughputMonitor"]
+__all__ = ["BasePredictionWriter", "Callback", "EarlyStopping", "LearningRateMonitor", "ModelCheckpoint",
+           "PredictionWriter", "RichProgressBar", "ThroughputMonitor"]

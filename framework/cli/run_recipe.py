@@ -24,6 +24,7 @@ class SaveRecipe(Callback):
 
 
 def run_recipe(stage: str, recipe: dict, recipe_text: str) -> Any:
+    from framework.callbacks import PredictionWriter
     from framework.rank_zero import rank_zero_print, rank_zero_warn
     from framework.seed import seed_everything
     from framework.trainer import Trainer
@@ -32,6 +33,8 @@ def run_recipe(stage: str, recipe: dict, recipe_text: str) -> Any:
         seed_everything(recipe["seed"])
     # the Trainer first: a wrong strategy or device fails before a model or data set is built
     callbacks = instantiate(list(recipe.get("callbacks") or []), "callbacks")
+    if stage == "predict" and not any(isinstance(cb, PredictionWriter) for cb in callbacks):
+        callbacks.append(PredictionWriter())  # predictions.pt in the run directory; it says where
     logger = recipe.get("logger", True)
     logger = instantiate(logger, "logger") if isinstance(logger, (dict, list)) else logger
     trainer = Trainer(**recipe["trainer"], callbacks=[*callbacks, SaveRecipe(recipe_text)], logger=logger)

@@ -185,7 +185,7 @@ def resolve_path(trainer, ckpt_path: Any, fn: str) -> str | None:
         dirs = [getattr(cb, "dirpath", None) for cb in trainer.callbacks]
         found = ckpt.find_last_checkpoint(dirs, trainer.default_root_dir)
         if found is None:
-            rank_zero_warn(f"ckpt_path='last': no last.ckpt under {trainer.default_root_dir}; starting fresh")
+            rank_zero_warn(f"ckpt_path='last': no checkpoint under {trainer.default_root_dir}; starting fresh")
         return found
     return None if ckpt_path is None else str(ckpt_path)
 

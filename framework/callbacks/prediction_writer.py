@@ -1,0 +1,173 @@
+"""``PredictionWriter``: predictions written to files, every rank's gathered in the data's order.
+
+``fw predict`` adds one writing ``predictions.pt`` into the run directory; in Python, pass one to
+the Trainer. Lightning's ``BasePredictionWriter`` names work for ports: subclass and override
+``write_on_batch_end`` / ``write_on_epoch_end`` to write your own format.
+
+- ``write_interval="epoch"`` (default): at the end of predict, rank 0 writes all predictions in
+  one file. Under DDP each rank predicted its own shard; rank 0 puts the samples back in the
+  data set's order (the shard's sample indices are known for unshuffled loaders) when every
+  prediction is a tensor whose first dimension is the batch; otherwise it keeps rank order.
+- ``write_interval="batch"``: each rank writes each batch's predictions as it goes
+  (``<output_dir>/batches/rank<R>_loader<L>_batch<B>.pt``); ``"batch_and_epoch"``: both.
+- ``format``: ``"pt"`` (``torch.save``: one tensor when the predictions concatenate, else the
+  list of batch outputs; a list per loader with several loaders) or ``"csv"`` (one row per
+  sample of 1-D or 2-D tensor predictions).
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, SequentialSampler
+
+from framework.callbacks.base import Callback
+from framework.rank_zero import rank_zero_info
+
+_INTERVALS = ("batch", "epoch", "batch_and_epoch")
+
+
+class PredictionWriter(Callback):
+    """Write predictions (see the module doc).
+
+    Args:
+        output_dir: where to write; None: the run directory (the logger's, else
+            ``default_root_dir``).
+        write_interval: ``"epoch"``, ``"batch"`` or ``"batch_and_epoch"``.
+        format: ``"pt"`` or ``"csv"``.
+        filename: the epoch file's name without extension.
+    """
+
+    def __init__(self, output_dir: str | None = None, write_interval: str = "epoch", format: str = "pt",
+                 filename: str = "predictions") -> None:
+        from framework.errors import ConfigError
+
+        if write_interval not in _INTERVALS:
+            raise ConfigError(f"PredictionWriter write_interval '{write_interval}': use one of {', '.join(_INTERVALS)}")
+        if format not in ("pt", "csv"):
+            raise ConfigError(f"PredictionWriter format '{format}': use pt or csv")
+        self.output_dir, self.write_interval, self.format, self.filename = output_dir, write_interval, format, filename
+        self.written: str | None = None  # the epoch file, once written
+        self._outputs: list[list[Any]] = []
+        self._indices: list[list[int] | None] = []
+
+    # -- Lightning's overridable writers ---------------------------------------------------------
+    def write_on_batch_end(self, trainer, module, prediction: Any, batch_indices: list[int] | None, batch: Any,
+                           batch_idx: int, dataloader_idx: int) -> None:
+        folder = os.path.join(self._dir(trainer), "batches")
+        os.makedirs(folder, exist_ok=True)
+        path = os.path.join(folder, f"rank{trainer.global_rank}_loader{dataloader_idx}_batch{batch_idx}.pt")
+        torch.save({"prediction": _cpu(prediction), "batch_indices": batch_indices}, path)
+
+    def write_on_epoch_end(self, trainer, module, predictions: list[Any], batch_indices: list[Any]) -> None:
+        """Rank 0 only: ``predictions`` per loader, all ranks' in the data's order."""
+        path = os.path.join(self._dir(trainer), f"{self.filename}.{self.format}")
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        merged = [_concat(p) for p in predictions]
+        if self.format == "pt":
+            torch.save(merged[0] if len(merged) == 1 else merged, path)
+        else:
+            _write_csv(path, merged)
+        self.written = path
+        count = sum(len(m) if isinstance(m, (torch.Tensor, list)) else 1 for m in merged)
+        rank_zero_info(f"fw predict: wrote {count} predictions to {path}")
+
+    # -- hooks ------------------------------------------------------------------------------------
+    def on_predict_epoch_start(self, trainer, module) -> None:
+        loaders = trainer.loaders.get("predict") or []
+        self._outputs = [[] for _ in loaders]
+        self._indices = [_batch_indices(loader) for loader in loaders]
+
+    def on_predict_batch_end(self, trainer, module, outputs: Any, batch: Any, batch_idx: int,
+                             dataloader_idx: int = 0) -> None:
+        indices = self._indices[dataloader_idx]
+        batch_indices = indices[batch_idx] if indices is not None and batch_idx < len(indices) else None
+        if self.write_interval in ("batch", "batch_and_epoch"):
+            self.write_on_batch_end(trainer, module, outputs, batch_indices, batch, batch_idx, dataloader_idx)
+        if self.write_interval in ("epoch", "batch_and_epoch"):
+            self._outputs[dataloader_idx].append((batch_indices, _cpu(outputs)))
+
+    def on_predict_epoch_end(self, trainer, module) -> None:
+        if self.write_interval == "batch":
+            return
+        mine = self._outputs
+        everyone = trainer.strategy.all_gather_object(mine) if trainer.strategy.is_distributed else [mine]
+        self._outputs = []
+        if not trainer.is_global_zero:
+            return
+        predictions, indices = [], []
+        for loader in range(len(mine)):
+            batches = [item for rank in everyone for item in rank[loader]]
+            ordered, order = _in_data_order(batches)
+            predictions.append(ordered)
+            indices.append(order)
+        self.write_on_epoch_end(trainer, module, predictions, indices)
+
+    def _dir(self, trainer) -> str:
+        return self.output_dir or trainer.log_dir or trainer.default_root_dir
+
+
+#: Lightning's name, for ports (override write_on_batch_end / write_on_epoch_end)
+BasePredictionWriter = PredictionWriter
+
+
+def _cpu(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu()
+    if isinstance(value, (list, tuple)):
+        return type(value)(_cpu(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _cpu(v) for k, v in value.items()}
+    return value
+
+
+def _batch_indices(loader: Any) -> list[list[int]] | None:
+    """The data set indices of each batch, for loaders whose order is fixed (no random draw)."""
+    from framework.data import EvalShardSampler
+
+    if not isinstance(loader, DataLoader) or loader.batch_sampler is None:
+        return None
+    sampler = loader.sampler
+    # an evaluation shard's order is the data set's, or a custom sampler's drawn from a fixed seed
+    fixed = isinstance(sampler, (SequentialSampler, EvalShardSampler))
+    return [list(batch) for batch in loader.batch_sampler] if fixed else None
+
+
+def _in_data_order(batches: list[tuple[list[int] | None, Any]]) -> tuple[list[Any], list[int] | None]:
+    """Per-sample predictions sorted by data set index when possible, else the batches as given."""
+    samples: list[tuple[int, Any]] = []
+    for indices, output in batches:
+        if indices is None or not isinstance(output, torch.Tensor) or output.dim() == 0 or len(output) != len(indices):
+            return [output for _, output in batches], None
+        samples.extend(zip(indices, output))
+    samples.sort(key=lambda pair: pair[0])
+    return [row for _, row in samples], [i for i, _ in samples]
+
+
+def _concat(outputs: list[Any]) -> Any:
+    """One tensor when the predictions stack or concatenate, else the list itself."""
+    if outputs and all(isinstance(o, torch.Tensor) for o in outputs):
+        shapes = {tuple(o.shape) for o in outputs}
+        if len(shapes) == 1:
+            return torch.stack(outputs)
+        try:
+            return torch.cat(outputs)
+        except RuntimeError:
+            pass
+    return outputs
+
+
+def _write_csv(path: str, merged: list[Any]) -> None:
+    with open(path, "w", newline="") as f:
+        writer = csv.writer(f)
+        for loader, predictions in enumerate(merged):
+            rows = predictions if isinstance(predictions, torch.Tensor) else _concat(list(predictions))
+            if not isinstance(rows, torch.Tensor) or rows.dim() > 2:
+                from framework.errors import ConfigError
+
+                raise ConfigError("PredictionWriter format csv needs 1-D or 2-D tensor predictions; use format=pt")
+            for i, row in enumerate(rows.reshape(len(rows), -1).tolist()):
+                writer.writerow([loader, i, *row])
