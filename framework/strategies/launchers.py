@@ -133,7 +133,7 @@ def launch_workers(nproc_per_node: int, num_nodes: int = 1, max_restarts: int = 
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc_per_node)))
     os.environ[_LAUNCHER_PID] = str(os.getpid())  # workers die with this process (die_with_launcher)
     try:
-        elastic_launch(config, entrypoint=sys.executable)(*current_command())
+        _launch_hosting_once(config)
     except SignalException as err:
         name = signal.Signals(err.sigval).name
         if err.sigval in _WORKERS_STOP_ON:  # workers stop after their step, write preempted.ckpt, exit 0
@@ -157,6 +157,35 @@ def launch_workers(nproc_per_node: int, num_nodes: int = 1, max_restarts: int = 
     return 0
 
 
+def _launch_hosting_once(config) -> None:
+    """Run the agent. Two nodes' launchers on one host (a test, or the README's two-node command
+    tried on one machine) both own the endpoint's address: the one that loses the race to bind
+    the rendezvous port joins as a client instead of failing with EADDRINUSE."""
+    import dataclasses
+
+    from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError
+    from torch.distributed.launcher.api import elastic_launch
+
+    try:
+        elastic_launch(config, entrypoint=sys.executable)(*current_command())
+    except RendezvousConnectionError as err:
+        text = f"{err} {err.__cause__ or ''}".lower()
+        if not config.rdzv_configs.get("is_host") or "address already in use" not in text and "eaddrinuse" not in text:
+            raise
+        client = dataclasses.replace(config, rdzv_configs={**config.rdzv_configs, "is_host": False})
+        elastic_launch(client, entrypoint=sys.executable)(*current_command())
+
+
+def _port_taken(host: str, port: int) -> bool:
+    """Is ``host:port`` bound already on this machine (another launcher hosts the rendezvous)?"""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
 def _rendezvous_role(endpoint: str, socket_ifname: str | None) -> tuple[dict, str | None]:
     """(``{"is_host": ...}`` when it can be told, this node's address or None)."""
     from framework.environments.network import interface_addresses
@@ -169,6 +198,8 @@ def _rendezvous_role(endpoint: str, socket_ifname: str | None) -> tuple[dict, st
     except OSError:
         host_ip = None
     configs = {"is_host": host_ip in mine or host == socket.gethostname()} if host_ip else {}
+    if configs.get("is_host") and _port_taken(host_ip, int(endpoint.rsplit(":", 1)[1])):
+        configs["is_host"] = False  # another node's launcher on this host hosts it already
     local_addr = addresses.get(socket_ifname) if socket_ifname else None
     if local_addr is None and configs.get("is_host") and host_ip not in ("127.0.0.1", None):
         local_addr = host_ip

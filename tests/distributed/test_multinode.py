@@ -181,3 +181,34 @@ def test_a_worker_killed_on_either_node_restarts_both_and_resumes_bit_identicall
             got = json.loads((tmp_path / f"{name}_rank{r}.json").read_text())
             assert got["step"] == 16 and got["w"] == straight[r]["w"], \
                 f"kill of rank {rank} at step {step}: rank {r}\n{both}"
+
+
+SAME_HOST = """
+import sys, torch
+import workload
+result = workload.fit_regressor("ddp_gloo", devices=1, batch_size=4, accumulate=1, num_nodes=2,
+                                rdzv_endpoint=sys.argv[1])
+torch.save(result, f"{sys.argv[2]}/rank{result['rank']}.pt")
+"""
+
+
+@pytest.mark.timeout(150)
+def test_two_nodes_launched_on_one_host_at_once_find_each_other(tmp_path):
+    """The README's two-node command, both 'nodes' on one machine and started together: both own
+    the endpoint's address, one hosts the rendezvous and the other joins (was: EADDRINUSE)."""
+    script = write_script(tmp_path, SAME_HOST)
+    endpoint = f"127.0.0.1:{free_port()}"
+    procs = [subprocess.Popen([sys.executable, str(script), endpoint, str(tmp_path)], stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, env=clean_env(), cwd=REPO, start_new_session=True)
+             for _ in range(2)]
+    outputs = []
+    try:
+        for proc in procs:
+            outputs.append(proc.communicate(timeout=120)[0])
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                _kill_tree(proc.pid)
+                proc.communicate()
+    assert all(proc.returncode == 0 for proc in procs), "\n".join(outputs)
+    assert (tmp_path / "rank0.pt").exists() and (tmp_path / "rank1.pt").exists()
