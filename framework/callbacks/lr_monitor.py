@@ -50,7 +50,7 @@ class LearningRateMonitor(Callback):
     def on_train_start(self, trainer, module) -> None:
         if not trainer.loggers:
             rank_zero_warn("LearningRateMonitor: the Trainer has no logger; learning rates only reach "
-                           "trainer.callback_metrics.")
+                           "trainer.callback_metrics. Give the Trainer a logger to record them")
         self._tracked = []
         used: dict[str, int] = {}
         scheduled = set()

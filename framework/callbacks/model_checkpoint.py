@@ -317,7 +317,8 @@ class ModelCheckpoint(Callback):
         if not (same_dir and same_monitor):
             rank_zero_warn(f"ModelCheckpoint: the checkpoint was written with dirpath={saved_dir!r}, "
                            f"monitor={state.get('monitor')!r}; this run has dirpath={self.dirpath!r}, "
-                           f"monitor={self.monitor!r}. Only best_model_path is restored.")
+                           f"monitor={self.monitor!r}. Only best_model_path is restored; use the same dirpath and "
+                           "monitor to continue its top-k")
             return
         self.dirpath = saved_dir
         self.best_model_score = state.get("best_model_score")

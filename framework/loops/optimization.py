@@ -109,7 +109,8 @@ def nonfinite_guard(trainer) -> Callable[[torch.Tensor, int], torch.Tensor | Non
                 "stay as they are. Lower the learning rate, clip gradients (trainer.gradient_clip_val), "
                 "or set trainer.on_nonfinite=skip to drop such batches"
             )
-        rank_zero_warn(f"non-finite loss at {where}: " + ("step skipped" if mode == "skip" else "training on"))
+        rank_zero_warn(f"non-finite loss at {where}: " + ("step skipped" if mode == "skip" else "training on")
+                       + "; lower the learning rate or clip gradients (trainer.gradient_clip_val)")
 
     def flush() -> None:
         checked = list(pending)

@@ -30,7 +30,8 @@ class DataParallelStrategy(Strategy):
     def setup_module(self, module: nn.Module) -> nn.Module:
         module.to(self.root_device)
         if self.root_device.type != "cuda":
-            rank_zero_warn("strategy=dp: no GPU in use, running on one device (cpu) without DataParallel")
+            rank_zero_warn("strategy=dp: no GPU in use, running on one device (cpu) without DataParallel; "
+                           "use trainer.strategy=single on the CPU")
             self.model = module
             return module
         device_ids = [self.accelerator.device_for(i).index for i in self.devices]

@@ -185,7 +185,8 @@ def resolve_path(trainer, ckpt_path: Any, fn: str) -> str | None:
         dirs = [getattr(cb, "dirpath", None) for cb in trainer.callbacks]
         found = ckpt.find_last_checkpoint(dirs, trainer.default_root_dir)
         if found is None:
-            rank_zero_warn(f"ckpt_path='last': no checkpoint under {trainer.default_root_dir}; starting fresh")
+            rank_zero_warn(f"ckpt_path='last': no checkpoint under {trainer.default_root_dir}; starting fresh "
+                           "(give ckpt_path=PATH to resume a checkpoint kept elsewhere)")
         return found
     return None if ckpt_path is None else str(ckpt_path)
 
@@ -281,7 +282,8 @@ def _resume_point(trainer, checkpoint: dict) -> ResumePoint:
     if len(states) != trainer.world_size:
         rank_zero_warn(
             f"checkpoint was written by {len(states)} ranks, this run has {trainer.world_size}: "
-            "RNG states are reused from rank 0, so the run will not be bit-identical"
+            "RNG states are reused from rank 0, so the run will not be bit-identical; resume with "
+            f"{len(states)} processes for an exact resume"
         )
         rank = 0
     mine = states[rank]

@@ -13,7 +13,7 @@ def test_fw_fit_digits_two_gloo_workers(tmp_path):
            "trainer.max_epochs=2", f"trainer.default_root_dir={tmp_path}"]
     result = run_cmd(cmd, timeout=100, cwd=REPO)
     assert result.returncode == 0, result.output
-    summary = [line for line in result.output.splitlines() if line.startswith("fw fit:")]
+    summary = [line for line in result.output.splitlines() if line.startswith("fw fit: strategy")]
     assert len(summary) == 1, result.output  # printed once, by rank 0
     assert "strategy ddp_gloo" in summary[0] and "world size 2" in summary[0], summary[0]
     assert "fw: final metrics:" in result.output and "val/acc=" in result.output
