@@ -118,3 +118,15 @@ def test_a_missing_optional_package_is_one_line_naming_the_extra(tmp_path):
         "fw: error: this run needs scikit-learn (module 'sklearn'), which is not installed: "
         "pip install 'fw[recipes]' (or pip install scikit-learn)")
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.timeout(120)
+def test_a_version_pinned_in_the_recipe_keeps_every_run_in_one_folder(tmp_path):
+    """``logger.version`` in the recipe: the README's paths hold for every run, not just the first."""
+    for _ in range(2):
+        proc = subprocess.run([FW, "fit", str(ROOT / "conf" / "regression.yaml"), "trainer.enable_progress_bar=false",
+                               "trainer.max_epochs=1", f"trainer.default_root_dir={tmp_path}", "logger.version=0"],
+                              env=subprocess_env(), capture_output=True, text=True, timeout=100, cwd=ROOT)
+        assert proc.returncode == 0, proc.stderr
+    versions = sorted(p.name for p in (tmp_path / "fw_logs").iterdir())
+    assert versions == ["version_0"], versions
