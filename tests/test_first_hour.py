@@ -130,3 +130,17 @@ def test_a_version_pinned_in_the_recipe_keeps_every_run_in_one_folder(tmp_path):
         assert proc.returncode == 0, proc.stderr
     versions = sorted(p.name for p in (tmp_path / "fw_logs").iterdir())
     assert versions == ["version_0"], versions
+
+
+@pytest.mark.parametrize("args,code,message", [
+    (["fit", "trainer.logger=false"], 2, "'trainer.logger' is a top-level key of the recipe: write logger=..."),
+    (["validate", "ckpt_path=last"], 1, "ckpt_path='last': no checkpoint under"),
+])
+def test_newcomer_mistakes_are_one_line_with_the_fix(tmp_path, args, code, message):
+    stage, *rest = args
+    proc = subprocess.run([FW, stage, str(ROOT / "conf" / "regression.yaml"), "trainer.enable_progress_bar=false",
+                           f"trainer.default_root_dir={tmp_path}", *rest],
+                          env=subprocess_env(), capture_output=True, text=True, timeout=100, cwd=ROOT)
+    assert proc.returncode == code, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith("fw: error: ") and message in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr

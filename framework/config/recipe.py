@@ -81,6 +81,9 @@ def _check_keys(tree: Any, where: str) -> None:
     trainer = tree.get("trainer")
     if isinstance(trainer, dict):
         for key in trainer:
+            if key in ("logger", "callbacks"):
+                raise ConfigError(f"{where}: 'trainer.{key}' is a top-level key of the recipe: write "
+                                  f"{key}=... (e.g. logger=false), not trainer.{key}=...")
             if key not in _TRAINER_KEYS:
                 raise ConfigError(
                     f"{where}: unknown key 'trainer.{key}'{did_you_mean(key, _TRAINER_KEYS)}; "

@@ -184,6 +184,9 @@ def resolve_path(trainer, ckpt_path: Any, fn: str) -> str | None:
     if ckpt_path == "last":
         dirs = [getattr(cb, "dirpath", None) for cb in trainer.callbacks]
         found = ckpt.find_last_checkpoint(dirs, trainer.default_root_dir)
+        if found is None and fn != "fit":  # scoring fresh weights is never what "last" asked for
+            raise CheckpointError(f"ckpt_path='last': no checkpoint under {trainer.default_root_dir}; fit first, or "
+                                  "give ckpt_path=PATH")
         if found is None:
             rank_zero_warn(f"ckpt_path='last': no checkpoint under {trainer.default_root_dir}; starting fresh "
                            "(give ckpt_path=PATH to resume a checkpoint kept elsewhere)")
