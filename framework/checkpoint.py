@@ -183,7 +183,13 @@ def load_from_checkpoint(cls, path: str | os.PathLike, map_location: Any = None,
     try:
         module.load_state_dict(checkpoint["state_dict"], strict=True if strict is None else strict)
     except RuntimeError as err:
-        lines = [line.strip() for line in str(err).splitlines()[1:] if line.strip()]
-        raise CheckpointError(f"checkpoint '{path}' does not fit {cls.__name__}: {'; '.join(lines)[:400]}") from None
+        raise CheckpointError(f"checkpoint '{path}' does not fit {cls.__name__}: {state_dict_mismatch(err)}") from None
     device = next((t.device for t in checkpoint["state_dict"].values() if isinstance(t, torch.Tensor)), None)
     return module.to(device) if device is not None else module
+
+
+def state_dict_mismatch(err: RuntimeError) -> str:
+    """torch's 'Error(s) in loading state_dict' reduced to the parameters it names."""
+    lines = [line.strip() for line in str(err).splitlines()[1:] if line.strip()]
+    text = "; ".join(lines) if lines else str(err).strip()
+    return text[:400] + (" ..." if len(text) > 400 else "")

@@ -218,10 +218,10 @@ class TrainModule(nn.Module):
         trainer = self.trainer
         opts = trainer.optimizers
         if use_pl_optimizer:
-            cached = getattr(trainer, "_wrapped_optimizers", None)
+            cached = self.__dict__.get("_wrapped_optimizers")  # the same wrappers on every call
             if cached is None or [w.optimizer for w in cached] != opts:
                 cached = [ManualOptimizer(opt, trainer) for opt in opts]
-                object.__setattr__(trainer, "_wrapped_optimizers", cached)
+                object.__setattr__(self, "_wrapped_optimizers", cached)
             opts = cached
         return opts[0] if len(opts) == 1 else list(opts)
 

@@ -207,7 +207,7 @@ def restore(trainer, ckpt_path: str | None, fn: str) -> None:
     try:
         module.load_state_dict(checkpoint["state_dict"])
     except RuntimeError as err:
-        raise CheckpointError(f"checkpoint '{ckpt_path}' does not fit this model: {_mismatch(err)}") from None
+        raise CheckpointError(f"checkpoint '{ckpt_path}' does not fit this model: {ckpt.state_dict_mismatch(err)}") from None
     if fn != "fit":
         return
     for opt, state in zip(trainer.optimizers, checkpoint["optimizer_states"]):
@@ -221,13 +221,6 @@ def restore(trainer, ckpt_path: str | None, fn: str) -> None:
     trainer.hooks.callbacks("on_load_checkpoint", checkpoint)
     trainer.state.load_progress(checkpoint["loop"], checkpoint["global_step"])
     trainer.state.resume_from = _resume_point(trainer, checkpoint)
-
-
-def _mismatch(err: RuntimeError) -> str:
-    """torch's 'Error(s) in loading state_dict' reduced to the parameters it names."""
-    lines = [line.strip() for line in str(err).splitlines()[1:] if line.strip()]
-    text = "; ".join(lines) if lines else str(err).strip()
-    return text[:400] + (" ..." if len(text) > 400 else "")
 
 
 _fits_in_this_process = 0
