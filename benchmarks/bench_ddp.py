@@ -59,7 +59,7 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset  # no
 import framework as fw  # noqa: E402
 from framework.strategies import MPIStrategy  # noqa: E402
 from _modules import EpochTimer, MLPModule, make_mlp, make_optimizer, raw_epochs  # noqa: E402
-from _common import fmt_time, iqr, machine_info, median, print_table, result_path, write_json  # noqa: E402
+from framework.bench.common import fmt_time, iqr, machine_info, median, print_table, result_path, write_json  # noqa: E402
 
 SIZES = (64, 512, 512, 10)
 PER_RANK_BATCH = 32

@@ -41,7 +41,7 @@ import torch.distributed as dist  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
-from _common import RESULTS, fmt_time, machine_info, median, print_table, result_path, write_json  # noqa: E402
+from framework.bench.common import RESULTS, fmt_time, machine_info, median, print_table, result_path, write_json  # noqa: E402
 
 SIZES = {"1KB": 1 << 10, "64KB": 1 << 16, "1MB": 1 << 20, "16MB": 1 << 24, "256MB": 1 << 28}
 MLP = (64, 512, 512, 10)

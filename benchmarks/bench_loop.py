@@ -40,7 +40,7 @@ from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
 import framework as fw  # noqa: E402
 from _modules import EpochTimer, ManualMLPModule, MLPModule, make_mlp, make_optimizer, raw_epochs  # noqa: E402
-from _common import fmt_time, iqr, machine_info, median, print_table, result_path, write_json  # noqa: E402
+from framework.bench.common import fmt_time, iqr, machine_info, median, print_table, result_path, write_json  # noqa: E402
 
 BATCH = 64
 SIZES = (64, 256, 256, 10)

@@ -26,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import RESULTS, cpu_tag, fmt_time, gpu_tag, print_table, result_path, today, write_json  # noqa: E402
+from framework.bench.common import RESULTS, cpu_tag, fmt_time, gpu_tag, print_table, result_path, today, write_json  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 PY = sys.executable

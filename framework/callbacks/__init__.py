@@ -1,4 +1,4 @@
-"""Callbacks: checkpointing, early stopping, learning-rate and throughput logging, progress.
+"""Callbacks: checkpointing, early stopping, learning-rate, throughput and step-time logging, progress.
 
 None of these modules imports rich or tensorboard at import time.
 """
@@ -9,7 +9,8 @@ from framework.callbacks.lr_monitor import LearningRateMonitor
 from framework.callbacks.model_checkpoint import ModelCheckpoint
 from framework.callbacks.prediction_writer import BasePredictionWriter, PredictionWriter
 from framework.callbacks.progress import RichProgressBar
+from framework.callbacks.step_breakdown import StepTimeBreakdown
 from framework.callbacks.throughput import ThroughputMonitor
 
 __all__ = ["BasePredictionWriter", "Callback", "EarlyStopping", "LearningRateMonitor", "ModelCheckpoint",
-           "PredictionWriter", "RichProgressBar", "ThroughputMonitor"]
+           "PredictionWriter", "RichProgressBar", "StepTimeBreakdown", "ThroughputMonitor"]

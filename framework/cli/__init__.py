@@ -1,4 +1,4 @@
-"""``fw``: run a recipe. ``fw fit conf/x.yaml key=value ...``; also validate, test, predict, env.
+"""``fw``: run a recipe. ``fw fit conf/x.yaml key=value ...``; also validate, test, predict, env, bench.
 
 Examples::
 
@@ -8,6 +8,7 @@ Examples::
     torchrun --nproc-per-node=2 -m framework.cli fit conf/digits.yaml trainer.devices=2
     fw fit conf/digits.yaml --print-config                    # show the merged recipe
     fw env                                                    # what a hanging job needs to know
+    fw bench --quick                                          # which backend and settings to use here
 
 The package: this file (arguments, errors), ``run_recipe.py`` (build a run from a recipe and
 execute one stage), ``env_report.py`` (``fw env``), ``__main__.py`` (``python -m framework.cli``).
@@ -31,13 +32,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fw", description="Train PyTorch models from YAML recipes.")
     # torch.distributed.launch passes --local-rank=N; the torchrun environment reads it from argv
     parser.add_argument("--local-rank", "--local_rank", type=int, default=None, help=argparse.SUPPRESS)
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{fit,validate,test,predict,env}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{fit,validate,test,predict,env,bench}")
     for stage in STAGES:
         p = sub.add_parser(stage, help=f"{stage} the recipe's module")
         p.add_argument("config", help="recipe YAML file")
         p.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. trainer.max_epochs=5")
         p.add_argument("--print-config", action="store_true", help="print the merged recipe and exit")
     sub.add_parser("env", help="report torch, CUDA, MPI, network interfaces and the detected cluster")
+    from framework.bench import add_arguments
+
+    add_arguments(sub.add_parser("bench", help="measure backends, strategies and DDP settings on this machine"))
     return parser
 
 
@@ -47,6 +51,10 @@ def run(args: argparse.Namespace) -> int:
 
         print(env_report())
         return 0
+    if args.command == "bench":
+        from framework.bench import main as bench
+
+        return bench(args)
     from framework.config import load_recipe
     from framework.cli.run_recipe import run_recipe
 

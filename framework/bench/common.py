@@ -20,7 +20,8 @@ from typing import Any, Iterable
 
 import torch
 
-RESULTS = Path(__file__).resolve().parent / "results"
+#: the results folder of a source checkout (the scripts in benchmarks/ write there by default)
+RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
 
 
 def _slug(text: str) -> str:

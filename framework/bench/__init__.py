@@ -1,0 +1,184 @@
+"""``fw bench``: which backend, strategy and DDP settings to use on this machine, measured.
+
+    fw bench                       # all suites, every backend and world size this machine allows
+    fw bench --quick               # a short run (CI: under 2 minutes on 2 cores)
+    fw bench --suite comm --out results/
+    mpiexec -n 4 fw bench          # under a launcher: the processes it was given
+    torchrun --nproc-per-node 4 -m framework.cli bench
+
+Suites: ``comm`` (collectives by size, ping-pong, memory-copy ceiling: ``comm.py``), ``train``
+(three workloads from ``conf/bench/``, fw beside a hand-written loop and Lightning, with the
+step-time breakdown: ``train.py``) and ``knobs`` (DDP bucket size, gradient_as_bucket_view,
+static_graph). Started alone, fw bench runs one job per backend and world size as its own
+processes (``single``; ``gloo`` through torch's elastic agent; ``mpi`` through the ``mpiexec``
+it finds; ``nccl`` with two or more GPUs), each with a timeout, then writes ``report.py``'s
+files and prints the tables and a recommendation computed from this run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+SUITES = ("comm", "train", "knobs")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--quick", action="store_true", help="fewer sizes, steps and repeats (about a minute on 2 cores)")
+    parser.add_argument("--suite", choices=(*SUITES, "all"), default="all", help="which suite to run (default all)")
+    parser.add_argument("--out", type=Path, default=Path("fw-bench"), help="folder for the JSON, Markdown and plots")
+    parser.add_argument("--max-world", type=int, default=None, help="largest world size to try (default: the cores)")
+
+
+def mpiexec() -> str | None:
+    """The ``mpiexec`` of this environment (beside the interpreter), else the one on PATH."""
+    local = Path(sys.executable).parent / "mpiexec"
+    if local.exists():
+        return str(local)
+    try:
+        import mpi4py  # noqa: F401
+    except ImportError:
+        return None
+    return shutil.which("mpiexec")
+
+
+def world_sizes(cores: int, quick: bool, limit: int | None) -> list[int]:
+    """2, 4, 8, ... up to the cores (or ``limit``); just 2 with --quick."""
+    top = min(cores, limit) if limit else cores
+    sizes = [2] if quick else [n for n in (2, 4, 8, 16, 32, 64) if n <= max(2, top)]
+    return sizes
+
+
+def plan(suites: list[str], quick: bool, limit: int | None) -> list[dict]:
+    """The jobs to run: name, command, environment, suites, timeout."""
+    import torch
+
+    py, cores = sys.executable, os.cpu_count() or 1
+    worker = ["-m", "framework.bench.worker", *(["--quick"] if quick else [])]
+    timeout = 240 if quick else 3600
+    jobs = []
+    mpi = mpiexec()
+    if "train" in suites:
+        jobs.append({"name": "single-1", "cmd": [py, *worker, "--kind", "single", "--suites", "train"], "env": {}})
+        if torch.cuda.is_available():
+            jobs.append({"name": "single-cuda", "cmd": [py, *worker, "--kind", "single", "--suites", "train"],
+                         "env": {"FW_BENCH_DEVICE": "cuda"}})  # fmt: skip
+    for i, n in enumerate(world_sizes(cores, quick, limit)):
+        threads = {"OMP_NUM_THREADS": str(max(1, cores // n))}
+        # the collectives side by side in one job: Gloo, fw_mpi and raw mpi4py under mpiexec
+        gloo = [s for s in suites if s == "train" or (s == "knobs" and i == 0) or (s == "comm" and not mpi)]
+        if gloo:
+            cmd = [py, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(n), *worker,
+                   "--kind", "gloo", "--suites", ",".join(gloo)]  # fmt: skip
+            jobs.append({"name": f"gloo-{n}", "cmd": cmd, "env": threads})
+        mpi_suites = [s for s in suites if s in ("comm", "train")]
+        if mpi and mpi_suites:
+            cmd = [mpi, "-n", str(n), py, "-m", "mpi4py", *worker, "--kind", "mpi", "--suites", ",".join(mpi_suites)]
+            jobs.append({"name": f"mpi-{n}", "cmd": cmd, "env": threads})
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if gpus >= 2:
+        cmd = [py, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(gpus), *worker,
+               "--kind", "nccl", "--suites", ",".join(suites)]  # fmt: skip
+        jobs.append({"name": f"nccl-{gpus}", "cmd": cmd, "env": {}})
+    for job in jobs:
+        job["suites"], job["timeout_s"] = suites, timeout
+    return jobs, mpi
+
+
+def run_job(job: dict, part: Path, index: int, count: int) -> dict:
+    """Run one job's processes (their progress lines pass through to stderr); its record."""
+    cmd = [*job["cmd"], "--part", str(part)]
+    sys.stderr.write(f"fw bench: [{index}/{count}] {job['name']}: {' '.join(Path(c).name if i == 0 else c for i, c in enumerate(cmd))}\n")
+    sys.stderr.flush()
+    start = time.perf_counter()
+    record = {"name": job["name"], "cmd": cmd, "timeout_s": job["timeout_s"]}
+    proc = subprocess.Popen(cmd, env={**os.environ, **job["env"]}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)  # fmt: skip
+    tail: list[str] = []
+    try:
+        _pass_progress(proc, tail, start + job["timeout_s"])
+        proc.wait(timeout=max(1.0, start + job["timeout_s"] - time.perf_counter()))
+    except subprocess.TimeoutExpired:
+        pass
+    finally:
+        if proc.poll() is None:  # past its timeout: end the whole job (launcher and workers)
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            record["status"] = f"timed out after {job['timeout_s']} s"
+    record["wall_s"] = time.perf_counter() - start
+    if "status" not in record:
+        record["status"] = "ok" if proc.returncode == 0 and part.exists() else f"failed (exit {proc.returncode})"
+    if record["status"] != "ok":
+        record["stderr_tail"] = "".join(tail[-30:])
+        sys.stderr.write(f"fw bench: {job['name']} {record['status']}; the rest goes on. Its last lines:\n{''.join(tail[-8:])}")
+    return record
+
+
+def _pass_progress(proc: subprocess.Popen, tail: list[str], deadline: float) -> None:
+    """Forward the workers' ``fw bench [...]`` lines; keep the rest for an error report."""
+    import selectors
+
+    sel = selectors.DefaultSelector()
+    sel.register(proc.stderr, selectors.EVENT_READ)
+    while time.perf_counter() < deadline:
+        if not sel.select(timeout=0.5):
+            if proc.poll() is not None:
+                break
+            continue
+        line = proc.stderr.readline()
+        if not line:
+            break
+        if line.startswith("fw bench ["):
+            sys.stderr.write(line)
+            sys.stderr.flush()
+        else:
+            tail.append(line)
+            del tail[:-200]
+
+
+def main(args: argparse.Namespace) -> int:
+    from framework.bench.context import launched_by
+
+    suites = list(SUITES) if args.suite == "all" else [args.suite]
+    if launched_by() is not None:
+        return _as_worker(args, suites)
+    jobs, mpi = plan(suites, args.quick, args.max_world)
+    start = time.perf_counter()
+    parts, records = [], []
+    with tempfile.TemporaryDirectory(prefix="fw-bench-") as tmp:
+        for i, job in enumerate(jobs, 1):
+            part = Path(tmp) / f"{job['name']}.json"
+            records.append(run_job(job, part, i, len(jobs)))
+            if part.exists():
+                parts.append(json.loads(part.read_text()))
+    notes = [] if mpi else ["no mpiexec found (pip install 'fw[mpi]'): the MPI jobs did not run"]
+    from framework.bench.report import write_report
+
+    write_report(parts, records, args, notes, time.perf_counter() - start)
+    return 0 if all(r["status"] == "ok" for r in records) else 1
+
+
+def _as_worker(args: argparse.Namespace, suites: list[str]) -> int:
+    """Under mpiexec, srun or torchrun: this process is one rank of the only job."""
+    from framework.bench.context import start_job
+    from framework.bench.worker import run_suites
+
+    start = time.perf_counter()
+    job = start_job()
+    part = run_suites(job, suites, args.quick)
+    if job.rank == 0:
+        from framework.bench.report import write_report
+
+        record = {"name": job.name, "cmd": sys.argv, "status": "ok", "wall_s": time.perf_counter() - start}
+        write_report([part], [record], args, [f"run under {part['launcher']}: one job of {job.world} processes"],
+                     time.perf_counter() - start)
+    job.close()
+    return 0

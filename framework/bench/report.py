@@ -1,0 +1,338 @@
+"""What ``fw bench`` writes and prints: one JSON with every sample, a Markdown report, PNG plots,
+the tables on stdout, and a recommendation derived from this run's numbers.
+
+Files, in ``--out`` (``<stem>`` is ``bench-<date>-<hardware>``): ``<stem>.json``, ``<stem>.md``,
+``<stem>-comm.png`` (bus bandwidth against size, per collective and backend),
+``<stem>-train.png`` (samples/s against world size, per workload and strategy) and
+``<stem>-breakdown.png`` (where fw's step time goes, per workload and strategy).
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from framework.bench.common import cpu_tag, gpu_tag, iqr, machine_info, median, today, write_json
+
+SCHEMA = 1
+PART_LABELS = {"data_wait": "data wait", "forward_backward": "fwd+bwd", "optimizer": "optimizer",
+               "comm_unhidden": "comm (unhidden)", "other": "other"}  # fmt: skip
+DEFAULT_KNOBS = {"bucket_cap_mb": 25}
+
+
+def versions() -> dict[str, Any]:
+    import platform
+
+    import torch
+
+    out: dict[str, Any] = {"python": platform.python_version(), "torch": torch.__version__}
+    for name in ("framework", "pytorch_lightning", "mpi4py", "numpy"):
+        try:
+            module = __import__(name)
+            out["fw" if name == "framework" else name] = getattr(module, "__version__", "?")
+        except ImportError:
+            out[name] = None
+    from framework.strategies.mpi_backend import mpi_library_version
+
+    out["mpi_library"] = mpi_library_version()
+    if torch.cuda.is_available():
+        out["cuda"] = torch.version.cuda
+        out["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+    return out
+
+
+# -- the numbers ------------------------------------------------------------------------------
+def train_rows(parts: list[dict], key: str = "train") -> list[dict]:
+    """One row per (workload, strategy, world, side, precision, knobs), repeats pooled."""
+    groups: dict[tuple, list[dict]] = defaultdict(list)
+    for part in parts:
+        for run in (part.get(key) or {}).get("runs", []):
+            knobs = tuple(sorted(run["ddp_kwargs"].items()))
+            groups[(run["workload"], run["strategy"], run["world_size"], run["side"], run["precision"], knobs, run.get("device", "cpu"))].append(run)
+    rows = []
+    for (workload, strategy, world, side, precision, knobs, device), runs in groups.items():
+        steps = [s for r in runs for s in r["samples_step_s"]]
+        step = median(steps)
+        batch = runs[0]["global_batch"]
+        low, high = iqr(steps)
+        parts_s = {p: median(r["parts_s"][p] for r in runs) for p in runs[0]["parts_s"]}
+        row = {"workload": workload, "strategy": strategy, "world_size": world, "side": side, "precision": precision,
+               "ddp_kwargs": dict(knobs), "device": device, "global_batch": batch, "step_s": step,
+               "samples_per_s": batch / step, "samples_per_s_iqr": [batch / high, batch / low], "step_iqr_s": [low, high],
+               "parts_s": parts_s, "peak_memory_MB": max(r["peak_memory_bytes"] for r in runs) / 2**20,
+               "call_s": median(r["call_s"] for r in runs), "repeats": len(runs), "steps_timed": len(steps)}  # fmt: skip
+        if "flops_per_sample" in runs[0]:
+            row["model_flops_per_s"] = runs[0]["flops_per_sample"] * row["samples_per_s"]
+        rows.append(row)
+    by_key = {(r["workload"], r["strategy"], r["world_size"], r["side"], r["precision"], r["device"]): r for r in rows if key == "train"}
+    for r in rows:
+        base = by_key.get((r["workload"], "single", 1, r["side"], r["precision"], r["device"]))
+        if base and r["world_size"] > 1:
+            r["scaling_efficiency"] = r["samples_per_s"] / (r["world_size"] * base["samples_per_s"])
+        raw = by_key.get((r["workload"], r["strategy"], r["world_size"], "raw", r["precision"], r["device"]))
+        if raw and r["side"] != "raw":
+            r["step_over_raw"] = r["step_s"] / raw["step_s"]
+    return rows
+
+
+def comm_parts(parts: list[dict]) -> list[tuple[str, dict]]:
+    return [(p["job"], p["comm"]) for p in parts if p.get("comm")]
+
+
+def recommendation(train: list[dict], knobs: list[dict], comm: list[tuple[str, dict]]) -> list[str]:
+    """Sentences, each derived from this run's numbers."""
+    out = []
+    fw_rows = [r for r in train if r["side"] == "fw" and r["precision"] == "32-true"]
+    for workload in sorted({r["workload"] for r in fw_rows}):
+        ranked = sorted((r for r in fw_rows if r["workload"] == workload), key=lambda r: -r["samples_per_s"])
+        best = ranked[0]
+        line = f"{workload}: train with `{best['strategy']}` on {best['world_size']} process(es) ({best['samples_per_s']:.0f} samples/s"
+        if len(ranked) > 1:
+            nxt = ranked[1]
+            line += f"; {best['samples_per_s'] / nxt['samples_per_s']:.2f}x the next best, `{nxt['strategy']}` x{nxt['world_size']}"
+        out.append(line + ")")
+    for job, result in comm:
+        rows = [r for r in result["collectives"] if r["op"] == "all_reduce" and r["backend"] != "mpi4py"]
+        winners = []
+        for size in result["sizes"]:
+            cells = [r for r in rows if r["bytes"] == size]
+            if cells:
+                winners.append((size, min(cells, key=lambda r: r["median_s"])["backend"]))
+        if winners:
+            spans = _spans(winners)
+            out.append(f"all-reduce on {job}: " + "; ".join(f"{lo}-{hi}: {backend}" for lo, hi, backend in spans))
+        ratios = mpi_ratios(result)
+        if ratios:
+            worst = max(ratios, key=lambda r: r[1])
+            out.append(f"fw's MPI process group all-reduce vs raw mpi4py on {job}: at most {worst[1]:.2f}x (at {_size(worst[0])})")
+    for workload in sorted({r["workload"] for r in knobs}):
+        rows = [r for r in knobs if r["workload"] == workload]
+        default = next((r for r in rows if r["ddp_kwargs"] == DEFAULT_KNOBS), None)
+        best = min(rows, key=lambda r: r["step_s"])
+        if default is None:
+            continue
+        gain = default["step_s"] / best["step_s"] - 1
+        low, high = default["step_iqr_s"]
+        spread = (high - low) / default["step_s"]
+        if best is default or gain <= spread:
+            out.append(f"DDP settings for {workload}: keep the defaults (the best setting, {_knobs(best)}, is "
+                       f"{gain * 100:.1f}% faster, within the {spread * 100:.1f}% spread)")
+        else:
+            out.append(f"DDP settings for {workload}: {_knobs(best)} ({gain * 100:.1f}% faster than the default, "
+                       f"spread {spread * 100:.1f}%)")
+    return out
+
+
+def mpi_ratios(result: dict) -> list[tuple[int, float]]:
+    """(bytes, fw_mpi time / raw mpi4py time) of all-reduce at each size."""
+    cells = {(r["backend"], r["bytes"]): r["median_s"] for r in result["collectives"] if r["op"] == "all_reduce"}
+    return [(b, cells[("fw_mpi", b)] / cells[("mpi4py", b)]) for b in result["sizes"] if ("fw_mpi", b) in cells and ("mpi4py", b) in cells]
+
+
+def _spans(winners: list[tuple[int, str]]) -> list[tuple[str, str, str]]:
+    spans: list[list] = []
+    for size, backend in winners:
+        if spans and spans[-1][2] == backend:
+            spans[-1][1] = size
+        else:
+            spans.append([size, size, backend])
+    return [(_size(lo), _size(hi), b) for lo, hi, b in spans]
+
+
+def _size(nbytes: int) -> str:
+    from framework.bench.comm import human_size
+
+    return human_size(nbytes).replace(" ", "")
+
+
+def _knobs(row: dict) -> str:
+    return ", ".join(f"{k}={v}" for k, v in sorted(row["ddp_kwargs"].items())) or "defaults"
+
+
+# -- tables -----------------------------------------------------------------------------------
+def tables(train: list[dict], knobs: list[dict], comm: list[tuple[str, dict]]) -> list[tuple[str, list[str], list[list[str]]]]:
+    out = []
+    if train:
+        rows = []
+        for r in sorted(train, key=lambda r: (r["workload"], r["device"], r["precision"], r["world_size"], r["strategy"], r["side"])):
+            fr = _fractions(r["parts_s"], r["step_s"])
+            rows.append([r["workload"], r["strategy"] + ("" if r["precision"] == "32-true" else f" {r['precision']}"),
+                         str(r["world_size"]), r["side"], f"{r['samples_per_s']:.0f}",
+                         f"{r['samples_per_s_iqr'][0]:.0f}-{r['samples_per_s_iqr'][1]:.0f}",
+                         _opt(r.get("scaling_efficiency"), "{:.2f}"), _opt(r.get("step_over_raw"), "{:.3f}"),
+                         f"{r['peak_memory_MB']:.0f}", f"{r['call_s']:.2f}", fr])  # fmt: skip
+        out.append(("training: samples/s (median, IQR), scaling efficiency vs one process, fw/raw step time",
+                    ["workload", "strategy", "world", "side", "samples/s", "IQR", "scaling", "/raw", "peak MB",
+                     "call s", "step: data/fwd+bwd/opt/comm/other %"], rows))  # fmt: skip
+    if knobs:
+        rows = [[r["workload"], _knobs(r), f"{r['step_s'] * 1e3:.2f}", f"{r['samples_per_s']:.0f}",
+                 f"{r['parts_s'].get('comm_unhidden', 0) * 1e3:.2f}", f"{r['parts_s'].get('comm_span', 0) * 1e3:.2f}"]
+                for r in sorted(knobs, key=lambda r: (r["workload"], _knobs(r)))]  # fmt: skip
+        out.append(("DDP settings (fw, ddp_gloo, 2 processes): step ms, unhidden comm ms of the all-reduce span ms",
+                    ["workload", "settings", "step ms", "samples/s", "comm unhidden ms", "comm span ms"], rows))
+    for job, result in comm:
+        backends = result["backends"]
+        rows = []
+        for size in result["sizes"]:
+            for op in ("all_reduce", "broadcast", "all_gather", "reduce_scatter"):
+                cells = {r["backend"]: r for r in result["collectives"] if r["bytes"] == size and r["op"] == op}
+                if cells:
+                    rows.append([_size(size), op] + [
+                        f"{_us(cells[b]['median_s'])} | {cells[b]['busbw_GBps']:.2f} | {cells[b]['fraction_of_memcpy']:.2f}"
+                        if b in cells else "-" for b in backends])  # fmt: skip
+        out.append((f"collectives on {job}: time | busbw GB/s | fraction of memcpy", ["size", "op", *backends], rows))
+        ping = [[_size(r["bytes"]), r["backend"], _us(r["latency_s"]), f"{r['algbw_GBps'] / 2:.3f}"] for r in result["ping_pong"]]
+        out.append((f"ping-pong on {job} (ranks 0 and 1)", ["size", "backend", "latency", "GB/s"], ping))
+        ratios = mpi_ratios(result)
+        if ratios:
+            out.append((f"fw_mpi all-reduce / raw mpi4py on {job}", ["size", "ratio"], [[_size(b), f"{x:.2f}"] for b, x in ratios]))
+    return out
+
+
+def _fractions(parts: dict, step: float) -> str:
+    total = sum(parts.get(p, 0) for p in PART_LABELS) or step
+    return "/".join(f"{parts.get(p, 0) / total * 100:.0f}" for p in PART_LABELS)
+
+
+def _opt(value, fmt: str) -> str:
+    return "-" if value is None else fmt.format(value)
+
+
+def _us(seconds: float) -> str:
+    return f"{seconds * 1e6:.1f} µs" if seconds < 1e-3 else f"{seconds * 1e3:.2f} ms"
+
+
+def markdown(doc: dict, tabs) -> str:
+    m = doc["machine"]
+    lines = [f"# fw bench, {m['hardware']}, {m['date']}", "",
+             f"{m['cpu_count']} cores, torch {doc['versions']['torch']}, MPI: {doc['versions'].get('mpi_library') or 'none'}, "
+             f"Lightning: {doc['versions'].get('pytorch_lightning') or 'not installed'}; "
+             f"{'quick' if doc['quick'] else 'full'} run, {doc['wall_s']:.0f} s. Medians after warm-up; spread: IQR.", "",
+             "## Recommendation", "", *[f"- {line}" for line in doc["recommendation"]], ""]  # fmt: skip
+    for note in doc["notes"]:
+        lines.append(f"> {note}\n")
+    for title, columns, rows in tabs:
+        lines += [f"## {title}", "", "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+        lines += ["| " + " | ".join(row) + " |" for row in rows]
+        lines.append("")
+    lines += ["## Jobs", "", "| job | status | wall s |", "|---|---|---|"]
+    lines += [f"| {r['name']} | {r['status']} | {r['wall_s']:.1f} |" for r in doc["jobs"]]
+    if doc.get("plots"):
+        lines += ["", "## Plots", "", *[f"![{p}]({p})" for p in doc["plots"]]]
+    return "\n".join(lines) + "\n"
+
+
+# -- plots ------------------------------------------------------------------------------------
+def plots(stem: Path, train: list[dict], comm: list[tuple[str, dict]]) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written = []
+    if comm:
+        fig, axes = plt.subplots(2, 2, figsize=(11, 8), sharex=True)
+        for ax, op in zip(axes.flat, ("all_reduce", "broadcast", "all_gather", "reduce_scatter")):
+            for job, result in comm:
+                for backend in result["backends"]:
+                    pts = sorted((r["bytes"], r["busbw_GBps"]) for r in result["collectives"] if r["op"] == op and r["backend"] == backend)
+                    if pts:
+                        ax.plot(*zip(*pts), marker="o", label=f"{backend} ({job})")
+                ceiling = result["memcpy"].get("cpu") or next(iter(result["memcpy"].values()))
+                ax.plot([r["bytes"] for r in ceiling], [r["algbw_GBps"] for r in ceiling], "k--", lw=1, label=f"memcpy ({job})")
+            ax.set(xscale="log", yscale="log", title=op, xlabel="size (bytes)", ylabel="bus bandwidth (GB/s)")
+            ax.grid(True, which="both", alpha=0.3)
+        axes.flat[0].legend(fontsize=7)
+        written.append(_save(fig, stem, "comm"))
+    fw_train = [r for r in train if r["side"] == "fw" and r["precision"] == "32-true" and r["device"] == "cpu"]
+    workloads = sorted({r["workload"] for r in fw_train})
+    if workloads:
+        fig, axes = plt.subplots(1, len(workloads), figsize=(4.5 * len(workloads), 3.8), squeeze=False)
+        for ax, workload in zip(axes[0], workloads):
+            rows = [r for r in train if r["workload"] == workload and r["precision"] == "32-true" and r["device"] == "cpu"]
+            for strategy in sorted({r["strategy"] for r in rows}):
+                for side, style in (("fw", "-o"), ("raw", ":x")):
+                    pts = sorted((r["world_size"], r["samples_per_s"]) for r in rows if r["strategy"] == strategy and r["side"] == side)
+                    if pts:
+                        ax.plot(*zip(*pts), style, label=f"{strategy} {side}")
+            ax.set(title=workload, xlabel="processes", ylabel="samples/s")
+            ax.grid(True, alpha=0.3)
+            ax.legend(fontsize=7)
+        written.append(_save(fig, stem, "train"))
+        fig, ax = plt.subplots(figsize=(max(6, 0.9 * len(fw_train)), 4))
+        labels = [f"{r['workload']}\n{r['strategy']} x{r['world_size']}" for r in fw_train]
+        bottom = [0.0] * len(fw_train)
+        for part, label in PART_LABELS.items():
+            values = [r["parts_s"].get(part, 0) * 1e3 for r in fw_train]
+            ax.bar(labels, values, bottom=bottom, label=label)
+            bottom = [b + v for b, v in zip(bottom, values)]
+        ax.set(ylabel="ms per step (medians)", title="fw: where the step time goes")
+        ax.tick_params(axis="x", labelsize=7)
+        ax.legend(fontsize=7)
+        written.append(_save(fig, stem, "breakdown"))
+    return written
+
+
+def _save(fig, stem: Path, what: str) -> str:
+    path = stem.parent / f"{stem.name}-{what}.png"
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    return path.name
+
+
+# -- the whole report -------------------------------------------------------------------------
+def write_report(parts: list[dict], records: list[dict], args: argparse.Namespace, notes: list[str], wall_s: float) -> Path:
+    import torch
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    hw = gpu_tag() if device == "cuda" else cpu_tag()
+    stem = out / f"bench-{today()}-{hw}"
+    train, knobs, comm = train_rows(parts), train_rows(parts, "knobs"), comm_parts(parts)
+    for note in (p["train"]["lightning"] for p in parts if p.get("train") and p["train"]["lightning"] != "ran"):
+        if note not in notes:
+            notes.append(f"Lightning: {note}")
+    doc = {
+        "schema": SCHEMA, "benchmark": "fw bench", "quick": bool(args.quick), "suite": args.suite,
+        "machine": machine_info(device), "versions": versions(), "wall_s": wall_s, "jobs": records,
+        "notes": notes, "recommendation": recommendation(train, knobs, comm),
+        "train": train, "knobs": knobs, "parts": parts,
+    }  # fmt: skip
+    tabs = tables(train, knobs, comm)
+    try:
+        doc["plots"] = plots(stem, train, comm)
+    except ImportError as err:
+        doc["plots"] = []
+        notes.append(f"no plots: {err} (pip install 'fw[bench]')")
+    json_path = write_json(stem.with_suffix(".json"), doc)
+    md_path = stem.with_suffix(".md")
+    md_path.write_text(markdown(doc, tabs))
+    show(tabs, doc, [json_path, md_path, *(out / p for p in doc["plots"])])
+    return json_path
+
+
+def show(tabs, doc: dict, files: list[Path]) -> None:
+    """The tables, the files and the recommendation, on stdout."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(width=max(120, Console().width))
+    for title, columns, rows in tabs:
+        table = Table(title=title)
+        for i, col in enumerate(columns):
+            table.add_column(col, justify="left" if i < 2 else "right")
+        for row in rows:
+            table.add_row(*row)
+        console.print(table)
+    for note in doc["notes"]:
+        console.print(f"note: {note}", markup=False)
+    console.print("files: " + ", ".join(str(f) for f in files), markup=False)
+    console.print("recommendation (from this run):")
+    for line in doc["recommendation"]:
+        console.print(f"  - {line}", markup=False)
