@@ -1,0 +1,118 @@
+"""``fw bench --quick`` as a user runs it: the installed command, real worker processes (Gloo
+through torch's elastic agent, MPI through mpiexec), real files. Checks what it wrote (schema,
+numbers from every backend and strategy the machine has, the files), never how fast anything was.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import statistics
+from pathlib import Path
+
+import pytest
+
+from tests.distributed.helpers import FW, PYTHON, clean_env, run_cmd
+from tests.mpi_helpers import mpiexec, needs_mpi, skip_reason
+
+OPS = {"all_reduce": lambda n: 2 * (n - 1) / n, "broadcast": lambda n: 1.0,
+       "all_gather": lambda n: (n - 1) / n, "reduce_scatter": lambda n: (n - 1) / n}  # fmt: skip
+WORKLOADS = {"digits_mlp", "cnn", "gpt"}
+HAS_MPI = skip_reason() is None
+HAS_LIGHTNING = importlib.util.find_spec("pytorch_lightning") is not None
+
+
+@pytest.fixture(scope="module")
+def quick(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench")
+    result = run_cmd([FW, "bench", "--quick", "--out", str(out)], timeout=280, env=clean_env())
+    (doc_path,) = out.glob("bench-*.json")
+    return result, json.loads(doc_path.read_text()), out
+
+
+def finite(x: float) -> bool:
+    return isinstance(x, (int, float)) and math.isfinite(x) and x > 0
+
+
+@pytest.mark.timeout(300)
+def test_the_command_runs_every_job_and_writes_its_files(quick):
+    result, doc, out = quick
+    assert result.returncode == 0, result.output
+    assert doc["schema"] == 1 and doc["quick"] is True
+    assert {"hardware", "cpu_count", "date"} <= set(doc["machine"]) and doc["versions"]["torch"]
+    names = {job["name"]: job["status"] for job in doc["jobs"]}
+    assert names.pop("single-1") == "ok" and names.pop("gloo-2") == "ok"
+    assert names == ({"mpi-2": "ok"} if HAS_MPI else {})
+    stem = out / Path(doc["plots"][0]).name.rsplit("-", 1)[0]
+    assert {p.rsplit("-", 1)[1] for p in doc["plots"]} == {"comm.png", "train.png", "breakdown.png"}
+    for name in [*doc["plots"], stem.name + ".md"]:
+        assert (out / name).stat().st_size > 1000, name
+    # progress while it ran, then the table, the files and the recommendation on stdout
+    assert "fw bench [gloo-2] train: gpt under ddp_gloo" in result.output
+    assert "files: " in result.output and "recommendation (from this run):" in result.output
+
+
+@pytest.mark.timeout(300)
+def test_every_backend_measured_every_collective_at_every_size(quick):
+    _, doc, _ = quick
+    (comm,) = [p["comm"] for p in doc["parts"] if p.get("comm")]
+    n = comm["world_size"]
+    assert set(comm["backends"]) == ({"gloo", "fw_mpi", "mpi4py"} if HAS_MPI else {"gloo"})
+    cells = {(r["op"], r["backend"], r["bytes"]): r for r in comm["collectives"]}
+    assert set(cells) == {(op, b, s) for op in OPS for b in comm["backends"] for s in comm["sizes"]}
+    ceiling = {r["bytes"]: r for r in comm["memcpy"]["cpu"]}
+    for (op, _, size), row in cells.items():
+        assert len(row["samples_s"]) == row["iters"] >= 3 and row["median_s"] == statistics.median(row["samples_s"])
+        assert finite(row["median_s"]) and row["min_s"] <= row["median_s"] <= row["max_s"]
+        assert row["algbw_GBps"] == pytest.approx(size / row["median_s"] / 1e9)
+        assert row["busbw_GBps"] == pytest.approx(row["algbw_GBps"] * OPS[op](n))
+        assert row["fraction_of_memcpy"] == pytest.approx(row["busbw_GBps"] / ceiling[size]["algbw_GBps"])
+    assert {r["backend"] for r in comm["ping_pong"]} == set(comm["backends"])
+    assert all(finite(r["latency_s"]) for r in comm["ping_pong"])
+
+
+@pytest.mark.timeout(300)
+def test_every_strategy_trained_every_workload_beside_the_hand_written_loop(quick):
+    _, doc, _ = quick
+    strategies = {"single", "ddp_gloo", *(["mpi"] if HAS_MPI else [])}
+    rows = {(r["workload"], r["strategy"], r["side"]): r for r in doc["train"]}
+    for workload in WORKLOADS:
+        for strategy in strategies:
+            sides = {"raw", "fw"} | ({"lightning"} if HAS_LIGHTNING and strategy != "mpi" else set())
+            for side in sides:
+                row = rows[(workload, strategy, side)]
+                assert finite(row["samples_per_s"]) and finite(row["peak_memory_MB"]) and row["steps_timed"] >= 6
+                parts = row["parts_s"]
+                assert parts["forward_backward"] > 0 and all(v >= 0 for v in parts.values())
+                # one process has nothing to all-reduce; DDP's all-reduce takes time
+                assert (parts["comm_unhidden"] == 0) == (strategy == "single"), (workload, strategy, side, parts)
+                if strategy != "single":
+                    assert finite(row["scaling_efficiency"])
+                if side != "raw":
+                    assert finite(row["step_over_raw"])
+    knobs = {(r["workload"], tuple(sorted(r["ddp_kwargs"].items()))) for r in doc["knobs"]}
+    assert len(knobs) == 8 and {w for w, _ in knobs} == {"cnn", "gpt"}
+
+
+@pytest.mark.timeout(300)
+def test_the_recommendation_follows_the_numbers(quick):
+    _, doc, _ = quick
+    fw_rows = [r for r in doc["train"] if r["side"] == "fw"]
+    for workload in WORKLOADS:
+        best = max((r for r in fw_rows if r["workload"] == workload), key=lambda r: r["samples_per_s"])
+        line = next(l for l in doc["recommendation"] if l.startswith(f"{workload}:"))
+        assert f"`{best['strategy']}` on {best['world_size']} process" in line
+    assert any(l.startswith("DDP settings for gpt") for l in doc["recommendation"])
+
+
+@needs_mpi
+@pytest.mark.timeout(120)
+def test_under_mpiexec_it_uses_the_processes_it_was_given(tmp_path):
+    cmd = [mpiexec(), "-n", "2", PYTHON, "-m", "mpi4py", "-m", "framework.cli", "bench", "--quick", "--suite", "comm",
+           "--out", str(tmp_path)]  # fmt: skip
+    result = run_cmd(cmd, timeout=100, env=clean_env())
+    assert result.returncode == 0, result.output
+    (doc,) = [json.loads(p.read_text()) for p in tmp_path.glob("bench-*.json")]
+    assert [job["name"] for job in doc["jobs"]] == ["mpi-2"] and doc["parts"][0]["launcher"] == "mpi"
+    assert set(doc["parts"][0]["comm"]["backends"]) == {"gloo", "fw_mpi", "mpi4py"}
