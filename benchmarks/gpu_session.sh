@@ -15,3 +15,5 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$OUT/gpu
 python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'gpus', torch.cuda.device_count())" | tee -a "$OUT/gpu-nvidia-smi.txt"
 timeout 200 python3 -m pytest tests/gpu tests/test_loops.py tests/test_hooks.py -q -rs -p no:cacheprovider 2>&1 | tee "$OUT/gpu-tests.txt"
 timeout 260 python3 benchmarks/bench_gpu.py --out "$OUT" 2>&1 | tee "$OUT/gpu-bench.txt"
+# fw bench on the GPU machine: NCCL collectives (2+ GPUs), single/dp on CUDA, bf16 GPT with MFU
+timeout 420 python3 -m framework.cli bench --out "$OUT" 2>&1 | tee "$OUT/gpu-fw-bench.txt"

@@ -1,9 +1,9 @@
-"""Small helpers shared by the benchmarks: hardware tag, result paths, statistics, tables.
+"""Small helpers shared by ``fw bench`` and the scripts in ``benchmarks/``: hardware tag,
+result paths, statistics, tables.
 
 Result files are named ``<benchmark>-<YYYY-MM-DD>-<hardware tag>.json`` so that runs on other
 days or machines never overwrite each other. The hardware tag is the CPU model slug and core
-count (``amd-epyc-2c``, the same tag ``bench_allreduce.py`` uses) or the GPU name slug
-(``nvidia-h200``) for GPU benchmarks.
+count (``amd-epyc-2c``) or the GPU name slug (``nvidia-h200``) for GPU benchmarks.
 """
 
 from __future__ import annotations

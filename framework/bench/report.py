@@ -20,6 +20,18 @@ SCHEMA = 1
 PART_LABELS = {"data_wait": "data wait", "forward_backward": "fwd+bwd", "optimizer": "optimizer",
                "comm_unhidden": "comm (unhidden)", "other": "other"}  # fmt: skip
 DEFAULT_KNOBS = {"bucket_cap_mb": 25}
+#: dense bf16 peak FLOP/s of one GPU (the vendors' data sheets), for MFU
+PEAK_BF16 = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "L4": 121e12, "A10": 125e12}
+
+
+def peak_flops(device: str) -> float | None:
+    """The bf16 peak of the GPU this process sees, when it is in ``PEAK_BF16``."""
+    import torch
+
+    if not device.startswith("cuda") or not torch.cuda.is_available():
+        return None
+    name = torch.cuda.get_device_name(0)
+    return next((peak for key, peak in PEAK_BF16.items() if key in name), None)
 
 
 def versions() -> dict[str, Any]:
@@ -65,6 +77,10 @@ def train_rows(parts: list[dict], key: str = "train") -> list[dict]:
                "call_s": median(r["call_s"] for r in runs), "repeats": len(runs), "steps_timed": len(steps)}  # fmt: skip
         if "flops_per_sample" in runs[0]:
             row["model_flops_per_s"] = runs[0]["flops_per_sample"] * row["samples_per_s"]
+            peak = peak_flops(device)
+            if peak:  # model FLOPs utilisation over the GPUs the run used
+                gpus = world if strategy != "dp" else __import__("torch").cuda.device_count()
+                row["mfu"] = row["model_flops_per_s"] / (peak * gpus)
         rows.append(row)
     by_key = {(r["workload"], r["strategy"], r["world_size"], r["side"], r["precision"], r["device"]): r for r in rows if key == "train"}
     for r in rows:
@@ -166,6 +182,12 @@ def tables(train: list[dict], knobs: list[dict], comm: list[tuple[str, dict]]) -
         out.append(("training: samples/s (median, IQR), scaling efficiency vs one process, fw/raw step time",
                     ["workload", "strategy", "world", "side", "samples/s", "IQR", "scaling", "/raw", "peak MB",
                      "call s", "step: data/fwd+bwd/opt/comm/other %"], rows))  # fmt: skip
+    gpu = [r for r in train if "mfu" in r]
+    if gpu:
+        out.append(("GPU: model FLOPs utilisation of the GPT (bf16 peak of the data sheet)",
+                    ["workload", "strategy", "precision", "side", "TFLOP/s", "MFU"],
+                    [[r["workload"], r["strategy"], r["precision"], r["side"], f"{r['model_flops_per_s'] / 1e12:.1f}",
+                      f"{r['mfu'] * 100:.1f}%"] for r in gpu]))  # fmt: skip
     if knobs:
         rows = [[r["workload"], _knobs(r), f"{r['step_s'] * 1e3:.2f}", f"{r['samples_per_s']:.0f}",
                  f"{r['parts_s'].get('comm_unhidden', 0) * 1e3:.2f}", f"{r['parts_s'].get('comm_span', 0) * 1e3:.2f}"]

@@ -116,3 +116,17 @@ def test_under_mpiexec_it_uses_the_processes_it_was_given(tmp_path):
     (doc,) = [json.loads(p.read_text()) for p in tmp_path.glob("bench-*.json")]
     assert [job["name"] for job in doc["jobs"]] == ["mpi-2"] and doc["parts"][0]["launcher"] == "mpi"
     assert set(doc["parts"][0]["comm"]["backends"]) == {"gloo", "fw_mpi", "mpi4py"}
+
+
+@pytest.mark.timeout(120)
+def test_under_srun_it_uses_the_tasks_it_was_given(tmp_path):
+    from tests.environments.test_slurm_cluster import _slurm_up
+
+    if _slurm_up() is not None:
+        pytest.skip(_slurm_up())
+    cmd = ["srun", "-n", "2", FW, "bench", "--quick", "--suite", "comm", "--out", str(tmp_path)]
+    result = run_cmd(cmd, timeout=100, env=clean_env(), cwd=tmp_path)
+    assert result.returncode == 0, result.output
+    (doc,) = [json.loads(p.read_text()) for p in tmp_path.glob("bench-*.json")]
+    assert [job["name"] for job in doc["jobs"]] == ["gloo-2"] and doc["parts"][0]["launcher"] == "slurm"
+    assert doc["parts"][0]["comm"]["backends"] == ["gloo"]
