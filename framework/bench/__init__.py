@@ -57,8 +57,8 @@ def world_sizes(cores: int, quick: bool, limit: int | None) -> list[int]:
     return sizes
 
 
-def plan(suites: list[str], quick: bool, limit: int | None) -> list[dict]:
-    """The jobs to run: name, command, environment, suites, timeout."""
+def plan(suites: list[str], quick: bool, limit: int | None) -> tuple[list[dict], str | None]:
+    """The jobs to run (name, command, environment, suites, timeout), and the mpiexec found."""
     import torch
 
     py, cores = sys.executable, os.cpu_count() or 1
@@ -148,6 +148,8 @@ def main(args: argparse.Namespace) -> int:
     from framework.bench.context import launched_by
 
     suites = list(SUITES) if args.suite == "all" else [args.suite]
+    if {"train", "knobs"} & set(suites):
+        _check_recipes()
     if launched_by() is not None:
         return _as_worker(args, suites)
     jobs, mpi = plan(suites, args.quick, args.max_world)
@@ -164,6 +166,16 @@ def main(args: argparse.Namespace) -> int:
 
     write_report(parts, records, args, notes, time.perf_counter() - start)
     return 0 if all(r["status"] == "ok" for r in records) else 1
+
+
+def _check_recipes() -> None:
+    from framework.bench.train import WORKLOADS, recipe_dir
+    from framework.errors import ConfigError
+
+    missing = [name for name in WORKLOADS if not (recipe_dir() / f"{name}.yaml").is_file()]
+    if missing:
+        raise ConfigError(f"no workload recipe {', '.join(f'{m}.yaml' for m in missing)} in {recipe_dir()} (fw bench --suite train/knobs); "
+                          "run from a source checkout of fw (conf/bench/) or set FW_BENCH_CONF to a folder with them")
 
 
 def _as_worker(args: argparse.Namespace, suites: list[str]) -> int:

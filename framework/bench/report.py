@@ -104,10 +104,10 @@ def recommendation(train: list[dict], knobs: list[dict], comm: list[tuple[str, d
     for workload in sorted({r["workload"] for r in fw_rows}):
         ranked = sorted((r for r in fw_rows if r["workload"] == workload), key=lambda r: -r["samples_per_s"])
         best = ranked[0]
-        line = f"{workload}: train with `{best['strategy']}` on {best['world_size']} process(es) ({best['samples_per_s']:.0f} samples/s"
+        line = f"{workload}: train with `{best['strategy']}` on {best['world_size']} process(es){_on(best)} ({best['samples_per_s']:.0f} samples/s"
         if len(ranked) > 1:
             nxt = ranked[1]
-            line += f"; {best['samples_per_s'] / nxt['samples_per_s']:.2f}x the next best, `{nxt['strategy']}` x{nxt['world_size']}"
+            line += f"; {best['samples_per_s'] / nxt['samples_per_s']:.2f}x the next best, `{nxt['strategy']}` x{nxt['world_size']}{_on(nxt)}"
         out.append(line + ")")
     for job, result in comm:
         rows = [r for r in result["collectives"] if r["op"] == "all_reduce" and r["backend"] != "mpi4py"]
@@ -139,6 +139,10 @@ def recommendation(train: list[dict], knobs: list[dict], comm: list[tuple[str, d
             out.append(f"DDP settings for {workload}: {_knobs(best)} ({gain * 100:.1f}% faster than the default, "
                        f"spread {spread * 100:.1f}%)")
     return out
+
+
+def _on(row: dict) -> str:
+    return "" if row["device"] == "cpu" else " on CUDA"
 
 
 def mpi_ratios(result: dict) -> list[tuple[int, float]]:
@@ -192,7 +196,8 @@ def tables(train: list[dict], knobs: list[dict], comm: list[tuple[str, dict]]) -
         rows = [[r["workload"], _knobs(r), f"{r['step_s'] * 1e3:.2f}", f"{r['samples_per_s']:.0f}",
                  f"{r['parts_s'].get('comm_unhidden', 0) * 1e3:.2f}", f"{r['parts_s'].get('comm_span', 0) * 1e3:.2f}"]
                 for r in sorted(knobs, key=lambda r: (r["workload"], _knobs(r)))]  # fmt: skip
-        out.append(("DDP settings (fw, ddp_gloo, 2 processes): step ms, unhidden comm ms of the all-reduce span ms",
+        where = ", ".join(sorted({f"{r['strategy']} x{r['world_size']}" for r in knobs}))
+        out.append((f"DDP settings (fw, {where}): step time, the all-reduce time backward did not hide, the all-reduce span",
                     ["workload", "settings", "step ms", "samples/s", "comm unhidden ms", "comm span ms"], rows))
     for job, result in comm:
         backends = result["backends"]

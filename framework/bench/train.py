@@ -30,7 +30,7 @@ import torch
 from torch.utils.data import DataLoader, DistributedSampler, RandomSampler
 
 from framework.bench.common import iqr, median
-from framework.bench.context import Job, say
+from framework.bench.context import Job, launched_by, say
 from framework.callbacks.step_breakdown import PARTS, StepTimeBreakdown
 
 WORKLOADS = ("digits_mlp", "cnn", "gpt")
@@ -178,8 +178,10 @@ def lightning_missing(job: Job) -> str | None:
         import pytorch_lightning  # noqa: F401
     except ImportError:
         return "pytorch_lightning is not installed"
-    if job.kind not in ("single", "gloo", "nccl") or os.environ.get("SLURM_PROCID") and job.world > 1:
-        return "Lightning has no mpi4py-backed MPI; its runs are under torchrun and alone only"
+    if job.kind == "mpi":
+        return "Lightning has no MPI backend without a torch built with MPI: not run under mpiexec"
+    if job.world > 1 and launched_by() == "slurm":
+        return "not run under srun (its SLURM environment would start its own rendezvous)"
     return None
 
 
