@@ -74,7 +74,11 @@ def train_rows(parts: list[dict], key: str = "train") -> list[dict]:
                "ddp_kwargs": dict(knobs), "device": device, "global_batch": batch, "step_s": step,
                "samples_per_s": batch / step, "samples_per_s_iqr": [batch / high, batch / low], "step_iqr_s": [low, high],
                "parts_s": parts_s, "peak_memory_MB": max(r["peak_memory_bytes"] for r in runs) / 2**20,
-               "call_s": median(r["call_s"] for r in runs), "repeats": len(runs), "steps_timed": len(steps)}  # fmt: skip
+               "call_s": median(r["call_s"] for r in runs), "repeats": len(runs), "steps_timed": len(steps),
+               "repeat_samples_per_s": [batch / r["step_s"] for r in runs]}  # fmt: skip
+        # the spread shown: over the repeats when there are several, else over the timed steps
+        per_repeat = row["repeat_samples_per_s"]
+        row["spread_samples_per_s"] = [min(per_repeat), max(per_repeat)] if len(runs) > 1 else row["samples_per_s_iqr"]
         if "flops_per_sample" in runs[0]:
             row["model_flops_per_s"] = runs[0]["flops_per_sample"] * row["samples_per_s"]
             peak = peak_flops(device)
@@ -180,11 +184,12 @@ def tables(train: list[dict], knobs: list[dict], comm: list[tuple[str, dict]]) -
             fr = _fractions(r["parts_s"], r["step_s"])
             rows.append([r["workload"], r["strategy"] + ("" if r["precision"] == "32-true" else f" {r['precision']}"),
                          str(r["world_size"]), r["side"], f"{r['samples_per_s']:.0f}",
-                         f"{r['samples_per_s_iqr'][0]:.0f}-{r['samples_per_s_iqr'][1]:.0f}",
+                         f"{r['spread_samples_per_s'][0]:.0f}-{r['spread_samples_per_s'][1]:.0f}",
                          _opt(r.get("scaling_efficiency"), "{:.2f}"), _opt(r.get("step_over_raw"), "{:.3f}"),
                          f"{r['peak_memory_MB']:.0f}", f"{r['call_s']:.2f}", fr])  # fmt: skip
-        out.append(("training: samples/s (median, IQR), scaling efficiency vs one process, fw/raw step time",
-                    ["workload", "strategy", "world", "side", "samples/s", "IQR", "scaling", "/raw", "peak MB",
+        out.append(("training: samples/s (median; spread: min-max over repeats, or IQR over steps with one repeat), "
+                    "scaling efficiency vs one process, step time over the hand-written loop's",
+                    ["workload", "strategy", "world", "side", "samples/s", "spread", "scaling", "/raw", "peak MB",
                      "call s", "step: data/fwd+bwd/opt/comm/other %"], rows))  # fmt: skip
     gpu = [r for r in train if "mfu" in r]
     if gpu:
@@ -349,7 +354,7 @@ def show(tabs, doc: dict, files: list[Path]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    console = Console(width=max(120, Console().width))
+    console = Console(width=max(170, Console().width))
     for title, columns, rows in tabs:
         table = Table(title=title)
         for i, col in enumerate(columns):

@@ -3,7 +3,9 @@
 PyTorch wheels carry no native MPI backend. When torch has one, ``init_process_group("mpi")``
 is used; otherwise ``framework.strategies.mpi_backend`` registers a ProcessGroup backed by mpi4py
 (backend ``fw_mpi``), so unmodified DDP (bucketing, ``no_sync``, its options) and every
-collective of the framework move data over MPI, with no ports to open.
+collective of the framework move data over MPI, with no ports to open. Where the MPI library
+allows calls from several threads, DDP's gradient all-reduce overlaps backward (see
+``mpi_pg.py``).
 
 Ranks come from the MPI launcher. Without one, ``fw fit`` with ``devices > 1`` refuses with the
 command to run (MPI jobs are started by ``mpiexec``, not by fw). An exception on one rank aborts

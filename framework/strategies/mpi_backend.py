@@ -24,7 +24,10 @@ that rank's traceback. Without it the job hangs until something outside kills it
 
 Other things to know:
 
-* CPU tensors only; collectives are synchronous (DDP's all-reduce does not overlap backward).
+* CPU tensors only. DDP's gradient all-reduce overlaps backward: it runs on a communication
+  thread of the group when the MPI library provides ``MPI_THREAD_MULTIPLE`` (mpi4py asks for
+  it; MPICH gives it). ``MPI4PY_RC_THREAD_LEVEL=serialized`` keeps every collective
+  synchronous, on the caller's thread. Other collectives are synchronous.
 * ``timeout`` bounds every call of the group: past it, a watchdog aborts the MPI job (MPI's
   own collectives have no timeout); it reports a long wait on stderr every 30 s.
 * torch ranks must equal ``COMM_WORLD`` ranks (``init_mpi_process_group`` makes it so);

@@ -2,33 +2,45 @@
 
 torch's CPU wheels carry no native MPI backend, so this class bridges c10d to an mpi4py
 communicator: ``torch.distributed`` calls (and ``DistributedDataParallel``) land in the
-methods below, which hand numpy views of the tensors to MPI and return already completed
-``Work`` objects. Registration and ``init_process_group`` live in ``mpi_backend.py``.
+methods below, which hand the tensors' memory to MPI (no copy, no numpy) and return ``Work``.
+Registration and ``init_process_group`` live in ``mpi_backend.py``.
 
 Rules that every method follows:
 
 * CPU tensors only; results are written in place. A non-contiguous tensor (or one whose dtype
   MPI cannot reduce: bf16/fp16 are reduced in float32, bool in int32) is staged through a
-  contiguous copy that is copied back afterwards.
-* Collectives are synchronous: the work is done when the method returns (no overlap of
-  DDP's gradient all-reduce with backward). Point-to-point ``send``/``recv`` are the
-  exception: they start a non-blocking MPI request and ``Work.wait()`` completes it, so
-  ``isend``/``irecv`` pairs in either order do not deadlock.
-* MPI collectives have no timeout, so the group keeps its own: a watchdog thread says on
-  stderr what a rank has been waiting for (every 30 s) and aborts the MPI job once one call
-  has waited longer than the group's timeout (a rank that stopped answering). A rank that
+  contiguous copy that is copied back before the call (or its ``Work``) completes.
+* An all-reduce that the caller waits for later (``opts.asyncOp``: DDP's gradient buckets,
+  ``dist.all_reduce(..., async_op=True)``) runs on the group's communication thread when the
+  MPI library allows calls from several threads (``MPI_THREAD_MULTIPLE``, which mpi4py asks
+  for by default): the call returns at once, and its ``Work`` (``wait()``, or the future DDP
+  reads) completes once MPI is done and any staged copy is back. So DDP reduces one bucket
+  while backward computes the next, as it does over Gloo and NCCL; MPI releases the GIL while
+  it waits, so the autograd engine keeps computing. An error on that thread is raised by
+  ``Work.wait()`` and the future (hence by DDP's backward). Below ``MPI_THREAD_MULTIPLE``
+  (``MPI4PY_RC_THREAD_LEVEL=serialized``), or with ``overlap=False``, it runs synchronously.
+* Every other call, and ``dist.all_reduce(..., async_op=False)``, is synchronous: it first
+  waits for the group's queued all-reduces, then runs on the caller's thread, so each rank
+  issues a communicator's collectives in the order the program called them (MPI's rule). A
+  collective issued from a callback on a queued call's future (DDP comm hooks such as
+  PowerSGD chain them) runs at once, right after its parent on every rank, provided the
+  callback is attached before the next collective is issued (as comm hooks do).
+* Point-to-point ``send``/``recv`` start a non-blocking MPI request and ``Work.wait()``
+  completes it, so ``isend``/``irecv`` pairs in either order do not deadlock.
+* MPI collectives have no timeout, so the group keeps its own: a watchdog thread says on stderr
+  what a rank has been waiting for (every 30 s) and aborts the MPI job once one call has
+  waited longer than the group's timeout (a rank that stopped answering). It and the
+  communication thread live in ``mpi_threads.py``. A rank that
   raises aborts the job at once (``MPIStrategy.on_exception`` and the excepthook).
 
 This relies on a private, experimental torch API (``_create_work_from_future``, Python
-subclasses of ``ProcessGroup``); ``tests/strategies/test_mpi_backend.py`` pins its behaviour.
+subclasses of ``ProcessGroup`` and ``Work``); ``tests/strategies/test_mpi_backend.py`` pins its behaviour.
 """
 
 from __future__ import annotations
 
 import functools
-import sys
 import threading
-import time
 from datetime import timedelta
 from typing import Any, Callable
 
@@ -36,11 +48,11 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import PythonCallbackWork, _create_work_from_future
 
-# dtypes that MPI cannot reduce directly (numpy has no bfloat16; MPI has no half or
+from framework.strategies.mpi_threads import CommThread, Watchdog, call_unwatched
+
+# dtypes that MPI cannot reduce directly (MPI has no bfloat16, no half arithmetic and no
 # logical-as-arithmetic bool), mapped to the dtype the reduction runs in.
 _REDUCE_AS = {torch.bfloat16: torch.float32, torch.float16: torch.float32, torch.bool: torch.int32}
-# numpy has no bfloat16 at all: data movement (no arithmetic) goes through its bits.
-_MOVE_AS = {torch.bfloat16: torch.int16}
 
 _RedOp = dist.ReduceOp.RedOpType
 
@@ -52,104 +64,26 @@ def _done(result: Any) -> dist.Work:
     return _create_work_from_future(fut)
 
 
-def _view(t: torch.Tensor):
-    """Numpy view of a contiguous CPU tensor (bf16 reinterpreted as int16 bits)."""
-    t = t.detach()
-    if t.dtype in _MOVE_AS:
-        t = t.view(_MOVE_AS[t.dtype])
-    return t.numpy()
+def _staged(t: torch.Tensor, dtype: torch.dtype | None = None, copy_in: bool = True) -> torch.Tensor:
+    """``t`` itself when it is contiguous and of ``dtype``; else a contiguous stand-in (holding
+    ``t``'s values when ``copy_in``) that the caller copies back into ``t`` when it is done."""
+    if not t.is_cpu:
+        raise ValueError(f"the fw_mpi backend handles CPU tensors only, got {t.device}")
+    dtype = dtype or t.dtype
+    if t.dtype == dtype and t.is_contiguous():
+        return t
+    return t.to(dtype).contiguous() if copy_in else torch.empty(t.shape, dtype=dtype)
 
 
-class _Staged:
-    """Context: a contiguous tensor (of ``dtype``) standing in for ``t``; copied back on exit."""
-
-    def __init__(self, t: torch.Tensor, dtype: torch.dtype | None = None, copy_in: bool = True):
-        if t.device.type != "cpu":
-            raise ValueError(f"the fw_mpi backend handles CPU tensors only, got {t.device}")
-        self.t, dtype = t, dtype or t.dtype
-        same = t.is_contiguous() and dtype == t.dtype
-        if same:
-            self.buf = t
-        elif copy_in:
-            self.buf = t.to(dtype).contiguous()
-        else:
-            self.buf = torch.empty(t.shape, dtype=dtype)
-
-    def __enter__(self) -> torch.Tensor:
-        return self.buf
-
-    def __exit__(self, *exc) -> None:
-        if exc[0] is None and self.buf is not self.t:
-            self.t.copy_(self.buf)
-
-
-class _Watchdog:
-    """Bounds every MPI call of a group by ``timeout`` (MPI has no timeout of its own).
-
-    The calls mark themselves busy (``watching``: two attribute writes, no lock); a daemon
-    thread looks once a second, reports a wait every 30 s (or half the timeout) on stderr, and
-    past the timeout aborts the whole MPI job: a rank that stopped answering (SIGSTOP, a
-    dead node, a deadlock) would otherwise keep the others waiting forever.
-    """
-
-    def __init__(self, comm, timeout_s: float) -> None:
-        self.comm, self.timeout_s = comm, timeout_s
-        self.report_every = min(30.0, timeout_s / 2)
-        self.what: str | None = None
-        self.since = 0.0
-        self._thread = threading.Thread(target=self._watch, name="fw-mpi-watchdog", daemon=True)
-        self._thread.start()
-
-    def watching(self, what: str, call: Callable[[], Any]) -> Any:
-        if self.what is not None:  # a call made by another watched call
-            return call()
-        self.since = time.monotonic()  # before ``what``: the thread reads ``what`` first
-        self.what = what
-        try:
-            return call()
-        finally:
-            self.what = None
-
-    def _watch(self) -> None:
-        seen, next_report = None, self.report_every
-        while True:
-            time.sleep(min(1.0, self.report_every / 2))
-            what = self.what
-            since = self.since
-            if what is None:
-                continue
-            if (what, since) != seen:
-                seen, next_report = (what, since), self.report_every
-            waited = time.monotonic() - since
-            where = f"rank {self.comm.Get_rank()} of {self.comm.Get_size()}"
-            if waited > self.timeout_s:
-                self._abort(f"fw: error: {where} waited {waited:.0f} s in MPI {what} for the other ranks "
-                            f"(timeout {self.timeout_s:g} s, trainer.strategy.timeout): a rank stopped "
-                            "answering; aborting the MPI job")
-            if waited >= next_report:
-                next_report += self.report_every
-                sys.__stderr__.write(f"fw: {where} has waited {waited:.0f} s in MPI {what} for the other "
-                                     f"ranks (aborting after {self.timeout_s:g} s, trainer.strategy.timeout)\n")
-                sys.__stderr__.flush()
-
-    def _abort(self, message: str) -> None:
-        from mpi4py import MPI
-
-        sys.__stderr__.write(message + "\n")
-        sys.__stderr__.flush()
-        time.sleep(0.5)  # let the launcher forward the line before the abort tears it down
-        MPI.COMM_WORLD.Abort(1)
-
-
-def _watched(what: str):
-    """Run the decorated method under the group's watchdog (when it has one), named ``what``."""
+def _synchronous(what: str):
+    """Run the decorated method after the group's queued calls, under its watchdog, named ``what``."""
 
     def wrap(method):
         @functools.wraps(method)
         def run(self, *args, **kwargs):
-            if self._watchdog is None:
-                return method(self, *args, **kwargs)
-            return self._watchdog.watching(what, lambda: method(self, *args, **kwargs))
+            if self._thread is not None:
+                self._thread.drain()
+            return self._run(what, method, self, *args, **kwargs)
 
         return run
 
@@ -157,83 +91,154 @@ def _watched(what: str):
 
 
 class MPIProcessGroup(dist.ProcessGroup):
-    """A c10d process group over an mpi4py communicator (CPU tensors, synchronous collectives).
+    """A c10d process group over an mpi4py communicator (CPU tensors).
 
     Args:
         comm: the ``mpi4py.MPI.Comm`` the group uses; its rank and size are the group's.
         timeout: the longest one call may wait for the other ranks before the job is aborted
             (None: no bound, as MPI itself).
+        overlap: run the all-reduces that the caller waits for later (DDP's) on a communication
+            thread, overlapping backward. None: when the MPI library provides
+            ``MPI_THREAD_MULTIPLE`` and the group has more than one rank. Kept as the attribute
+            ``overlap``, which may be switched off at any time (to compare, say).
+
+    Raises:
+        ValueError: ``overlap=True`` but the MPI library was initialised without
+            ``MPI_THREAD_MULTIPLE`` (the caller's thread may wait on a ``recv`` while the
+            communication thread is inside a collective).
     """
 
-    def __init__(self, comm, timeout: timedelta | None = None) -> None:
+    def __init__(self, comm, timeout: timedelta | None = None, overlap: bool | None = None) -> None:
         super().__init__(comm.Get_rank(), comm.Get_size())
         from mpi4py import MPI
 
-        self._MPI, self.comm = MPI, comm
-        bounded = timeout is not None and comm.Get_size() > 1
-        self._watchdog = _Watchdog(comm, timeout.total_seconds()) if bounded else None
-        self._ops = {
-            _RedOp.SUM: MPI.SUM, _RedOp.AVG: MPI.SUM, _RedOp.PRODUCT: MPI.PROD,
-            _RedOp.MIN: MPI.MIN, _RedOp.MAX: MPI.MAX,
-            _RedOp.BAND: MPI.BAND, _RedOp.BOR: MPI.BOR, _RedOp.BXOR: MPI.BXOR,
+        threads = MPI.Query_thread() >= MPI.THREAD_MULTIPLE
+        if overlap and not threads:
+            raise ValueError("overlap=True needs an MPI library initialised with MPI_THREAD_MULTIPLE "
+                             f"(this one provides level {MPI.Query_thread()}); HINT: leave overlap=None")
+        self.comm, self._size = comm, comm.Get_size()
+        self.overlap = threads and self._size > 1 if overlap is None else overlap
+        self._in_place, self._from_address = MPI.IN_PLACE, MPI.buffer.fromaddress
+        self._types = {
+            torch.float32: MPI.FLOAT, torch.float64: MPI.DOUBLE,
+            torch.complex64: MPI.C_FLOAT_COMPLEX, torch.complex128: MPI.C_DOUBLE_COMPLEX,
+            torch.int8: MPI.INT8_T, torch.int16: MPI.INT16_T, torch.int32: MPI.INT32_T, torch.int64: MPI.INT64_T,
+            torch.uint8: MPI.UINT8_T, torch.uint16: MPI.UINT16_T, torch.uint32: MPI.UINT32_T,
+            torch.uint64: MPI.UINT64_T, torch.bool: MPI.C_BOOL,
+            torch.bfloat16: MPI.INT16_T, torch.float16: MPI.INT16_T,  # moved as bits; reduced as _REDUCE_AS
         }  # fmt: skip
+        # c10d's op (its int value: hashing the enum itself costs a microsecond) -> (MPI op, average)
+        self._ops = {op.value: (mpi_op, op == _RedOp.AVG) for op, mpi_op in (
+            (_RedOp.SUM, MPI.SUM), (_RedOp.AVG, MPI.SUM), (_RedOp.PRODUCT, MPI.PROD),
+            (_RedOp.MIN, MPI.MIN), (_RedOp.MAX, MPI.MAX),
+            (_RedOp.BAND, MPI.BAND), (_RedOp.BOR, MPI.BOR), (_RedOp.BXOR, MPI.BXOR),
+        )}  # fmt: skip
+        self._rank = comm.Get_rank()  # self.rank() is a C++ round trip
+        bounded = timeout is not None and self._size > 1
+        self._watchdog = Watchdog(self._rank, self._size, timeout.total_seconds()) if bounded else None
+        self._run = self._watchdog.watching if self._watchdog is not None else call_unwatched
+        self._thread: CommThread | None = None  # started by the first asynchronous call
+        self._starting = threading.Lock()
+        self._completed = _done([])  # returned by every synchronous all-reduce: nobody reads it
 
     def getBackendName(self) -> str:  # noqa: N802 (name set by the C++ trampoline)
         return "fw_mpi"
 
+    def _buf(self, t: torch.Tensor) -> list:
+        """The memory of a contiguous CPU tensor as an MPI buffer of its element type (no copy).
+
+        The buffer holds no reference to ``t``: the caller keeps ``t`` alive until MPI is done.
+        """
+        try:
+            return [self._from_address(t.data_ptr(), t.nbytes), self._types[t.dtype]]
+        except KeyError:
+            raise TypeError(f"the fw_mpi backend cannot move tensors of dtype {t.dtype}") from None
+
+    def _check(self, t: torch.Tensor) -> None:
+        if not t.is_cpu:
+            raise ValueError(f"the fw_mpi backend handles CPU tensors only, got {t.device}")
+        if t.dtype not in self._types:
+            raise TypeError(f"the fw_mpi backend cannot move tensors of dtype {t.dtype}")
+
+    def _issue(self, what: str, result: Any, call: Callable[..., Any], *args: Any) -> dist.Work:
+        """Run ``call(*args)`` on the communication thread; its ``Work`` completes with ``result``."""
+        if self._thread is None:
+            with self._starting:  # two threads' first calls must not start two threads
+                if self._thread is None:
+                    self._thread = CommThread(self._run)
+        if self._thread.is_current():  # issued by a completion callback: runs now, after its parent
+            self._run(what, call, *args)
+            return _done(result)
+        return self._thread.submit(what, result, call, *args)
+
     # ---- reductions -------------------------------------------------------------------
 
-    def _mpi_op(self, reduce_op) -> tuple[Any, bool]:
+    def _mpi_op(self, opts) -> tuple[Any, bool]:
         """(MPI op, whether to divide by the size afterwards) for c10d's ``opts.reduceOp``."""
-        op = getattr(reduce_op, "op", reduce_op)  # opts carry a ReduceOp object; .op is the enum
-        if op not in self._ops:
-            raise NotImplementedError(f"the fw_mpi backend does not support ReduceOp {op}")
-        return self._ops[op], op == _RedOp.AVG
+        op = opts.reduceOp.op.value if opts is not None else _RedOp.SUM.value  # ReduceOp object -> enum -> int
+        found = self._ops.get(op)
+        if found is None:
+            raise NotImplementedError(f"the fw_mpi backend does not support ReduceOp {_RedOp(op)}")
+        return found
 
-    def _reduce_into(self, out: torch.Tensor, src: torch.Tensor | None, opts, kind: str) -> None:
-        """All-reduce or reduce (``src`` None: in place), or reduce-scatter ``src``, into ``out``."""
-        mpi_op, average = self._mpi_op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
-        as_dtype = _REDUCE_AS.get(out.dtype, out.dtype)
-        with _Staged(out, as_dtype, copy_in=src is None) as buf:
-            if kind == "allreduce":
-                self.comm.Allreduce(self._MPI.IN_PLACE, _view(buf), op=mpi_op)
-            elif kind == "reduce":  # only the root's tensor is defined afterwards
-                root = opts.rootRank
-                send = self._MPI.IN_PLACE if self.rank() == root else _view(buf)
-                self.comm.Reduce(send, _view(buf), op=mpi_op, root=root)
-            else:
-                send = src.detach().to(as_dtype).contiguous()
-                self.comm.Reduce_scatter_block(_view(send), _view(buf), op=mpi_op)
-            if average:
-                if buf.is_floating_point() or buf.is_complex():
-                    buf.div_(self.size())
-                else:  # integer mean truncates, as NCCL's does
-                    buf.copy_(torch.div(buf, self.size(), rounding_mode="trunc"))
+    def _reduce_into(self, out: torch.Tensor, src: torch.Tensor | None, mpi_op, average: bool,
+                     root: int | None = None) -> None:
+        """All-reduce (``src`` and ``root`` None), reduce to ``root``, or reduce-scatter ``src``, into ``out``."""
+        buf = _staged(out, _REDUCE_AS.get(out.dtype, out.dtype), copy_in=src is None)
+        if src is not None:
+            send = _staged(src.detach(), buf.dtype)
+            self.comm.Reduce_scatter_block(self._buf(send), self._buf(buf), op=mpi_op)
+        elif root is None:
+            self.comm.Allreduce(self._in_place, self._buf(buf), op=mpi_op)
+        else:  # only the root's tensor is defined afterwards
+            send = self._in_place if self._rank == root else self._buf(buf)
+            self.comm.Reduce(send, self._buf(buf), op=mpi_op, root=root)
+        if average:
+            if buf.is_floating_point() or buf.is_complex():
+                buf.div_(self._size)
+            else:  # integer mean truncates, as NCCL's does
+                buf.copy_(torch.div(buf, self._size, rounding_mode="trunc"))
+        if buf is not out:
+            out.copy_(buf)
 
-    @_watched("all-reduce")
-    def allreduce(self, tensors: list[torch.Tensor], opts=None) -> dist.Work:
+    def _allreduce(self, tensors: list[torch.Tensor], mpi_op, average: bool) -> None:
         for t in tensors:
-            self._reduce_into(t, None, opts, "allreduce")
-        return _done(tensors)
+            if average or t.dtype in _REDUCE_AS or not (t.is_contiguous() and t.is_cpu):
+                self._reduce_into(t, None, mpi_op, average)
+            else:  # the common case, without the staging checks (a microsecond counts at 1 KB)
+                self.comm.Allreduce(self._in_place, self._buf(t), op=mpi_op)
+
+    def allreduce(self, tensors: list[torch.Tensor], opts=None) -> dist.Work:
+        mpi_op, average = self._mpi_op(opts)
+        wait_later = opts is None or opts.asyncOp  # dist.all_reduce(async_op=False) waits at once
+        if wait_later and self.overlap:
+            for t in tensors:
+                self._check(t)  # now: on the communication thread it would surface only at the wait
+            return self._issue("all-reduce", tensors, self._allreduce, tensors, mpi_op, average)
+        if self._thread is not None:
+            self._thread.drain()
+        self._run("all-reduce", self._allreduce, tensors, mpi_op, average)
+        return _done(tensors) if wait_later else self._completed
 
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts=None) -> dist.Work:
         return self.allreduce(tensors, opts)
 
-    @_watched("reduce")
+    @_synchronous("reduce")
     def reduce(self, tensors: list[torch.Tensor], opts) -> dist.Work:
         # Called by torch.distributed's Python functions only (no C++ trampoline hook).
+        mpi_op, average = self._mpi_op(opts)
         for t in tensors:
-            self._reduce_into(t, None, opts, "reduce")
+            self._reduce_into(t, None, mpi_op, average, root=opts.rootRank)
         return _done(tensors)
 
-    @_watched("reduce-scatter")
+    @_synchronous("reduce-scatter")
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts=None):
-        self._reduce_into(output, input, opts, "reduce_scatter")
+        self._reduce_into(output, input, *self._mpi_op(opts))
         return _done(output)
 
     _reduce_scatter_base = reduce_scatter_single
 
-    @_watched("reduce-scatter")
+    @_synchronous("reduce-scatter")
     def reduce_scatter(self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], opts=None):
         for out, chunks in zip(outputs, inputs):
             self.reduce_scatter_single(out, torch.cat([c.reshape(-1) for c in chunks]), opts)
@@ -241,56 +246,62 @@ class MPIProcessGroup(dist.ProcessGroup):
 
     # ---- data movement ----------------------------------------------------------------
 
-    @_watched("broadcast")
+    @_synchronous("broadcast")
     def broadcast(self, tensors: list[torch.Tensor], opts=None) -> dist.Work:
         root = opts.rootRank if opts is not None else 0
         for t in tensors:
-            with _Staged(t) as buf:
-                self.comm.Bcast(_view(buf), root=root)
+            buf = _staged(t)
+            self.comm.Bcast(self._buf(buf), root=root)
+            if buf is not t:
+                t.copy_(buf)
         return _done(tensors)
 
-    @_watched("all-gather")
+    @_synchronous("all-gather")
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts=None) -> dist.Work:
-        if output.numel() != input.numel() * self.size():
+        if output.numel() != input.numel() * self._size:
             raise ValueError("all_gather_into_tensor: output must hold world_size * input.numel()")
-        send = input.detach().contiguous()
-        with _Staged(output, copy_in=False) as buf:
-            self.comm.Allgather(_view(send), _view(buf))
+        send, buf = _staged(input.detach()), _staged(output, copy_in=False)  # names keep them alive
+        self.comm.Allgather(self._buf(send), self._buf(buf))
+        if buf is not output:
+            output.copy_(buf)
         return _done(output)
 
     _allgather_base = all_gather_single
 
-    @_watched("all-gather")
+    @_synchronous("all-gather")
     def allgather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts=None):
         for outs, inp in zip(outputs, inputs):
-            flat = torch.empty((self.size(), inp.numel()), dtype=inp.dtype)
+            flat = torch.empty((self._size, inp.numel()), dtype=inp.dtype)
             self.all_gather_single(flat, inp)
             for out, row in zip(outs, flat):
                 out.copy_(row.view(out.shape))
         return _done(outputs)
 
-    @_watched("gather")
+    @_synchronous("gather")
     def gather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts) -> dist.Work:
         # Python-level hook only, like ``reduce``; ``outputs`` is empty except on the root.
         (inp,) = inputs
-        is_root = self.rank() == opts.rootRank
-        flat = torch.empty((self.size(), inp.numel()), dtype=inp.dtype) if is_root else None
-        self.comm.Gather(_view(inp.detach().contiguous()), _view(flat) if is_root else None, root=opts.rootRank)
+        is_root = self._rank == opts.rootRank
+        flat = torch.empty((self._size, inp.numel()), dtype=inp.dtype) if is_root else None
+        send = _staged(inp.detach())
+        self.comm.Gather(self._buf(send), self._buf(flat) if is_root else None, root=opts.rootRank)
         if is_root:
             for out, row in zip(outputs[0], flat):
                 out.copy_(row.view(out.shape))
         return _done(outputs[0] if outputs else [])
 
-    @_watched("scatter")
+    @_synchronous("scatter")
     def scatter(self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], opts) -> dist.Work:
         (out,) = outputs
-        is_root = self.rank() == opts.rootRank
-        flat = torch.stack([t.detach().reshape(-1) for t in inputs[0]]) if is_root else None
-        with _Staged(out, copy_in=False) as buf:
-            self.comm.Scatter(_view(flat) if is_root else None, _view(buf), root=opts.rootRank)
+        is_root = self._rank == opts.rootRank
+        flat = _staged(torch.stack([t.detach().reshape(-1) for t in inputs[0]])) if is_root else None
+        buf = _staged(out, copy_in=False)
+        self.comm.Scatter(self._buf(flat) if is_root else None, self._buf(buf), root=opts.rootRank)
+        if buf is not out:
+            out.copy_(buf)
         return _done(outputs)
 
-    @_watched("all-to-all")
+    @_synchronous("all-to-all")
     def alltoall(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts=None) -> dist.Work:
         flat_out = torch.empty(sum(t.numel() for t in outputs), dtype=outputs[0].dtype)
         flat_in = torch.cat([t.detach().reshape(-1) for t in inputs])
@@ -299,10 +310,10 @@ class MPIProcessGroup(dist.ProcessGroup):
             out.copy_(chunk.view(out.shape))
         return _done(outputs)
 
-    @_watched("all-to-all")
+    @_synchronous("all-to-all")
     def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
-        n = self.size()
-        send, row_in = input.detach().contiguous(), input[0].numel() if input.dim() else 1
+        n = self._size
+        send, row_in = _staged(input.detach()), input[0].numel() if input.dim() else 1
         row_out = output[0].numel() if output.dim() else 1
 
         def layout(splits, total_rows, row):
@@ -312,13 +323,16 @@ class MPIProcessGroup(dist.ProcessGroup):
 
         s_counts, s_displs = layout(input_split_sizes, input.shape[0] if input.dim() else 1, row_in)
         r_counts, r_displs = layout(output_split_sizes, output.shape[0] if output.dim() else 1, row_out)
-        with _Staged(output, copy_in=False) as buf:
-            self.comm.Alltoallv([_view(send), (s_counts, s_displs)], [_view(buf), (r_counts, r_displs)])
+        buf = _staged(output, copy_in=False)
+        (s_mem, s_type), (r_mem, r_type) = self._buf(send), self._buf(buf)
+        self.comm.Alltoallv([s_mem, (s_counts, s_displs), s_type], [r_mem, (r_counts, r_displs), r_type])
+        if buf is not output:
+            output.copy_(buf)
         return _done(output)
 
     all_to_all_single = alltoall_base
 
-    @_watched("barrier")
+    @_synchronous("barrier")
     def barrier(self, opts=None) -> dist.Work:
         self.comm.Barrier()
         return _done([])
@@ -326,16 +340,13 @@ class MPIProcessGroup(dist.ProcessGroup):
     # ---- point to point: non-blocking, completed by Work.wait() -------------------------
 
     def _p2p(self, start, t: torch.Tensor, receive: bool, what: str) -> dist.Work:
-        staged = _Staged(t, copy_in=not receive)
-        request = start(_view(staged.buf))  # the closure below keeps the buffer alive
+        buf = _staged(t, copy_in=not receive)
+        request = start(self._buf(buf))  # the closure below keeps ``buf`` alive until the wait
 
         def wait(_timeout) -> bool:
-            if self._watchdog is None:
-                request.Wait()
-            else:
-                self._watchdog.watching(what, request.Wait)
-            if receive:
-                staged.__exit__(None, None, None)  # copy a staged receive back into ``t``
+            self._run(what, request.Wait)
+            if receive and buf is not t:
+                t.copy_(buf)  # a staged receive
             return True
 
         return PythonCallbackWork(wait)

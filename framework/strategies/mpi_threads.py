@@ -1,0 +1,175 @@
+"""The two threads of an ``MPIProcessGroup`` (``mpi_pg.py``): the watchdog that bounds every
+MPI call by the group's timeout, and the communication thread that runs the all-reduces a caller
+waits for later (DDP's gradient buckets), in order, while the caller goes on computing.
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import sys
+import threading
+import time
+from datetime import timedelta
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+
+
+def call_unwatched(_what: str, call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    return call(*args, **kwargs)
+
+
+class Watchdog:
+    """Bounds every MPI call of a group by ``timeout`` (MPI has no timeout of its own).
+
+    A call marks its thread busy (``watching``: one dict write, no lock); a daemon thread looks
+    once a second, reports a wait every 30 s (or half the timeout) on stderr, and past the
+    timeout aborts the whole MPI job: a rank that stopped answering (SIGSTOP, a dead node, a
+    deadlock) would otherwise keep the others waiting forever. One entry per thread, as the
+    communication thread and the caller's (a ``recv``) can both wait at once.
+    """
+
+    def __init__(self, rank: int, size: int, timeout_s: float) -> None:
+        self.where, self.timeout_s = f"rank {rank} of {size}", timeout_s
+        self.report_every = min(30.0, timeout_s / 2)
+        self._waits: dict[int, tuple[str, float]] = {}  # thread id -> (what, since)
+        self._thread = threading.Thread(target=self._watch, name="fw-mpi-watchdog", daemon=True)
+        self._thread.start()
+
+    def watching(self, what: str, call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        me = threading.get_ident()
+        if me in self._waits:  # a call made by another watched call
+            return call(*args, **kwargs)
+        self._waits[me] = (what, time.monotonic())
+        try:
+            return call(*args, **kwargs)
+        finally:
+            del self._waits[me]
+
+    def _watch(self) -> None:
+        next_report: dict[tuple, float] = {}  # (thread, what, since) -> seconds waited at the next report
+        while True:
+            time.sleep(min(1.0, self.report_every / 2))
+            now = time.monotonic()
+            waits = [(tid, what, since) for tid, (what, since) in self._waits.copy().items()]
+            next_report = {w: next_report.get(w, self.report_every) for w in waits}
+            for (tid, what, since), at in list(next_report.items()):
+                waited = now - since
+                if waited > self.timeout_s:
+                    self._abort(f"fw: error: {self.where} waited {waited:.0f} s in MPI {what} for the other "
+                                f"ranks (timeout {self.timeout_s:g} s, trainer.strategy.timeout): a rank "
+                                "stopped answering; aborting the MPI job")
+                if waited >= at:
+                    next_report[tid, what, since] = at + self.report_every
+                    sys.__stderr__.write(f"fw: {self.where} has waited {waited:.0f} s in MPI {what} for the "
+                                         f"other ranks (aborting after {self.timeout_s:g} s, "
+                                         "trainer.strategy.timeout)\n")
+                    sys.__stderr__.flush()
+
+    def _abort(self, message: str) -> None:
+        from mpi4py import MPI
+
+        sys.__stderr__.write(message + "\n")
+        sys.__stderr__.flush()
+        time.sleep(0.5)  # let the launcher forward the line before the abort tears it down
+        MPI.COMM_WORLD.Abort(1)
+
+
+def _outcome(done: torch.futures.Future) -> Any:
+    """A queued call's result, or its exception raised: as a ``then`` callback this marks the
+    caller's future failed in C++, where DDP reads it (``Future.set_exception`` would not)."""
+    error, result = done.value()
+    if error is not None:
+        raise error
+    return result
+
+
+class QueuedWork(dist.Work):
+    """The ``Work`` of a call on the communication thread; ``wait()`` raises the call's error
+    (the ``Work`` that ``_create_work_from_future`` makes returns True regardless)."""
+
+    def __init__(self, fut: torch.futures.Future) -> None:
+        super().__init__()
+        self._fut = fut
+
+    def wait(self, timeout: timedelta | None = None) -> bool:  # the watchdog bounds the call itself
+        self._fut.wait()
+        return True
+
+    def is_completed(self) -> bool:
+        return self._fut.done()
+
+    def get_future(self) -> torch.futures.Future:
+        return self._fut
+
+
+class CommThread:
+    """Runs a group's asynchronous calls one at a time, in the order they were submitted.
+
+    Every rank must issue the collectives of a communicator in the same order: one thread fed
+    by a FIFO queue keeps the callers' order, and a synchronous call first waits for the queue
+    to empty (``drain``), then runs on the caller's thread. A call's ``Work`` completes (with
+    ``result``, or the call's exception) once the call has returned, and its future's callbacks
+    run on this thread. The thread holds no reference to the group, and none to a call's
+    tensors once the call is done.
+    """
+
+    def __init__(self, run: Callable[..., Any]) -> None:
+        self._run = run  # run(what, call, *args): the group's watched call
+        self._queue: collections.deque = collections.deque()
+        lock = threading.Lock()
+        self._submitted, self._idle = threading.Condition(lock), threading.Condition(lock)
+        self._pending = 0  # submitted and not finished
+        self._thread = threading.Thread(target=self._loop, name="fw-mpi-comm", daemon=True)
+        self._thread.start()
+        atexit.register(self.stop)
+
+    def stop(self) -> None:
+        """Finish the queued calls and end the thread. Called at exit: a daemon thread still
+        inside torch's C++ code (completing a future) when Python finalises aborts the process."""
+        with self._submitted:
+            self._queue.append(None)
+            self._submitted.notify()
+        self._thread.join()  # a call stuck in MPI ends with the watchdog's abort
+
+    def is_current(self) -> bool:
+        return threading.get_ident() == self._thread.ident
+
+    def submit(self, what: str, result: Any, call: Callable[..., Any], *args: Any) -> dist.Work:
+        done: torch.futures.Future = torch.futures.Future()
+        work = QueuedWork(done.then(_outcome))
+        with self._submitted:
+            self._queue.append((done, result, what, call, args))
+            self._pending += 1
+            self._submitted.notify()
+        return work
+
+    def drain(self) -> None:
+        """Wait until every submitted call has finished (on the thread itself: nothing to wait for)."""
+        if self._pending and not self.is_current():
+            with self._idle:
+                while self._pending:
+                    self._idle.wait()
+
+    def _loop(self) -> None:
+        while True:
+            with self._submitted:
+                while not self._queue:
+                    self._submitted.wait()
+                item = self._queue.popleft()
+            if item is None:  # stop()
+                return
+            done, result, what, call, args = item
+            try:
+                self._run(what, call, *args)
+                outcome = (None, result)
+            except BaseException as err:  # noqa: BLE001 (raised to the caller by _outcome)
+                outcome = (err, None)
+            done.set_result(outcome)  # completes the caller's future and runs its callbacks, here
+            del item, done, result, call, args, outcome
+            with self._idle:
+                self._pending -= 1
+                if not self._pending:
+                    self._idle.notify_all()
