@@ -136,7 +136,9 @@ def recommendation(train: list[dict], knobs: list[dict], comm: list[tuple[str, d
         gain = default["step_s"] / best["step_s"] - 1
         low, high = default["step_iqr_s"]
         spread = (high - low) / default["step_s"]
-        if best is default or gain <= spread:
+        if best is default:
+            out.append(f"DDP settings for {workload}: keep the defaults (bucket_cap_mb=25): no other setting was faster")
+        elif gain <= spread:
             out.append(f"DDP settings for {workload}: keep the defaults (the best setting, {_knobs(best)}, is "
                        f"{gain * 100:.1f}% faster, within the {spread * 100:.1f}% spread)")
         else:
@@ -284,12 +286,17 @@ def plots(stem: Path, train: list[dict], comm: list[tuple[str, dict]]) -> list[s
         fig, axes = plt.subplots(1, len(workloads), figsize=(4.5 * len(workloads), 3.8), squeeze=False)
         for ax, workload in zip(axes[0], workloads):
             rows = [r for r in train if r["workload"] == workload and r["precision"] == "32-true" and r["device"] == "cpu"]
-            for strategy in sorted({r["strategy"] for r in rows}):
+            single = {r["side"]: r["samples_per_s"] for r in rows if r["strategy"] == "single"}
+            worlds = sorted({r["world_size"] for r in rows})
+            if "fw" in single:  # every strategy starts from one process; ideal scaling from there
+                ax.plot(worlds, [single["fw"] * n for n in worlds], "k--", lw=1, label="ideal (fw single x n)")
+            for strategy in sorted({r["strategy"] for r in rows} - {"single"}):
                 for side, style in (("fw", "-o"), ("raw", ":x")):
                     pts = sorted((r["world_size"], r["samples_per_s"]) for r in rows if r["strategy"] == strategy and r["side"] == side)
                     if pts:
-                        ax.plot(*zip(*pts), style, label=f"{strategy} {side}")
-            ax.set(title=workload, xlabel="processes", ylabel="samples/s")
+                        start = [(1, single[side])] if side in single else []
+                        ax.plot(*zip(*(start + pts)), style, label=f"{strategy} {side}")
+            ax.set(title=workload, xlabel="processes", ylabel="samples/s", xticks=worlds, ylim=(0, None))
             ax.grid(True, alpha=0.3)
             ax.legend(fontsize=7)
         written.append(_save(fig, stem, "train"))
