@@ -243,7 +243,8 @@ def markdown(doc: dict, tabs) -> str:
     lines = [f"# fw bench, {m['hardware']}, {m['date']}", "",
              f"{m['cpu_count']} cores, torch {doc['versions']['torch']}, MPI: {doc['versions'].get('mpi_library') or 'none'}, "
              f"Lightning: {doc['versions'].get('pytorch_lightning') or 'not installed'}; "
-             f"{'quick' if doc['quick'] else 'full'} run, {doc['wall_s']:.0f} s. Medians after warm-up; spread: IQR.", "",
+             f"{'quick' if doc['quick'] else 'full'} run, {doc['wall_s']:.0f} s. Medians after warm-up; spread: min-max over "
+             "repeats (training), IQR over iterations (collectives).", "",
              "## Recommendation", "", *[f"- {line}" for line in doc["recommendation"]], ""]  # fmt: skip
     for note in doc["notes"]:
         lines.append(f"> {note}\n")
@@ -334,9 +335,9 @@ def write_report(parts: list[dict], records: list[dict], args: argparse.Namespac
     hw = gpu_tag() if device == "cuda" else cpu_tag()
     stem = out / f"bench-{today()}-{hw}"
     train, knobs, comm = train_rows(parts), train_rows(parts, "knobs"), comm_parts(parts)
-    for note in (p["train"]["lightning"] for p in parts if p.get("train") and p["train"]["lightning"] != "ran"):
+    for note in (f"Lightning: {p['train']['lightning']}" for p in parts if p.get("train") and p["train"]["lightning"] != "ran"):
         if note not in notes:
-            notes.append(f"Lightning: {note}")
+            notes.append(note)
     doc = {
         "schema": SCHEMA, "benchmark": "fw bench", "quick": bool(args.quick), "suite": args.suite,
         "machine": machine_info(device), "versions": versions(), "wall_s": wall_s, "jobs": records,
