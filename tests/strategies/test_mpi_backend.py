@@ -293,53 +293,44 @@ print("UNREACHABLE")
 """
 
 
-@needs_mpi
-@pytest.mark.mpi
-@pytest.mark.timeout(120)
+def under_mpiexec(test):
+    """A test that runs a script under ``mpiexec -n 2`` (skipped without MPI), bounded in time."""
+    return needs_mpi(pytest.mark.mpi(pytest.mark.timeout(120)(test)))
+
+
+@under_mpiexec
 def test_collectives_over_fw_mpi(tmp_path):
     _assert_ok(_run(tmp_path, COLLECTIVES), "COLLECTIVES-OK")
 
 
-@needs_mpi
-@pytest.mark.mpi
-@pytest.mark.timeout(120)
+@under_mpiexec
 def test_ddp_over_fw_mpi_matches_one_process_and_no_sync(tmp_path):
     _assert_ok(_run(tmp_path, DDP), "DDP-OK")
 
 
-@needs_mpi
-@pytest.mark.mpi
-@pytest.mark.timeout(120)
+@under_mpiexec
 def test_overlapped_all_reduce_matches_the_synchronous_one_bit_for_bit(tmp_path):
     _assert_ok(_run(tmp_path, OVERLAP), "OVERLAP-OK")
 
 
-@needs_mpi
-@pytest.mark.mpi
-@pytest.mark.timeout(120)
+@under_mpiexec
 def test_an_error_on_the_communication_thread_surfaces_in_backward_and_wait(tmp_path):
     _assert_ok(_run(tmp_path, FAILING_THREAD), "FAILING-THREAD-OK")
 
 
-@needs_mpi
-@pytest.mark.mpi
-@pytest.mark.timeout(120)
+@under_mpiexec
 def test_a_process_exits_cleanly_right_after_overlapped_all_reduces(tmp_path):
     # without stopping the communication thread at exit, 38 runs of 40 aborted in finalisation
     # ("terminate called without an active exception")
     _assert_ok(_run(tmp_path, EXIT_RIGHT_AFTER), "EXIT-OK")
 
 
-@needs_mpi
-@pytest.mark.mpi
-@pytest.mark.timeout(120)
+@under_mpiexec
 def test_without_thread_multiple_all_reduce_stays_synchronous(tmp_path):
     _assert_ok(_run(tmp_path, SERIALIZED, MPI4PY_RC_THREAD_LEVEL="serialized"), "SERIALIZED-OK")
 
 
-@needs_mpi
-@pytest.mark.mpi
-@pytest.mark.timeout(120)
+@under_mpiexec
 def test_exception_on_one_rank_ends_the_job(tmp_path):
     start = time.monotonic()
     proc = _run(tmp_path, CRASH, timeout=60)
