@@ -4,7 +4,7 @@ the tables on stdout, and a recommendation derived from this run's numbers.
 Files, in ``--out`` (``<stem>`` is ``bench-<date>-<hardware>``): ``<stem>.json``, ``<stem>.md``,
 ``<stem>-comm.png`` (bus bandwidth against size, per collective and backend),
 ``<stem>-train.png`` (samples/s against world size, per workload and strategy) and
-``<stem>-breakdown.png`` (where fw's step time goes, per workload and strategy).
+``<stem>-breakdown.png`` (where fw's step time goes, per workload and strategy; ``plots.py``).
 """
 
 from __future__ import annotations
@@ -259,72 +259,6 @@ def markdown(doc: dict, tabs) -> str:
     return "\n".join(lines) + "\n"
 
 
-# -- plots ------------------------------------------------------------------------------------
-def plots(stem: Path, train: list[dict], comm: list[tuple[str, dict]]) -> list[str]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    written = []
-    if comm:
-        fig, axes = plt.subplots(2, 2, figsize=(11, 8), sharex=True)
-        for ax, op in zip(axes.flat, ("all_reduce", "broadcast", "all_gather", "reduce_scatter")):
-            for job, result in comm:
-                for backend in result["backends"]:
-                    pts = sorted((r["bytes"], r["busbw_GBps"]) for r in result["collectives"] if r["op"] == op and r["backend"] == backend)
-                    if pts:
-                        ax.plot(*zip(*pts), marker="o", label=f"{backend} ({job})")
-                ceiling = result["memcpy"].get("cpu") or next(iter(result["memcpy"].values()))
-                ax.plot([r["bytes"] for r in ceiling], [r["algbw_GBps"] for r in ceiling], "k--", lw=1, label=f"memcpy ({job})")
-            ax.set(xscale="log", yscale="log", title=op, xlabel="size (bytes)", ylabel="bus bandwidth (GB/s)")
-            ax.grid(True, which="both", alpha=0.3)
-        axes.flat[0].legend(fontsize=7)
-        written.append(_save(fig, stem, "comm"))
-    fw_train = [r for r in train if r["side"] == "fw" and r["precision"] == "32-true" and r["device"] == "cpu"]
-    workloads = sorted({r["workload"] for r in fw_train})
-    if workloads:
-        fig, axes = plt.subplots(1, len(workloads), figsize=(4.5 * len(workloads), 3.8), squeeze=False)
-        for ax, workload in zip(axes[0], workloads):
-            rows = [r for r in train if r["workload"] == workload and r["precision"] == "32-true" and r["device"] == "cpu"]
-            single = {r["side"]: r["samples_per_s"] for r in rows if r["strategy"] == "single"}
-            worlds = sorted({r["world_size"] for r in rows})
-            if "fw" in single:  # every strategy starts from one process; ideal scaling from there
-                ax.plot(worlds, [single["fw"] * n for n in worlds], "k--", lw=1, label="ideal (fw single x n)")
-            for strategy in sorted({r["strategy"] for r in rows} - {"single"}):
-                for side, style in (("fw", "-o"), ("raw", ":x")):
-                    pts = sorted((r["world_size"], r["samples_per_s"]) for r in rows if r["strategy"] == strategy and r["side"] == side)
-                    if pts:
-                        start = [(1, single[side])] if side in single else []
-                        ax.plot(*zip(*(start + pts)), style, label=f"{strategy} {side}")
-            ax.set(title=workload, xlabel="processes", ylabel="samples/s", xticks=worlds, ylim=(0, None))
-            ax.grid(True, alpha=0.3)
-            ax.legend(fontsize=7)
-        written.append(_save(fig, stem, "train"))
-        fig, ax = plt.subplots(figsize=(max(6, 0.9 * len(fw_train)), 4))
-        labels = [f"{r['workload']}\n{r['strategy']} x{r['world_size']}" for r in fw_train]
-        bottom = [0.0] * len(fw_train)
-        for part, label in PART_LABELS.items():
-            values = [r["parts_s"].get(part, 0) * 1e3 for r in fw_train]
-            ax.bar(labels, values, bottom=bottom, label=label)
-            bottom = [b + v for b, v in zip(bottom, values)]
-        ax.set(ylabel="ms per step (medians)", title="fw: where the step time goes")
-        ax.tick_params(axis="x", labelsize=7)
-        ax.legend(fontsize=7)
-        written.append(_save(fig, stem, "breakdown"))
-    return written
-
-
-def _save(fig, stem: Path, what: str) -> str:
-    path = stem.parent / f"{stem.name}-{what}.png"
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    import matplotlib.pyplot as plt
-
-    plt.close(fig)
-    return path.name
-
-
 # -- the whole report -------------------------------------------------------------------------
 def write_report(parts: list[dict], records: list[dict], args: argparse.Namespace, notes: list[str], wall_s: float) -> Path:
     import torch
@@ -346,6 +280,8 @@ def write_report(parts: list[dict], records: list[dict], args: argparse.Namespac
     }  # fmt: skip
     tabs = tables(train, knobs, comm)
     try:
+        from framework.bench.plots import plots
+
         doc["plots"] = plots(stem, train, comm)
     except ImportError as err:
         doc["plots"] = []
