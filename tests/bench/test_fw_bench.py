@@ -130,3 +130,14 @@ def test_under_srun_it_uses_the_tasks_it_was_given(tmp_path):
     (doc,) = [json.loads(p.read_text()) for p in tmp_path.glob("bench-*.json")]
     assert [job["name"] for job in doc["jobs"]] == ["gloo-2"] and doc["parts"][0]["launcher"] == "slurm"
     assert doc["parts"][0]["comm"]["backends"] == ["gloo"]
+
+
+@pytest.mark.timeout(120)
+def test_under_torchrun_it_uses_the_processes_it_was_given(tmp_path):
+    cmd = [PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "framework.cli",
+           "bench", "--quick", "--suite", "comm", "--out", str(tmp_path)]  # fmt: skip
+    result = run_cmd(cmd, timeout=100, env=clean_env())
+    assert result.returncode == 0, result.output
+    (doc,) = [json.loads(p.read_text()) for p in tmp_path.glob("bench-*.json")]
+    assert [job["name"] for job in doc["jobs"]] == ["gloo-2"] and doc["parts"][0]["launcher"] == "torchrun"
+    assert doc["parts"][0]["comm"]["world_size"] == 2
