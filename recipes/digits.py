@@ -17,11 +17,14 @@ class DigitsData(fw.DataModule):
         batch_size: per device; the global batch is batch_size * world size.
         val_fraction: share of the images held out for validation.
         split_seed: seed of the split (independent of the run's seed).
+        drop_last: drop each epoch's last, smaller training batch (every step then trains
+            batch_size samples per device, as throughput counts assume).
     """
 
-    def __init__(self, batch_size: int = 64, val_fraction: float = 0.2, split_seed: int = 0, num_workers: int = 0):
+    def __init__(self, batch_size: int = 64, val_fraction: float = 0.2, split_seed: int = 0, num_workers: int = 0,
+                 drop_last: bool = False):
         self.batch_size, self.val_fraction = batch_size, val_fraction
-        self.split_seed, self.num_workers = split_seed, num_workers
+        self.split_seed, self.num_workers, self.drop_last = split_seed, num_workers, drop_last
 
     def setup(self, stage: str) -> None:
         from sklearn.datasets import load_digits
@@ -36,7 +39,8 @@ class DigitsData(fw.DataModule):
         self.val_set = TensorDataset(x[val], y[val])
 
     def train_dataloader(self) -> DataLoader:
-        return DataLoader(self.train_set, batch_size=self.batch_size, shuffle=True, num_workers=self.num_workers)
+        return DataLoader(self.train_set, batch_size=self.batch_size, shuffle=True, num_workers=self.num_workers,
+                          drop_last=self.drop_last)
 
     def val_dataloader(self) -> DataLoader:
         return DataLoader(self.val_set, batch_size=self.batch_size, num_workers=self.num_workers)

@@ -50,18 +50,25 @@ def mpiexec() -> str | None:
     return shutil.which("mpiexec")
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity: a container's or SLURM's share)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
 def world_sizes(cores: int, quick: bool, limit: int | None) -> list[int]:
-    """2, 4, 8, ... up to the cores (or ``limit``); just 2 with --quick."""
-    top = min(cores, limit) if limit else cores
-    sizes = [2] if quick else [n for n in (2, 4, 8, 16, 32, 64) if n <= max(2, top)]
-    return sizes
+    """2, 4, 8, ... up to the cores (at least 2) and ``limit``; just 2 with --quick."""
+    top = max(2, cores) if limit is None else limit
+    return [n for n in ((2,) if quick else (2, 4, 8, 16, 32, 64)) if n <= top]
 
 
 def plan(suites: list[str], quick: bool, limit: int | None) -> tuple[list[dict], str | None]:
     """The jobs to run (name, command, environment, suites, timeout), and the mpiexec found."""
     import torch
 
-    py, cores = sys.executable, os.cpu_count() or 1
+    py, cores = sys.executable, usable_cores()
     worker = ["-m", "framework.bench.worker", *(["--quick"] if quick else [])]
     timeout = 240 if quick else 3600
     jobs = []
@@ -101,16 +108,19 @@ def run_job(job: dict, part: Path, index: int, count: int) -> dict:
     start = time.perf_counter()
     record = {"name": job["name"], "cmd": cmd, "timeout_s": job["timeout_s"]}
     proc = subprocess.Popen(cmd, env={**os.environ, **job["env"]}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)  # fmt: skip
+                            start_new_session=True)  # fmt: skip
     tail: list[str] = []
     try:
         _pass_progress(proc, tail, start + job["timeout_s"])
         proc.wait(timeout=max(1.0, start + job["timeout_s"] - time.perf_counter()))
     except subprocess.TimeoutExpired:
         pass
+    except BaseException:  # Ctrl-C: leave no worker behind
+        kill_tree(proc.pid)
+        raise
     finally:
-        if proc.poll() is None:  # past its timeout: end the whole job (launcher and workers)
-            os.killpg(proc.pid, signal.SIGKILL)
+        if proc.poll() is None:  # past its timeout (or interrupted): end the launcher and every worker
+            kill_tree(proc.pid)
             proc.wait()
             record["status"] = f"timed out after {job['timeout_s']} s"
     record["wall_s"] = time.perf_counter() - start
@@ -123,25 +133,51 @@ def run_job(job: dict, part: Path, index: int, count: int) -> dict:
 
 
 def _pass_progress(proc: subprocess.Popen, tail: list[str], deadline: float) -> None:
-    """Forward the workers' ``fw bench [...]`` lines; keep the rest for an error report."""
+    """Forward the workers' ``fw bench [...]`` lines; keep the rest for an error report. Reads
+    what is there (never waits for the end of a line), so the deadline holds."""
     import selectors
 
+    fd, pending = proc.stderr.fileno(), b""
     sel = selectors.DefaultSelector()
-    sel.register(proc.stderr, selectors.EVENT_READ)
+    sel.register(fd, selectors.EVENT_READ)
     while time.perf_counter() < deadline:
         if not sel.select(timeout=0.5):
             if proc.poll() is not None:
                 break
             continue
-        line = proc.stderr.readline()
-        if not line:
+        chunk = os.read(fd, 65536)
+        if not chunk:
             break
-        if line.startswith("fw bench ["):
-            sys.stderr.write(line)
-            sys.stderr.flush()
-        else:
-            tail.append(line)
-            del tail[:-200]
+        *lines, pending = (pending + chunk).split(b"\n")
+        for line in (raw.decode(errors="replace") + "\n" for raw in lines):
+            if line.startswith("fw bench ["):
+                sys.stderr.write(line)
+                sys.stderr.flush()
+            else:
+                tail.append(line)
+                del tail[:-200]
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL ``pid`` and all its descendants (found through ``/proc``: torch's elastic agent
+    starts its workers in sessions of their own, out of reach of a process-group kill)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = [pid], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    for p in found:
+        try:
+            os.kill(p, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 def main(args: argparse.Namespace) -> int:
@@ -185,7 +221,14 @@ def _as_worker(args: argparse.Namespace, suites: list[str]) -> int:
 
     start = time.perf_counter()
     job = start_job()
-    part = run_suites(job, suites, args.quick)
+    try:
+        part = run_suites(job, suites, args.quick)
+    except BaseException as err:
+        if job.mpi is not None and job.world > 1:  # the other ranks would wait in MPI forever
+            from framework.strategies.mpi import abort_mpi_job
+
+            abort_mpi_job(err)
+        raise
     if job.rank == 0:
         from framework.bench.report import write_report
 

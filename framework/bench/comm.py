@@ -169,7 +169,9 @@ def run(job: Job, quick: bool) -> dict:
         for op in OPS:
             for name, spec in found.items():  # the backends take turns at each size: same noise
                 samples = time_cell(job, collective(job, name, spec, op, nbytes), _sync_for(spec["device"]), s)
-                row = {"op": op, "backend": name, **_row(samples, nbytes, bus_factor(op, job.world))}
+                sent = max(job.world, nbytes // 4 // job.world * job.world) * 4  # the size a world of n divides
+                row = {"op": op, "backend": name, **_row(samples, sent, bus_factor(op, job.world))}
+                row.update(bytes=nbytes, bytes_sent=sent)  # nominal size (the table's), and what moved
                 ceiling = next(r for r in result["memcpy"][str(spec["device"])] if r["bytes"] == nbytes)
                 row["fraction_of_memcpy"] = row["busbw_GBps"] / ceiling["algbw_GBps"]
                 result["collectives"].append(row)
@@ -177,8 +179,8 @@ def run(job: Job, quick: bool) -> dict:
     for nbytes in PING_SIZES:
         for name, spec in found.items():
             samples = ping_pong(job, name, spec, nbytes, s)
-            row = _row(samples, nbytes, 2.0)  # bytes over half the round trip
-            row.update(backend=name, latency_s=row["median_s"] / 2)
+            row = _row(samples, nbytes, 2.0)  # algbw: bytes over the round trip; busbw: over half of it
+            row.update(backend=name, latency_s=row["median_s"] / 2, bandwidth_GBps=row["busbw_GBps"])
             result["ping_pong"].append(row)
     say(job, "comm: ping-pong done")
     return result

@@ -29,7 +29,9 @@ def launched_by() -> str | None:
         return "torchrun"
     if any(v in os.environ for v in MPI_VARS):
         return "mpi"
-    if int(os.environ.get("SLURM_NTASKS", os.environ.get("SLURM_NPROCS", "1")) or 1) > 1 and "SLURM_PROCID" in os.environ:
+    from framework.environments.slurm import in_job_step
+
+    if int(os.environ.get("SLURM_NTASKS", os.environ.get("SLURM_NPROCS", "1")) or 1) > 1 and in_job_step(os.environ):
         return "slurm"
     return None
 
@@ -92,7 +94,11 @@ class Job:
 def start_job(kind: str | None = None) -> Job:
     """Join the job this process was started in (or a one-process job) and set its threads:
     each process gets an equal share of the cores, as fw's DDP strategies give it."""
-    kind = kind or {"torchrun": "gloo", "slurm": "gloo", "mpi": "mpi", None: "single"}[launched_by()]
+    if kind is None:
+        kind = {"torchrun": "gloo", "slurm": "gloo", "mpi": "mpi", None: "single"}[launched_by()]
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("SLURM_NTASKS_PER_NODE", "1")).split("(")[0] or 1)
+        if kind == "gloo" and torch.cuda.is_available() and torch.cuda.device_count() >= local:
+            kind = "nccl"  # one GPU per process, as fw's ddp_nccl would use them
     if kind == "single":
         job = Job("single")
         if torch.cuda.is_available() and os.environ.get("FW_BENCH_DEVICE", "cpu") == "cuda":

@@ -81,8 +81,8 @@ def train_rows(parts: list[dict], key: str = "train") -> list[dict]:
         row["spread_samples_per_s"] = [min(per_repeat), max(per_repeat)] if len(runs) > 1 else row["samples_per_s_iqr"]
         if "flops_per_sample" in runs[0]:
             row["model_flops_per_s"] = runs[0]["flops_per_sample"] * row["samples_per_s"]
-            peak = peak_flops(device)
-            if peak:  # model FLOPs utilisation over the GPUs the run used
+            peak = peak_flops(device) if precision == "bf16-mixed" else None
+            if peak:  # model FLOPs utilisation over the GPUs the run used (bf16 runs, bf16 peak)
                 gpus = world if strategy != "dp" else __import__("torch").cuda.device_count()
                 row["mfu"] = row["model_flops_per_s"] / (peak * gpus)
         rows.append(row)
@@ -90,7 +90,10 @@ def train_rows(parts: list[dict], key: str = "train") -> list[dict]:
     for r in rows:
         base = by_key.get((r["workload"], "single", 1, r["side"], r["precision"], r["device"]))
         if base and r["world_size"] > 1:
-            r["scaling_efficiency"] = r["samples_per_s"] / (r["world_size"] * base["samples_per_s"])
+            # on GPUs each process adds a device: efficiency against n single devices; on a CPU the
+            # processes share the cores one process had: the speed-up over that process
+            per_device = 1 if r["device"] == "cpu" else r["world_size"]
+            r["scaling_efficiency"] = r["samples_per_s"] / (per_device * base["samples_per_s"])
         raw = by_key.get((r["workload"], r["strategy"], r["world_size"], "raw", r["precision"], r["device"]))
         if raw and r["side"] != "raw":
             r["step_over_raw"] = r["step_s"] / raw["step_s"]
@@ -127,8 +130,9 @@ def recommendation(train: list[dict], knobs: list[dict], comm: list[tuple[str, d
         if ratios:
             worst = max(ratios, key=lambda r: r[1])
             out.append(f"fw's MPI process group all-reduce vs raw mpi4py on {job}: at most {worst[1]:.2f}x (at {_size(worst[0])})")
-    for workload in sorted({r["workload"] for r in knobs}):
-        rows = [r for r in knobs if r["workload"] == workload]
+    for workload, strategy, world, device in sorted({(r["workload"], r["strategy"], r["world_size"], r["device"]) for r in knobs}):
+        rows = [r for r in knobs if (r["workload"], r["strategy"], r["world_size"], r["device"]) == (workload, strategy, world, device)]
+        workload = f"{workload} ({strategy} x{world}{_on({'device': device})})"
         default = next((r for r in rows if r["ddp_kwargs"] == DEFAULT_KNOBS), None)
         best = min(rows, key=lambda r: r["step_s"])
         if default is None:
@@ -190,8 +194,9 @@ def tables(train: list[dict], knobs: list[dict], comm: list[tuple[str, dict]]) -
                          _opt(r.get("scaling_efficiency"), "{:.2f}"), _opt(r.get("step_over_raw"), "{:.3f}"),
                          f"{r['peak_memory_MB']:.0f}", f"{r['call_s']:.2f}", fr])  # fmt: skip
         out.append(("training: samples/s (median; spread: min-max over repeats, or IQR over steps with one repeat), "
-                    "scaling efficiency vs one process, step time over the hand-written loop's",
-                    ["workload", "strategy", "world", "side", "samples/s", "spread", "scaling", "/raw", "peak MB",
+                    "scaling (CPU: speed-up over one process on the same cores; GPU: efficiency against one GPU per process), "
+                    "step time over the hand-written loop's, peak resident memory of the process",
+                    ["workload", "strategy", "world", "side", "samples/s", "spread", "scaling", "/raw", "RSS MB",
                      "call s", "step: data/fwd+bwd/opt/comm/other %"], rows))  # fmt: skip
     gpu = [r for r in train if "mfu" in r]
     if gpu:
@@ -200,12 +205,12 @@ def tables(train: list[dict], knobs: list[dict], comm: list[tuple[str, dict]]) -
                     [[r["workload"], r["strategy"], r["precision"], r["side"], f"{r['model_flops_per_s'] / 1e12:.1f}",
                       f"{r['mfu'] * 100:.1f}%"] for r in gpu]))  # fmt: skip
     if knobs:
-        rows = [[r["workload"], _knobs(r), f"{r['step_s'] * 1e3:.2f}", f"{r['samples_per_s']:.0f}",
+        rows = [[r["workload"], f"{r['strategy']} x{r['world_size']}", _knobs(r), f"{r['step_s'] * 1e3:.2f}", f"{r['samples_per_s']:.0f}",
                  f"{r['parts_s'].get('comm_unhidden', 0) * 1e3:.2f}", f"{r['parts_s'].get('comm_span', 0) * 1e3:.2f}"]
-                for r in sorted(knobs, key=lambda r: (r["workload"], _knobs(r)))]  # fmt: skip
+                for r in sorted(knobs, key=lambda r: (r["workload"], r["strategy"], r["world_size"], _knobs(r)))]  # fmt: skip
         where = ", ".join(sorted({f"{r['strategy']} x{r['world_size']}" for r in knobs}))
         out.append((f"DDP settings (fw, {where}): step time, the all-reduce time backward did not hide, the all-reduce span",
-                    ["workload", "settings", "step ms", "samples/s", "comm unhidden ms", "comm span ms"], rows))
+                    ["workload", "strategy", "settings", "step ms", "samples/s", "comm unhidden ms", "comm span ms"], rows))
     for job, result in comm:
         backends = result["backends"]
         rows = []
@@ -217,7 +222,8 @@ def tables(train: list[dict], knobs: list[dict], comm: list[tuple[str, dict]]) -
                         f"{_us(cells[b]['median_s'])} | {cells[b]['busbw_GBps']:.2f} | {cells[b]['fraction_of_memcpy']:.2f}"
                         if b in cells else "-" for b in backends])  # fmt: skip
         out.append((f"collectives on {job}: time | busbw GB/s | fraction of memcpy", ["size", "op", *backends], rows))
-        ping = [[_size(r["bytes"]), r["backend"], _us(r["latency_s"]), f"{r['algbw_GBps'] / 2:.3f}"] for r in result["ping_pong"]]
+        ping = [[_size(r["bytes"]), r["backend"], _us(r["latency_s"]), f"{r['bytes'] / r['latency_s'] / 1e9:.3f}"]
+                for r in result["ping_pong"]]
         out.append((f"ping-pong on {job} (ranks 0 and 1)", ["size", "backend", "latency", "GB/s"], ping))
         ratios = mpi_ratios(result)
         if ratios:

@@ -164,7 +164,8 @@ def run_fw(job: Job, module, data, steps: int, clock: _Clock, precision: str, dd
 
     cuda = job.device.type == "cuda"
     trainer = fw.Trainer(
-        accelerator="cuda" if cuda else "cpu", devices=(torch.cuda.device_count() if dp else job.world),
+        accelerator="cuda" if cuda else "cpu", devices=(torch.cuda.device_count() if dp else job.local_world),
+        num_nodes=max(1, job.world // max(1, job.local_world)),
         strategy=fw_strategy(job, ddp_kwargs, dp), max_steps=steps, max_epochs=-1, precision=precision,
         logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
         num_sanity_val_steps=0, limit_val_batches=0, callbacks=[clock],
@@ -172,12 +173,14 @@ def run_fw(job: Job, module, data, steps: int, clock: _Clock, precision: str, dd
     trainer.fit(module, datamodule=data)
 
 
-def lightning_missing(job: Job) -> str | None:
+def lightning_missing(job: Job, dp: bool = False) -> str | None:
     """Why Lightning cannot run in this job (None: it can)."""
     try:
         import pytorch_lightning  # noqa: F401
     except ImportError:
         return "pytorch_lightning is not installed"
+    if dp:
+        return "Lightning 2.x has no DataParallel strategy"
     if job.kind == "mpi":
         return "Lightning has no MPI backend without a torch built with MPI: not run under mpiexec"
     if job.world > 1 and launched_by() == "slurm":
@@ -318,12 +321,10 @@ def strategy_name(job: Job) -> str:
 def run(job: Job, quick: bool, workloads: tuple[str, ...] = WORKLOADS) -> dict:
     _quiet()
     steps = Steps(quick)
-    sides = ["raw", "fw"]
     why_no_lightning = lightning_missing(job)
-    if why_no_lightning is None:
-        sides.append("lightning")
     runs = []
     for variant in variants(job):
+        sides = ["raw", "fw"] + ([] if lightning_missing(job, variant.get("dp", False)) else ["lightning"])
         for workload in variant.get("workloads", workloads):
             warm_up(job, workload, steps)
             for r in range(steps.repeats):
@@ -333,7 +334,7 @@ def run(job: Job, quick: bool, workloads: tuple[str, ...] = WORKLOADS) -> dict:
                     row.update(strategy=variant["strategy"], world_size=job.world, repeat=r, device=str(job.device))
                     runs.append(row)
             say(job, f"train: {workload} under {variant['strategy']} ({', '.join(sides)}) done")
-    return {"steps": vars(steps), "sides": sides, "lightning": why_no_lightning or "ran", "runs": runs}
+    return {"steps": vars(steps), "lightning": why_no_lightning or "ran", "runs": runs}
 
 
 def knob_configs(quick: bool) -> list[dict]:

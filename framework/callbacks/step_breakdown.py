@@ -13,11 +13,15 @@ communication that backward did not hide.
   DDP communication hook that times each bucket: the time spent inside the hook (a synchronous
   process group blocks there) plus the wait between the last bucket's launch and the end of
   backward. Communication that ran while backward computed is hidden and not counted here;
-  ``comm_span`` is how long the all-reduces ran in all.
+  ``comm_span`` runs from the first bucket's launch to the end of the last all-reduce (or of
+  backward, if later): the stretch of backward the all-reduces overlapped.
 * **other**: the rest (hooks, logging, the loop itself).
 
 The hook reduces exactly as DDP's built-in one (divide the bucket by the world size, all-reduce
-sum), so the trained weights are bitwise the same with or without the breakdown. It is only
+sum), so the trained weights are bitwise the same with or without the breakdown (except with
+``gradient_as_bucket_view`` and ``zero_grad(set_to_none=False)``, where DDP scales in place).
+On CUDA the times are the host's: with NCCL, whose futures complete when the work is queued,
+the unhidden part also holds backward kernels still queued when the host finished. It is only
 registered when the strategy's model is ``DistributedDataParallel`` without a hook of its own,
 and ``comm=False`` leaves DDP alone. On CUDA each reading synchronises the device
 (``synchronize``), which costs a little throughput in exchange for true per-part times.
@@ -63,7 +67,7 @@ class CommTimer:
             self.first_launch = start
         group = group if group is not None else dist.group.WORLD
         buffer = bucket.buffer()
-        buffer.div_(group.size())  # what DDP's built-in reduction does before its all-reduce sum
+        buffer.mul_(1.0 / group.size())  # as DDP's built-in reduction scales (mul by 1/n, not div by n)
         future = dist.all_reduce(buffer, group=group, async_op=True).get_future()
         self.last_return = end = time.perf_counter()
         self.blocked += end - start
