@@ -158,9 +158,8 @@ def _pass_progress(proc: subprocess.Popen, tail: list[str], deadline: float) -> 
                 del tail[:-200]
 
 
-def kill_tree(pid: int) -> None:
-    """SIGKILL ``pid`` and all its descendants (found through ``/proc``: torch's elastic agent
-    starts its workers in sessions of their own, out of reach of a process-group kill)."""
+def descendants(pid: int) -> list[int]:
+    """The processes below ``pid`` (children, theirs, ...), read from ``/proc``."""
     children: dict[int, list[int]] = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
@@ -168,12 +167,18 @@ def kill_tree(pid: int) -> None:
         except OSError:
             continue
         children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    found, todo = [pid], [pid]
+    found, todo = [], [pid]
     while todo:
         for child in children.get(todo.pop(), []):
             found.append(child)
             todo.append(child)
-    for p in found:
+    return found
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL ``pid`` and all its descendants: torch's elastic agent starts its workers in
+    sessions of their own, out of reach of a process-group kill."""
+    for p in [pid, *descendants(pid)]:
         try:
             os.kill(p, signal.SIGKILL)
         except ProcessLookupError:

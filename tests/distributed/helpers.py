@@ -8,7 +8,6 @@ instead of hanging the suite.
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -16,6 +15,9 @@ import textwrap
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from framework.bench import descendants as _descendants  # noqa: F401 (re-exported for the tests)
+from framework.bench import kill_tree as _kill_tree
 
 REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
@@ -77,30 +79,6 @@ def run_cmd(cmd: list[str], timeout: float, env: dict[str, str] | None = None, c
         proc.communicate()
         raise
     return Result(proc.returncode, out, time.monotonic() - start)
-
-
-def _descendants(pid: int) -> list[int]:
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    found, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
-
-
-def _kill_tree(pid: int) -> None:
-    for p in [pid, *_descendants(pid)]:
-        try:
-            os.kill(p, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 def run_script(script: Path, *args: str, launcher: str = "fw", nproc: int = 2, timeout: float = 60,
