@@ -3,17 +3,10 @@
 from __future__ import annotations
 
 import importlib.util
-import shutil
-import sys
-from pathlib import Path
 
 import pytest
 
-
-def mpiexec() -> str | None:
-    """The mpiexec of this environment (next to the Python executable), else the one on PATH."""
-    local = Path(sys.executable).parent / "mpiexec"
-    return str(local) if local.exists() else shutil.which("mpiexec")
+from framework.bench import mpiexec  # the one fw bench launches with
 
 
 def skip_reason() -> str | None:

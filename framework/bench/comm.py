@@ -61,10 +61,15 @@ def backends(job: Job) -> dict[str, dict]:
     return found
 
 
+def elements(nbytes: int, n: int) -> int:
+    """float32 elements of a ``nbytes`` buffer that ``n`` ranks divide evenly (at least one each)."""
+    return max(n, nbytes // 4 // n * n)
+
+
 def collective(job: Job, backend: str, spec: dict, op: str, nbytes: int) -> Callable[[], None]:
     """A closure running ``op`` once on ``nbytes`` of float32 data over ``backend``."""
     n = job.world
-    count = max(n, nbytes // 4 // n * n)
+    count = elements(nbytes, n)
     part = count // n
     if backend == "mpi4py":
         from mpi4py import MPI
@@ -169,7 +174,7 @@ def run(job: Job, quick: bool) -> dict:
         for op in OPS:
             for name, spec in found.items():  # the backends take turns at each size: same noise
                 samples = time_cell(job, collective(job, name, spec, op, nbytes), _sync_for(spec["device"]), s)
-                sent = max(job.world, nbytes // 4 // job.world * job.world) * 4  # the size a world of n divides
+                sent = elements(nbytes, job.world) * 4
                 row = {"op": op, "backend": name, **_row(samples, sent, bus_factor(op, job.world))}
                 row.update(bytes=nbytes, bytes_sent=sent)  # nominal size (the table's), and what moved
                 ceiling = next(r for r in result["memcpy"][str(spec["device"])] if r["bytes"] == nbytes)

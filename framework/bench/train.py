@@ -70,7 +70,6 @@ class _Clock(StepTimeBreakdown):
         self.device, self.peak_bytes = device, 0
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
-        self._sync = torch.cuda.synchronize if device.type == "cuda" else self._sync
 
     def mark_batch_end(self) -> None:
         super().mark_batch_end()

@@ -103,7 +103,7 @@ class StepTimeBreakdown(Callback):
         self.comm, self.synchronize, self.log = comm, synchronize, log
         self.steps: deque[dict[str, float]] = deque(maxlen=keep)
         self.timer: CommTimer | None = None
-        self._sync = _no_sync
+        self._sync = torch.cuda.synchronize if synchronize and torch.cuda.is_available() else _no_sync
         self._window: list[dict[str, float]] = []
         self._clear()
 
