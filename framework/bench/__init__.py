@@ -128,7 +128,7 @@ def run_job(job: dict, part: Path, index: int, count: int) -> dict:
         record["status"] = "ok" if proc.returncode == 0 and part.exists() else f"failed (exit {proc.returncode})"
     if record["status"] != "ok":
         record["stderr_tail"] = "".join(tail[-30:])
-        sys.stderr.write(f"fw bench: {job['name']} {record['status']}; the rest goes on. Its last lines:\n{''.join(tail[-8:])}")
+        sys.stderr.write(f"fw bench: {job['name']} {record['status']}; the rest goes on. Its last lines:\n{''.join(tail[-30:])}")
     return record
 
 

@@ -86,9 +86,10 @@ class Job:
         return out
 
     def close(self) -> None:
+        from framework.strategies.distributed import destroy_process_groups
+
         if dist.is_initialized():
-            self.barrier()
-            dist.destroy_process_group()
+            destroy_process_groups(barrier=True, group=self.cpu_group)
 
 
 def start_job(kind: str | None = None) -> Job:
