@@ -50,6 +50,17 @@ def mpiexec() -> str | None:
     return shutil.which("mpiexec")
 
 
+def mpiexec_flags(mpiexec: str) -> list[str]:
+    """What this ``mpiexec`` needs to run a job as the bench's others run: Open MPI binds each
+    rank to one core (``--bind-to none`` leaves them the share of the cores the job's
+    OMP_NUM_THREADS gives them, as torch's elastic agent does); MPICH's Hydra binds nothing."""
+    try:
+        version = subprocess.run([mpiexec, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return ["--bind-to", "none"] if "Open MPI" in version or "OpenRTE" in version else []
+
+
 def usable_cores() -> int:
     """The cores this process may run on (its affinity: a container's or SLURM's share)."""
     try:
@@ -88,7 +99,8 @@ def plan(suites: list[str], quick: bool, limit: int | None) -> tuple[list[dict],
             jobs.append({"name": f"gloo-{n}", "cmd": cmd, "env": threads})
         mpi_suites = [s for s in suites if s in ("comm", "train")]
         if mpi and mpi_suites:
-            cmd = [mpi, "-n", str(n), py, "-m", "mpi4py", *worker, "--kind", "mpi", "--suites", ",".join(mpi_suites)]
+            cmd = [mpi, "-n", str(n), *mpiexec_flags(mpi), py, "-m", "mpi4py", *worker, "--kind", "mpi",
+                   "--suites", ",".join(mpi_suites)]  # fmt: skip
             jobs.append({"name": f"mpi-{n}", "cmd": cmd, "env": threads})
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if gpus >= 2:
@@ -196,17 +208,44 @@ def main(args: argparse.Namespace) -> int:
     jobs, mpi = plan(suites, args.quick, args.max_world)
     start = time.perf_counter()
     parts, records = [], []
-    with tempfile.TemporaryDirectory(prefix="fw-bench-") as tmp:
-        for i, job in enumerate(jobs, 1):
-            part = Path(tmp) / f"{job['name']}.json"
-            records.append(run_job(job, part, i, len(jobs)))
-            if part.exists():
-                parts.append(json.loads(part.read_text()))
     notes = [] if mpi else ["no mpiexec found (pip install 'fw[mpi]'): the MPI jobs did not run"]
+    stopped_by = None
+    # SIGTERM (a scheduler's, a timeout's) stops fw bench as Ctrl-C does: the running job's
+    # processes are killed (run_job) and what finished before it is still reported
+    before = signal.signal(signal.SIGTERM, _stop)
+    try:
+        with tempfile.TemporaryDirectory(prefix="fw-bench-") as tmp:
+            for i, job in enumerate(jobs, 1):
+                part = Path(tmp) / f"{job['name']}.json"
+                try:
+                    records.append(run_job(job, part, i, len(jobs)))
+                except (KeyboardInterrupt, _Stopped) as err:
+                    stopped_by = "SIGTERM" if isinstance(err, _Stopped) else "SIGINT"
+                    records += [{"name": j["name"], "cmd": j["cmd"], "wall_s": 0.0,
+                                 "status": f"stopped by {stopped_by}" if j is job else "not run (fw bench was stopped)"}
+                                for j in jobs[i - 1:]]  # fmt: skip
+                    notes.append(f"stopped by {stopped_by} during {job['name']}: the report holds the jobs before it")
+                    sys.stderr.write(f"fw bench: stopped by {stopped_by} during {job['name']}; "
+                                     "writing the report of the jobs before it\n")
+                    break
+                if part.exists():
+                    parts.append(json.loads(part.read_text()))
+    finally:
+        signal.signal(signal.SIGTERM, before)
     from framework.bench.report import write_report
 
     write_report(parts, records, args, notes, time.perf_counter() - start)
+    if stopped_by is not None:
+        return 128 + (signal.SIGTERM if stopped_by == "SIGTERM" else signal.SIGINT)
     return 0 if all(r["status"] == "ok" for r in records) else 1
+
+
+class _Stopped(BaseException):
+    """fw bench received SIGTERM."""
+
+
+def _stop(signum, frame) -> None:
+    raise _Stopped()
 
 
 def _check_recipes() -> None:

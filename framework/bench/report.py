@@ -10,6 +10,7 @@ Files, in ``--out`` (``<stem>`` is ``bench-<date>-<hardware>``): ``<stem>.json``
 from __future__ import annotations
 
 import argparse
+import re
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -20,8 +21,18 @@ SCHEMA = 1
 PART_LABELS = {"data_wait": "data wait", "forward_backward": "fwd+bwd", "optimizer": "optimizer",
                "comm_unhidden": "comm (unhidden)", "other": "other"}  # fmt: skip
 DEFAULT_KNOBS = {"bucket_cap_mb": 25}
-#: dense bf16 peak FLOP/s of one GPU (the vendors' data sheets), for MFU
-PEAK_BF16 = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "L4": 121e12, "A10": 125e12}
+#: dense bf16 peak FLOP/s of one GPU (the vendors' data sheets), for MFU: the first pattern
+#: that matches the device's name wins, so a variant comes before its family
+PEAK_BF16 = (
+    (r"\bH100\b.*\bPCIe\b", 756e12), (r"\bH100 NVL\b", 835e12), (r"\bH100\b", 989e12),
+    (r"\bH200 NVL\b", 835e12), (r"\bH200\b", 989e12),
+    (r"\bA100\b", 312e12), (r"\bL40S\b", 362e12), (r"\bL4\b", 121e12), (r"\bA10\b", 125e12),
+)  # fmt: skip
+
+
+def peak_for(name: str) -> float | None:
+    """The bf16 peak of the GPU called ``name`` (as CUDA names it), None for one not in the table."""
+    return next((peak for pattern, peak in PEAK_BF16 if re.search(pattern, name)), None)
 
 
 def peak_flops(device: str) -> float | None:
@@ -30,8 +41,7 @@ def peak_flops(device: str) -> float | None:
 
     if not device.startswith("cuda") or not torch.cuda.is_available():
         return None
-    name = torch.cuda.get_device_name(0)
-    return next((peak for key, peak in PEAK_BF16.items() if key in name), None)
+    return peak_for(torch.cuda.get_device_name(0))
 
 
 def versions() -> dict[str, Any]:

@@ -141,3 +141,70 @@ def test_under_torchrun_it_uses_the_processes_it_was_given(tmp_path):
     (doc,) = [json.loads(p.read_text()) for p in tmp_path.glob("bench-*.json")]
     assert [job["name"] for job in doc["jobs"]] == ["gloo-2"] and doc["parts"][0]["launcher"] == "torchrun"
     assert doc["parts"][0]["comm"]["world_size"] == 2
+
+
+def _marked(mark: str) -> list[int]:
+    """The processes whose environment holds ``FW_TEST_MARK=mark``."""
+    found = []
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            if f"FW_TEST_MARK={mark}".encode() in environ.read_bytes().split(b"\0"):
+                found.append(int(environ.parent.name))
+        except OSError:
+            continue
+    return found
+
+
+@pytest.mark.timeout(120)
+def test_sigterm_kills_the_running_job_and_reports_the_jobs_before_it(tmp_path):
+    import signal
+    import subprocess
+    import time
+    import uuid
+
+    from framework.bench import kill_tree
+
+    mark = uuid.uuid4().hex
+    proc = subprocess.Popen([FW, "bench", "--quick", "--suite", "train", "--out", str(tmp_path)],
+                            env=clean_env(FW_TEST_MARK=mark), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        lines = []
+        for line in proc.stderr:  # progress lines; the second job's start is the cue
+            lines.append(line)
+            if line.startswith("fw bench: [2/3] gloo-2"):
+                break
+        deadline = time.monotonic() + 30
+        while len(_marked(mark)) < 4 and time.monotonic() < deadline:  # fw bench, the agent, 2 workers
+            time.sleep(0.1)
+        assert len(_marked(mark)) >= 4, "".join(lines)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+        deadline = time.monotonic() + 10  # the killed workers are gone (reaped by init)
+        while _marked(mark) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        survivors = _marked(mark)
+    finally:  # whatever happened, no process of this run outlives the test
+        for pid in [proc.pid, *_marked(mark)]:
+            kill_tree(pid)
+        proc.wait()
+    assert proc.returncode == 128 + signal.SIGTERM, "".join(lines) + err
+    assert "stopped by SIGTERM during gloo-2" in err and "Traceback" not in err, err
+    (doc,) = [json.loads(p.read_text()) for p in tmp_path.glob("bench-*.json")]
+    jobs = {job["name"]: job["status"] for job in doc["jobs"]}
+    assert jobs == {"single-1": "ok", "gloo-2": "stopped by SIGTERM",
+                    **({"mpi-2": "not run (fw bench was stopped)"} if HAS_MPI else {})}
+    assert {(r["workload"], r["strategy"]) for r in doc["train"]} == {(w, "single") for w in WORKLOADS}
+    assert "recommendation (from this run):" in out
+    assert survivors == []
+
+
+@pytest.mark.parametrize("name, peak", [
+    ("NVIDIA H100 80GB HBM3", 989e12), ("NVIDIA H100 PCIe", 756e12), ("NVIDIA H100 NVL", 835e12),
+    ("NVIDIA H200", 989e12), ("NVIDIA H200 NVL", 835e12), ("NVIDIA A100-SXM4-80GB", 312e12),
+    ("NVIDIA A100 80GB PCIe", 312e12), ("NVIDIA L40S", 362e12), ("NVIDIA L4", 121e12), ("NVIDIA A10", 125e12),
+    ("NVIDIA A10G", None), ("NVIDIA GeForce RTX 4090", None),
+])  # fmt: skip
+def test_mfu_uses_the_peak_of_the_exact_gpu_and_none_for_an_unknown_one(name, peak):
+    from framework.bench.report import peak_for
+
+    assert peak_for(name) == peak
