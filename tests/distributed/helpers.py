@@ -45,8 +45,10 @@ class Result:
 def clean_env(**extra: str) -> dict[str, str]:
     """The test's environment without any launcher variables (so fw sees a plain shell)."""
     drop = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
-            "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_ERROR_FILE")
-    env = {k: v for k, v in os.environ.items() if k not in drop and not k.startswith(("SLURM_", "OMPI_", "PMI"))}
+            "MASTER_ADDR", "MASTER_PORT")
+    keep = ("OMPI_ALLOW_RUN_AS_ROOT", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM")  # the user's consent, not a launcher's
+    env = {k: v for k, v in os.environ.items()
+           if k in keep or (k not in drop and not k.startswith(("SLURM_", "OMPI_", "PMI", "TORCHELASTIC_")))}
     env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     env.update(extra)
     return env

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +12,7 @@ import pytest
 from framework.environments import DistInfo, MPIEnvironment
 from framework.environments.mpi import MPIWorld
 from framework.errors import DistributedSetupError
+from tests.distributed.helpers import clean_env
 
 OPEN_MPI = {
     "OMPI_COMM_WORLD_RANK": "5", "OMPI_COMM_WORLD_SIZE": "8",
@@ -92,10 +92,8 @@ def _run_mpiexec(script: str, out_dir: Path) -> list[DistInfo]:
 
     Files, not stdout: mpiexec forwards the ranks' output unsynchronized, so lines can mix.
     """
-    env = {**os.environ, "PYTHONPATH": str(REPO), "FW_TEST_OUT": str(out_dir)}
-    for key in list(env):  # run as a plain mpiexec job even inside torchrun or srun
-        if key.startswith(("SLURM_", "OMPI_", "PMI", "TORCHELASTIC", "RANK", "WORLD_SIZE")):
-            env.pop(key)
+    # a plain mpiexec job even inside torchrun or srun
+    env = clean_env(PYTHONPATH=str(REPO), FW_TEST_OUT=str(out_dir))
     done = subprocess.run(
         [str(MPIEXEC), "-n", "2", sys.executable, "-c", script],
         capture_output=True, text=True, timeout=60, env=env, cwd=REPO, check=False,
