@@ -215,21 +215,19 @@ def main(args: argparse.Namespace) -> int:
     before = signal.signal(signal.SIGTERM, _stop)
     try:
         with tempfile.TemporaryDirectory(prefix="fw-bench-") as tmp:
-            for i, job in enumerate(jobs, 1):
+            for job in jobs:
                 part = Path(tmp) / f"{job['name']}.json"
-                try:
-                    records.append(run_job(job, part, i, len(jobs)))
-                except (KeyboardInterrupt, _Stopped) as err:
-                    stopped_by = "SIGTERM" if isinstance(err, _Stopped) else "SIGINT"
-                    records += [{"name": j["name"], "cmd": j["cmd"], "wall_s": 0.0,
-                                 "status": f"stopped by {stopped_by}" if j is job else "not run (fw bench was stopped)"}
-                                for j in jobs[i - 1:]]  # fmt: skip
-                    notes.append(f"stopped by {stopped_by} during {job['name']}: the report holds the jobs before it")
-                    sys.stderr.write(f"fw bench: stopped by {stopped_by} during {job['name']}; "
-                                     "writing the report of the jobs before it\n")
-                    break
+                records.append(run_job(job, part, len(records) + 1, len(jobs)))
                 if part.exists():
                     parts.append(json.loads(part.read_text()))
+    except (KeyboardInterrupt, _Stopped) as err:
+        stopped_by = "SIGTERM" if isinstance(err, _Stopped) else "SIGINT"
+        current = jobs[len(records)]["name"] if len(records) < len(jobs) else "the last job's clean-up"
+        records += [{"name": j["name"], "cmd": j["cmd"], "wall_s": 0.0,
+                     "status": f"stopped by {stopped_by}" if j["name"] == current else "not run (fw bench was stopped)"}
+                    for j in jobs[len(records):]]  # fmt: skip
+        notes.append(f"stopped by {stopped_by} during {current}: the report holds the jobs before it")
+        sys.stderr.write(f"fw bench: stopped by {stopped_by} during {current}; writing the report of the jobs before it\n")
     finally:
         signal.signal(signal.SIGTERM, before)
     from framework.bench.report import write_report
