@@ -114,6 +114,8 @@ def plan(suites: list[str], quick: bool, limit: int | None) -> tuple[list[dict],
 
 def run_job(job: dict, part: Path, index: int, count: int) -> dict:
     """Run one job's processes (their progress lines pass through to stderr); its record."""
+    from framework.strategies.processes import kill_tree
+
     cmd = [*job["cmd"], "--part", str(part)]
     sys.stderr.write(f"fw bench: [{index}/{count}] {job['name']}: {' '.join(Path(c).name if i == 0 else c for i, c in enumerate(cmd))}\n")
     sys.stderr.flush()
@@ -168,33 +170,6 @@ def _pass_progress(proc: subprocess.Popen, tail: list[str], deadline: float) -> 
             else:
                 tail.append(line)
                 del tail[:-200]
-
-
-def descendants(pid: int) -> list[int]:
-    """The processes below ``pid`` (children, theirs, ...), read from ``/proc``."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    found, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
-
-
-def kill_tree(pid: int) -> None:
-    """SIGKILL ``pid`` and all its descendants: torch's elastic agent starts its workers in
-    sessions of their own, out of reach of a process-group kill."""
-    for p in [pid, *descendants(pid)]:
-        try:
-            os.kill(p, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 def main(args: argparse.Namespace) -> int:

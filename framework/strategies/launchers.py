@@ -96,7 +96,7 @@ def launch_workers(nproc_per_node: int, num_nodes: int = 1, max_restarts: int = 
     """
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+    from torch.distributed.launcher.api import LaunchConfig
 
     if rdzv_endpoint is None:
         if num_nodes > 1:
@@ -132,8 +132,11 @@ def launch_workers(nproc_per_node: int, num_nodes: int = 1, max_restarts: int = 
     agent_log.setLevel(logging.CRITICAL if not os.environ.get("FW_DEBUG_LAUNCH") else logging.INFO)
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc_per_node)))
     os.environ[_LAUNCHER_PID] = str(os.getpid())  # workers die with this process (die_with_launcher)
+    from framework.strategies.processes import resume_stopped_on_sigterm
+
     try:
-        _launch_hosting_once(config)
+        with resume_stopped_on_sigterm():
+            _launch_hosting_once(config)
     except SignalException as err:
         name = signal.Signals(err.sigval).name
         if err.sigval in _WORKERS_STOP_ON:  # workers stop after their step, write preempted.ckpt, exit 0

@@ -16,8 +16,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from framework.bench import descendants as _descendants  # noqa: F401 (re-exported for the tests)
-from framework.bench import kill_tree as _kill_tree
+from framework.strategies.processes import descendants as _descendants  # noqa: F401 (re-exported for the tests)
+from framework.strategies.processes import kill_tree as _kill_tree
 
 REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
