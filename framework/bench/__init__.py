@@ -84,6 +84,7 @@ def plan(suites: list[str], quick: bool, limit: int | None) -> tuple[list[dict],
     timeout = 240 if quick else 3600
     jobs = []
     mpi = mpiexec()
+    mpi_flags = mpiexec_flags(mpi) if mpi else []
     if "train" in suites:
         jobs.append({"name": "single-1", "cmd": [py, *worker, "--kind", "single", "--suites", "train"], "env": {}})
         if torch.cuda.is_available():
@@ -99,7 +100,7 @@ def plan(suites: list[str], quick: bool, limit: int | None) -> tuple[list[dict],
             jobs.append({"name": f"gloo-{n}", "cmd": cmd, "env": threads})
         mpi_suites = [s for s in suites if s in ("comm", "train")]
         if mpi and mpi_suites:
-            cmd = [mpi, "-n", str(n), *mpiexec_flags(mpi), py, "-m", "mpi4py", *worker, "--kind", "mpi",
+            cmd = [mpi, "-n", str(n), *mpi_flags, py, "-m", "mpi4py", *worker, "--kind", "mpi",
                    "--suites", ",".join(mpi_suites)]  # fmt: skip
             jobs.append({"name": f"mpi-{n}", "cmd": cmd, "env": threads})
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -185,40 +186,52 @@ def main(args: argparse.Namespace) -> int:
     parts, records = [], []
     notes = [] if mpi else ["no mpiexec found (pip install 'fw[mpi]'): the MPI jobs did not run"]
     stopped_by = None
-    # SIGTERM (a scheduler's, a timeout's) stops fw bench as Ctrl-C does: the running job's
-    # processes are killed (run_job) and what finished before it is still reported
-    before = signal.signal(signal.SIGTERM, _stop)
+    # SIGTERM (a scheduler's, a timeout's) and Ctrl-C stop fw bench: the running job's processes
+    # are killed (run_job) and what finished before it is still reported
+    before = {sig: signal.signal(sig, _stop) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         with tempfile.TemporaryDirectory(prefix="fw-bench-") as tmp:
             for job in jobs:
                 part = Path(tmp) / f"{job['name']}.json"
-                records.append(run_job(job, part, len(records) + 1, len(jobs)))
-                if part.exists():
-                    parts.append(json.loads(part.read_text()))
-    except (KeyboardInterrupt, _Stopped) as err:
-        stopped_by = "SIGTERM" if isinstance(err, _Stopped) else "SIGINT"
+                record = run_job(job, part, len(records) + 1, len(jobs))
+                result = json.loads(part.read_text()) if part.exists() else None
+                records.append(record)
+                parts += [result] if result is not None else []
+    except _Stopped as err:
+        stopped_by = signal.Signals(err.args[0]).name
         current = jobs[len(records)]["name"] if len(records) < len(jobs) else "the last job's clean-up"
         records += [{"name": j["name"], "cmd": j["cmd"], "wall_s": 0.0,
                      "status": f"stopped by {stopped_by}" if j["name"] == current else "not run (fw bench was stopped)"}
                     for j in jobs[len(records):]]  # fmt: skip
         notes.append(f"stopped by {stopped_by} during {current}: the report holds the jobs before it")
         sys.stderr.write(f"fw bench: stopped by {stopped_by} during {current}; writing the report of the jobs before it\n")
-    finally:
-        signal.signal(signal.SIGTERM, before)
     from framework.bench.report import write_report
 
-    write_report(parts, records, args, notes, time.perf_counter() - start)
+    try:  # after a stop the signals stay ignored until the report is written
+        if stopped_by is None:
+            _restore(before)
+        write_report(parts, records, args, notes, time.perf_counter() - start)
+    finally:
+        _restore(before)
     if stopped_by is not None:
-        return 128 + (signal.SIGTERM if stopped_by == "SIGTERM" else signal.SIGINT)
+        return 128 + signal.Signals[stopped_by]
     return 0 if all(r["status"] == "ok" for r in records) else 1
 
 
 class _Stopped(BaseException):
-    """fw bench received SIGTERM."""
+    """fw bench received SIGTERM or SIGINT (args: the signal)."""
+
+
+def _restore(handlers: dict) -> None:
+    for sig, handler in handlers.items():
+        signal.signal(sig, handler)
 
 
 def _stop(signum, frame) -> None:
-    raise _Stopped()
+    # a second signal must not cut the killing of the job's processes or the report short
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, signal.SIG_IGN)
+    raise _Stopped(signum)
 
 
 def _check_recipes() -> None:

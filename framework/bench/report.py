@@ -24,15 +24,16 @@ DEFAULT_KNOBS = {"bucket_cap_mb": 25}
 #: dense bf16 peak FLOP/s of one GPU (the vendors' data sheets), for MFU: the first pattern
 #: that matches the device's name wins, so a variant comes before its family
 PEAK_BF16 = (
+    (r"\bMIG\b", None),  # a slice of a GPU: its share of the peak is not known here
     (r"\bH100\b.*\bPCIe\b", 756e12), (r"\bH100 NVL\b", 835e12), (r"\bH100\b", 989e12),
-    (r"\bH200 NVL\b", 835e12), (r"\bH200\b", 989e12),
+    (r"\bH200 NVL\b", 835e12), (r"\bG?H200\b", 989e12),
     (r"\bA100\b", 312e12), (r"\bL40S\b", 362e12), (r"\bL4\b", 121e12), (r"\bA10\b", 125e12),
 )  # fmt: skip
 
 
 def peak_for(name: str) -> float | None:
     """The bf16 peak of the GPU called ``name`` (as CUDA names it), None for one not in the table."""
-    return next((peak for pattern, peak in PEAK_BF16 if re.search(pattern, name)), None)
+    return next((peak for pattern, peak in PEAK_BF16 if re.search(pattern, name, re.IGNORECASE)), None)
 
 
 def peak_flops(device: str) -> float | None:

@@ -30,6 +30,8 @@ from framework.errors import ConfigError
 _LAUNCHER_PID = "FW_LAUNCHER_PID"
 #: signals a worker turns into a clean stop with a checkpoint (trainer/signals.py, default setup)
 _WORKERS_STOP_ON = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
+#: signals the elastic agent passes on to the workers (the one that ends a job is SIGTERM)
+_PASSED_ON = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1)
 
 
 class Launcher:
@@ -124,7 +126,7 @@ def launch_workers(nproc_per_node: int, num_nodes: int = 1, max_restarts: int = 
         start_method="spawn",
         # the agent passes these on to the workers, which stop after their step and write a
         # checkpoint (trainer/signals.py); without SIGUSR1 here it would kill the launcher alone
-        signals_to_handle="SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1",
+        signals_to_handle=",".join(s.name for s in _PASSED_ON),
     )
     # fw prints its own one-line summary of a failure; the agent's log lines would repeat it
     agent_log = logging.getLogger("torch.distributed.elastic")
@@ -132,10 +134,10 @@ def launch_workers(nproc_per_node: int, num_nodes: int = 1, max_restarts: int = 
     agent_log.setLevel(logging.CRITICAL if not os.environ.get("FW_DEBUG_LAUNCH") else logging.INFO)
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc_per_node)))
     os.environ[_LAUNCHER_PID] = str(os.getpid())  # workers die with this process (die_with_launcher)
-    from framework.strategies.processes import resume_stopped_on_sigterm
+    from framework.strategies.processes import resume_stopped_workers
 
     try:
-        with resume_stopped_on_sigterm():
+        with resume_stopped_workers(_PASSED_ON):
             _launch_hosting_once(config)
     except SignalException as err:
         name = signal.Signals(err.sigval).name

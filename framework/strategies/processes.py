@@ -1,6 +1,6 @@
 """The processes a launcher started: find them all (``descendants``), end them all
-(``kill_tree``), and let a stopped worker act on the SIGTERM that ends a job
-(``resume_stopped_on_sigterm``).
+(``kill_tree``), and let a stopped worker act on the signal that ends its job
+(``resume_stopped_workers``).
 
 torch's elastic agent starts its workers in sessions of their own, out of reach of a
 process-group signal, so the tree is read from ``/proc``.
@@ -13,7 +13,8 @@ import os
 import signal
 import threading
 from pathlib import Path
-from typing import Iterator
+from typing import Iterable, Iterator
+
 
 def descendants(pid: int) -> list[int]:
     """The processes below ``pid`` (children, theirs, ...), read from ``/proc``."""
@@ -33,47 +34,60 @@ def descendants(pid: int) -> list[int]:
 
 
 def kill_tree(pid: int) -> None:
-    """SIGKILL ``pid`` and all its descendants."""
-    for p in [pid, *descendants(pid)]:
-        try:
+    """SIGKILL ``pid`` and all its descendants. They are stopped first, until a look at the tree
+    finds no new one: a stopped process cannot start another, and a child started between the
+    look and the kill would otherwise outlive its killed parent."""
+    frozen: list[int] = []
+    while True:
+        new = [p for p in [pid, *descendants(pid)] if p not in frozen]
+        if not new:
+            break
+        for p in new:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p, signal.SIGSTOP)
+        frozen += new
+    for p in frozen:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(p, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
-def stopped_with_sigterm_pending(pid: int) -> bool:
-    """Is ``pid`` stopped (SIGSTOP, SIGTSTP, SIGTTOU...) with a SIGTERM it cannot act on until
-    it runs again?"""
+def stopped_with_pending(pid: int, signals: Iterable[int]) -> int | None:
+    """The first of ``signals`` that ``pid`` has pending while it is stopped (SIGSTOP, SIGTSTP,
+    SIGTTOU: state T; a debugger's stop is t, not T), else None. A stopped process cannot act on
+    a signal it handles until it runs again."""
     try:
         status = dict(line.split(":\t", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
                       if ":\t" in line)  # fmt: skip
     except OSError:
-        return False
+        return None
+    if not status.get("State", "").startswith("T"):
+        return None
     pending = int(status.get("SigPnd", "0"), 16) | int(status.get("ShdPnd", "0"), 16)
-    return status.get("State", "").startswith("T") and bool(pending & (1 << (signal.SIGTERM - 1)))
+    return next((s for s in signals if pending & (1 << (s - 1))), None)
 
 
 @contextlib.contextmanager
-def resume_stopped_on_sigterm(every: float = 0.5) -> Iterator[None]:
-    """While the block runs, a worker below this process that is stopped with a SIGTERM pending
-    gets SIGCONT, so that it acts on the SIGTERM now (as systemd follows its SIGTERM with SIGCONT).
+def resume_stopped_workers(signals: Iterable[int], every: float = 1.0) -> Iterator[None]:
+    """While the block runs, a process below this one that is stopped with one of ``signals``
+    pending (the elastic agent's SIGTERM that ends the job, or a signal it passes on) gets
+    SIGCONT, so that it acts on that signal now, as systemd follows its SIGTERM with SIGCONT.
 
-    Without it, a worker stopped by SIGSTOP when the elastic agent ends the job sits out the
-    agent's 30 s wait before its SIGKILL. A stopped worker with no SIGTERM pending (a debugger's,
-    a user's Ctrl-Z) is left alone.
+    Without it, a worker stopped by SIGSTOP sits out the agent's 30 s wait for its SIGKILL. A
+    stopped worker with nothing pending (someone stopped it on purpose) is left alone.
     """
     from framework.rank_zero import library_logger
 
-    done, me, log = threading.Event(), os.getpid(), library_logger()
+    done, me, log, signals = threading.Event(), os.getpid(), library_logger(), tuple(signals)
 
     def watch() -> None:
         resumed: set[int] = set()
         while not done.wait(every):
             for pid in descendants(me):
-                if pid not in resumed and stopped_with_sigterm_pending(pid):
+                sig = None if pid in resumed else stopped_with_pending(pid, signals)
+                if sig is not None:
                     resumed.add(pid)
-                    log.warning("fw: worker pid %d was stopped when the job ended: resumed it (SIGCONT) "
-                                "so that it acts on its SIGTERM", pid)
+                    log.warning("fw: worker pid %d is stopped with %s pending: resumed it (SIGCONT) so that it "
+                                "acts on it", pid, signal.Signals(sig).name)
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(pid, signal.SIGCONT)
 

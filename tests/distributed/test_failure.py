@@ -105,4 +105,4 @@ def test_a_rank_that_stops_answering_ends_the_job_after_the_timeout(tmp_path, la
     assert any("rank 1 stopped answering" in line for line in waiting), result.output
     if launcher == "fw":
         assert "fw: error: worker rank 0" in result.output and "Timed out" in result.output, result.output
-        assert "was stopped when the job ended: resumed it (SIGCONT)" in result.output, result.output
+        assert "is stopped with SIGTERM pending: resumed it (SIGCONT)" in result.output, result.output

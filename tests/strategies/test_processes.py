@@ -10,10 +10,17 @@ import time
 
 import pytest
 
-from framework.strategies.processes import descendants, kill_tree, resume_stopped_on_sigterm
+from framework.strategies.processes import descendants, kill_tree, resume_stopped_workers
 
-# a worker's stand-in: a SIGTERM handler (as fw's trainer has), so a stopped one cannot act on it
-WORKER = "import signal, sys, time\nsignal.signal(signal.SIGTERM, lambda *a: sys.exit(3))\nprint('ready', flush=True)\ntime.sleep(60)\n"
+# a worker's stand-in: handlers for the signals that end a job (as fw's trainer has), so a stopped
+# one cannot act on them until it runs again
+WORKER = """
+import signal, sys, time
+for s in (signal.SIGTERM, signal.SIGUSR1):
+    signal.signal(s, lambda signum, frame: sys.exit(signum))
+print('ready', flush=True)
+time.sleep(60)
+"""
 
 
 def _state(pid: int) -> str:
@@ -22,31 +29,34 @@ def _state(pid: int) -> str:
 
 
 @pytest.mark.timeout(30)
-def test_a_stopped_worker_is_resumed_only_once_a_sigterm_waits_for_it():
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1])
+def test_a_stopped_worker_is_resumed_only_once_a_signal_to_end_it_waits(sig):
     child = subprocess.Popen([sys.executable, "-c", WORKER], stdout=subprocess.PIPE, text=True)
     try:
         assert child.stdout.readline() == "ready\n"
-        assert child.pid in descendants(os.getpid())
         os.kill(child.pid, signal.SIGSTOP)
-        with resume_stopped_on_sigterm(every=0.05):
+        with resume_stopped_workers([signal.SIGTERM, signal.SIGUSR1], every=0.05):
             time.sleep(0.5)
-            assert _state(child.pid) == "T"  # stopped by someone, nothing to act on: left alone
-            os.kill(child.pid, signal.SIGTERM)
-            assert child.wait(timeout=10) == 3  # resumed, and its handler ran
+            assert _state(child.pid) == "T"  # stopped on purpose, nothing to act on: left alone
+            os.kill(child.pid, sig)
+            assert child.wait(timeout=10) == sig  # resumed, and its handler ran
     finally:
         kill_tree(child.pid)
         child.wait()
 
 
 @pytest.mark.timeout(30)
-def test_without_the_watcher_a_stopped_worker_sits_on_its_sigterm():
-    child = subprocess.Popen([sys.executable, "-c", WORKER], stdout=subprocess.PIPE, text=True)
-    try:
-        assert child.stdout.readline() == "ready\n"
-        os.kill(child.pid, signal.SIGSTOP)
-        os.kill(child.pid, signal.SIGTERM)
-        with pytest.raises(subprocess.TimeoutExpired):
-            child.wait(timeout=1)
-    finally:
-        kill_tree(child.pid)
-        child.wait()
+def test_kill_tree_ends_a_tree_whose_grandchild_left_the_session():
+    # the elastic agent's workers: a session of their own, so a process-group kill misses them
+    grandchild = "import os, time; os.setsid(); print(os.getpid(), flush=True); time.sleep(60)"
+    child = subprocess.Popen([sys.executable, "-c", f"import subprocess, sys, time\n"
+                              f"subprocess.Popen([sys.executable, '-c', {grandchild!r}]); time.sleep(60)"],
+                             stdout=subprocess.PIPE, text=True)  # fmt: skip
+    grand = int(child.stdout.readline())
+    assert descendants(child.pid) == [grand]
+    kill_tree(child.pid)
+    assert child.wait(timeout=10) == -signal.SIGKILL
+    deadline = time.monotonic() + 10
+    while os.path.exists(f"/proc/{grand}") and _state(grand) != "Z" and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not os.path.exists(f"/proc/{grand}") or _state(grand) == "Z"
