@@ -4,7 +4,8 @@
   ``devices * num_nodes > 1``, fw re-runs the current command (``fw fit ...`` or ``python
   script.py``) in one worker per device through torch.distributed.run's elastic agent, the engine
   behind ``torchrun``: it sets RANK/LOCAL_RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT, watches the
-  workers, and when one fails it stops the others and reports that worker's error. The launching
+  workers, and when one fails it stops the others and reports that worker's error (a worker
+  stopped by SIGSTOP is resumed so that it acts on that SIGTERM: ``processes.py``). The launching
   process does not train; it exits with the job's status once the workers are done.
 - ``MPIExecLauncher`` (the mpi strategy): MPI jobs are started by ``mpiexec``, so it refuses
   with the command to run.
