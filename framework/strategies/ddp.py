@@ -28,6 +28,7 @@ import torch.distributed as dist
 from framework.errors import ConfigError, DistributedSetupError, did_you_mean
 from framework.strategies.distributed import DEFAULT_TIMEOUT_S, DistributedStrategy
 from framework.strategies.launchers import ElasticLauncher, free_port
+from framework.strategies.processes import beside
 
 
 class DDPStrategy(DistributedStrategy):
@@ -233,13 +234,8 @@ def _say_while_waiting(strategy: DDPStrategy, first: float = 5.0, every: float =
             sys.stderr.flush()
             wait = every
 
-    thread = threading.Thread(target=report, name="fw-rendezvous-report", daemon=True)
-    thread.start()
-    try:
+    with beside(report, "fw-rendezvous-report", done):
         yield
-    finally:
-        done.set()
-        thread.join()
 
 
 def _where(strategy: DDPStrategy) -> str:

@@ -1,6 +1,6 @@
 """The processes a launcher started: find them all (``descendants``), end them all
 (``kill_tree``), and let a stopped worker act on the signal that ends its job
-(``resume_stopped_workers``).
+(``resume_stopped_workers``), with a thread beside the block (``beside``).
 
 torch's elastic agent starts its workers in sessions of their own, out of reach of a
 process-group signal, so the tree is read from ``/proc``.
@@ -13,7 +13,7 @@ import os
 import signal
 import threading
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
 
 def descendants(pid: int) -> list[int]:
@@ -91,7 +91,15 @@ def resume_stopped_workers(signals: Iterable[int], every: float = 1.0) -> Iterat
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(pid, signal.SIGCONT)
 
-    thread = threading.Thread(target=watch, name="fw-resume-stopped", daemon=True)
+    with beside(watch, "fw-resume-stopped", done):
+        yield
+
+
+@contextlib.contextmanager
+def beside(target: Callable[[], None], name: str, done: threading.Event) -> Iterator[None]:
+    """Run ``target`` on a daemon thread while the block runs; at its end set ``done`` (which
+    ``target`` waits on) and join the thread."""
+    thread = threading.Thread(target=target, name=name, daemon=True)
     thread.start()
     try:
         yield
