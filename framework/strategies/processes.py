@@ -16,20 +16,39 @@ from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
 
-def descendants(pid: int) -> list[int]:
-    """The processes below ``pid`` (children, theirs, ...), read from ``/proc``."""
-    children: dict[int, list[int]] = {}
+def _process_table() -> dict[int, list[int]]:
+    """Every process's children, by parent pid, read from ``/proc/*/stat``."""
+    table: dict[int, list[int]] = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             fields = stat.read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+        table.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    return table
+
+
+def descendants(pid: int) -> list[int]:
+    """The processes below ``pid`` (children, theirs, ...), read from ``/proc``."""
+    table = _process_table()
     found, todo = [], [pid]
     while todo:
-        for child in children.get(todo.pop(), []):
+        for child in table.get(todo.pop(), []):
             found.append(child)
             todo.append(child)
+    return found
+
+
+def children(pid: int) -> list[int]:
+    """The processes ``pid`` started: from ``/proc/PID/task/*/children`` where the kernel has
+    it (a few reads), else from the whole process table."""
+    listed = list(Path(f"/proc/{pid}/task").glob("*/children"))
+    if not listed:
+        return _process_table().get(pid, [])
+    found = []
+    for path in listed:
+        with contextlib.suppress(OSError):
+            found += [int(p) for p in path.read_text().split()]
     return found
 
 
@@ -82,7 +101,7 @@ def resume_stopped_workers(signals: Iterable[int], every: float = 1.0) -> Iterat
     def watch() -> None:
         resumed: set[int] = set()
         while not done.wait(every):
-            for pid in descendants(me):
+            for pid in children(me):  # the elastic agent's workers are this process's children
                 sig = None if pid in resumed else stopped_with_pending(pid, signals)
                 if sig is not None:
                     resumed.add(pid)

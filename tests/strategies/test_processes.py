@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from framework.strategies.processes import descendants, kill_tree, resume_stopped_workers
+from framework.strategies.processes import children, descendants, kill_tree, resume_stopped_workers
 
 # a worker's stand-in: handlers for the signals that end a job (as fw's trainer has), so a stopped
 # one cannot act on them until it runs again
@@ -60,3 +60,17 @@ def test_kill_tree_ends_a_tree_whose_grandchild_left_the_session():
     while os.path.exists(f"/proc/{grand}") and _state(grand) != "Z" and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not os.path.exists(f"/proc/{grand}") or _state(grand) == "Z"
+
+
+def test_children_are_the_direct_ones_only():
+    child = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time\n"
+                              "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+                              "print('ready', flush=True); time.sleep(60)"], stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert child.stdout.readline() == "ready\n"
+        (grandchild,) = children(child.pid)
+        mine = children(os.getpid())
+        assert child.pid in mine and grandchild not in mine and grandchild in descendants(os.getpid())
+    finally:
+        kill_tree(child.pid)
+        child.wait()
