@@ -25,7 +25,8 @@ def _slurm_up() -> str | None:
     if not shutil.which("srun") or not shutil.which("sinfo"):
         return "SLURM is not installed here (srun and sinfo not found); these tests need a SLURM cluster with a node up"
     proc = subprocess.run(["sinfo", "-h", "-o", "%t"], capture_output=True, text=True, timeout=20)
-    if proc.returncode != 0 or not any(s in proc.stdout for s in ("idle", "mix", "alloc")):
+    # comp: finishing the last job; a new one waits for it
+    if proc.returncode != 0 or not any(s in proc.stdout for s in ("idle", "mix", "alloc", "comp")):
         return f"no SLURM node is up ({(proc.stdout + proc.stderr).strip()[:100]})"
     return None
 
