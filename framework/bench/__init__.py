@@ -50,12 +50,12 @@ def mpiexec() -> str | None:
     return shutil.which("mpiexec")
 
 
-def mpiexec_flags(mpiexec: str) -> list[str]:
+def mpiexec_flags(launcher: str) -> list[str]:
     """What this ``mpiexec`` needs to run a job as the bench's others run: Open MPI binds each
     rank to one core (``--bind-to none`` leaves them the share of the cores the job's
     OMP_NUM_THREADS gives them, as torch's elastic agent does); MPICH's Hydra binds nothing."""
     try:
-        version = subprocess.run([mpiexec, "--version"], capture_output=True, text=True, timeout=30).stdout
+        version = subprocess.run([launcher, "--version"], capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.TimeoutExpired):
         return []
     return ["--bind-to", "none"] if "Open MPI" in version or "OpenRTE" in version else []
@@ -199,10 +199,11 @@ def main(args: argparse.Namespace) -> int:
                 parts += [result] if result is not None else []
     except _Stopped as err:
         stopped_by = signal.Signals(err.args[0]).name
-        current = jobs[len(records)]["name"] if len(records) < len(jobs) else "the last job's clean-up"
+        left = jobs[len(records):]  # the one it stopped, then the ones it did not start
+        current = left[0]["name"] if left else "the last job's clean-up"
         records += [{"name": j["name"], "cmd": j["cmd"], "wall_s": 0.0,
-                     "status": f"stopped by {stopped_by}" if j["name"] == current else "not run (fw bench was stopped)"}
-                    for j in jobs[len(records):]]  # fmt: skip
+                     "status": "not run (fw bench was stopped)" if i else f"stopped by {stopped_by}"}
+                    for i, j in enumerate(left)]  # fmt: skip
         notes.append(f"stopped by {stopped_by} during {current}: the report holds the jobs before it")
         sys.stderr.write(f"fw bench: stopped by {stopped_by} during {current}; writing the report of the jobs before it\n")
     from framework.bench.report import write_report
