@@ -16,6 +16,7 @@ from typing import Any, Iterator, Mapping
 import torch
 from torch import nn
 
+from framework.errors import ConfigError
 from framework.rank_zero import rank_zero_print
 
 
@@ -242,6 +243,8 @@ class TrainModule(nn.Module):
         manual.backward(loss, *args, **kwargs)
 
     def backward(self, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
+        """The backward of a training loss (already scaled under ``16-mixed``); override to
+        change it. ``manual_backward`` calls it too."""
         loss.backward(*args, **kwargs)
 
     def toggle_optimizer(self, optimizer) -> None:
@@ -282,21 +285,54 @@ class TrainModule(nn.Module):
 
     def clip_gradients(self, optimizer, gradient_clip_val: float | None = None,
                        gradient_clip_algorithm: str | None = None) -> None:
-        """Clip ``optimizer``'s gradients by norm (default) or value. In manual optimization
-        the gradients are averaged over the ranks and unscaled first, so the clip sees the
-        gradients the step will use."""
+        """Clip ``optimizer``'s gradients by norm (default) or value, as Lightning does: a value
+        left None is the Trainer's (``gradient_clip_val``, ``gradient_clip_algorithm``), and one
+        that contradicts the Trainer's is an error. In manual optimization the gradients are
+        averaged over the ranks and unscaled first, so the clip sees the gradients the step will
+        use."""
         from framework.loops.optimization import clip_gradients
 
+        trainer = self.trainer
+        manual = getattr(trainer, "manual", None)
+        if manual is None:  # automatic optimization: the Trainer's settings are the defaults
+            gradient_clip_val, gradient_clip_algorithm = _clip_settings(trainer, gradient_clip_val,
+                                                                        gradient_clip_algorithm)
         if not gradient_clip_val:
             return
-        algorithm = gradient_clip_algorithm or "norm"
+        algorithm = (gradient_clip_algorithm or "norm").lower()
         if algorithm not in ("norm", "value"):
             raise ValueError(f"gradient_clip_algorithm '{algorithm}': use 'norm' or 'value'")
         optimizer = getattr(optimizer, "optimizer", optimizer)
-        manual = getattr(self.trainer, "manual", None)
         if manual is not None:
             manual.prepare_gradients(optimizer)
         clip_gradients(optimizer, float(gradient_clip_val), algorithm)
+
+    def configure_gradient_clipping(self, optimizer, gradient_clip_val: float | None = None,
+                                    gradient_clip_algorithm: str | None = None) -> None:
+        """Called before each optimizer step (after ``on_before_optimizer_step``) with the
+        Trainer's clip settings; the default clips with ``self.clip_gradients``."""
+        self.clip_gradients(optimizer, gradient_clip_val=gradient_clip_val,
+                            gradient_clip_algorithm=gradient_clip_algorithm)
+
+    def optimizer_step(self, epoch: int, batch_idx: int, optimizer, optimizer_closure=None) -> None:
+        """Step ``optimizer`` (override to change how, e.g. a learning-rate warm-up). The closure
+        runs ``training_step``, ``zero_grad`` and ``backward``: call it, through
+        ``optimizer.step(closure=optimizer_closure)`` or directly. Not called on the batches
+        that only accumulate gradients."""
+        optimizer.step(closure=optimizer_closure)
+
+    def optimizer_zero_grad(self, epoch: int, batch_idx: int, optimizer) -> None:
+        """Zero the gradients: before the backward of the first batch of each accumulation
+        window, as Lightning does."""
+        optimizer.zero_grad()
+
+    def lr_scheduler_step(self, scheduler, metric: Any) -> None:
+        """Step a scheduler when its interval and frequency say so; ``metric`` is the monitored
+        value for ``ReduceLROnPlateau`` (else None)."""
+        if metric is None:
+            scheduler.step()
+        else:
+            scheduler.step(metric)
 
     # -- logging ------------------------------------------------------------------------------
     def log(
@@ -356,6 +392,10 @@ class TrainModule(nn.Module):
 
     def teardown(self, stage: str) -> None: ...
 
+    def configure_model(self) -> None:
+        """Build layers here instead of in ``__init__`` to create them where the run puts them
+        (called once per run, after ``setup``, before ``configure_optimizers``; make it idempotent)."""
+
     def configure_callbacks(self):
         """Callbacks this module always wants (a list or one); they replace a Trainer callback
         of the same type, as in Lightning."""
@@ -388,8 +428,61 @@ class TrainModule(nn.Module):
     def on_test_batch_end(self, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None: ...
     def on_predict_batch_start(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None: ...
     def on_predict_batch_end(self, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None: ...
+    def on_before_zero_grad(self, optimizer: torch.optim.Optimizer) -> None: ...
     def on_before_backward(self, loss: torch.Tensor) -> None: ...
     def on_after_backward(self) -> None: ...
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None: ...
     def on_save_checkpoint(self, checkpoint: dict) -> None: ...
     def on_load_checkpoint(self, checkpoint: dict) -> None: ...
+
+    # -- evaluation modes and batch transfer (Lightning's defaults) ---------------------------
+    def on_validation_model_zero_grad(self) -> None:
+        """Before validation inside fit: free the gradients (``zero_grad``)."""
+        self.zero_grad()
+
+    def on_validation_model_eval(self) -> None:
+        self.trainer.model.eval()
+
+    def on_validation_model_train(self) -> None:
+        """After validation: the default puts back each submodule's own mode from before."""
+        self.trainer.model.train()
+
+    def on_test_model_eval(self) -> None:
+        self.trainer.model.eval()
+
+    def on_test_model_train(self) -> None:
+        self.trainer.model.train()
+
+    def on_predict_model_eval(self) -> None:
+        self.trainer.model.eval()
+
+    def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        """Change a batch before it moves to the device (on the CPU)."""
+        return batch
+
+    def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
+        """Move a batch to ``device``: tensors in lists, tuples, dicts and dataclasses, and
+        anything with ``.to``."""
+        from framework.accelerators.base import move_to_device
+
+        return move_to_device(batch, device)
+
+    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        """Change a batch after it moved to the device (e.g. augment it on the GPU)."""
+        return batch
+
+
+def _clip_settings(trainer, value: float | None, algorithm: str | None) -> tuple[float | None, str | None]:
+    """Lightning's rule: an argument left None is the Trainer's; one that contradicts it is an error."""
+    if value is None:
+        value = trainer.gradient_clip_val or 0.0
+    elif trainer.gradient_clip_val is not None and trainer.gradient_clip_val != value:
+        raise ConfigError(f"clip_gradients(gradient_clip_val={value}) contradicts trainer.gradient_clip_val="
+                          f"{trainer.gradient_clip_val}; set one of them")
+    trainer_algorithm = trainer.gradient_clip_algorithm
+    if algorithm is None:
+        algorithm = trainer_algorithm or "norm"
+    elif trainer_algorithm is not None and trainer_algorithm != algorithm.lower():
+        raise ConfigError(f"clip_gradients(gradient_clip_algorithm='{algorithm}') contradicts "
+                          f"trainer.gradient_clip_algorithm='{trainer_algorithm}'; set one of them")
+    return value, algorithm

@@ -51,11 +51,11 @@ class Precision:
         if self.scaler is not None:
             self.scaler.unscale_(optimizer)
 
-    def step(self, optimizer: torch.optim.Optimizer) -> None:
+    def step(self, optimizer: torch.optim.Optimizer, **kwargs) -> None:
         if self.scaler is None:
-            optimizer.step()
+            optimizer.step(**kwargs)
             return
-        self.scaler.step(optimizer)
+        self.scaler.step(optimizer, **kwargs)
         self.scaler.update()
 
     def state_dict(self) -> dict:

@@ -73,8 +73,8 @@ class LearningRateMonitor(Callback):
     def on_train_batch_start(self, trainer, module, batch: Any, batch_idx: int) -> None:
         if self.logging_interval == "epoch":
             return
-        step = trainer.global_step
-        # Several batches share a global_step under gradient accumulation: log once.
+        step = trainer.state.batches_stepped  # Lightning's step for logged rows (manual: one per batch)
+        # Several batches share a step under gradient accumulation: log once.
         if step == self._last_step_logged or step % max(1, getattr(trainer, "log_every_n_steps", 1)) != 0:
             return
         self._last_step_logged = step
@@ -91,7 +91,7 @@ class LearningRateMonitor(Callback):
         if not stats:
             return
         trainer.callback_metrics.update({k: torch.tensor(v) for k, v in stats.items()})  # one dict, kept
-        trainer.log_metrics(stats, step=trainer.global_step)
+        trainer.log_metrics(stats, step=trainer.state.batches_stepped)
 
     def extract_stats(self, interval: str | None = None) -> dict[str, float]:
         """Current learning rates (and momenta) by logged name."""

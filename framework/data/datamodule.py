@@ -19,7 +19,11 @@ class DataModule:
 
     def setup(self, stage: str) -> None: ...
 
-    def teardown(self, stage: str) -> None: ...
+    def teardown(self, stage: str) -> None:
+        """After ``fit``/``validate``/``test``/``predict`` (not after a failure: ``on_exception``)."""
+
+    def on_exception(self, exception: BaseException) -> None:
+        """A run failed with ``exception`` (before it goes on to the caller)."""
 
     def train_dataloader(self) -> DataLoader:
         raise NotImplementedError(f"{type(self).__name__} has no train_dataloader()")
@@ -32,6 +36,24 @@ class DataModule:
 
     def predict_dataloader(self) -> DataLoader | None:
         return None
+
+    # -- batch transfer: an override here wins over the module's, as in Lightning -------------
+    def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        return batch
+
+    def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
+        from framework.accelerators.base import move_to_device
+
+        return move_to_device(batch, device)
+
+    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        return batch
+
+    # -- checkpoints: what ``state_dict`` returns is saved and handed back on resume ----------
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None: ...
 
 
 def batch_size_of(batch: Any) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import sys
 
 
 def num_batches(loader, limit: int | float | None) -> float:
@@ -41,15 +42,19 @@ class LookAhead:
         return item
 
 
-def positional_arity(fn) -> float:
-    """How many positional arguments ``fn`` takes (``inf`` with ``*args``): a step written as
-    ``training_step(self, batch)`` is called without ``batch_idx``, as Lightning does."""
+#: the arity of a function that takes ``*args``: an int, so that ``args[:arity]`` keeps them all
+ANY_NUMBER = sys.maxsize
+
+
+def positional_arity(fn) -> int:
+    """How many positional arguments ``fn`` takes (``ANY_NUMBER`` with ``*args``): a step written
+    as ``training_step(self, batch)`` is called without ``batch_idx``, as Lightning does."""
     import inspect
 
     try:
         params = inspect.signature(fn).parameters.values()
     except (TypeError, ValueError):
-        return math.inf
+        return ANY_NUMBER
     if any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in params):
-        return math.inf
+        return ANY_NUMBER
     return sum(p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD) for p in params)

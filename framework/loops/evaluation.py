@@ -12,6 +12,7 @@ import torch
 
 from framework.errors import ConfigError
 from framework.loops.batches import num_batches, positional_arity
+from framework.loops.transfer import batch_transfer_fn
 
 _LOADER_NAMES = {"validate": "val_dataloader", "test": "test_dataloader"}
 
@@ -25,8 +26,9 @@ def run_eval_stage(trainer, fn: str) -> list[dict]:
     return [{k: float(v) for k, v in values.items() if v.numel() == 1 and k not in aliases}]
 
 
-def run_evaluation(trainer, stage: str, limit: int | None = None, log: bool = True) -> dict:
-    """One pass over the ``stage`` loaders in eval mode, no gradients; returns epoch metrics."""
+def run_evaluation(trainer, stage: str, limit: int | None = None, log: bool = True, zero_grad: bool = False) -> dict:
+    """One pass over the ``stage`` loaders in eval mode, no gradients; returns epoch metrics.
+    ``zero_grad``: inside fit, free the gradients first (``on_validation_model_zero_grad``)."""
     module, hooks, state = trainer.module, trainer.hooks, trainer.state
     loaders = trainer.loaders.get(stage) or []
     step_fn = module.validation_step if stage == "validate" else module.test_step
@@ -34,9 +36,10 @@ def run_evaluation(trainer, stage: str, limit: int | None = None, log: bool = Tr
     prefix = "validation" if stage == "validate" else "test"
     sanity_check = state.stage == "sanity_check"
     outer_stage, state.stage = state.stage, state.stage if sanity_check else stage
-    was_training = module.training
-    module.eval()
-    to_device, device = trainer.accelerator.batch_to_device, trainer.strategy.root_device
+    if zero_grad and not sanity_check:
+        hooks.module_hook("on_validation_model_zero_grad")
+    modes = ModuleModes(module)
+    hooks.module_hook(f"on_{prefix}_model_eval")
     try:
         no_grad = torch.inference_mode() if trainer.inference_mode else torch.no_grad()  # Lightning's switch
         with trainer.metrics.evaluating(stage) as collector, no_grad:
@@ -49,10 +52,11 @@ def run_evaluation(trainer, stage: str, limit: int | None = None, log: bool = Tr
                 if limit is not None:  # the sanity check: at most ``limit`` of them
                     n = min(n, limit)
                 trainer.num_val_batches = n
+                to_device = batch_transfer_fn(trainer, dl_idx)
                 for batch_idx, batch in enumerate(loader):
                     if batch_idx >= n:
                         break
-                    batch = trainer.metrics.current_batch = to_device(batch, device)
+                    batch = trainer.metrics.current_batch = to_device(batch)
                     trainer.state.eval_batches += 1
                     where = (batch_idx,) if len(loaders) == 1 else (batch_idx, dl_idx)  # Lightning's arguments
                     if batch_start is not None:
@@ -62,17 +66,45 @@ def run_evaluation(trainer, stage: str, limit: int | None = None, log: bool = Tr
                         outputs = step_fn(*args[:arity])
                     if batch_end is not None:
                         batch_end(outputs, batch, *where)
-            hooks.module_hook(f"on_{prefix}_epoch_end")  # the module first, then its metrics, then callbacks
-            values = collector.compute_epoch(trainer.strategy, trainer.module)
-            if log and not sanity_check:
-                trainer.metrics.record_epoch(collector)
-                log_epoch_metrics(trainer, collector)
-            hooks.callbacks(f"on_{prefix}_epoch_end")
+            values = _end_evaluation_epoch(trainer, collector, prefix, log and not sanity_check)
             hooks(f"on_{prefix}_end")
     finally:
         state.stage = outer_stage
-        module.train(was_training)
+        if hooks.module_overrides(f"on_{prefix}_model_train"):
+            hooks.module_hook(f"on_{prefix}_model_train")
+        else:
+            modes.restore()
     return values
+
+
+def _end_evaluation_epoch(trainer, collector, prefix: str, log: bool) -> dict:
+    """The epoch's values first, so that ``on_*_epoch_end`` (callbacks, then the module) sees
+    them in ``callback_metrics``; then what those hooks logged. The sanity check's values are
+    seen by its hooks and dropped after it, as in Lightning."""
+    strategy, module = trainer.strategy, trainer.module
+    with trainer.metrics.kept(not log):
+        collector.compute_epoch(strategy, module, final=False)
+        trainer.metrics.record_epoch(collector)
+        trainer.hooks(f"on_{prefix}_epoch_end")
+        values = collector.compute_epoch(strategy, module, final=True)
+        trainer.metrics.record_epoch(collector)
+    if log:
+        log_epoch_metrics(trainer, collector)
+    return values
+
+
+class ModuleModes:
+    """Every submodule's train/eval mode, captured now and put back by ``restore`` (a frozen
+    submodule in eval mode stays so after validation, as in Lightning)."""
+
+    def __init__(self, module: torch.nn.Module) -> None:
+        self.module = module
+        self.modes = {name: m.training for name, m in module.named_modules()}
+
+    def restore(self) -> None:
+        for name, m in self.module.named_modules():
+            if name in self.modes:
+                m.training = self.modes[name]
 
 
 def log_epoch_metrics(trainer, collector) -> None:

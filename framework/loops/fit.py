@@ -31,7 +31,7 @@ def run_fit(trainer, fn: str) -> None:
     trainer.num_training_batches = num_batches(loader, trainer.limits["train"])
     _check_there_is_something_to_train(trainer, loader)
     hooks("on_fit_start")
-    if state.resume_from is None and trainer.num_sanity_val_steps != 0 and trainer.loaders.get("validate"):
+    if trainer.num_sanity_val_steps != 0 and trainer.loaders.get("validate"):  # also on resume, as in Lightning
         state.stage = "sanity_check"
         hooks.callbacks("on_sanity_check_start")
         sanity = trainer.num_sanity_val_steps
@@ -42,6 +42,7 @@ def run_fit(trainer, fn: str) -> None:
     if state.resume_from is not None:
         state.resume_from.restore_rng()
     state.stage = "train"
+    _warn_if_modules_in_eval_mode(trainer.module)
     hooks("on_train_start")
     stops = StopCheck(trainer, time.monotonic() + trainer.max_time if trainer.max_time else None)
     reload_every = trainer.reload_dataloaders_every_n_epochs
@@ -55,6 +56,16 @@ def run_fit(trainer, fn: str) -> None:
     state.stage = None
     hooks("on_train_end")
     hooks("on_fit_end")
+
+
+def _warn_if_modules_in_eval_mode(module) -> None:
+    """fw, as Lightning, trains the module in the modes it has (a frozen part may stay in eval
+    mode), and says so once, as Lightning does, when some part is in eval mode at the start."""
+    in_eval = [name or type(module).__name__ for name, m in module.named_modules() if not m.training]
+    if in_eval:
+        rank_zero_warn(f"{len(in_eval)} module(s) in eval mode at the start of training ({', '.join(in_eval[:3])}"
+                       f"{', ...' if len(in_eval) > 3 else ''}): they train in eval mode (dropout off, batch-norm "
+                       "statistics frozen); call .train() on them before fit if that is not intended")
 
 
 def _check_there_is_something_to_train(trainer, loader) -> None:

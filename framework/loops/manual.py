@@ -25,7 +25,8 @@ What fw does for the module, per ``ManualOptimizer.step``:
   one step) with one all-reduce instead of one per backward.
 - **Precision.** ``manual_backward`` scales the loss under ``16-mixed``; the step unscales
   (once, also when ``clip_gradients`` already did), steps through the GradScaler and updates it.
-- **Hooks.** ``on_before_backward``/``on_after_backward`` around each ``manual_backward``,
+- **Hooks.** ``on_before_backward``/``on_after_backward`` around each ``manual_backward``, which
+  calls the module's ``backward``,
   ``on_before_optimizer_step`` before each step (gradients averaged and unscaled).
 - **Non-finite losses** (``trainer.on_nonfinite``) are checked in ``manual_backward``.
 """
@@ -82,6 +83,8 @@ class ManualOptimization:
         self._before_backward = trainer.hooks.per_batch("on_before_backward")
         self._after_backward = trainer.hooks.per_batch("on_after_backward")
         self._before_step = trainer.hooks.per_batch("on_before_optimizer_step")
+        module = trainer.module
+        self._backward = module.backward if trainer.hooks.module_overrides("backward") else torch.Tensor.backward
 
         def manual_step(batch: Any, batch_idx: int, _sync: bool) -> Any:
             self.batch_idx = batch_idx
@@ -100,10 +103,12 @@ class ManualOptimization:
             if checked is None or state.skip_step:  # on_nonfinite=skip: this loss adds nothing
                 state.skip_step = False
                 return
+        scaler = self.trainer.precision.scaler
+        if scaler is not None:  # the hooks and backward see the scaled loss, as in Lightning
+            loss = scaler.scale(loss)
         if self._before_backward is not None:
             self._before_backward(loss)
-        scaler = self.trainer.precision.scaler
-        (scaler.scale(loss) if scaler is not None else loss).backward(*args, **kwargs)
+        self._backward(loss, *args, **kwargs)
         self.backwards += 1
         if self._after_backward is not None:
             self._after_backward()
@@ -160,7 +165,10 @@ class ManualOptimizer:
 
     def step(self, closure: Callable[[], Any] | None = None, **kwargs: Any) -> Any:
         manual = getattr(self._trainer, "manual", None)
-        if manual is None:  # automatic optimization: the loop steps; a module stepping too is plain torch
+        if manual is None:  # automatic optimization: optimizer_step's step (loops/optimization.py)
+            automatic = self.__dict__.get("_automatic_step")
+            if automatic is not None:
+                return automatic(closure, **kwargs)
             return self.optimizer.step(closure=closure, **kwargs) if closure else self.optimizer.step(**kwargs)
         if closure is not None and not callable(closure):
             raise ConfigError("optimizer.step(closure): the closure must be callable")

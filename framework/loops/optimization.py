@@ -1,69 +1,178 @@
-"""The per-batch training path, in three pieces built once per epoch:
+"""One batch of automatic optimization, with Lightning's hooks in Lightning's places.
 
-1. ``forward_backward``: ``training_step`` under autocast, the loss divided for gradient
-   accumulation, backward (scaled under ``16-mixed``); on accumulation steps inside ``no_sync``,
-   so DDP all-reduces the gradients only on the batch that steps.
-2. ``optimizer_step``: for each optimizer, unscale (so hooks and clipping see true gradients),
-   ``on_before_optimizer_step``, clip by norm or value, step (through the GradScaler), zero.
-3. ``step_schedulers``: LR schedulers of the ``step`` interval after each optimizer step, of the
-   ``epoch`` interval after each epoch, every ``frequency``; ReduceLROnPlateau reads its metric.
+Per batch (``train_batch``), built once per epoch by ``automatic_step_fn``:
 
-Each piece is a closure over what it needs, looked up once per epoch, so the per-batch path
-does no attribute lookups, allocates no hook lists and calls no hook nobody overrides.
+1. On a batch that only accumulates (``accumulate_grad_batches = k``: k-1 of every k), the
+   *closure* runs inside DDP's ``no_sync``: no optimizer step, no gradient all-reduce.
+2. On a batch that steps, ``module.optimizer_step(epoch, batch_idx, optimizer, closure)`` runs,
+   whose default is ``optimizer.step(closure=closure)``. ``optimizer`` is the module's
+   ``self.optimizers()`` wrapper: its ``step`` runs the closure, then ``on_before_optimizer_step``
+   (gradients unscaled under ``16-mixed``), then ``configure_gradient_clipping`` (the Trainer's
+   ``gradient_clip_val``), then the optimizer's own step (through the GradScaler).
+
+The closure: ``training_step`` under autocast, the loss checked (``trainer.on_nonfinite``) and
+divided by k; on the first batch of each window ``on_before_zero_grad`` and
+``optimizer_zero_grad``; then ``on_before_backward``, ``module.backward`` (scaled under
+``16-mixed``), ``on_after_backward``. A hook nobody overrides is not called; a default that does
+the obvious thing is done inline.
 """
 
 from __future__ import annotations
 
 import contextlib
-import math
 from typing import Any, Callable
 
 import torch
 
 from framework.errors import ConfigError, TrainingError
 from framework.loops.batches import positional_arity
-from framework.rank_zero import rank_zero_warn
+from framework.loops.nonfinite import nonfinite_guard
 
 _NO_CONTEXT = contextlib.nullcontext()
 
 
-def forward_backward_fn(trainer) -> Callable[[Any, int, bool], Any]:
-    """``(batch, batch_idx, sync) -> outputs``; ``sync=False`` skips DDP's gradient all-reduce.
+def check_one_optimizer(trainer) -> None:
+    if len(trainer.optimizers) != 1:
+        raise ConfigError(
+            f"configure_optimizers() returned {len(trainer.optimizers)} optimizers: training with several "
+            "optimizers needs manual optimization, as in Lightning; set self.automatic_optimization = False "
+            "and step them in training_step (opt_a, opt_b = self.optimizers())"
+        )
 
-    A non-finite loss is caught here, before its backward (``trainer.on_nonfinite``): ``error``
-    stops the run naming the step, ``skip`` drops the batch on every rank (no backward, no
-    step), ``warn`` says so and goes on.
-    """
-    strategy, precision, hooks = trainer.strategy, trainer.precision, trainer.hooks
-    guard = nonfinite_guard(trainer)
-    step = strategy.training_step_fn(trainer.module)
-    with_idx = positional_arity(trainer.module.training_step) >= 2  # training_step(self, batch) is allowed
+
+def automatic_step_fn(trainer) -> Callable[[Any, int, bool], Any]:
+    """``(batch, batch_idx, steps_now) -> outputs`` of ``training_step``."""
+    module, state, hooks, strategy = trainer.module, trainer.state, trainer.hooks, trainer.strategy
+    optimizer = trainer.optimizers[0]
+    wrapped = module.optimizers()  # what optimizer_step gets: Lightning's LightningOptimizer
+    closure_for = _closure_fn(trainer, optimizer)
+    step = _step_fn(trainer, optimizer)
+    wrapped.__dict__["_automatic_step"] = step
+    user_step = module.optimizer_step if hooks.module_overrides("optimizer_step") else None
     accumulate = trainer.accumulate_grad_batches
     no_sync = strategy.no_sync if strategy.multi_process and accumulate > 1 else None
+
+    def train_batch(batch: Any, batch_idx: int, steps_now: bool) -> Any:
+        closure = closure_for(batch, batch_idx)
+        if not steps_now:
+            with no_sync() if no_sync is not None else _NO_CONTEXT:
+                closure()
+        elif user_step is None:
+            step(closure)
+        else:
+            user_step(state.epoch, batch_idx, wrapped, closure)
+            if not closure.ran:
+                raise ConfigError(
+                    f"{type(module).__name__}.optimizer_step did not call optimizer_closure, which runs "
+                    "training_step, zero_grad and backward: call optimizer.step(closure=optimizer_closure) "
+                    "(or optimizer_closure()) in it"
+                )
+        return closure.outputs
+
+    train_batch.flush_checks = closure_for.flush_checks  # the epoch's end reads what is still pending
+    return train_batch
+
+
+def _closure_fn(trainer, optimizer: torch.optim.Optimizer) -> Callable[[Any, int], Callable[[], Any]]:
+    """``(batch, batch_idx) -> closure``; the closure returns the loss its backward used."""
+    module, state, hooks, strategy, precision = (trainer.module, trainer.state, trainer.hooks,
+                                                 trainer.strategy, trainer.precision)
+    guard = nonfinite_guard(trainer)
+    step = strategy.training_step_fn(module)
+    with_idx = positional_arity(module.training_step) >= 2  # training_step(self, batch) is allowed
+    accumulate = trainer.accumulate_grad_batches
     autocast = precision.autocast if precision.autocast_dtype is not None else None
-    backward = precision.backward if precision.scaler is not None else torch.Tensor.backward
+    scaler = precision.scaler
+    backward = module.backward if hooks.module_overrides("backward") else torch.Tensor.backward
     before_backward = hooks.per_batch("on_before_backward")
     after_backward = hooks.per_batch("on_after_backward")
+    before_zero_grad = hooks.per_batch("on_before_zero_grad")
+    zero_grad = module.optimizer_zero_grad if hooks.module_overrides("optimizer_zero_grad") else None
 
-    def forward_backward(batch: Any, batch_idx: int, sync: bool) -> Any:
-        with no_sync() if no_sync is not None and not sync else _NO_CONTEXT:
+    def closure_for(batch: Any, batch_idx: int) -> Callable[[], Any]:
+        def closure() -> Any:
+            closure.ran = True
             with autocast() if autocast is not None else _NO_CONTEXT:
-                outputs = step(batch, batch_idx) if with_idx else step(batch)
+                outputs = closure.outputs = step(batch, batch_idx) if with_idx else step(batch)
             loss = _loss_of(outputs) if isinstance(outputs, dict) else outputs
             if loss is not None:
                 loss = guard(loss, batch_idx)
-            if loss is not None:  # None: the step chose to skip this batch (or the guard did)
-                if accumulate > 1:
-                    loss = loss / accumulate
-                if before_backward is not None:
-                    before_backward(loss)
-                backward(loss)
-                if after_backward is not None:
-                    after_backward()
-        return outputs
+            if batch_idx % accumulate == 0:  # the first batch of an accumulation window
+                if before_zero_grad is not None:
+                    before_zero_grad(optimizer)
+                if zero_grad is not None:
+                    zero_grad(state.epoch, batch_idx, optimizer)
+                else:
+                    optimizer.zero_grad()
+            if loss is None:  # the step chose to skip this batch (or the guard did)
+                return None
+            if accumulate > 1:
+                loss = loss / accumulate
+            if scaler is not None:
+                loss = scaler.scale(loss)
+            if before_backward is not None:
+                before_backward(loss)
+            backward(loss)
+            if after_backward is not None:
+                after_backward()
+            return loss
 
-    forward_backward.flush_checks = guard.flush  # the epoch's end reads what is still pending
-    return forward_backward
+        closure.ran, closure.outputs = False, None
+        return closure
+
+    closure_for.flush_checks = guard.flush
+    return closure_for
+
+
+def _step_fn(trainer, optimizer: torch.optim.Optimizer) -> Callable[..., Any]:
+    """What the wrapper's ``step(closure)`` does in automatic optimization: the closure, the
+    hooks and clipping after it, and the optimizer's step."""
+    module, state, hooks, precision = trainer.module, trainer.state, trainer.hooks, trainer.precision
+    scaler = precision.scaler
+    before_step = hooks.per_batch("on_before_optimizer_step")
+    custom_clip = hooks.module_overrides("configure_gradient_clipping") or hooks.module_overrides("clip_gradients")
+    clip_val, clip_algorithm = trainer.gradient_clip_val, trainer.gradient_clip_algorithm
+    reevaluates = isinstance(optimizer, torch.optim.LBFGS)  # calls its closure again: give it one
+
+    def after_closure() -> None:
+        if before_step is not None:
+            before_step(optimizer)
+        if custom_clip:
+            module.configure_gradient_clipping(optimizer, gradient_clip_val=clip_val,
+                                               gradient_clip_algorithm=clip_algorithm)
+        elif clip_val:
+            clip_gradients(optimizer, float(clip_val), clip_algorithm or "norm")
+
+    def step(closure: Callable[[], Any] | None = None, **kwargs: Any) -> Any:
+        loss = closure() if closure is not None else None
+        if state.skip_step:  # a non-finite loss in this accumulation window (on_nonfinite=skip)
+            state.skip_step = False
+            optimizer.zero_grad(set_to_none=True)
+            return loss
+        if scaler is not None:
+            if loss is not None:
+                precision.unscale(optimizer)  # hooks and clipping see the true gradients
+            after_closure()
+            if loss is not None:  # Lightning: no backward, nothing to step
+                precision.step(optimizer, **kwargs)
+            return loss
+        after_closure()
+        if reevaluates and closure is not None:
+            first = [True]
+
+            def again() -> Any:
+                if first[0]:
+                    first[0] = False
+                    return loss
+                out = closure()
+                after_closure()
+                return out
+
+            return optimizer.step(closure=again, **kwargs)
+        optimizer.step(**kwargs)
+        return loss
+
+    return step
 
 
 def _loss_of(outputs: dict) -> Any:
@@ -75,128 +184,11 @@ def _loss_of(outputs: dict) -> Any:
     return outputs["loss"]
 
 
-#: on an accelerator, losses are checked together every so many steps: reading one is a sync
-CHECK_EVERY_ON_ACCELERATORS = 50
-
-
-def checks_later(device: torch.device) -> bool:
-    """Read losses in batches (no host sync per step) on this device? Not on the CPU, where a
-    scalar's ``.item()`` costs ~0.2 µs."""
-    return device.type != "cpu"
-
-
-def nonfinite_guard(trainer) -> Callable[[torch.Tensor, int], torch.Tensor | None]:
-    """What to do with each loss: return it, return None (skip the batch), or raise.
-
-    ``skip`` must decide before the backward, so it reads every loss at once. ``error`` and
-    ``warn`` on an accelerator keep a finite-flag per step on the device and read them together
-    every ``CHECK_EVERY_ON_ACCELERATORS`` steps and at each epoch end (``guard.flush``), naming
-    the first bad step: the run may go on a few steps past it, and the weights check before
-    every checkpoint write keeps a bad state off the disk meanwhile.
-    """
-    mode, state, strategy = trainer.on_nonfinite, trainer.state, trainer.strategy
-    agree = strategy.is_distributed and mode == "skip"  # every rank must skip the same batch
-    # DDP expects a backward after each forward: there the batch runs backward and the step
-    # then throws its gradients away (``state.skip_step``); alone, the batch just stops here
-    backward_anyway = strategy.multi_process
-    pending: list[tuple[str, torch.Tensor, torch.Tensor]] = []  # (where, finite flag, loss)
-
-    def report(where: str, loss: torch.Tensor) -> None:
-        value = loss.detach().float().reshape(-1)[0].item()
-        if mode == "error":
-            raise TrainingError(
-                f"the loss is {value} at {where}; the run stops here and checkpoints already written "
-                "stay as they are. Lower the learning rate, clip gradients (trainer.gradient_clip_val), "
-                "or set trainer.on_nonfinite=skip to drop such batches"
-            )
-        rank_zero_warn(f"non-finite loss at {where}: " + ("step skipped" if mode == "skip" else "training on")
-                       + "; lower the learning rate or clip gradients (trainer.gradient_clip_val)")
-
-    def flush() -> None:
-        checked = list(pending)
-        pending.clear()
-        if not checked or bool(torch.stack([flag for _, flag, _ in checked]).all()):  # one sync for all
-            return
-        where, _, loss = next(item for item in checked if not bool(item[1]))  # the first bad step
-        report(where, loss)
-
-    def guard(loss: torch.Tensor, batch_idx: int) -> torch.Tensor | None:
-        where = f"step {state.global_step + 1} (epoch {state.epoch}, batch {batch_idx})"
-        if mode != "skip" and checks_later(loss.device):
-            pending.append((where, torch.isfinite(loss.detach()).all(), loss.detach()))
-            if len(pending) >= CHECK_EVERY_ON_ACCELERATORS:
-                flush()
-            return loss
-        # a scalar's .item() costs ~0.2 µs on the CPU; torch.isfinite(...).all() ~7 µs
-        finite = math.isfinite(loss.item()) if loss.numel() == 1 else bool(torch.isfinite(loss.detach()).all())
-        if agree:
-            finite = strategy.reduce_boolean_decision(finite, all=True)
-        if finite:
-            return loss
-        report(where, loss)
-        if mode == "warn":
-            return loss
-        state.skip_step = True
-        return loss if backward_anyway else None
-
-    guard.flush = flush
-    return guard
-
-
-def optimizer_step_fn(trainer) -> Callable[[], None]:
-    """``() -> None``: step and zero every optimizer."""
-    precision, optimizers = trainer.precision, trainer.optimizers
-    before_step = trainer.hooks.per_batch("on_before_optimizer_step")
-    clip_val, clip_algorithm = trainer.gradient_clip_val, trainer.gradient_clip_algorithm
-    plain = precision.scaler is None and not clip_val
-
-    state = trainer.state
-
-    def optimizer_step() -> None:
-        if state.skip_step:  # a non-finite loss in this accumulation group (on_nonfinite=skip)
-            state.skip_step = False
-            for opt in optimizers:
-                opt.zero_grad(set_to_none=True)
-            return
-        for opt in optimizers:
-            if not plain:
-                precision.unscale(opt)  # hooks and clipping see the true gradients
-            if before_step is not None:
-                before_step(opt)
-            if plain:
-                opt.step()
-            else:
-                if clip_val:
-                    clip_gradients(opt, clip_val, clip_algorithm)
-                precision.step(opt)
-            opt.zero_grad(set_to_none=True)
-
-    return optimizer_step
-
-
 def clip_gradients(optimizer: torch.optim.Optimizer, value: float, algorithm: str) -> None:
+    if value <= 0:
+        return
     params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
     if algorithm == "norm":
         torch.nn.utils.clip_grad_norm_(params, value)
     else:
         torch.nn.utils.clip_grad_value_(params, value)
-
-
-def step_schedulers(trainer, interval: str) -> None:
-    """Step the schedulers of ``interval`` (``step`` or ``epoch``) that are due."""
-    count = trainer.global_step if interval == "step" else trainer.current_epoch + 1
-    for cfg in trainer.lr_scheduler_configs:
-        if cfg.interval != interval or count % cfg.frequency:
-            continue
-        if isinstance(cfg.scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
-            monitor = cfg.monitor or "val_loss"
-            metrics = trainer.callback_metrics
-            if monitor not in metrics:
-                if cfg.strict:
-                    raise ConfigError(
-                        f"lr_scheduler monitor '{monitor}' was not logged; logged: {', '.join(sorted(metrics)) or 'none'}"
-                    )
-                continue
-            cfg.scheduler.step(float(metrics[monitor]))
-        else:
-            cfg.scheduler.step()

@@ -1,6 +1,6 @@
 """Predict: ``predict_step`` over the predict loaders in eval mode, no gradients; the outputs
 are returned in order (a list per loader when there are several, as in Lightning; nothing with
-``return_predictions=False``). The module's training mode is put back afterwards."""
+``return_predictions=False``). Every submodule's training mode is put back afterwards."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ import torch
 
 from framework.errors import ConfigError
 from framework.loops.batches import num_batches, positional_arity
+from framework.loops.evaluation import ModuleModes
+from framework.loops.transfer import batch_transfer_fn
 
 
 def run_predict(trainer, fn: str) -> list:
@@ -15,10 +17,9 @@ def run_predict(trainer, fn: str) -> list:
     loaders = trainer.loaders.get("predict") or []
     if not loaders:
         raise ConfigError("predict needs data: pass dataloaders= or a datamodule with predict_dataloader()")
-    was_training = module.training
-    module.eval()
+    modes = ModuleModes(module)
+    hooks.module_hook("on_predict_model_eval")
     trainer.state.stage = "predict"
-    to_device, device = trainer.accelerator.batch_to_device, trainer.strategy.root_device
     keep = getattr(trainer, "return_predictions", True)
     arity = positional_arity(module.predict_step)
     per_loader: list[list] = []
@@ -33,10 +34,11 @@ def run_predict(trainer, fn: str) -> list:
                 per_loader.append(predictions)
                 n = num_batches(loader, trainer.limits["predict"])
                 trainer.num_val_batches = n  # the progress bar's total
+                to_device = batch_transfer_fn(trainer, dl_idx)
                 for batch_idx, batch in enumerate(loader):
                     if batch_idx >= n:
                         break
-                    batch = to_device(batch, device)
+                    batch = to_device(batch)
                     where = (batch_idx,) if len(loaders) == 1 else (batch_idx, dl_idx)
                     if batch_start is not None:
                         batch_start(batch, *where)
@@ -50,7 +52,7 @@ def run_predict(trainer, fn: str) -> list:
         hooks("on_predict_epoch_end")
         hooks("on_predict_end")
     finally:
-        module.train(was_training)
+        modes.restore()
     if not keep:
         return None
     return per_loader[0] if len(per_loader) == 1 else per_loader

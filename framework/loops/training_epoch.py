@@ -20,19 +20,22 @@ import math
 import time
 
 import torch
+from torch.optim.lr_scheduler import ReduceLROnPlateau
 
 from framework.data import set_sampler_epoch
 from framework.errors import ConfigError, TrainingError
 from framework.loops.batches import LookAhead
 from framework.loops.evaluation import log_epoch_metrics, run_evaluation
-from framework.loops.optimization import forward_backward_fn, nonfinite_guard, optimizer_step_fn, step_schedulers
+from framework.loops.nonfinite import nonfinite_guard
+from framework.loops.optimization import automatic_step_fn
+from framework.loops.schedulers import step_schedulers
+from framework.loops.transfer import batch_transfer_fn
 from framework.seed import get_rng_state
 
 
 def run_train_epoch(trainer, loader, stops: StopCheck) -> None:
-    state, module, hooks = trainer.state, trainer.module, trainer.hooks
+    state, hooks = trainer.state, trainer.hooks
     collector = trainer.metrics.new_epoch("train")
-    module.train()
     set_sampler_epoch(loader, state.epoch)
     hooks("on_train_epoch_start")
     state.start_epoch(get_rng_state())
@@ -44,65 +47,65 @@ def run_train_epoch(trainer, loader, stops: StopCheck) -> None:
 
     # everything per batch is looked up once per epoch
     manual = trainer.manual is not None  # the module steps its optimizers itself (loops/manual.py)
-    if manual:
-        forward_backward, optimizer_step = trainer.manual.step_fn(nonfinite_guard(trainer)), None
-    else:
-        forward_backward, optimizer_step = forward_backward_fn(trainer), optimizer_step_fn(trainer)
+    train_batch = trainer.manual.step_fn(nonfinite_guard(trainer)) if manual else automatic_step_fn(trainer)
     batch_start, batch_end = hooks.per_batch("on_train_batch_start"), hooks.per_batch("on_train_batch_end")
-    to_device, device = trainer.accelerator.batch_to_device, trainer.strategy.root_device
+    to_device = batch_transfer_fn(trainer, 0)
     accumulate, val_every = trainer.accumulate_grad_batches, _val_check_batches(trainer, limit)
-    step_schedulers_now = any(cfg.interval == "step" for cfg in trainer.lr_scheduler_configs)
+    intervals = {(cfg.interval, isinstance(cfg.scheduler, ReduceLROnPlateau)) for cfg in trainer.lr_scheduler_configs}
     log_every, metrics = trainer.log_every_n_steps, trainer.metrics
 
     trained = 0  # batches whose training_step returned a loss
+    rest_skipped = False  # on_train_batch_start returned -1
     for batch_idx, batch in enumerate(iterator, start):
         if batch_idx >= limit:
             break
-        batch = metrics.current_batch = to_device(batch, device)
-        if batch_start is not None:
-            batch_start(batch, batch_idx)
+        batch = metrics.current_batch = to_device(batch)
         state.is_last_batch = last = batch_idx + 1 == limit or (lookahead is not None and lookahead.last)
+        if batch_start is not None and batch_start(batch, batch_idx) == -1:
+            rest_skipped = True  # Lightning: the rest of the epoch is skipped, and the epoch counts as done;
+            if not manual:       # its schedulers step as after a batch that stepped
+                step_schedulers(trainer, "step", plateau=False, batch_idx=batch_idx)
+            step_schedulers(trainer, "epoch", plateau=False)
+            break
         steps_now = last or (batch_idx + 1) % accumulate == 0
-        outputs = forward_backward(batch, batch_idx, steps_now)
+        outputs = train_batch(batch, batch_idx, steps_now)
         if outputs is not None or manual:
             trained += 1
-        if manual:  # every batch counts as one that stepped, as in Lightning
+        if manual or steps_now:  # manual: every batch counts as one that stepped, as in Lightning
+            if not manual:
+                state.global_step += 1
+                if ("step", False) in intervals:
+                    step_schedulers(trainer, "step", plateau=False, batch_idx=batch_idx)
             state.batches_stepped += 1
             if (state.batches_stepped % log_every == 0 or state.should_stop) and collector.step_dirty \
                     and trainer.loggers:
                 _log_step_metrics(trainer, collector)
-        elif steps_now:
-            optimizer_step()
-            state.global_step += 1
-            state.batches_stepped += 1
-            if step_schedulers_now:
-                step_schedulers(trainer, "step")
-            if (state.batches_stepped % log_every == 0 or state.should_stop) and collector.step_dirty \
-                    and trainer.loggers:
-                _log_step_metrics(trainer, collector)
+        if last and ("epoch", False) in intervals:
+            step_schedulers(trainer, "epoch", plateau=False)
         state.batches_done = batch_idx + 1
         if batch_end is not None:
             batch_end(_handed_on(outputs, 1 if manual else accumulate), batch, batch_idx)
 
-        if val_every and (batch_idx + 1) % val_every == 0 and batch_idx + 1 < limit and _val_due(trainer, True):
-            run_evaluation(trainer, "validate")
-            module.train()
+        if val_every and batch_idx + 1 < limit and _val_due(trainer, batch_idx, limit, val_every):
+            run_evaluation(trainer, "validate", zero_grad=steps_now)
+        if ("step", True) in intervals and steps_now:
+            step_schedulers(trainer, "step", plateau=True, batch_idx=batch_idx)
         if state.should_stop and state.epoch + 1 >= trainer.min_epochs:
             break
         if trainer.max_steps >= 0 and state.global_step >= trainer.max_steps:
             break
         if (batch_idx + 1) % stops.every == 0 and stops():
             break
-    forward_backward.flush_checks()
-    if not trained and state.batches_done > start:
+    train_batch.flush_checks()
+    if not trained and state.batches_done > start and not rest_skipped:
         raise TrainingError(
             f"training_step returned None for all {state.batches_done - start} batches of epoch {state.epoch}: "
             "nothing was trained. Return the loss (a tensor) or a dict with 'loss'; None skips one batch"
         )
     at_end = state.batches_done >= limit if lookahead is None else lookahead.last or not state.batches_done
-    if not at_end and state.batches_done:  # a stop cut the epoch short: a resume continues it
-        state.cut_epoch(get_rng_state(), collector.state_dict(module))
-    _end_train_epoch(trainer, collector)
+    if not at_end and state.batches_done and not rest_skipped:  # a stop cut the epoch short: a resume continues it
+        state.cut_epoch(get_rng_state(), collector.state_dict(trainer.module))
+    _end_train_epoch(trainer, collector, validate=not rest_skipped)
 
 
 def _handed_on(outputs, accumulate: int) -> dict:
@@ -171,20 +174,24 @@ def _iterate_from_resume_position(trainer, collector, loader):
     return iterator, resume.batches
 
 
-def _end_train_epoch(trainer, collector) -> None:
-    state, hooks = trainer.state, trainer.hooks
-    if (_val_due(trainer, False) and trainer.loaders.get("validate") and not _stopped_early_by_steps(trainer)
-            and state.stop_reason != "preempted"):  # a preempted run has no time for it
-        run_evaluation(trainer, "validate")
-    hooks.module_hook("on_train_epoch_end")  # the module first, then its epoch metrics, then callbacks
-    collector.compute_epoch(trainer.strategy, trainer.module)
+def _end_train_epoch(trainer, collector, validate: bool) -> None:
+    """Validation, then the epoch-end hooks (``hooks.train_epoch_end``'s order), each seeing this
+    epoch's values in ``callback_metrics``; ReduceLROnPlateau steps before the monitoring
+    callbacks (ModelCheckpoint), so a checkpoint written there resumes exactly."""
+    state, hooks, strategy, module = trainer.state, trainer.hooks, trainer.strategy, trainer.module
+    if (validate and trainer.loaders.get("validate") and _val_due_at_epoch_end(trainer)
+            and not _stopped_early_by_steps(trainer) and state.stop_reason != "preempted"):  # no time for it
+        run_evaluation(trainer, "validate", zero_grad=True)
+    collector.compute_epoch(strategy, module, final=False)
+    trainer.metrics.record_epoch(collector)
+    hooks.train_epoch_end(monitoring=False)
+    collector.compute_epoch(strategy, module, final=True)  # what the hooks logged
     trainer.metrics.record_epoch(collector)
     log_epoch_metrics(trainer, collector)  # step rows only every log_every_n_steps, as in Lightning
     if state.cut is None:  # epoch-interval schedulers step for finished epochs only
-        if trainer.manual is None:  # in manual optimization the module steps them
-            step_schedulers(trainer, "epoch")
+        step_schedulers(trainer, "epoch", plateau=True)
         state.finish_epoch()
-    hooks.callbacks("on_train_epoch_end")
+    hooks.train_epoch_end(monitoring=True)
     state.advance_epoch()
 
 
@@ -205,12 +212,27 @@ def _val_check_batches(trainer, limit: float) -> int | None:
     return int(interval)
 
 
-def _val_due(trainer, mid_epoch: bool) -> bool:
-    """``check_val_every_n_epoch=None`` validates only every ``val_check_interval`` batches."""
+def _val_due(trainer, batch_idx: int, limit: float, every: int) -> bool:
+    """Lightning's rule: validate after every ``every``-th batch of the epoch, or of the whole
+    fit with ``check_val_every_n_epoch=None`` (epochs of ``limit`` batches), in the epochs that
+    validate."""
     n = trainer.check_val_every_n_epoch
     if n is None:
-        return mid_epoch
-    return (trainer.current_epoch + 1) % n == 0
+        done = trainer.current_epoch * limit + batch_idx + 1 if not math.isinf(limit) else batch_idx + 1
+        return done % every == 0
+    return (batch_idx + 1) % every == 0 and (trainer.current_epoch + 1) % n == 0
+
+
+def _val_due_at_epoch_end(trainer) -> bool:
+    """At the end of an epoch that validates: always with the default ``val_check_interval``
+    (or a loader without a length); with an interval, only if the last batch falls on it, as in
+    Lightning (5 batches, every 2: after the 2nd and the 4th, not after the 5th)."""
+    limit, done = trainer.num_training_batches, trainer.state.batches_done
+    every = _val_check_batches(trainer, limit)
+    if every is None or math.isinf(limit):
+        n = trainer.check_val_every_n_epoch
+        return n is not None and (trainer.current_epoch + 1) % n == 0
+    return _val_due(trainer, done - 1, limit, every)
 
 
 def _log_step_metrics(trainer, collector) -> None:

@@ -55,7 +55,11 @@ def signal_arg(name: str, value: Any) -> str | None:
     return text
 
 
-def clip_algorithm(value: str) -> str:
+def clip_algorithm(value: str | None) -> str | None:
+    """``norm``, ``value``, or None (Lightning's default: norm, unless ``clip_gradients`` says)."""
+    if value is None:
+        return None
+    value = str(value).lower()
     if value not in ("norm", "value"):
         raise ConfigError(f"trainer.gradient_clip_algorithm '{value}': use norm or value")
     return value

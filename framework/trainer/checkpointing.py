@@ -144,8 +144,11 @@ def dump(trainer, per_rank: list[dict]) -> dict:
         "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
         "fit_index": trainer.state.fit_index,
     }
-    trainer.hooks.module_hook("on_save_checkpoint", checkpoint)  # the module's hook first, then the callbacks'
-    trainer.hooks.callbacks("on_save_checkpoint", checkpoint)
+    datamodule_state = trainer.datamodule.state_dict() if trainer.datamodule is not None else None
+    if datamodule_state:
+        checkpoint[type(trainer.datamodule).__qualname__] = datamodule_state
+    trainer.hooks.callbacks("on_save_checkpoint", checkpoint)  # the callbacks' hooks, then the module's
+    trainer.hooks.module_hook("on_save_checkpoint", checkpoint)
     return checkpoint
 
 
@@ -208,6 +211,9 @@ def restore(trainer, ckpt_path: str | None, fn: str) -> None:
         module.load_state_dict(checkpoint["state_dict"])
     except RuntimeError as err:
         raise CheckpointError(f"checkpoint '{ckpt_path}' does not fit this model: {ckpt.state_dict_mismatch(err)}") from None
+    datamodule = trainer.datamodule
+    if datamodule is not None and type(datamodule).__qualname__ in checkpoint:
+        datamodule.load_state_dict(checkpoint[type(datamodule).__qualname__])
     if fn != "fit":
         return
     for opt, state in zip(trainer.optimizers, checkpoint["optimizer_states"]):
@@ -215,10 +221,10 @@ def restore(trainer, ckpt_path: str | None, fn: str) -> None:
     for cfg, state in zip(trainer.lr_scheduler_configs, checkpoint["lr_schedulers"]):
         cfg.scheduler.load_state_dict(state)
     trainer.precision.load_state_dict(checkpoint.get("precision", {}))
+    trainer.hooks.callbacks("on_load_checkpoint", checkpoint)  # then each callback's state, as in Lightning
     for cb in trainer.callbacks:
-        if cb.state_key in checkpoint.get("callbacks", {}):
+        if checkpoint.get("callbacks", {}).get(cb.state_key):
             cb.load_state_dict(checkpoint["callbacks"][cb.state_key])
-    trainer.hooks.callbacks("on_load_checkpoint", checkpoint)
     trainer.state.load_progress(checkpoint["loop"], checkpoint["global_step"])
     trainer.state.resume_from = _resume_point(trainer, checkpoint)
 

@@ -4,13 +4,13 @@ Ordering rules (Lightning's), all of them here:
 
 1. ``hooks(name, *args)``: the callbacks (in the Trainer's order, ModelCheckpoint last so that
    it sees what early stopping and the others decided), then the module.
-2. Epoch ends (``on_train_epoch_end``, ``on_validation_epoch_end``, ...): the module alone first
-   (``hooks.module_hook(name)``), then the loop computes the epoch's metrics, then the callbacks alone
-   (``hooks.callbacks(name)``), so that checkpointing and early stopping see what the module
-   logged at its epoch end.
+2. ``on_train_epoch_end``: the callbacks that monitor nothing, then the module, then the
+   monitoring ones (EarlyStopping, ModelCheckpoint: ``hooks.train_epoch_end``), so that those see
+   what the module logged at its epoch end. Every epoch-end hook sees the epoch just finished
+   in ``trainer.callback_metrics``: the loop computes the epoch's values before it calls them.
 3. ``setup``, ``teardown``, ``on_exception``, ``on_sanity_check_*`` and the checkpoint hooks go
    to the callbacks only (``hooks.callbacks``); the module's own ``setup``/``teardown`` are
-   called by set-up, and its checkpoint hooks by the checkpointing code, before the callbacks'.
+   called by set-up, and its checkpoint hooks by the checkpointing code, after the callbacks'.
    Evaluation and predict ``on_*_start``/``_end`` and batch hooks follow rule 1, with
    ``dataloader_idx`` added when there are several loaders, as in Lightning.
 
@@ -30,42 +30,59 @@ _CALLBACK_HOOKS = [name for name in vars(Callback) if name.startswith(("on_", "s
 
 class HookDispatcher:
     def __init__(self, callbacks: Sequence[Callback], trainer: Any, module: Any) -> None:
+        from framework.callbacks import EarlyStopping, ModelCheckpoint
+
         self.trainer, self.module = trainer, module
         self._by_hook: dict[str, tuple] = {
             hook: tuple(getattr(cb, hook) for cb in callbacks if overrides(cb, Callback, hook))
             for hook in _CALLBACK_HOOKS
         }
+        monitoring = [isinstance(cb, (EarlyStopping, ModelCheckpoint)) for cb in callbacks]
+        ends = [(cb.on_train_epoch_end, m) for cb, m in zip(callbacks, monitoring)
+                if overrides(cb, Callback, "on_train_epoch_end")]
+        self._epoch_end = (tuple(fn for fn, m in ends if not m), tuple(fn for fn, m in ends if m))
 
-    def __call__(self, name: str, *args: Any) -> None:
-        """The callbacks' hook, then the module's (rule 1)."""
+    def __call__(self, name: str, *args: Any) -> Any:
+        """The callbacks' hook, then the module's (rule 1); the module's result."""
         self.callbacks(name, *args)
-        self.module_hook(name, *args)
+        return self.module_hook(name, *args)
 
     def callbacks(self, name: str, *args: Any) -> None:
         for fn in self._by_hook[name]:
             fn(self.trainer, self.module, *args)
 
-    def module_hook(self, name: str, *args: Any) -> None:
+    def module_hook(self, name: str, *args: Any, **kwargs: Any) -> Any:
         fn = getattr(self.module, name, None)
-        if fn is not None:
-            fn(*args)
+        return fn(*args, **kwargs) if fn is not None else None
 
-    def per_batch(self, name: str) -> Callable[..., None] | None:
-        """One callable for a per-batch hook (callbacks, then the module), or None when nobody
-        overrides it. Looked up once per epoch, not per batch."""
+    def train_epoch_end(self, monitoring: bool) -> None:
+        """Rule 2 in two calls: ``monitoring=False``, the other callbacks then the module;
+        ``monitoring=True``, EarlyStopping and ModelCheckpoint (the loop does its epoch-end
+        work between the two)."""
+        others, monitors = self._epoch_end
+        for fn in monitors if monitoring else others:
+            fn(self.trainer, self.module)
+        if not monitoring:
+            self.module_hook("on_train_epoch_end")
+
+    def module_overrides(self, name: str) -> bool:
         from framework.module import TrainModule
 
-        module_fn = getattr(self.module, name) if overrides(self.module, TrainModule, name) else None
+        return overrides(self.module, TrainModule, name)
+
+    def per_batch(self, name: str) -> Callable[..., Any] | None:
+        """One callable for a per-batch hook (callbacks, then the module; it returns what the
+        module's returned), or None when nobody overrides it. Looked up once per epoch."""
+        module_fn = getattr(self.module, name) if self.module_overrides(name) else None
         callbacks = self._by_hook[name]
         if not callbacks:
             return module_fn
         trainer, module = self.trainer, self.module
 
-        def call(*args: Any) -> None:
+        def call(*args: Any) -> Any:
             for fn in callbacks:
                 fn(trainer, module, *args)
-            if module_fn is not None:
-                module_fn(*args)
+            return module_fn(*args) if module_fn is not None else None
 
         return call
 

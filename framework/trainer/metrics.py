@@ -31,6 +31,9 @@ class LoggedMetrics:
 
     def __init__(self) -> None:
         self.current_batch: Any = None
+        #: the strategy of a distributed run (set by set-up): ``sync_dist`` step values are
+        #: reduced over its ranks when logged, as Lightning does
+        self.strategy: Any = None
         self.collector = MetricCollector("train", self.current_batch_size)
         self.training = self.collector  # this training epoch's, also while an evaluation runs
         self.epoch_values: dict[str, torch.Tensor] = {}
@@ -43,6 +46,23 @@ class LoggedMetrics:
     def log(self, name: str, value: Any, **options: Any) -> None:
         """``self.log`` of the module: record in the collector of the stage that runs."""
         self.collector.log(name, value, **options)
+        entry = self.collector.entries[name]
+        if entry.on_step and entry.sync_dist and entry.metric is None and self.strategy is not None:
+            entry.last = self._synced_step_value(entry)
+
+    def _synced_step_value(self, entry: _Entry) -> torch.Tensor:
+        """A ``sync_dist=True`` step value reduced over the ranks now (a collective: every rank
+        logs it at the same batch). Training shards are equal; evaluation shards are exact, so
+        ranks may run different numbers of batches there, and a per-step collective would hang."""
+        if self.collector.stage != "train":
+            raise ConfigError(
+                f"self.log('{entry.name}', on_step=True, sync_dist=True) in {self.collector.stage}: fw's exact "
+                "distributed evaluation gives ranks unequal numbers of batches, so a per-step reduction over "
+                "ranks cannot be done; log it with on_step=False (the epoch value is reduced exactly)"
+            )
+        strategy = self.strategy
+        value = strategy.all_reduce(entry.last.to(strategy.collective_device), entry.reduce_fx)
+        return value.to(entry.last.device)
 
     def new_epoch(self, stage: str) -> MetricCollector:
         """A fresh collector for a training epoch (its step values replace the last epoch's)."""
@@ -57,6 +77,20 @@ class LoggedMetrics:
             yield self.collector
         finally:
             self.collector = training
+
+    @contextlib.contextmanager
+    def kept(self, keep: bool) -> Iterator[None]:
+        """With ``keep``, what is recorded inside is forgotten after it (the sanity check)."""
+        if not keep:
+            yield
+            return
+        saved = dict(self.epoch_values), dict(self.prog_bar_keys), dict(self._callback_metrics)
+        try:
+            yield
+        finally:
+            self.epoch_values, self.prog_bar_keys = saved[0], saved[1]
+            self._callback_metrics.clear()
+            self._callback_metrics.update(saved[2])
 
     def record_epoch(self, collector: MetricCollector) -> None:
         """Keep ``collector``'s epoch aggregates as the run's latest values."""
@@ -102,6 +136,8 @@ class _Entry:
     total: torch.Tensor | None = None  # weighted sum (mean/sum) or running max/min
     weight: float = 0.0
     last: torch.Tensor | None = None
+    version: int = 0  # values logged so far this epoch
+    computed: int = -1  # the version the epoch value was last computed at
 
     @property
     def step_key(self) -> str:
@@ -122,12 +158,14 @@ class MetricCollector:
         self.epoch_values: dict[str, torch.Tensor] = {}
         self.epoch_flags: dict[str, tuple[bool, bool]] = {}  # key -> (prog_bar, logger)
         self.step_dirty = False
+        self._first_pass_done = False  # compute_epoch(final=False) ran: the epoch-end hooks run now
 
     def log(self, name: str, value: Any, *, prog_bar: bool, logger: bool, on_step: bool | None,
             on_epoch: bool | None, reduce_fx: str, sync_dist: bool, batch_size: int | None) -> None:
         entry = self.entries.get(name)
         if entry is None:
             entry = self._new_entry(name, value, prog_bar, logger, on_step, on_epoch, reduce_fx, sync_dist)
+        entry.version += 1
         if entry.metric is not None:
             if entry.on_step:
                 cached = getattr(entry.metric, "_forward_cache", None)
@@ -214,37 +252,57 @@ class MetricCollector:
         return {e.step_key: e.last for e in self.entries.values()
                 if e.on_step and e.last is not None and getattr(e, flag)}
 
-    def compute_epoch(self, strategy, module=None) -> dict[str, torch.Tensor]:
-        """Aggregate this epoch's values and reset every metric object.
+    def compute_epoch(self, strategy, module=None, final: bool = True) -> dict[str, torch.Tensor]:
+        """Aggregate this epoch's values; with ``final``, reset every metric object after.
 
-        Collective when distributed (call on every rank): a rank that logged nothing (no batch
-        in its shard) still takes part in each reduction, with nothing to add.
+        The epoch end computes twice, as Lightning's lazily computed results amount to: once
+        (``final=False``) before the epoch-end hooks, so that they see this epoch's values, and
+        once after (``final=True``), for what they logged themselves; the second pass computes
+        only entries logged since the first. Collective when distributed (call on every rank):
+        a rank that logged nothing (no batch in its shard) still takes part in each reduction.
         """
-        if strategy.is_distributed:
-            self._adopt_entries_of_other_ranks(strategy, module)
-        values: dict[str, torch.Tensor] = {}
-        for name in sorted(self.entries):
+        changed = self._changed_entries(strategy, module)
+        values = dict(self.epoch_values) if self._first_pass_done else {}
+        for name in sorted(changed):
             entry = self.entries[name]
-            if not entry.on_epoch:
+            value = self._epoch_value(entry, strategy)
+            entry.computed = entry.version
+            if value is None:
                 continue
-            if entry.metric is not None:
-                value = entry.metric.compute().detach()  # torchmetrics syncs its state across ranks
-            elif entry.sync_dist and strategy.is_distributed:
-                value = _reduce_across_ranks(entry, strategy)
-            elif entry.total is None:
-                continue
-            else:
-                value = entry.total / entry.weight if entry.reduce_fx == "mean" else entry.total
             value = value.float().reshape(()) if value.numel() == 1 else value.float()
             values[entry.epoch_key] = value
             self.epoch_flags[entry.epoch_key] = (entry.prog_bar, entry.logger)
             if entry.on_step:  # the plain name also carries the epoch value, as in Lightning
                 values[entry.name] = value
-        for entry in self.entries.values():  # every metric object starts the next epoch empty
-            if entry.metric is not None:
-                entry.metric.reset()
+        self._first_pass_done = not final
+        if final:
+            for entry in self.entries.values():  # every metric object starts the next epoch empty
+                if entry.metric is not None:
+                    entry.metric.reset()
         self.epoch_values = values
         return values
+
+    def _changed_entries(self, strategy, module) -> set[str]:
+        """Epoch entries to compute now: all of them in a first pass, else those logged since
+        (on any rank: every rank must join the same reductions)."""
+        if strategy.is_distributed:
+            self._adopt_entries_of_other_ranks(strategy, module)
+        epoch_entries = {name for name, entry in self.entries.items() if entry.on_epoch}
+        if not self._first_pass_done:
+            return epoch_entries
+        changed = {name for name in epoch_entries if self.entries[name].version != self.entries[name].computed}
+        if strategy.is_distributed:
+            changed = set().union(*strategy.all_gather_object(sorted(changed))) & epoch_entries
+        return changed
+
+    def _epoch_value(self, entry: _Entry, strategy) -> torch.Tensor | None:
+        if entry.metric is not None:
+            return entry.metric.compute().detach()  # torchmetrics syncs its state across ranks
+        if entry.sync_dist and strategy.is_distributed:
+            return _reduce_across_ranks(entry, strategy)
+        if entry.total is None:
+            return None
+        return entry.total / entry.weight if entry.reduce_fx == "mean" else entry.total
 
     def _adopt_entries_of_other_ranks(self, strategy, module) -> None:
         """Make every rank hold the same synced entries, in the same order, before reducing."""

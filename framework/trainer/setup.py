@@ -1,8 +1,9 @@
 """What a run builds before its loop starts, and what it releases at the end.
 
 ``setup``: the process group and device, the data (``prepare_data`` on local rank 0, then
-``setup(stage)``, then every loader sharded for this rank), the loggers and the run directory,
-the hook dispatcher, the wrapped model and the optimisers. ``teardown``: the hooks, the loggers,
+``setup(stage)`` of the DataModule, the callbacks and the module, then ``configure_model``, then
+every loader sharded for this rank), the loggers and the run directory, the hook dispatcher,
+the wrapped model and the optimisers. ``teardown``: the hooks, the loggers,
 the strategy (process group), and every process-wide setting the run changed, put back.
 """
 
@@ -17,6 +18,7 @@ from framework.checkpoint import check_writable_on_every_rank, plain_hparams
 from framework.data import DataModule, shard_dataloader
 from framework.data.sampler_injection import without_shuffle
 from framework.errors import ConfigError
+from framework.loops.optimization import check_one_optimizer
 from framework.optim import parse_optimizers
 from framework.rank_zero import rank_zero_info, rank_zero_warn
 from framework.seed import sampler_seed
@@ -78,6 +80,7 @@ def setup(trainer, fn: str, model, datamodule: DataModule | None, loaders: dict,
     Returns the checkpoint to start from (see ``checkpointing.resolve_path``): a resumed run
     logs into the version folder its checkpoint came from."""
     strategy = trainer.strategy
+    _refuse_hooks_fw_does_not_call(model)
     _attach_model_callbacks(trainer, model)
     trainer.hooks = HookDispatcher(trainer.callbacks, trainer, model)
     _apply_process_settings(trainer)
@@ -92,23 +95,26 @@ def setup(trainer, fn: str, model, datamodule: DataModule | None, loaders: dict,
     strategy.barrier("prepare_data")
     if datamodule is not None:
         datamodule.setup(fn)
+    resume_path = checkpointing.resolve_path(trainer, ckpt_path, fn)
+    _setup_loggers(trainer, resume_path)  # the run directory, which the callbacks' setup may use
+    trainer.hooks.callbacks("setup", fn)  # Lightning's order: the DataModule, the callbacks, the module
     model.setup(fn)
+    model.configure_model()
+    trainer.metrics.strategy = strategy if strategy.is_distributed else None
     seed = sampler_seed()
     source = datamodule if datamodule is not None else model  # Lightning: the module's own *_dataloader()
     trainer._loader_requests = (loaders, source, seed)
     trainer.loaders = {
-        key: _prepare_loaders(trainer, key, given, source, seed)
+        key: _prepare_loaders(trainer, key, given, source, seed) if _needs_loader(trainer, fn, key, model, given, source)
+        else []
         for key, given in loaders.items()
         if given is not None or datamodule is not None or _defines_loader(model, key)
     }
-    if fn == "fit" and trainer.loaders.get("validate") and not _runs_validation(trainer, model):
-        trainer.loaders["validate"] = []
-    resume_path = checkpointing.resolve_path(trainer, ckpt_path, fn)
-    _setup_loggers(trainer, resume_path)
-    trainer.hooks.callbacks("setup", fn)
     strategy.setup_module(model)
     if fn == "fit":
         trainer.optimizers, trainer.lr_scheduler_configs = parse_optimizers(model.configure_optimizers())
+        if model.automatic_optimization:
+            check_one_optimizer(trainer)
     return resume_path
 
 
@@ -119,6 +125,18 @@ def reload_loaders(trainer) -> None:
     for key in ("train", "validate"):
         if loaders.get(key) is None and trainer.loaders.get(key):
             trainer.loaders[key] = _prepare_loaders(trainer, key, None, source, seed)
+
+
+#: Lightning hooks fw does not call, with what to do instead: an override is refused, never ignored
+_NOT_CALLED = {
+    "configure_sharded_model": "it is Lightning's deprecated hook; build the layers in configure_model() instead",
+}
+
+
+def _refuse_hooks_fw_does_not_call(model) -> None:
+    for name, instead in _NOT_CALLED.items():
+        if callable(getattr(type(model), name, None)):
+            raise ConfigError(f"{type(model).__name__}.{name}() is overridden but fw does not call it: {instead}")
 
 
 def _attach_model_callbacks(trainer, model) -> None:
@@ -140,18 +158,22 @@ def _defines_loader(model, key: str) -> bool:
     return overrides(model, TrainModule, _LOADER_METHODS[key])
 
 
-def _runs_validation(trainer, model) -> bool:
-    """Fit validates when the module has a ``validation_step`` and ``limit_val_batches`` is not
-    0, as in Lightning (which skips the loop, sanity check included, otherwise)."""
+def _needs_loader(trainer, fn: str, key: str, model, given: Any, source: Any) -> bool:
+    """Fit asks for a validation loader only when it validates: the module has a
+    ``validation_step`` and ``limit_val_batches`` is not 0, as in Lightning (which skips the
+    loop, sanity check included, otherwise, and never asks for the loader)."""
+    from framework.data import DataModule
     from framework.module import TrainModule
 
-    if trainer.limits["validate"] == 0:
-        return False
-    if not overrides(model, TrainModule, "validation_step"):
+    if fn != "fit" or key != "validate" or trainer.limits["validate"] == 0:
+        return not (fn == "fit" and key == "validate")
+    if overrides(model, TrainModule, "validation_step"):
+        return True
+    base = DataModule if isinstance(source, DataModule) else TrainModule
+    if given is not None or overrides(source, base, "val_dataloader"):
         rank_zero_warn(f"validation data was given but {type(model).__name__} has no validation_step: "
                        "fit skips validation (define validation_step to validate)")
-        return False
-    return True
+    return False
 
 
 def _prepare_loaders(trainer, key: str, given: Any, datamodule, seed: int) -> list:
@@ -251,13 +273,16 @@ def _restore_process_settings(trainer) -> None:
 
 # -- teardown -------------------------------------------------------------------------------------
 def teardown(trainer, fn: str, failed: bool = False) -> None:
+    """After a failure the ``teardown`` hooks are not called, as in Lightning (``on_exception``
+    was); the loggers, the process group and the process settings are released either way."""
     try:
-        if trainer.hooks is not None:
-            trainer.hooks.callbacks("teardown", fn)
-        if trainer.datamodule is not None:
-            trainer.datamodule.teardown(fn)
-        if trainer.module is not None:
-            trainer.module.teardown(fn)
+        if not failed:
+            if trainer.hooks is not None:
+                trainer.hooks.callbacks("teardown", fn)
+            if trainer.datamodule is not None:
+                trainer.datamodule.teardown(fn)
+            if trainer.module is not None:
+                trainer.module.teardown(fn)
         if trainer.is_global_zero:
             for lg in trainer.loggers:
                 lg.finalize("failed" if failed else "success")
@@ -266,3 +291,4 @@ def teardown(trainer, fn: str, failed: bool = False) -> None:
         _restore_process_settings(trainer)
         trainer.state.fn, trainer.state.stage = None, None
         trainer.manual = None
+        trainer.metrics.strategy = None

@@ -53,7 +53,8 @@ class Trainer(TrainerProperties):
             ``"DD:HH:MM:SS"`` or ``{days, hours, minutes, seconds}``).
         accumulate_grad_batches: optimiser step every k batches (DDP skips the all-reduce on
             the k-1 others).
-        gradient_clip_val, gradient_clip_algorithm: clip by ``norm`` (default) or ``value``.
+        gradient_clip_val, gradient_clip_algorithm: clip by ``norm`` (None: norm) or ``value``;
+            ``configure_gradient_clipping`` receives both as given, as in Lightning.
         val_check_interval: validate every N train batches (int) or fraction of an epoch.
         check_val_every_n_epoch, num_sanity_val_steps, log_every_n_steps: as in Lightning.
         limit_{train,val,test,predict}_batches: int (batches) or float (fraction).
@@ -94,7 +95,7 @@ class Trainer(TrainerProperties):
         enable_progress_bar: bool = True,
         accumulate_grad_batches: int = 1,
         gradient_clip_val: float | None = None,
-        gradient_clip_algorithm: str = "norm",
+        gradient_clip_algorithm: str | None = None,
         deterministic: bool = False,
         default_root_dir: str | None = None,
         max_restarts: int = 0,
@@ -354,6 +355,8 @@ class Trainer(TrainerProperties):
             self.state.status = "interrupted"
             if self.hooks is not None:
                 self.hooks.callbacks("on_exception", exc)
+            if self.datamodule is not None:
+                self.datamodule.on_exception(exc)
             record_worker_error(exc)
             self.strategy.on_exception(exc)
             raise

@@ -73,11 +73,29 @@ def test_epoch_interval_names_param_groups_and_momentum(tmp_path):
     assert rows[1]["backbone/pg1"] == pytest.approx(0.009)
 
 
+class TwoOptimizers(Configurable):
+    """Two optimizers need manual optimization, as in Lightning."""
+
+    def __init__(self, make):
+        super().__init__(make)
+        self.automatic_optimization = False
+
+    def training_step(self, batch, batch_idx):
+        loss = super().training_step(batch, batch_idx)
+        self.manual_backward(loss)
+        for opt in self.optimizers():
+            opt.step()
+            opt.zero_grad()
+
+
 def test_logging_interval_step_and_duplicate_names(tmp_path):
     def make(m):
         return [torch.optim.SGD(m.net.parameters(), lr=0.1), torch.optim.SGD(m.head.parameters(), lr=0.2)]
 
-    _, recorder = fit(tmp_path, make, LearningRateMonitor(logging_interval="step"), batches=2, log_every_n_steps=1)
+    recorder = LRRows()
+    trainer = fw.Trainer(**{**QUIET, "logger": recorder}, default_root_dir=str(tmp_path), max_epochs=1,
+                         callbacks=[LearningRateMonitor(logging_interval="step")], log_every_n_steps=1)
+    trainer.fit(TwoOptimizers(make), loader(regression_data(16), 8))
     assert recorder.lr_rows() == [(0, {"lr-SGD": 0.1, "lr-SGD-1": 0.2}), (1, {"lr-SGD": 0.1, "lr-SGD-1": 0.2})]
 
 

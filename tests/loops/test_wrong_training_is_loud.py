@@ -166,7 +166,7 @@ def test_a_dict_without_loss_and_a_model_that_is_not_a_train_module_say_so():
 
 
 def test_on_an_accelerator_losses_are_read_in_batches_and_the_first_bad_step_is_named(monkeypatch):
-    from framework.loops import optimization
+    from framework.loops import nonfinite as optimization
 
     seen = []
 

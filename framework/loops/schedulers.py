@@ -1,0 +1,46 @@
+"""Learning-rate schedulers, stepped where Lightning steps them, through ``lr_scheduler_step``.
+
+- ``interval="step"``: after each optimizer step; ``frequency`` counts batches of the epoch
+  (``(batch_idx + 1) % frequency``), as Lightning's does.
+- ``interval="epoch"``: on the epoch's last batch, before its ``on_train_batch_end`` and the
+  epoch-end validation; an epoch cut short by a stop does not step them.
+- ``ReduceLROnPlateau`` reads its monitored metric, so it steps after the metrics exist: after
+  the batch's validation (``step``) or after ``on_train_epoch_end`` (``epoch``).
+
+In manual optimization the module steps its schedulers itself (``self.lr_schedulers()``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from framework.errors import ConfigError
+from framework.rank_zero import rank_zero_warn
+
+
+def step_schedulers(trainer, interval: str, plateau: bool, batch_idx: int = 0) -> None:
+    """Step the ``interval`` schedulers that are due: the plateau ones, or the others."""
+    if trainer.manual is not None:
+        return
+    count = batch_idx + 1 if interval == "step" else trainer.current_epoch + 1
+    for cfg in trainer.lr_scheduler_configs:
+        if cfg.interval != interval or count % cfg.frequency:
+            continue
+        if isinstance(cfg.scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau) != plateau:
+            continue
+        metric = _monitored(trainer, cfg) if plateau else None
+        if plateau and metric is None:
+            continue
+        trainer.module.lr_scheduler_step(cfg.scheduler, metric)
+
+
+def _monitored(trainer, cfg):
+    monitor = cfg.monitor or "val_loss"
+    metrics = trainer.callback_metrics
+    if monitor in metrics:
+        return metrics[monitor]
+    if cfg.strict:
+        raise ConfigError(f"lr_scheduler monitor '{monitor}' was not logged; logged: "
+                          f"{', '.join(sorted(metrics)) or 'none'}; log it or set the scheduler's monitor")
+    rank_zero_warn(f"lr_scheduler monitor '{monitor}' was not logged (strict=False): its scheduler does not step")
+    return None
