@@ -26,7 +26,8 @@ class DistributedSetupError(FwError):
 
 
 class CheckpointError(FwError):
-    """A checkpoint cannot be read; the file is left as it is."""
+    """A checkpoint cannot be read, or does not fit this run (another model; a mid-epoch position
+    on another number of ranks); the file is left as it is."""
 
     exit_code = 1
 

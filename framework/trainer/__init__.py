@@ -7,7 +7,8 @@
   resume point), as one value that checkpoints save and restore.
 - ``setup.py``: what a run builds before its loop (process group, data, loggers, model,
   optimisers) and releases after it.
-- ``checkpointing.py``: checkpoint contents, save, restore and the resume point.
+- ``checkpointing.py``: checkpoint contents, save and restore.
+- ``resume.py``: where a resumed fit continues, and the checkpoints it refuses to continue.
 - ``hooks.py``: ``HookDispatcher``, the one way hooks are called, and the ordering rules.
 - ``metrics.py``: what ``self.log`` records and how it becomes step and epoch values.
 """

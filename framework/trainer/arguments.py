@@ -66,18 +66,40 @@ def clip_algorithm(value: str | None) -> str | None:
 
 
 def parse_devices(devices: Any, accelerator) -> list[int]:
-    """Local device indices this node uses."""
+    """Local device indices this node uses, with Lightning's meanings: a count ``n`` (``"n"``),
+    a list of GPU indices, ``"auto"`` (every visible GPU on CUDA, one process on the CPU), and
+    ``-1`` (``"-1"``): every visible GPU. On the CPU ``-1`` is an error, as in Lightning: there is
+    no device count to take all of, and one process would run where the user asked for many.
+
+    Raises:
+        ConfigError: ``devices`` is 0, negative, -1 on the CPU, a list with repeated or missing
+            GPUs, or not a count, a list or ``"auto"``.
+    """
     available = accelerator.device_count()
-    if devices in ("auto", -1, "-1"):
+    if isinstance(devices, str):
+        devices = devices.strip()
+        devices = int(devices) if devices.isdigit() or devices == "-1" else devices
+    if devices == "auto":
         return list(range(available)) if accelerator.name == "cuda" else [0]
-    if isinstance(devices, str) and devices.isdigit():
-        devices = int(devices)
-    if isinstance(devices, int) and not isinstance(devices, bool):
+    if type(devices) is int and devices == -1:
+        if accelerator.name != "cuda":
+            raise ConfigError(
+                f"trainer.devices=-1 means every GPU, and trainer.accelerator={accelerator.name} has none: set "
+                "trainer.devices to the number of processes (e.g. 1 or 2), or trainer.accelerator=cuda on a GPU machine"
+            )
+        if available < 1:
+            raise ConfigError("trainer.devices=-1: no GPU is visible (torch.cuda.device_count() is 0; check "
+                              "CUDA_VISIBLE_DEVICES); set trainer.accelerator=cpu")
+        return list(range(available))  # all visible ones: CUDA_VISIBLE_DEVICES already masked the rest
+    if type(devices) is int:
         if devices < 1:
-            raise ConfigError(f"trainer.devices={devices}: must be >= 1 (or 'auto')")
+            raise ConfigError(f"trainer.devices={devices}: use a count >= 1 or 'auto'"
+                              + (" (or -1: every GPU)" if accelerator.name == "cuda" else ""))
         indices = list(range(devices))
-    elif isinstance(devices, (list, tuple)) and devices and all(isinstance(d, int) for d in devices):
+    elif isinstance(devices, (list, tuple)) and devices and all(type(d) is int and d >= 0 for d in devices):
         indices = list(devices)
+        if len(set(indices)) != len(indices):
+            raise ConfigError(f"trainer.devices={list(devices)}: a device is listed twice; list each once")
     else:
         raise ConfigError(f"trainer.devices={devices!r}: use a count (2), a list of GPU indices ([0, 1]) or 'auto'")
     if accelerator.name == "cuda" and max(indices) >= available:

@@ -1,64 +1,30 @@
-"""Checkpoints of a run: what ``save`` writes, how ``restore`` puts it back, and where a
-resumed fit continues (``ResumePoint``).
+"""Checkpoints of a run: what ``save`` writes and how ``restore`` puts it back (where a
+resumed fit continues, and which checkpoints it refuses, is ``resume.py`` beside this file).
 
 A checkpoint holds the weights, optimiser and scheduler states, the GradScaler, the run's
 progress (``RunState.progress()``, one piece), callback states, hyperparameters and every rank's
 RNG states: the current ones and those at the start of the epoch. Resuming in the middle of an
 epoch rebuilds that epoch's data order from the epoch-start RNG, draws (and drops) the batches
 already trained on, then puts back the RNG state of the moment the checkpoint was written, so
-the resumed run is bit for bit the run that was never stopped. The file format (atomic write,
-safe load) is ``framework/checkpoint.py``.
+the resumed run is bit for bit the run that was never stopped. That position is counted in
+batches per rank, so a mid-epoch checkpoint resumes on the number of ranks (and with the batch
+size) it was written with; one written at an epoch end resumes on any number. The file format
+(atomic write, safe load) is ``framework/checkpoint.py``.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 import torch.distributed
 
 from framework import checkpoint as ckpt
-from framework.data import skipping_first_batches
 from framework.errors import CheckpointError, ConfigError, TrainingError
 from framework.rank_zero import rank_zero_info, rank_zero_warn
-from framework.seed import get_rng_state, set_rng_state
-
-
-@dataclass
-class ResumePoint:
-    """Where a resumed fit continues: the RNG state to put back once the sanity check has run,
-    and on a mid-epoch resume the batches to skip and the RNG state after them."""
-
-    rng: dict
-    batches: int = 0
-    rng_after_skip: dict | None = None
-    metrics: dict | None = None  # the epoch's running aggregates (see MetricCollector.state_dict)
-    loader_state: dict | None = None  # a stateful training loader's own state_dict()
-
-    def restore_rng(self) -> None:
-        set_rng_state(self.rng)
-
-    def iterate_from_position(self, loader: Any) -> Iterator:
-        """An iterator over ``loader`` that starts after the batches already trained on, and
-        the RNG state the checkpoint had at that point. A loader with ``load_state_dict`` (such
-        as torchdata's StatefulDataLoader) resumes itself; a DataLoader skips the batches by
-        their indices alone (see ``skipping_first_batches``); anything else draws and drops them."""
-        if self.loader_state is not None and callable(getattr(loader, "load_state_dict", None)):
-            loader.load_state_dict(self.loader_state)
-            iterator = iter(loader)
-        else:
-            skipping = skipping_first_batches(loader, self.batches)
-            iterator = iter(skipping if skipping is not None else loader)
-            if skipping is not None:
-                skipping.batch_sampler.started.skip()  # the sampler draws now, as it did then
-            else:
-                for _ in range(self.batches):
-                    next(iterator)
-        if self.rng_after_skip is not None:
-            set_rng_state(self.rng_after_skip)
-        return iterator
+from framework.seed import get_rng_state
+from framework.trainer.resume import check_position_carries_over, resume_point, train_batch_size
 
 
 # -- save -----------------------------------------------------------------------------------------
@@ -137,6 +103,7 @@ def dump(trainer, per_rank: list[dict]) -> dict:
         "hyper_parameters": ckpt.plain_hparams(getattr(module, "hparams", {}) or {}),
         "rng": [mine["rng"] for mine in per_rank],
         "world_size": trainer.world_size,
+        "train_batch_size": train_batch_size(trainer),  # the unit of a mid-epoch position ("loop")
         "metrics": [mine["metrics"] for mine in per_rank],
         "loader_states": [mine["loader"] for mine in per_rank],
         # a restarted (elastic) or requeued (SLURM) job looks for its own checkpoints by these
@@ -204,6 +171,8 @@ def restore(trainer, ckpt_path: str | None, fn: str) -> None:
     if ckpt_path is None:
         return
     checkpoint = ckpt.load_checkpoint(ckpt_path)
+    if fn == "fit":  # before anything is loaded: a refused resume leaves the model as it was
+        check_position_carries_over(trainer, checkpoint, ckpt_path)
     rank_zero_info(f"fw {fn}: loaded {ckpt_path} (step {checkpoint.get('global_step')})")
     module = trainer.module
     trainer.hooks.module_hook("on_load_checkpoint", checkpoint)
@@ -226,7 +195,7 @@ def restore(trainer, ckpt_path: str | None, fn: str) -> None:
         if checkpoint.get("callbacks", {}).get(cb.state_key):
             cb.load_state_dict(checkpoint["callbacks"][cb.state_key])
     trainer.state.load_progress(checkpoint["loop"], checkpoint["global_step"])
-    trainer.state.resume_from = _resume_point(trainer, checkpoint)
+    trainer.state.resume_from = resume_point(trainer, checkpoint)
 
 
 _fits_in_this_process = 0
@@ -274,24 +243,3 @@ def _elastic_restarts(trainer) -> int:
         mine = torch.tensor(restarts, device=trainer.strategy.collective_device)
         restarts = int(trainer.strategy.all_reduce(mine, "max").item())
     return restarts
-
-
-def _resume_point(trainer, checkpoint: dict) -> ResumePoint:
-    """This rank's RNG states; mid-epoch, first the epoch-start state (to rebuild the same data
-    order), and the saved state once the batches already done are skipped."""
-    states = checkpoint["rng"]
-    rank = trainer.global_rank
-    if len(states) != trainer.world_size:
-        rank_zero_warn(
-            f"checkpoint was written by {len(states)} ranks, this run has {trainer.world_size}: "
-            "RNG states are reused from rank 0, so the run will not be bit-identical; resume with "
-            f"{len(states)} processes for an exact resume"
-        )
-        rank = 0
-    mine = states[rank]
-    batches = trainer.state.batches_done
-    metrics = (checkpoint.get("metrics") or [None] * len(states))[rank]
-    loader = (checkpoint.get("loader_states") or [None] * len(states))[rank]
-    if batches and mine["epoch_start"] is not None:
-        return ResumePoint(mine["epoch_start"], batches, mine["now"], metrics, loader)
-    return ResumePoint(mine["now"], batches, metrics=metrics, loader_state=loader)

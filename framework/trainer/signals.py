@@ -10,7 +10,13 @@ finishes the same step and stops there. Then every rank takes part in writing a 
 (``trainer.requeue``), and the process exits with status 0 and a message that says how to
 resume. A requeued or restarted job finds that checkpoint on its own.
 
-A second Ctrl-C in a process that no launcher supervises stops at once (KeyboardInterrupt).
+Once the ranks stopped, the handlers stay until the process has written ``preempted.ckpt`` and
+torn the run down (``SignalCatcher.hold``): a second SIGTERM (or preemption signal) waits for
+the write and the exit that the first one asked for, instead of killing the process halfway
+through the file (which left its temporary file behind, and no checkpoint of the stop).
+
+A second Ctrl-C in a process that no launcher supervises stops at once (KeyboardInterrupt),
+also during that write: the temporary file is removed and earlier checkpoints stay intact.
 The handlers are installed for the fit only; the previous ones come back after it.
 """
 
@@ -29,7 +35,8 @@ def signal_name(signum: int) -> str:
 
 
 class SignalCatcher:
-    """Installs the stop handlers for the duration of a ``with`` block (main thread only)."""
+    """Installs the stop handlers for the duration of a ``with`` block (main thread only), or
+    past it until ``release()`` once ``hold()`` was called in it."""
 
     def __init__(self, trainer) -> None:
         self.state = trainer.state
@@ -38,6 +45,7 @@ class SignalCatcher:
         self.signals = [getattr(signal, name) for name in dict.fromkeys(names)]
         self._previous: dict[int, Any] = {}
         self._supervised = bool(os.environ.get("TORCHELASTIC_RUN_ID"))  # a launcher stops us if need be
+        self._holding = False
 
     def __enter__(self) -> SignalCatcher:
         if threading.current_thread() is threading.main_thread():
@@ -49,18 +57,41 @@ class SignalCatcher:
         return self
 
     def __exit__(self, *exc: Any) -> None:
+        if not self._holding:
+            self.release()
+
+    def hold(self) -> None:
+        """Keep the handlers past the ``with`` block: the run stopped on a signal and is about to
+        write its checkpoint and exit; a stop signal from now on waits for that."""
+        self._holding = True
+
+    def release(self) -> None:
+        """Put the previous handlers back (once; again is a no-op)."""
         for signum, previous in self._previous.items():
             signal.signal(signum, previous)
         self._previous.clear()
+        self._holding = False
 
     def _handle(self, signum: int, frame: Any) -> None:
-        if self.state.signal is None:
+        if self._holding:
+            self._while_writing(signum)
+        elif self.state.signal is None:
             self.state.signal = signum
             sys.stderr.write(f"fw: rank {self.rank} received {signal_name(signum)}: stopping after this step "
                              "and writing a checkpoint\n")
             sys.stderr.flush()
         elif signum == signal.SIGINT and not self._supervised:
             raise KeyboardInterrupt  # a second Ctrl-C: stop now
+
+    def _while_writing(self, signum: int) -> None:
+        if signum == signal.SIGINT and not self._supervised:
+            sys.stderr.write(f"fw: rank {self.rank} received SIGINT again: stopping now, without preempted.ckpt "
+                             "(its temporary file is removed; earlier checkpoints are intact)\n")
+            sys.stderr.flush()
+            raise KeyboardInterrupt
+        sys.stderr.write(f"fw: rank {self.rank} received {signal_name(signum)} again: the stop is under way "
+                         "(writing preempted.ckpt, then exiting); it finishes first\n")
+        sys.stderr.flush()
 
 
 def save_after_signal(trainer) -> None:

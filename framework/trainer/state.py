@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from framework.trainer.checkpointing import ResumePoint
+    from framework.trainer.resume import ResumePoint
 
 #: Why a fit stopped (``RunState.stop_reason``).
 STOP_REASONS = ("max_epochs", "max_steps", "max_time", "should_stop", "preempted")
@@ -50,7 +50,7 @@ class RunState:
         stop_reason: why the last fit stopped, one of ``STOP_REASONS``.
         epoch_start_rng: this rank's RNG state when ``epoch`` began (rebuilds its data order).
         cut: set when a stop cut the epoch short (see ``CutEpoch``).
-        resume_from: where a resumed fit continues (``trainer/checkpointing.ResumePoint``):
+        resume_from: where a resumed fit continues (``trainer/resume.ResumePoint``):
             set from a checkpoint, consumed by the first epoch.
         is_last_batch: the training batch being run is its epoch's last.
         ckpt_path: the checkpoint the current (or last) run started from, else None.

@@ -335,14 +335,18 @@ class Trainer(TrainerProperties):
                               "not a TrainModule; subclass framework.TrainModule (training_step, configure_optimizers)")
         self.state.fn, self.state.status, self.state.signal, self.state.stop_reason = fn, "running", None, None
         failed = False
+        signals = None  # the fit's stop-signal handlers (trainer/signals.py), once the ranks are known
         try:
             resume_path = setup.setup(self, fn, model, datamodule, loaders, ckpt_path)
             checkpointing.restore(self, resume_path, fn)
             setup.print_summary(self, fn)
-            with SignalCatcher(self) if fn == "fit" else contextlib.nullcontext(), Heartbeat(self), \
+            signals = SignalCatcher(self) if fn == "fit" else None
+            with signals or contextlib.nullcontext(), Heartbeat(self), \
                     torch.autograd.set_detect_anomaly(self.detect_anomaly) if self.detect_anomaly else \
                     contextlib.nullcontext():
                 result = loop(self, fn)
+                if fn == "fit" and self.state.stop_reason == "preempted":
+                    signals.hold()  # a second signal waits for the checkpoint and the exit (until release)
             if fn == "fit" and self.state.stop_reason == "preempted":
                 self.state.status = "interrupted"
                 save_after_signal(self)
@@ -361,7 +365,11 @@ class Trainer(TrainerProperties):
             self.strategy.on_exception(exc)
             raise
         finally:
-            setup.teardown(self, fn, failed)
+            try:
+                setup.teardown(self, fn, failed)
+            finally:
+                if signals is not None:
+                    signals.release()
         if fn == "fit" and self.state.stop_reason == "preempted":
             sys.exit(0)  # stopped on a signal, with its state saved: a clean end
         return result
