@@ -13,6 +13,9 @@ Semantics follow Lightning's ``ModelCheckpoint``:
 * ``save_top_k`` keeps the ``k`` best files by ``monitor`` (-1 keeps all, 0 none); without a
   monitor, ``save_top_k=1`` keeps only the latest. ``save_last`` also keeps ``last.ckpt``, the
   checkpoint of the latest save point (Lightning 2.6 updates it only with a top-k save).
+* A resumed run continues the checkpoint's top-k only where its files are; a checkpoint
+  written elsewhere starts this run's folder afresh (``checkpoint_resume.py``). Files outside
+  this run's folder are never deleted.
 
 Distributed runs: every rank takes the same decision (the Trainer syncs metrics, and the
 decision is reduced once more), every rank calls ``trainer.save_checkpoint`` (it gathers
@@ -27,6 +30,7 @@ import re
 from typing import Any
 
 from framework.callbacks.base import Callback
+from framework.callbacks.checkpoint_resume import not_restored_warning, why_not_continued
 from framework.checkpoint import check_writable_on_every_rank, remove_stale_temp_files
 from framework.errors import ConfigError, did_you_mean
 from framework.rank_zero import rank_zero_warn
@@ -110,6 +114,7 @@ class ModelCheckpoint(Callback):
         self._validation_has_run = False
         self._warned_missing = False
         self._saved_in_this_fit = False
+        self._experiment_dir: str | None = None  # <save_dir>/<name> of this run's logger
 
     @property
     def state_key(self) -> str:
@@ -121,6 +126,8 @@ class ModelCheckpoint(Callback):
     def setup(self, trainer, module, stage: str) -> None:
         self._fitting = stage == "fit"
         self._saved_in_this_fit = False
+        log_dir = None if self._dirpath_given else trainer.log_dir  # <save_dir>/<name>/version_N
+        self._experiment_dir = os.path.dirname(os.path.realpath(log_dir)) if log_dir else None
         if self.dirpath is None:
             root = trainer.log_dir or trainer.default_root_dir
             # Every rank must write to and prune the same folder: take rank 0's.
@@ -310,6 +317,8 @@ class ModelCheckpoint(Callback):
         if filepath == keep or filepath in (self.best_model_path, self.last_model_path) \
                 or filepath in self.best_k_models:
             return  # still referenced
+        if not os.path.realpath(filepath).startswith(os.path.join(self.dirpath, "")):
+            return  # another run's file (the best_model_path a resume kept): not ours to delete, as in Lightning
         if trainer.is_global_zero:
             try:
                 os.remove(filepath)
@@ -332,24 +341,16 @@ class ModelCheckpoint(Callback):
         }
 
     def load_state_dict(self, state: dict) -> None:
-        """Carry on the bookkeeping of the run being resumed.
-
-        Without an explicit ``dirpath`` the resumed run keeps saving into the checkpoint's
-        folder, so that top-k pruning still sees the earlier files. With a different explicit
-        ``dirpath``, or a different monitor, only ``best_model_path`` is restored.
-        """
+        """Carry on the bookkeeping of the run being resumed where its files are, else restore
+        only ``best_model_path`` and say so (``framework/callbacks/checkpoint_resume.py``)."""
         self.best_model_path = state.get("best_model_path", "")
         self._last_global_step_saved = state.get("last_global_step_saved", 0)
-        saved_dir = state.get("dirpath")
-        same_dir = saved_dir is not None and (not self._dirpath_given or saved_dir == self.dirpath)
-        same_monitor = state.get("monitor") == self.monitor and state.get("mode", self.mode) == self.mode
-        if not (same_dir and same_monitor):
-            rank_zero_warn(f"ModelCheckpoint: the checkpoint was written with dirpath={saved_dir!r}, "
-                           f"monitor={state.get('monitor')!r}; this run has dirpath={self.dirpath!r}, "
-                           f"monitor={self.monitor!r}. Only best_model_path is restored; use the same dirpath and "
-                           "monitor to continue its top-k")
+        why = why_not_continued(state, monitor=self.monitor, mode=self.mode, dirpath=self.dirpath,
+                                dirpath_given=self._dirpath_given, experiment_dir=self._experiment_dir)
+        if why is not None:
+            rank_zero_warn(not_restored_warning(state, why, self.dirpath))
             return
-        self.dirpath = saved_dir
+        self.dirpath = os.path.realpath(state["dirpath"])
         self.best_model_score = state.get("best_model_score")
         self.best_k_models = dict(state.get("best_k_models", {}))
         self.kth_best_model_path = state.get("kth_best_model_path", "")
