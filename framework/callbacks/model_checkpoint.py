@@ -3,12 +3,19 @@
 Semantics follow Lightning's ``ModelCheckpoint``:
 
 * By default a checkpoint is saved at the end of every training epoch (after that epoch's
-  validation, so validation metrics can be monitored); ``every_n_epochs``,
-  ``every_n_train_steps`` and ``save_on_train_epoch_end`` change when.
+  validation, so validation metrics can be monitored), or, as in Lightning, at the end of each
+  validation run when validation does not simply run once per epoch (``val_check_interval``
+  other than 1.0, or ``check_val_every_n_epoch`` other than 1): the checkpoint then holds the
+  weights that validation scored. ``every_n_epochs``, ``every_n_train_steps`` and
+  ``save_on_train_epoch_end`` change when.
 * ``filename`` is a template: ``"{epoch}-{val/acc:.3f}"`` gives ``epoch=3-val_acc=0.951.ckpt``
   ("/" in metric names becomes "_"). A name that already exists on disk gets ``-v1``, ``-v2``.
 * ``save_top_k`` keeps the ``k`` best files by ``monitor`` (-1 keeps all, 0 none); without a
-  monitor, ``save_top_k=1`` keeps only the latest. ``save_last`` also keeps ``last.ckpt``.
+  monitor, ``save_top_k=1`` keeps only the latest. ``save_last`` also keeps ``last.ckpt``, the
+  checkpoint of the latest save point (Lightning 2.6 updates it only with a top-k save).
+* A resumed run continues the checkpoint's top-k only where its files are; a checkpoint
+  written elsewhere starts this run's folder afresh (``checkpoint_resume.py``). Files outside
+  this run's folder are never deleted.
 
 Distributed runs: every rank takes the same decision (the Trainer syncs metrics, and the
 decision is reduced once more), every rank calls ``trainer.save_checkpoint`` (it gathers
@@ -23,6 +30,7 @@ import re
 from typing import Any
 
 from framework.callbacks.base import Callback
+from framework.callbacks.checkpoint_resume import not_restored_warning, why_not_continued
 from framework.checkpoint import check_writable_on_every_rank, remove_stale_temp_files
 from framework.errors import ConfigError, did_you_mean
 from framework.rank_zero import rank_zero_warn
@@ -39,12 +47,16 @@ class ModelCheckpoint(Callback):
             recency.
         mode: ``"min"`` or ``"max"``: which way is better for ``monitor``.
         save_top_k: How many of the best checkpoints to keep; -1 all, 0 none.
-        save_last: Also write ``last.ckpt`` at every save point.
+        save_last: Also write ``last.ckpt`` at every save point (and at the end of a fit that
+            reached none, as Lightning does).
         every_n_epochs: Save every this many epochs (default 1 unless ``every_n_train_steps``
             is given).
         every_n_train_steps: Save every this many optimizer steps (0 or ``None``: never).
         save_on_train_epoch_end: Save epoch checkpoints at the end of the training epoch
-            (default), or, if ``False``, at the end of each validation run.
+            (``True``) or at the end of each validation run (``False``). ``None`` (default)
+            decides per run as Lightning does: at the end of validation when
+            ``check_val_every_n_epoch != 1`` or ``val_check_interval != 1.0`` (with validation
+            data), else at the end of the training epoch.
         auto_insert_metric_name: ``"{epoch}"`` -> ``"epoch=3"`` rather than ``"3"``.
 
     Raises:
@@ -87,7 +99,7 @@ class ModelCheckpoint(Callback):
             every_n_epochs, every_n_train_steps = 1, 0
         self.every_n_epochs = every_n_epochs or 0
         self.every_n_train_steps = every_n_train_steps or 0
-        self.save_on_train_epoch_end = True if save_on_train_epoch_end is None else save_on_train_epoch_end
+        self.save_on_train_epoch_end = save_on_train_epoch_end  # None: see _saves_on_train_epoch_end
         self.auto_insert_metric_name = auto_insert_metric_name
 
         # Bookkeeping, saved in checkpoints so that a resumed run carries on with it.
@@ -101,6 +113,8 @@ class ModelCheckpoint(Callback):
         self._fitting = False
         self._validation_has_run = False
         self._warned_missing = False
+        self._saved_in_this_fit = False
+        self._experiment_dir: str | None = None  # <save_dir>/<name> of this run's logger
 
     @property
     def state_key(self) -> str:
@@ -111,6 +125,9 @@ class ModelCheckpoint(Callback):
     # -- hooks ----------------------------------------------------------------------------
     def setup(self, trainer, module, stage: str) -> None:
         self._fitting = stage == "fit"
+        self._saved_in_this_fit = False
+        log_dir = None if self._dirpath_given else trainer.log_dir  # <save_dir>/<name>/version_N
+        self._experiment_dir = os.path.dirname(os.path.realpath(log_dir)) if log_dir else None
         if self.dirpath is None:
             root = trainer.log_dir or trainer.default_root_dir
             # Every rank must write to and prune the same folder: take rank 0's.
@@ -124,12 +141,17 @@ class ModelCheckpoint(Callback):
         if trainer.sanity_checking or not self._fitting:
             return
         self._validation_has_run = True
-        if not self.save_on_train_epoch_end and not self._skip(trainer):
+        if not self._saves_on_train_epoch_end(trainer) and not self._skip(trainer):
             self._save_epoch_checkpoints(trainer)
 
     def on_train_epoch_end(self, trainer, module) -> None:
-        if self.save_on_train_epoch_end and not self._skip(trainer):
+        if self._saves_on_train_epoch_end(trainer) and not self._skip(trainer):
             self._save_epoch_checkpoints(trainer)
+
+    def on_train_end(self, trainer, module) -> None:
+        # Lightning's promise: with save_last, a fit that reached no save point still leaves last.ckpt.
+        if self.save_last and self._fitting and not self._saved_in_this_fit and not self._skip(trainer):
+            self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
 
     def on_train_batch_end(self, trainer, module, outputs: Any, batch: Any, batch_idx: int) -> None:
         if self.every_n_train_steps < 1 or trainer.global_step % self.every_n_train_steps != 0:
@@ -141,6 +163,19 @@ class ModelCheckpoint(Callback):
         self._save_last_checkpoint(trainer, candidates)
 
     # -- when -----------------------------------------------------------------------------
+    def _saves_on_train_epoch_end(self, trainer) -> bool:
+        """Epoch save points at the training epoch's end, or at each validation's end? Lightning's
+        rule (``_should_save_on_train_epoch_end``): after validation whenever validation is not
+        exactly once at the end of every epoch, so that the checkpoint holds the weights the
+        validation scored (after the epoch's last steps, none was run)."""
+        if self.save_on_train_epoch_end is not None:
+            return self.save_on_train_epoch_end
+        if trainer.check_val_every_n_epoch != 1:
+            return False
+        if not trainer.loaders.get("validate"):
+            return True
+        return trainer.val_check_interval is None or trainer.val_check_interval == 1.0  # 1 too, as in Lightning
+
     def _skip(self, trainer) -> bool:
         # With gradient accumulation several batches share one global_step: save once.
         return trainer.sanity_checking or self._last_global_step_saved == trainer.global_step
@@ -273,6 +308,7 @@ class ModelCheckpoint(Callback):
 
     def _save_checkpoint(self, trainer, filepath: str) -> None:
         self._last_global_step_saved = trainer.global_step
+        self._saved_in_this_fit = True
         if trainer.is_global_zero:
             os.makedirs(os.path.dirname(filepath), exist_ok=True)
         trainer.save_checkpoint(filepath)  # on every rank: it gathers state, rank 0 writes
@@ -281,6 +317,8 @@ class ModelCheckpoint(Callback):
         if filepath == keep or filepath in (self.best_model_path, self.last_model_path) \
                 or filepath in self.best_k_models:
             return  # still referenced
+        if not os.path.realpath(filepath).startswith(os.path.join(self.dirpath, "")):
+            return  # another run's file (the best_model_path a resume kept): not ours to delete, as in Lightning
         if trainer.is_global_zero:
             try:
                 os.remove(filepath)
@@ -303,24 +341,16 @@ class ModelCheckpoint(Callback):
         }
 
     def load_state_dict(self, state: dict) -> None:
-        """Carry on the bookkeeping of the run being resumed.
-
-        Without an explicit ``dirpath`` the resumed run keeps saving into the checkpoint's
-        folder, so that top-k pruning still sees the earlier files. With a different explicit
-        ``dirpath``, or a different monitor, only ``best_model_path`` is restored.
-        """
+        """Carry on the bookkeeping of the run being resumed where its files are, else restore
+        only ``best_model_path`` and say so (``framework/callbacks/checkpoint_resume.py``)."""
         self.best_model_path = state.get("best_model_path", "")
         self._last_global_step_saved = state.get("last_global_step_saved", 0)
-        saved_dir = state.get("dirpath")
-        same_dir = saved_dir is not None and (not self._dirpath_given or saved_dir == self.dirpath)
-        same_monitor = state.get("monitor") == self.monitor and state.get("mode", self.mode) == self.mode
-        if not (same_dir and same_monitor):
-            rank_zero_warn(f"ModelCheckpoint: the checkpoint was written with dirpath={saved_dir!r}, "
-                           f"monitor={state.get('monitor')!r}; this run has dirpath={self.dirpath!r}, "
-                           f"monitor={self.monitor!r}. Only best_model_path is restored; use the same dirpath and "
-                           "monitor to continue its top-k")
+        why = why_not_continued(state, monitor=self.monitor, mode=self.mode, dirpath=self.dirpath,
+                                dirpath_given=self._dirpath_given, experiment_dir=self._experiment_dir)
+        if why is not None:
+            rank_zero_warn(not_restored_warning(state, why, self.dirpath))
             return
-        self.dirpath = saved_dir
+        self.dirpath = os.path.realpath(state["dirpath"])
         self.best_model_score = state.get("best_model_score")
         self.best_k_models = dict(state.get("best_k_models", {}))
         self.kth_best_model_path = state.get("kth_best_model_path", "")

@@ -147,9 +147,11 @@ def resolve_path(trainer, ckpt_path: Any, fn: str) -> str | None:
         return _checkpoint_to_restart_from(trainer)
     if ckpt_path == "best":
         best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback is not None else ""
-        if not best:
-            raise CheckpointError("ckpt_path='best': no best checkpoint is known to this Trainer (a ModelCheckpoint "
-                                  "with monitor= records one during fit); give the checkpoint's path instead")
+        if not best:  # never an older file or the weights in memory: they are not what "best" asked for
+            raise CheckpointError("ckpt_path='best': this Trainer's ModelCheckpoint saved no checkpoint (no fit "
+                                  "yet, or no save point was reached: with check_val_every_n_epoch != 1 or "
+                                  "val_check_interval != 1.0 it saves after validation); fit with it first, or give "
+                                  "ckpt_path=PATH")
         return best
     if ckpt_path == "last":
         dirs = [getattr(cb, "dirpath", None) for cb in trainer.callbacks]

@@ -71,7 +71,10 @@ class LoggedMetrics:
 
     @contextlib.contextmanager
     def evaluating(self, stage: str) -> Iterator[MetricCollector]:
-        """A collector for one evaluation pass; the training collector comes back after it."""
+        """A collector for one evaluation pass; the training collector comes back after it.
+        The training steps' latest values stay in ``callback_metrics`` meanwhile, as in Lightning
+        (a ModelCheckpoint that saves after validation may monitor them)."""
+        self._callback_metrics.update(self.collector.step_values())
         training, self.collector = self.collector, MetricCollector(stage, self.current_batch_size)
         try:
             yield self.collector

@@ -42,6 +42,9 @@ class FakeTrainer:
         self.strategy = FakeStrategy()
         self.log_dir = log_dir
         self.default_root_dir = str(root)
+        self.check_val_every_n_epoch = 1  # with no validation data: epoch saves at the train epoch's end
+        self.val_check_interval = None
+        self.loaders = {}
         self.saved = []
 
     def save_checkpoint(self, path):
