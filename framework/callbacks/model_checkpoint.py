@@ -317,7 +317,7 @@ class ModelCheckpoint(Callback):
         if filepath == keep or filepath in (self.best_model_path, self.last_model_path) \
                 or filepath in self.best_k_models:
             return  # still referenced
-        if not os.path.realpath(filepath).startswith(os.path.join(self.dirpath, "")):
+        if not os.path.realpath(filepath).startswith(os.path.join(os.path.realpath(self.dirpath), "")):
             return  # another run's file (the best_model_path a resume kept): not ours to delete, as in Lightning
         if trainer.is_global_zero:
             try:

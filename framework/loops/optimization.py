@@ -32,7 +32,11 @@ _NO_CONTEXT = contextlib.nullcontext()
 
 
 def check_one_optimizer(trainer) -> None:
-    if len(trainer.optimizers) != 1:
+    """Automatic optimization steps one optimizer, as in Lightning."""
+    if not trainer.optimizers:
+        raise ConfigError("configure_optimizers() returned no optimizer; return one (e.g. torch.optim.Adam("
+                          "self.parameters())), or train in manual optimization")
+    if len(trainer.optimizers) > 1:
         raise ConfigError(
             f"configure_optimizers() returned {len(trainer.optimizers)} optimizers: training with several "
             "optimizers needs manual optimization, as in Lightning; set self.automatic_optimization = False "

@@ -24,6 +24,7 @@ from framework.rank_zero import rank_zero_info, rank_zero_warn
 from framework.seed import sampler_seed
 from framework.trainer import arguments as args
 from framework.trainer import checkpointing
+from framework.trainer.differences import note_differences
 from framework.trainer.hooks import HookDispatcher, overrides
 
 _LOADER_METHODS = {
@@ -115,6 +116,7 @@ def setup(trainer, fn: str, model, datamodule: DataModule | None, loaders: dict,
         trainer.optimizers, trainer.lr_scheduler_configs = parse_optimizers(model.configure_optimizers())
         if model.automatic_optimization:
             check_one_optimizer(trainer)
+    note_differences(trainer, fn, resume_path)
     return resume_path
 
 

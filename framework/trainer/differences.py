@@ -1,0 +1,102 @@
+"""Where fw deliberately differs from Lightning, said once per process, at set-up, when the
+user's code relies on it (README, "Coming from Lightning", lists them all).
+
+Each difference is a condition on the run (its module, loaders, callbacks, strategy) and one
+line on rank 0 that names the difference and what to do to get Lightning's behaviour or to
+silence it. Nothing here changes the run.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from framework.rank_zero import rank_zero_info
+from framework.trainer.hooks import overrides
+
+_said: set[str] = set()
+
+
+def note_differences(trainer, fn: str, ckpt_path: str | None) -> None:
+    """One line for each difference this run meets, the first time this process meets it."""
+    for key, applies, line in _DIFFERENCES:
+        if key not in _said and applies(trainer, fn, ckpt_path):
+            _said.add(key)
+            rank_zero_info(f"fw: differs from Lightning here: {line}")
+
+
+def _distributed_fit(trainer, fn: str) -> bool:
+    return fn == "fit" and trainer.strategy.is_distributed
+
+
+def _unshuffled_training_under_ddp(trainer, fn, _) -> bool:
+    if not _distributed_fit(trainer, fn) or not trainer.use_distributed_sampler:
+        return False
+    loaders = trainer.loaders.get("train") or []
+    sampler = getattr(getattr(loaders[0], "sampler", None), "shuffle", None) if loaders else None
+    return sampler is False
+
+
+def _uneven_evaluation_shards(trainer, fn, _) -> bool:
+    if not trainer.strategy.is_distributed:
+        return False
+    stages = ("validate",) if fn == "fit" else (fn,)
+    for stage in stages:
+        for loader in trainer.loaders.get(stage) or []:
+            size = len(loader.dataset) if hasattr(getattr(loader, "dataset", None), "__len__") else None
+            if size is not None and size % trainer.world_size:
+                return True
+    return False
+
+
+def _manual_under_ddp(trainer, fn, _) -> bool:
+    return _distributed_fit(trainer, fn) and not trainer.module.automatic_optimization
+
+
+def _restore_after_configure_optimizers(trainer, fn, ckpt_path) -> bool:
+    from framework.module import TrainModule
+
+    return fn == "fit" and ckpt_path is not None and overrides(trainer.module, TrainModule, "on_load_checkpoint")
+
+
+def _loaders_before_fit_start(trainer, fn, _) -> bool:
+    """A module with its own fit-start hooks whose loaders come from methods (not passed in)."""
+    from framework.data import DataModule
+    from framework.module import TrainModule
+
+    if fn != "fit" or not any(overrides(trainer.module, TrainModule, h) for h in ("on_fit_start", "on_train_start")):
+        return False
+    if trainer.datamodule is not None:
+        return overrides(trainer.datamodule, DataModule, "train_dataloader")
+    return overrides(trainer.module, TrainModule, "train_dataloader")
+
+
+def _plateau_before_checkpoint(trainer, fn, _) -> bool:
+    from torch.optim.lr_scheduler import ReduceLROnPlateau
+
+    from framework.callbacks import EarlyStopping, ModelCheckpoint
+
+    return (fn == "fit" and any(isinstance(c.scheduler, ReduceLROnPlateau) and c.interval == "epoch"
+                                for c in trainer.lr_scheduler_configs)
+            and any(isinstance(cb, (ModelCheckpoint, EarlyStopping)) for cb in trainer.callbacks))
+
+
+_DIFFERENCES: list[tuple[str, Callable, str]] = [
+    ("no forced shuffle", _unshuffled_training_under_ddp,
+     "the training loader is not shuffled, and fw keeps its order on every rank (Lightning would shuffle it "
+     "under DDP); give the DataLoader shuffle=True to shuffle"),
+    ("exact evaluation", _uneven_evaluation_shards,
+     "evaluation shards are not padded, so no sample counts twice and the metric equals one process's "
+     "(Lightning pads the last batch with repeated samples)"),
+    ("manual under DDP", _manual_under_ddp,
+     "in manual optimization the gradients are averaged over the ranks when an optimizer steps (or is "
+     "clipped), not in each manual_backward: any number of backward passes per step give DDP's result"),
+    ("restore order", _restore_after_configure_optimizers,
+     "the checkpoint is restored (on_load_checkpoint, then the weights, callbacks, optimizers) after "
+     "configure_optimizers, before on_fit_start (Lightning calls on_load_checkpoint before configure_optimizers)"),
+    ("loaders at set-up", _loaders_before_fit_start,
+     "the stage's loaders are asked for once at set-up, after setup() and configure_model(), before "
+     "configure_optimizers and on_fit_start (Lightning asks at the sanity check and after it)"),
+    ("plateau before checkpoint", _plateau_before_checkpoint,
+     "ReduceLROnPlateau steps before EarlyStopping's and ModelCheckpoint's on_train_epoch_end (Lightning: "
+     "after), so a checkpoint saved there holds the stepped scheduler and resumes exactly"),
+]

@@ -1,0 +1,73 @@
+"""fw says once, at set-up, where it deliberately differs from Lightning and the run relies on
+it (README, "Coming from Lightning"), and says nothing when the run does not."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from toy import QUIET, LinearModel, loader, regression_data
+
+import framework as fw
+from framework.callbacks import ModelCheckpoint
+from framework.trainer import differences
+
+
+@pytest.fixture(autouse=True)
+def _fresh(monkeypatch):
+    monkeypatch.setattr(differences, "_said", set())
+
+
+class OwnLoaders(LinearModel):
+    def train_dataloader(self):
+        return loader(regression_data(16))
+
+    def on_fit_start(self):
+        pass
+
+
+class Plateau(LinearModel):
+    def configure_optimizers(self):
+        opt = torch.optim.SGD(self.parameters(), lr=0.1)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": torch.optim.lr_scheduler.ReduceLROnPlateau(opt),
+                                                   "monitor": "val/loss"}}
+
+
+class Said:
+    """The 'differs from Lightning' lines on stderr so far."""
+
+    def __init__(self, capfd):
+        self.capfd, self.lines = capfd, []
+
+    def __call__(self) -> list[str]:
+        err = self.capfd.readouterr().err
+        self.lines += [line for line in err.splitlines() if "differs from Lightning" in line]
+        return self.lines
+
+
+def test_each_difference_is_said_once_when_the_run_relies_on_it(tmp_path, capfd):
+    said = Said(capfd)
+    data = loader(regression_data(16))
+    for _ in range(2):  # once per process
+        fw.Trainer(max_epochs=1, **QUIET).fit(OwnLoaders())
+    assert len(said()) == 1 and "loaders are asked for once at set-up" in said()[0]
+
+    trainer = fw.Trainer(max_epochs=1, default_root_dir=str(tmp_path), **{**QUIET, "enable_checkpointing": True})
+    trainer.fit(Plateau(), data, data)
+    assert "ReduceLROnPlateau steps before" in said()[-1]
+
+    ckpt = str(tmp_path / "x.ckpt")
+    trainer.save_checkpoint(ckpt)
+
+    class Loading(LinearModel):
+        def on_load_checkpoint(self, checkpoint):
+            pass
+
+    fw.Trainer(max_epochs=2, **QUIET).fit(Loading(), data, ckpt_path=ckpt)
+    assert "restored" in said()[-1] and len(said()) == 3
+
+
+def test_nothing_is_said_when_the_run_does_not_rely_on_a_difference(capfd):
+    said = Said(capfd)
+    data = loader(regression_data(16))
+    fw.Trainer(max_epochs=1, callbacks=[ModelCheckpoint()], **QUIET).fit(LinearModel(), data, data)
+    assert said() == []
