@@ -3,12 +3,15 @@ it (README, "Coming from Lightning"), and says nothing when the run does not."""
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 import torch
 from toy import QUIET, LinearModel, loader, regression_data
 
 import framework as fw
 from framework.callbacks import ModelCheckpoint
+from framework.rank_zero import library_logger
 from framework.trainer import differences
 
 
@@ -32,20 +35,30 @@ class Plateau(LinearModel):
                                                    "monitor": "val/loss"}}
 
 
-class Said:
-    """The 'differs from Lightning' lines on stderr so far."""
+class Said(logging.Handler):
+    """The 'differs from Lightning' lines fw's logger has emitted while installed."""
 
-    def __init__(self, capfd):
-        self.capfd, self.lines = capfd, []
+    def __init__(self):
+        super().__init__()
+        self.lines: list[str] = []
+
+    def emit(self, record):
+        if "differs from Lightning" in record.getMessage():
+            self.lines.append(record.getMessage())
 
     def __call__(self) -> list[str]:
-        err = self.capfd.readouterr().err
-        self.lines += [line for line in err.splitlines() if "differs from Lightning" in line]
         return self.lines
 
 
-def test_each_difference_is_said_once_when_the_run_relies_on_it(tmp_path, capfd):
-    said = Said(capfd)
+@pytest.fixture
+def said():
+    handler = Said()
+    library_logger().addHandler(handler)
+    yield handler
+    library_logger().removeHandler(handler)
+
+
+def test_each_difference_is_said_once_when_the_run_relies_on_it(tmp_path, said):
     data = loader(regression_data(16))
     for _ in range(2):  # once per process
         fw.Trainer(max_epochs=1, **QUIET).fit(OwnLoaders())
@@ -66,8 +79,7 @@ def test_each_difference_is_said_once_when_the_run_relies_on_it(tmp_path, capfd)
     assert "restored" in said()[-1] and len(said()) == 3
 
 
-def test_nothing_is_said_when_the_run_does_not_rely_on_a_difference(capfd):
-    said = Said(capfd)
+def test_nothing_is_said_when_the_run_does_not_rely_on_a_difference(said):
     data = loader(regression_data(16))
     fw.Trainer(max_epochs=1, callbacks=[ModelCheckpoint()], **QUIET).fit(LinearModel(), data, data)
     assert said() == []
