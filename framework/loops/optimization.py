@@ -49,8 +49,15 @@ def automatic_step_fn(trainer) -> Callable[[Any, int, bool], Any]:
     module, state, hooks, strategy = trainer.module, trainer.state, trainer.hooks, trainer.strategy
     optimizer = trainer.optimizers[0]
     wrapped = module.optimizers()  # what optimizer_step gets: Lightning's LightningOptimizer
-    closure_for = _closure_fn(trainer, optimizer)
-    step = _step_fn(trainer, optimizer)
+    # Nobody to see when the gradients are zeroed: zero them right after the step, as a
+    # hand-written loop does (the same numbers; the old gradients are freed before the next
+    # forward, not after it: measurably faster on the CPU). Else at each window's start.
+    zero_after_step = not any(hooks.module_overrides(name) for name in ("optimizer_zero_grad", "optimizer_step")) \
+        and hooks.per_batch("on_before_zero_grad") is None
+    if zero_after_step:
+        optimizer.zero_grad()  # gradients left from before this epoch (a backward outside fit) do not count
+    closure_for = _closure_fn(trainer, optimizer, zero_in_closure=not zero_after_step)
+    step = _step_fn(trainer, optimizer, zero_after_step)
     wrapped.__dict__["_automatic_step"] = step
     user_step = module.optimizer_step if hooks.module_overrides("optimizer_step") else None
     accumulate = trainer.accumulate_grad_batches
@@ -77,7 +84,7 @@ def automatic_step_fn(trainer) -> Callable[[Any, int, bool], Any]:
     return train_batch
 
 
-def _closure_fn(trainer, optimizer: torch.optim.Optimizer) -> Callable[[Any, int], Callable[[], Any]]:
+def _closure_fn(trainer, optimizer: torch.optim.Optimizer, zero_in_closure: bool) -> Callable[[Any, int], Callable[[], Any]]:
     """``(batch, batch_idx) -> closure``; the closure returns the loss its backward used."""
     module, state, hooks, strategy, precision = (trainer.module, trainer.state, trainer.hooks,
                                                  trainer.strategy, trainer.precision)
@@ -101,7 +108,7 @@ def _closure_fn(trainer, optimizer: torch.optim.Optimizer) -> Callable[[Any, int
             loss = _loss_of(outputs) if isinstance(outputs, dict) else outputs
             if loss is not None:
                 loss = guard(loss, batch_idx)
-            if batch_idx % accumulate == 0:  # the first batch of an accumulation window
+            if zero_in_closure and batch_idx % accumulate == 0:  # the first batch of an accumulation window
                 if before_zero_grad is not None:
                     before_zero_grad(optimizer)
                 if zero_grad is not None:
@@ -128,7 +135,7 @@ def _closure_fn(trainer, optimizer: torch.optim.Optimizer) -> Callable[[Any, int
     return closure_for
 
 
-def _step_fn(trainer, optimizer: torch.optim.Optimizer) -> Callable[..., Any]:
+def _step_fn(trainer, optimizer: torch.optim.Optimizer, zero_after_step: bool) -> Callable[..., Any]:
     """What the wrapper's ``step(closure)`` does in automatic optimization: the closure, the
     hooks and clipping after it, and the optimizer's step."""
     module, state, hooks, precision = trainer.module, trainer.state, trainer.hooks, trainer.precision
@@ -159,6 +166,8 @@ def _step_fn(trainer, optimizer: torch.optim.Optimizer) -> Callable[..., Any]:
             after_closure()
             if loss is not None:  # Lightning: no backward, nothing to step
                 precision.step(optimizer, **kwargs)
+            if zero_after_step:
+                optimizer.zero_grad()
             return loss
         after_closure()
         if reevaluates and closure is not None:
@@ -172,9 +181,13 @@ def _step_fn(trainer, optimizer: torch.optim.Optimizer) -> Callable[..., Any]:
                 after_closure()
                 return out
 
-            return optimizer.step(closure=again, **kwargs)
-        optimizer.step(**kwargs)
-        return loss
+            result = optimizer.step(closure=again, **kwargs)
+        else:
+            optimizer.step(**kwargs)
+            result = loss
+        if zero_after_step:
+            optimizer.zero_grad()
+        return result
 
     return step
 
