@@ -80,6 +80,13 @@ def _plateau_before_checkpoint(trainer, fn, _) -> bool:
             and any(isinstance(cb, (ModelCheckpoint, EarlyStopping)) for cb in trainer.callbacks))
 
 
+def _last_checkpoint_is_the_latest(trainer, fn, _) -> bool:
+    from framework.callbacks import ModelCheckpoint
+
+    return fn == "fit" and any(isinstance(cb, ModelCheckpoint) and cb.save_last and cb.monitor
+                               for cb in trainer.callbacks)
+
+
 _DIFFERENCES: list[tuple[str, Callable, str]] = [
     ("no forced shuffle", _unshuffled_training_under_ddp,
      "the training loader is not shuffled, and fw keeps its order on every rank (Lightning would shuffle it "
@@ -99,4 +106,7 @@ _DIFFERENCES: list[tuple[str, Callable, str]] = [
     ("plateau before checkpoint", _plateau_before_checkpoint,
      "ReduceLROnPlateau steps before EarlyStopping's and ModelCheckpoint's on_train_epoch_end (Lightning: "
      "after), so a checkpoint saved there holds the stepped scheduler and resumes exactly"),
+    ("last.ckpt", _last_checkpoint_is_the_latest,
+     "last.ckpt is written at every save point (Lightning 2.6 with a monitor: only when a top-k checkpoint "
+     "is saved), so it always holds the latest weights"),
 ]

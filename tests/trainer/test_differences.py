@@ -79,6 +79,14 @@ def test_each_difference_is_said_once_when_the_run_relies_on_it(tmp_path, said):
     assert "restored" in said()[-1] and len(said()) == 3
 
 
+def test_last_checkpoint_difference_is_said_with_a_monitor_and_save_last(tmp_path, said):
+    data = loader(regression_data(16))
+    checkpoint = ModelCheckpoint(monitor="val/loss", save_last=True)
+    fw.Trainer(max_epochs=1, default_root_dir=str(tmp_path), callbacks=[checkpoint],
+               **{**QUIET, "enable_checkpointing": True}).fit(LinearModel(), data, data)
+    assert len(said()) == 1 and "last.ckpt is written at every save point" in said()[0]
+
+
 def test_nothing_is_said_when_the_run_does_not_rely_on_a_difference(said):
     data = loader(regression_data(16))
     fw.Trainer(max_epochs=1, callbacks=[ModelCheckpoint()], **QUIET).fit(LinearModel(), data, data)
