@@ -11,7 +11,8 @@ import contextlib
 import copy
 import inspect
 from argparse import Namespace
-from typing import Any, Iterator, Mapping
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 import torch
 from torch import nn

@@ -20,7 +20,7 @@ to rank 1, which sends it back; latency is half the round trip, bandwidth the si
 from __future__ import annotations
 
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -131,7 +131,7 @@ def memcpy(job: Job, device: torch.device, sizes: list[int], s: Settings) -> lis
     rows = []
     for nbytes in sizes:
         src, dst = torch.zeros(nbytes // 4, device=device), torch.empty(nbytes // 4, device=device)
-        samples = time_cell(job, lambda: dst.copy_(src), _sync_for(device), s)
+        samples = time_cell(job, lambda dst=dst, src=src: dst.copy_(src), _sync_for(device), s)
         rows.append(_row(samples, nbytes, 1.0))
     return rows
 

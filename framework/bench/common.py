@@ -15,8 +15,9 @@ import platform
 import re
 import socket
 import statistics
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import torch
 

@@ -58,7 +58,7 @@ class Job:
         if self.world == 1:
             return list(values)
         if self.mpi is not None:
-            return [max(col) for col in zip(*self.mpi.allgather(list(values)))]
+            return [max(col) for col in zip(*self.mpi.allgather(list(values)), strict=True)]
         t = torch.tensor(values, dtype=torch.float64)
         dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.cpu_group)
         return t.tolist()

@@ -18,12 +18,12 @@ def plots(stem: Path, train: list[dict], comm: list[tuple[str, dict]]) -> list[s
     written = []
     if comm:
         fig, axes = plt.subplots(2, 2, figsize=(11, 8), sharex=True)
-        for ax, op in zip(axes.flat, ("all_reduce", "broadcast", "all_gather", "reduce_scatter")):
+        for ax, op in zip(axes.flat, ("all_reduce", "broadcast", "all_gather", "reduce_scatter"), strict=False):
             for job, result in comm:
                 for backend in result["backends"]:
                     pts = sorted((r["bytes"], r["busbw_GBps"]) for r in result["collectives"] if r["op"] == op and r["backend"] == backend)
                     if pts:
-                        ax.plot(*zip(*pts), marker="o", label=f"{backend} ({job})")
+                        ax.plot(*zip(*pts, strict=True), marker="o", label=f"{backend} ({job})")
                 ceiling = result["memcpy"].get("cpu") or next(iter(result["memcpy"].values()))
                 ax.plot([r["bytes"] for r in ceiling], [r["algbw_GBps"] for r in ceiling], "k--", lw=1, label=f"memcpy ({job})")
             ax.set(xscale="log", yscale="log", title=op, xlabel="size (bytes)", ylabel="bus bandwidth (GB/s)")
@@ -34,7 +34,7 @@ def plots(stem: Path, train: list[dict], comm: list[tuple[str, dict]]) -> list[s
     workloads = sorted({r["workload"] for r in fw_train})
     if workloads:
         fig, axes = plt.subplots(1, len(workloads), figsize=(4.5 * len(workloads), 3.8), squeeze=False)
-        for ax, workload in zip(axes[0], workloads):
+        for ax, workload in zip(axes[0], workloads, strict=False):
             rows = [r for r in train if r["workload"] == workload and r["precision"] == "32-true" and r["device"] == "cpu"]
             single = {r["side"]: r["samples_per_s"] for r in rows if r["strategy"] == "single"}
             worlds = sorted({r["world_size"] for r in rows})
@@ -45,7 +45,7 @@ def plots(stem: Path, train: list[dict], comm: list[tuple[str, dict]]) -> list[s
                     pts = sorted((r["world_size"], r["samples_per_s"]) for r in rows if r["strategy"] == strategy and r["side"] == side)
                     if pts:
                         start = [(1, single[side])] if side in single else []
-                        ax.plot(*zip(*(start + pts)), style, label=f"{strategy} {side}")
+                        ax.plot(*zip(*(start + pts), strict=True), style, label=f"{strategy} {side}")
             ax.set(title=workload, xlabel="processes", ylabel="samples/s", xticks=worlds, ylim=(0, None))
             ax.grid(True, alpha=0.3)
             ax.legend(fontsize=7)
@@ -56,7 +56,7 @@ def plots(stem: Path, train: list[dict], comm: list[tuple[str, dict]]) -> list[s
         for part, label in PART_LABELS.items():
             values = [r["parts_s"].get(part, 0) * 1e3 for r in fw_train]
             ax.bar(labels, values, bottom=bottom, label=label)
-            bottom = [b + v for b, v in zip(bottom, values)]
+            bottom = [b + v for b, v in zip(bottom, values, strict=True)]
         ax.set(ylabel="ms per step (medians)", title="fw: where the step time goes")
         ax.tick_params(axis="x", labelsize=7)
         ax.legend(fontsize=7)

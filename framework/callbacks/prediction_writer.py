@@ -142,7 +142,7 @@ def _in_data_order(batches: list[tuple[list[int] | None, Any]]) -> tuple[list[An
     for indices, output in batches:
         if indices is None or not isinstance(output, torch.Tensor) or output.dim() == 0 or len(output) != len(indices):
             return [output for _, output in batches], None
-        samples.extend(zip(indices, output))
+        samples.extend(zip(indices, output, strict=True))
     samples.sort(key=lambda pair: pair[0])
     return [row for _, row in samples], [i for i, _ in samples]
 

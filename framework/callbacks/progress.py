@@ -214,8 +214,15 @@ class RichProgressBar(Callback):
 
 def _make_progress(console):
     """A rich ``Progress`` that only redraws when asked (``auto_refresh=False``)."""
-    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TextColumn,
-                               TimeElapsedColumn, TimeRemainingColumn)
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        ProgressColumn,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
     from rich.text import Text
 
     class SpeedColumn(ProgressColumn):

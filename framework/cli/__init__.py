@@ -55,8 +55,8 @@ def run(args: argparse.Namespace) -> int:
         from framework.bench import main as bench
 
         return bench(args)
-    from framework.config import load_recipe
     from framework.cli.run_recipe import run_recipe
+    from framework.config import load_recipe
 
     # `_target_: mymodels.Net` should find mymodels.py in the directory fw runs from, as
     # `python -m` would; the `fw` console script alone puts only its own directory on the path

@@ -34,7 +34,8 @@ What fw does for the module, per ``ManualOptimizer.step``:
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 

@@ -4,7 +4,7 @@ or warn, before the loss's backward."""
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

@@ -20,7 +20,8 @@ the obvious thing is done inline.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 

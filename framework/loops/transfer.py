@@ -5,7 +5,8 @@ wins over the module's, as in Lightning; with none, the accelerator moves the ba
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from framework.trainer.hooks import overrides
 

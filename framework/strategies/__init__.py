@@ -8,7 +8,8 @@ on CUDA and Gloo otherwise.
 from __future__ import annotations
 
 import functools
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from framework.errors import ConfigError
 from framework.strategies.base import StepModule, Strategy

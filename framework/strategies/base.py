@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import contextlib
 from abc import ABC
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 from torch import nn

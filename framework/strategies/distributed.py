@@ -14,7 +14,8 @@ import os
 import subprocess
 import sys
 import time
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -172,7 +173,7 @@ class DistributedStrategy(Strategy):
         for grads in groups.values():
             flat = torch._utils._flatten_dense_tensors(grads).div_(self.world_size)
             dist.all_reduce(flat)
-            for grad, averaged in zip(grads, torch._utils._unflatten_dense_tensors(flat, grads)):
+            for grad, averaged in zip(grads, torch._utils._unflatten_dense_tensors(flat, grads), strict=True):
                 grad.copy_(averaged)
 
     def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:

@@ -41,8 +41,9 @@ from __future__ import annotations
 
 import functools
 import threading
+from collections.abc import Callable
 from datetime import timedelta
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -240,7 +241,7 @@ class MPIProcessGroup(dist.ProcessGroup):
 
     @_synchronous("reduce-scatter")
     def reduce_scatter(self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], opts=None):
-        for out, chunks in zip(outputs, inputs):
+        for out, chunks in zip(outputs, inputs, strict=True):
             self.reduce_scatter_single(out, torch.cat([c.reshape(-1) for c in chunks]), opts)
         return _done(outputs)
 
@@ -270,10 +271,10 @@ class MPIProcessGroup(dist.ProcessGroup):
 
     @_synchronous("all-gather")
     def allgather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts=None):
-        for outs, inp in zip(outputs, inputs):
+        for outs, inp in zip(outputs, inputs, strict=True):
             flat = torch.empty((self._size, inp.numel()), dtype=inp.dtype)
             self.all_gather_single(flat, inp)
-            for out, row in zip(outs, flat):
+            for out, row in zip(outs, flat, strict=True):
                 out.copy_(row.view(out.shape))
         return _done(outputs)
 
@@ -286,7 +287,7 @@ class MPIProcessGroup(dist.ProcessGroup):
         send = _staged(inp.detach())
         self.comm.Gather(self._buf(send), self._buf(flat) if is_root else None, root=opts.rootRank)
         if is_root:
-            for out, row in zip(outputs[0], flat):
+            for out, row in zip(outputs[0], flat, strict=True):
                 out.copy_(row.view(out.shape))
         return _done(outputs[0] if outputs else [])
 
@@ -306,7 +307,7 @@ class MPIProcessGroup(dist.ProcessGroup):
         flat_out = torch.empty(sum(t.numel() for t in outputs), dtype=outputs[0].dtype)
         flat_in = torch.cat([t.detach().reshape(-1) for t in inputs])
         self.alltoall_base(flat_out, flat_in, [t.numel() for t in outputs], [t.numel() for t in inputs])
-        for out, chunk in zip(outputs, flat_out.split([t.numel() for t in outputs])):
+        for out, chunk in zip(outputs, flat_out.split([t.numel() for t in outputs]), strict=True):
             out.copy_(chunk.view(out.shape))
         return _done(outputs)
 

@@ -12,8 +12,8 @@ import contextlib
 import os
 import signal
 import threading
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
 
 
 def _process_table() -> dict[int, list[int]]:

@@ -4,7 +4,8 @@ known names when asked for an unknown one."""
 from __future__ import annotations
 
 import inspect
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from framework.errors import ConfigError, did_you_mean
 from framework.strategies.base import Strategy

@@ -144,7 +144,7 @@ def _take_back(trainer, model, results: dict) -> Any:
     state = trainer.state
     state.epoch, state.global_step = results["epoch"], results["global_step"]
     state.stop_reason, state.status = results["stop_reason"], results["status"]
-    for cb, (best, score, last) in zip(trainer.checkpoint_callbacks, results["checkpoints"]):
+    for cb, (best, score, last) in zip(trainer.checkpoint_callbacks, results["checkpoints"], strict=True):
         cb.best_model_path, cb.best_model_score, cb.last_model_path = best, score, last
     trainer.log_dir = results["log_dir"]
     return results["output"]

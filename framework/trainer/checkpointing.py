@@ -187,9 +187,11 @@ def restore(trainer, ckpt_path: str | None, fn: str) -> None:
         datamodule.load_state_dict(checkpoint[type(datamodule).__qualname__])
     if fn != "fit":
         return
-    for opt, state in zip(trainer.optimizers, checkpoint["optimizer_states"]):
+    _check_count(ckpt_path, "optimizer", checkpoint["optimizer_states"], trainer.optimizers)
+    _check_count(ckpt_path, "LR scheduler", checkpoint["lr_schedulers"], trainer.lr_scheduler_configs)
+    for opt, state in zip(trainer.optimizers, checkpoint["optimizer_states"], strict=True):
         opt.load_state_dict(state)
-    for cfg, state in zip(trainer.lr_scheduler_configs, checkpoint["lr_schedulers"]):
+    for cfg, state in zip(trainer.lr_scheduler_configs, checkpoint["lr_schedulers"], strict=True):
         cfg.scheduler.load_state_dict(state)
     trainer.precision.load_state_dict(checkpoint.get("precision", {}))
     trainer.hooks.callbacks("on_load_checkpoint", checkpoint)  # then each callback's state, as in Lightning
@@ -198,6 +200,14 @@ def restore(trainer, ckpt_path: str | None, fn: str) -> None:
             cb.load_state_dict(checkpoint["callbacks"][cb.state_key])
     trainer.state.load_progress(checkpoint["loop"], checkpoint["global_step"])
     trainer.state.resume_from = resume_point(trainer, checkpoint)
+
+
+def _check_count(path: str, what: str, saved: list, ours: list) -> None:
+    """A checkpoint's optimizers (or schedulers) are restored one to one, or not at all: a
+    partial restore would train on with some states fresh and say nothing."""
+    if len(saved) != len(ours):
+        raise CheckpointError(f"checkpoint '{path}' holds {len(saved)} {what} state(s) and configure_optimizers() "
+                              f"returned {len(ours)}: resume with the configure_optimizers() it was written with")
 
 
 _fits_in_this_process = 0

@@ -8,7 +8,7 @@ silence it. Nothing here changes the run.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from framework.rank_zero import rank_zero_info
 from framework.trainer.hooks import overrides

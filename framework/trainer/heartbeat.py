@@ -23,7 +23,6 @@ import time
 
 import torch.distributed as dist
 
-
 _RUNS = itertools.count(1)  # runs of this process
 
 
@@ -120,7 +119,7 @@ def _read_beats(store, keys: list[str], rank: int, seen: dict, now: float) -> st
         values = store.multi_get([keys[r] for r in present]) if present else []
     except (RuntimeError, dist.DistError):
         return "the store the ranks met at does not answer (its host, usually rank 0, stopped?)"
-    found = dict(zip(present, (v.decode() for v in values)))
+    found = dict(zip(present, (v.decode() for v in values), strict=True))
     for other in others:
         value = found.get(other, "")
         if other not in seen or seen[other][0] != value:

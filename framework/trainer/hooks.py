@@ -21,7 +21,8 @@ neither the module nor any callback overrides, so the loop skips it without a ca
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from framework.callbacks.base import Callback
 
@@ -38,7 +39,7 @@ class HookDispatcher:
             for hook in _CALLBACK_HOOKS
         }
         monitoring = [isinstance(cb, (EarlyStopping, ModelCheckpoint)) for cb in callbacks]
-        ends = [(cb.on_train_epoch_end, m) for cb, m in zip(callbacks, monitoring)
+        ends = [(cb.on_train_epoch_end, m) for cb, m in zip(callbacks, monitoring, strict=True)
                 if overrides(cb, Callback, "on_train_epoch_end")]
         self._epoch_end = (tuple(fn for fn, m in ends if not m), tuple(fn for fn, m in ends if m))
 

@@ -12,8 +12,9 @@ At an epoch end there is no position to map: such a checkpoint resumes on any nu
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 from framework.data import skipping_first_batches
 from framework.errors import CheckpointError

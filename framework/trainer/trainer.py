@@ -24,11 +24,11 @@ from framework.environments import DistInfo, detect_environment
 from framework.errors import ConfigError
 from framework.module import TrainModule
 from framework.precision import Precision
+from framework.rank_zero import rank_zero_info
 from framework.strategies import Strategy, create_strategy
 from framework.strategies.launchers import die_with_launcher, record_worker_error
 from framework.trainer import arguments as args
 from framework.trainer import checkpointing, setup
-from framework.rank_zero import rank_zero_info
 from framework.trainer.heartbeat import Heartbeat
 from framework.trainer.metrics import LoggedMetrics
 from framework.trainer.properties import TrainerProperties

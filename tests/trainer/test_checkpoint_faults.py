@@ -67,3 +67,10 @@ def test_a_resume_continues_in_the_same_version_folder_and_save_top_k_holds(tmp_
     assert sorted(os.listdir(tmp_path / "fw_logs")) == ["version_0"]
     assert sorted(os.listdir(tmp_path / "fw_logs" / "version_0" / "checkpoints")) == [
         "epoch=4-step=10.ckpt", "last.ckpt"]
+
+
+def test_a_checkpoint_with_other_optimizers_or_schedulers_is_refused_not_half_restored(tmp_path):
+    path = _saved(tmp_path)  # one optimizer, no scheduler
+    with_scheduler = LinearModel(scheduler={"interval": "epoch"})
+    with pytest.raises(CheckpointError, match=r"holds 0 LR scheduler state\(s\) and configure_optimizers\(\) returned 1"):
+        fw.Trainer(**QUIET, max_steps=3).fit(with_scheduler, loader(regression_data(16), 8), ckpt_path=str(path))

@@ -71,11 +71,11 @@ def test_each_difference_is_said_once_when_the_run_relies_on_it(tmp_path, said):
     ckpt = str(tmp_path / "x.ckpt")
     trainer.save_checkpoint(ckpt)
 
-    class Loading(LinearModel):
+    class Loading(Plateau):  # the same optimizer and scheduler as the checkpoint
         def on_load_checkpoint(self, checkpoint):
             pass
 
-    fw.Trainer(max_epochs=2, **QUIET).fit(Loading(), data, ckpt_path=ckpt)
+    fw.Trainer(max_epochs=2, **QUIET).fit(Loading(), data, data, ckpt_path=ckpt)
     assert "restored" in said()[-1] and len(said()) == 3
 
 
