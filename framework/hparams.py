@@ -1,0 +1,73 @@
+"""Hyperparameters: ``save_hyperparameters`` records the ``__init__`` arguments in
+``self.hparams`` (an ``AttributeDict``), checkpoints keep them, and ``load_from_checkpoint``
+rebuilds the module from them, as in Lightning."""
+
+from __future__ import annotations
+
+import copy
+import inspect
+from argparse import Namespace
+from typing import Any
+
+
+class AttributeDict(dict):
+    """A dict whose keys are also attributes (``self.hparams.lr``), as Lightning's hparams."""
+
+    def __getattr__(self, key: str) -> Any:
+        try:
+            return self[key]
+        except KeyError as err:
+            raise AttributeError(f"hparams has no '{key}'; it has: {', '.join(map(str, self)) or 'nothing'}") from err
+
+    def __setattr__(self, key: str, value: Any) -> None:
+        self[key] = value
+
+    def __delattr__(self, key: str) -> None:
+        del self[key]
+
+
+class HyperparametersMixin:
+    """``save_hyperparameters``, ``hparams_initial``, ``load_from_checkpoint`` of a ``TrainModule``."""
+
+    def save_hyperparameters(self, *args: Any, ignore: list[str] | str | None = None, frame=None,
+                             logger: bool = True) -> None:
+        """Record the caller's ``__init__`` arguments in ``self.hparams`` (attribute access:
+        ``self.hparams.lr``), as Lightning does.
+
+        They are stored in checkpoints (``load_from_checkpoint`` rebuilds the module from them)
+        and sent to loggers. ``args`` picks some by name, or is one dict / ``Namespace`` to save
+        instead; ``ignore`` leaves some out (e.g. a large tensor or a sub-module).
+        """
+        frame = frame or inspect.currentframe().f_back
+        if len(args) == 1 and isinstance(args[0], (dict, Namespace)):
+            given = args[0]
+            found = dict(vars(given) if isinstance(given, Namespace) else given)
+        else:
+            code = frame.f_code  # the __init__ that called us (a subclass may have another signature)
+            arg_names = code.co_varnames[1 : code.co_argcount + code.co_kwonlyargcount]
+            found = {k: frame.f_locals[k] for k in arg_names if k in frame.f_locals}
+            if code.co_flags & inspect.CO_VARKEYWORDS:  # **kwargs are flattened into hparams
+                varkw = code.co_varnames[code.co_argcount + code.co_kwonlyargcount
+                                         + bool(code.co_flags & inspect.CO_VARARGS)]
+                found.update(frame.f_locals.get(varkw, {}))
+            if args:
+                found = {k: v for k, v in found.items() if k in args}
+        ignored = {ignore} if isinstance(ignore, str) else set(ignore or ())
+        self.hparams.update({k: v for k, v in found.items() if k not in ignored})
+        object.__setattr__(self, "_hparams_initial", copy.deepcopy(self.hparams))
+
+    @property
+    def hparams_initial(self) -> AttributeDict:
+        """The hyperparameters as ``save_hyperparameters`` recorded them (later edits of
+        ``self.hparams`` do not show here)."""
+        return copy.deepcopy(self._hparams_initial)
+
+    @classmethod
+    def load_from_checkpoint(cls, checkpoint_path: Any, map_location: Any = None, hparams_file: Any = None,
+                             strict: bool | None = None, **kwargs: Any):
+        """A module of this class rebuilt from a checkpoint: ``__init__`` gets the saved
+        hyperparameters (``save_hyperparameters``), overridden by ``kwargs``; then the weights
+        are loaded. ``map_location`` as in ``torch.load``."""
+        from framework.checkpoint import load_from_checkpoint
+
+        return load_from_checkpoint(cls, checkpoint_path, map_location=map_location, strict=strict, **kwargs)
