@@ -1,0 +1,246 @@
+"""``MetricCollector``: the metrics one stage (train, validate, test, predict) logged in the
+current epoch, and how they become epoch values: the mean weighted by batch size (or sum, max,
+min), reduced across ranks when ``sync_dist=True``; a torchmetrics ``Metric`` is computed (it
+syncs its own state) and reset at the epoch's end. A mid-epoch checkpoint keeps the running
+aggregates (``state_dict``)."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from framework.errors import ConfigError
+from framework.rank_zero import rank_zero_warn
+
+_REDUCE_FX = ("mean", "sum", "max", "min")
+
+
+@dataclasses.dataclass
+class _Entry:
+    name: str
+    on_step: bool
+    on_epoch: bool
+    prog_bar: bool
+    logger: bool
+    sync_dist: bool
+    reduce_fx: str
+    metric: Any = None  # torchmetrics.Metric
+    total: torch.Tensor | None = None  # weighted sum (mean/sum) or running max/min
+    weight: float = 0.0
+    last: torch.Tensor | None = None
+    version: int = 0  # values logged so far this epoch
+    computed: int = -1  # the version the epoch value was last computed at
+
+    @property
+    def step_key(self) -> str:
+        return f"{self.name}_step" if self.on_epoch else self.name
+
+    @property
+    def epoch_key(self) -> str:
+        return f"{self.name}_epoch" if self.on_step else self.name
+
+
+class MetricCollector:
+    """The metrics of one stage (train, validate, test, predict) for the current epoch."""
+
+    def __init__(self, stage: str, batch_size_fn: Callable[[], int]) -> None:
+        self.stage = stage
+        self._batch_size_fn = batch_size_fn
+        self.entries: dict[str, _Entry] = {}
+        self.epoch_values: dict[str, torch.Tensor] = {}
+        self.epoch_flags: dict[str, tuple[bool, bool]] = {}  # key -> (prog_bar, logger)
+        self.step_dirty = False
+        self._first_pass_done = False  # compute_epoch(final=False) ran: the epoch-end hooks run now
+
+    def log(self, name: str, value: Any, *, prog_bar: bool, logger: bool, on_step: bool | None,
+            on_epoch: bool | None, reduce_fx: str, sync_dist: bool, batch_size: int | None) -> None:
+        entry = self.entries.get(name)
+        if entry is None:
+            entry = self._new_entry(name, value, prog_bar, logger, on_step, on_epoch, reduce_fx, sync_dist)
+        entry.version += 1
+        if entry.metric is not None:
+            if entry.on_step:
+                cached = getattr(entry.metric, "_forward_cache", None)
+                if cached is not None:
+                    entry.last = cached.detach()
+                    self.step_dirty = True
+            return
+        if isinstance(value, torch.Tensor):
+            value = value.detach()
+            if value.numel() != 1:
+                raise ValueError(f"self.log('{name}'): expected a scalar, got a tensor of shape {tuple(value.shape)}")
+            value = value.reshape(())
+        else:
+            value = torch.tensor(float(value))
+        if value.dtype != torch.float32:
+            value = value.float()
+        if entry.on_step:
+            entry.last = value
+            self.step_dirty = True
+        if entry.on_epoch:
+            self._accumulate(entry, value, batch_size)
+
+    def _new_entry(self, name, value, prog_bar, logger, on_step, on_epoch, reduce_fx, sync_dist) -> _Entry:
+        if reduce_fx not in _REDUCE_FX:
+            raise ConfigError(f"self.log('{name}', reduce_fx='{reduce_fx}'): use one of {', '.join(_REDUCE_FX)}")
+        training = self.stage == "train"
+        on_step = training if on_step is None else on_step
+        on_epoch = (not training) if on_epoch is None else on_epoch
+        metric = value if _is_metric(value) else None
+        entry = _Entry(name, bool(on_step), bool(on_epoch), prog_bar, logger, sync_dist, reduce_fx, metric)
+        self.entries[name] = entry
+        return entry
+
+    def _accumulate(self, entry: _Entry, value: torch.Tensor, batch_size: int | None) -> None:
+        if entry.reduce_fx == "mean":
+            size = batch_size if batch_size is not None else self._batch_size_fn()
+            entry.total = value * size if entry.total is None else entry.total + value * size
+            entry.weight += size
+        elif entry.reduce_fx == "sum":
+            entry.total = value if entry.total is None else entry.total + value
+            entry.weight = 1.0
+        else:
+            fn = torch.maximum if entry.reduce_fx == "max" else torch.minimum
+            entry.total = value if entry.total is None else fn(entry.total, value)
+            entry.weight = 1.0
+
+    # -- checkpoints (a mid-epoch resume continues the epoch's aggregates) ----------------------
+    def state_dict(self, module) -> dict:
+        """The running epoch aggregates: sums and weights, and torchmetrics states."""
+        saved: dict[str, dict] = {}
+        for name, entry in self.entries.items():
+            if not entry.on_epoch:
+                continue
+            flags, path = _spec(entry, module)
+            if entry.metric is None:
+                saved[name] = {"flags": flags, "total": entry.total, "weight": entry.weight}
+            elif path is not None:
+                states = {k: v.clone() if isinstance(v, torch.Tensor) else [t.clone() for t in v]
+                          for k, v in entry.metric.metric_state.items()}
+                saved[name] = {"flags": flags, "metric_path": path, "metric_state": states}
+            else:
+                rank_zero_warn(f"self.log('{name}', metric): the metric is not an attribute of the module, so a "
+                               "checkpoint cannot keep its state; after a mid-epoch resume its epoch value "
+                               "covers only the batches after the resume. Make it an attribute of the module")
+        return saved
+
+    def load_state_dict(self, saved: dict, module) -> None:
+        for name, item in saved.items():
+            entry = _Entry(name, *item["flags"][:6])
+            if "metric_path" in item:
+                entry.metric = module.get_submodule(item["metric_path"])
+                for key, value in item["metric_state"].items():
+                    setattr(entry.metric, key, value)
+                entry.metric._update_count = max(1, getattr(entry.metric, "_update_count", 0))
+            else:
+                entry.total, entry.weight = item["total"], item["weight"]
+            self.entries[name] = entry
+
+    # -- reading --------------------------------------------------------------------------------
+    def step_values(self) -> dict[str, torch.Tensor]:
+        return {e.step_key: e.last for e in self.entries.values() if e.on_step and e.last is not None}
+
+    def step_values_for(self, flag: str) -> dict[str, torch.Tensor]:
+        return {e.step_key: e.last for e in self.entries.values()
+                if e.on_step and e.last is not None and getattr(e, flag)}
+
+    def compute_epoch(self, strategy, module=None, final: bool = True) -> dict[str, torch.Tensor]:
+        """Aggregate this epoch's values; with ``final``, reset every metric object after.
+
+        The epoch end computes twice, as Lightning's lazily computed results amount to: once
+        (``final=False``) before the epoch-end hooks, so that they see this epoch's values, and
+        once after (``final=True``), for what they logged themselves; the second pass computes
+        only entries logged since the first. Collective when distributed (call on every rank):
+        a rank that logged nothing (no batch in its shard) still takes part in each reduction.
+        """
+        changed = self._changed_entries(strategy, module)
+        values = dict(self.epoch_values) if self._first_pass_done else {}
+        for name in sorted(changed):
+            entry = self.entries[name]
+            value = self._epoch_value(entry, strategy)
+            entry.computed = entry.version
+            if value is None:
+                continue
+            value = value.float().reshape(()) if value.numel() == 1 else value.float()
+            values[entry.epoch_key] = value
+            self.epoch_flags[entry.epoch_key] = (entry.prog_bar, entry.logger)
+            if entry.on_step:  # the plain name also carries the epoch value, as in Lightning
+                values[entry.name] = value
+        self._first_pass_done = not final
+        if final:
+            for entry in self.entries.values():  # every metric object starts the next epoch empty
+                if entry.metric is not None:
+                    entry.metric.reset()
+        self.epoch_values = values
+        return values
+
+    def _changed_entries(self, strategy, module) -> set[str]:
+        """Epoch entries to compute now: all of them in a first pass, else those logged since
+        (on any rank: every rank must join the same reductions)."""
+        if strategy.is_distributed:
+            self._adopt_entries_of_other_ranks(strategy, module)
+        epoch_entries = {name for name, entry in self.entries.items() if entry.on_epoch}
+        if not self._first_pass_done:
+            return epoch_entries
+        changed = {name for name in epoch_entries if self.entries[name].version != self.entries[name].computed}
+        if strategy.is_distributed:
+            changed = set().union(*strategy.all_gather_object(sorted(changed))) & epoch_entries
+        return changed
+
+    def _epoch_value(self, entry: _Entry, strategy) -> torch.Tensor | None:
+        if entry.metric is not None:
+            return entry.metric.compute().detach()  # torchmetrics syncs its state across ranks
+        if entry.sync_dist and strategy.is_distributed:
+            return _reduce_across_ranks(entry, strategy)
+        if entry.total is None:
+            return None
+        return entry.total / entry.weight if entry.reduce_fx == "mean" else entry.total
+
+    def _adopt_entries_of_other_ranks(self, strategy, module) -> None:
+        """Make every rank hold the same synced entries, in the same order, before reducing."""
+        specs = {name: _spec(entry, module) for name, entry in self.entries.items()
+                 if entry.on_epoch and (entry.sync_dist or entry.metric is not None)}
+        for other in strategy.all_gather_object(specs):
+            for name, (flags, metric_path) in other.items():
+                if name in self.entries:
+                    continue
+                metric = None
+                if metric_path is not None:
+                    metric = module.get_submodule(metric_path)
+                elif flags[-1] == "metric":
+                    raise RuntimeError(
+                        f"self.log('{name}', metric) ran on some ranks only, and the metric is not an "
+                        "attribute of the module, so the other ranks cannot join its sync; make it one"
+                    )
+                self.entries[name] = _Entry(name, *flags[:6], metric=metric)
+
+
+def _spec(entry: _Entry, module) -> tuple:
+    flags = (entry.on_step, entry.on_epoch, entry.prog_bar, entry.logger, entry.sync_dist, entry.reduce_fx,
+             "metric" if entry.metric is not None else "tensor")
+    path = None
+    if entry.metric is not None and module is not None:
+        path = next((n for n, m in module.named_modules() if m is entry.metric), None)
+    return flags, path
+
+
+def _reduce_across_ranks(entry: _Entry, strategy) -> torch.Tensor:
+    """Sum (weighted mean), sum, max or min over ranks; a rank with no value adds nothing."""
+    device = strategy.collective_device
+    if entry.reduce_fx == "mean":
+        total = entry.total.float().cpu() if entry.total is not None else torch.tensor(0.0)
+        pair = strategy.all_reduce(torch.stack([total, torch.tensor(float(entry.weight))]).to(device), "sum").cpu()
+        return pair[0] / pair[1]
+    neutral = {"sum": 0.0, "max": float("-inf"), "min": float("inf")}[entry.reduce_fx]
+    total = entry.total.float().cpu() if entry.total is not None else torch.tensor(neutral)
+    return strategy.all_reduce(total.to(device), entry.reduce_fx).cpu()
+
+
+def _is_metric(value: Any) -> bool:
+    """Is ``value`` a torchmetrics ``Metric``? (If torchmetrics was never imported, it is not.)"""
+    torchmetrics = sys.modules.get("torchmetrics")
+    return torchmetrics is not None and isinstance(value, torchmetrics.Metric)
