@@ -1,3 +1,10 @@
+"""Fixtures and hooks for every test: the tiers (tiers.py), the leak guards (guards.py), an
+isolated working directory, and the environment for child processes.
+
+The tiers: ``pytest -m "not procs and not cluster"`` (the fast tier, one process), ``pytest``
+(everything this machine can run; the cluster tests skip without SLURM or root).
+"""
+
 from __future__ import annotations
 
 import os
@@ -9,10 +16,38 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import guards  # noqa: E402  (tests/ is importable from here on)
+import tiers  # noqa: E402
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    guards.watch_process_starts()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    tiers.mark_tiers(items)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    guards.STARTS.begin(item)  # before any fixture: a module-scoped one may start processes too
+
 
 @pytest.fixture(autouse=True)
-def _isolated_cwd(tmp_path, monkeypatch):
-    """Runs write under a temporary directory, and the global seed does not leak."""
+def leak_guard():
+    """Fails a test that leaves a thread, a signal handler, an environment variable or a process
+    group behind, or starts processes without its mark (see guards.py)."""
+    before = guards.Snapshot()
+    yield
+    found = [*guards.leaks(before), *guards.STARTS.take()]
+    if found:
+        pytest.fail("leak guard (tests/guards.py):\n  " + "\n  ".join(found), pytrace=False)
+
+
+@pytest.fixture(autouse=True)
+def _isolated_cwd(leak_guard, tmp_path, monkeypatch):
+    """Runs write under a temporary directory, and the global seed does not leak. (``leak_guard``
+    comes first, so that it looks after ``monkeypatch`` has put everything back.)"""
     monkeypatch.chdir(tmp_path)
     import framework.seed
 

@@ -30,6 +30,9 @@ from framework.strategies.distributed import DEFAULT_TIMEOUT_S, DistributedStrat
 from framework.strategies.launchers import ElasticLauncher, free_port
 from framework.strategies.processes import beside
 
+#: what set-up may write into ``os.environ`` for ``init_process_group``; teardown puts it back
+_SET_UP_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
+
 
 class DDPStrategy(DistributedStrategy):
     """DDP with ``backend`` in {gloo, nccl}; options as in the recipe's strategy mapping.
@@ -65,6 +68,7 @@ class DDPStrategy(DistributedStrategy):
         _check_init_method(self.init_method)
         if socket_ifname:
             _check_interface(socket_ifname, backend)  # here, before any worker is started
+        self._environ_before: dict[str, str | None] = {}
 
     def launcher(self, environment, num_nodes: int, max_restarts: int, rdzv_endpoint: str | None):
         nproc = len(self.devices)
@@ -74,11 +78,24 @@ class DDPStrategy(DistributedStrategy):
 
     # -- set-up ---------------------------------------------------------------------------
     def setup_environment(self) -> None:
+        self._environ_before = {key: os.environ.get(key) for key in _SET_UP_VARIABLES}
         if self.socket_ifname:
             os.environ["NCCL_SOCKET_IFNAME" if self.backend == "nccl" else "GLOO_SOCKET_IFNAME"] = (
                 self.socket_ifname
             )
         super().setup_environment()
+
+    def teardown(self) -> None:
+        super().teardown()
+        # The address and interface go with the group: a later run in this process must not
+        # find a stale port (a num_nodes > 1 launch takes MASTER_ADDR/MASTER_PORT for its
+        # rendezvous), and the process is left as it was found.
+        for key, value in self._environ_before.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        self._environ_before = {}
 
     def _init_process_group(self) -> None:
         info = self.dist

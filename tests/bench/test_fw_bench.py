@@ -119,6 +119,7 @@ def test_under_mpiexec_it_uses_the_processes_it_was_given(tmp_path):
     assert set(doc["parts"][0]["comm"]["backends"]) == {"gloo", "fw_mpi", "mpi4py"}
 
 
+@pytest.mark.slurm
 @pytest.mark.timeout(120)
 def test_under_srun_it_uses_the_tasks_it_was_given(tmp_path):
     from tests.environments.test_slurm_cluster import _slurm_up

@@ -16,6 +16,8 @@ import torch
 from . import workload
 from .helpers import REPO, _kill_tree, clean_env, free_port, write_script
 
+pytestmark = pytest.mark.cluster  # two network namespaces: a cluster of two nodes on one machine
+
 SCRIPT = """
 import sys, torch
 import workload

@@ -7,6 +7,7 @@ before the tests, see .ci/run); without one these tests skip, saying why.
 
 from __future__ import annotations
 
+import functools
 import shutil
 import subprocess
 import sys
@@ -21,6 +22,7 @@ from toy import freezing_script
 pytestmark = pytest.mark.slurm
 
 
+@functools.cache
 def _slurm_up() -> str | None:
     if not shutil.which("srun") or not shutil.which("sinfo"):
         return "SLURM is not installed here (srun and sinfo not found); these tests need a SLURM cluster with a node up"
@@ -31,7 +33,17 @@ def _slurm_up() -> str | None:
     return None
 
 
-needs_slurm = pytest.mark.skipif(_slurm_up() is not None, reason=_slurm_up() or "")
+@pytest.fixture
+def slurm_cluster() -> None:
+    """Skips, saying why, without a SLURM node up. Asked at set-up, not at import: where SLURM is
+    installed but its controller is down, sinfo takes seconds to say so, and a run that leaves
+    the cluster tests out (the fast tier) should not wait for it."""
+    reason = _slurm_up()
+    if reason is not None:
+        pytest.skip(reason)
+
+
+needs_slurm = pytest.mark.usefixtures("slurm_cluster")
 
 SCRIPT = textwrap.dedent(
     """

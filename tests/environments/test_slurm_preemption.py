@@ -15,7 +15,7 @@ import time
 import pytest
 from conftest import subprocess_env
 
-from .test_slurm_cluster import needs_slurm
+from .test_slurm_cluster import needs_slurm, slurm_cluster  # noqa: F401 (the fixture needs_slurm asks for)
 
 pytestmark = pytest.mark.slurm
 

@@ -1,0 +1,175 @@
+"""Guards that every test runs under: a test leaves the process as it found it.
+
+After each test (its function and function-scoped fixtures), ``leak_guard`` in conftest.py fails
+it, naming what leaked, when it left behind
+
+- a thread it started that is still alive after a short grace: a non-daemon thread (it would keep
+  the interpreter from exiting), or one of fw's own (``fw-*``, daemon or not: a heartbeat or an
+  MPI watchdog that outlives its run is a bug);
+- a handler of SIGTERM, SIGINT, SIGUSR1, SIGUSR2 or SIGHUP that it did not restore;
+- an environment variable added, changed or removed (``monkeypatch`` restores its own);
+- an initialized ``torch.distributed`` default process group;
+- a process it started without the ``procs`` mark (which would make the fast tier slow), or a
+  cluster job (``srun``, ``sbatch``, network namespaces) without the ``cluster`` mark.
+
+Each check costs microseconds; a guard that fails also restores what it can (variables, handlers,
+the process group) so that one leak is reported once, not again by every test after it.
+"""
+
+from __future__ import annotations
+
+import functools
+import multiprocessing.process
+import os
+import signal
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+
+import pytest
+import torch.distributed as dist
+
+SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP)
+#: variables that pytest, or a library once per process, sets for itself
+IGNORED_VARIABLES = {"PYTEST_CURRENT_TEST", "CUDA_MODULE_LOADING"}
+THREAD_GRACE_S = 2.0
+#: commands that start a job on a cluster (or build one): they need the ``cluster`` mark
+CLUSTER_COMMANDS = {"srun", "sbatch", "salloc"}
+#: system tools that fw itself asks, in milliseconds (``scontrol show hostnames``, ``ip -o -4 addr``):
+#: not what the ``procs`` mark is about (interpreters and launchers, seconds each)
+QUICK_TOOLS = {"scontrol", "ip", "uname"}
+
+
+@dataclass
+class Snapshot:
+    threads: set[threading.Thread] = field(default_factory=lambda: set(threading.enumerate()))
+    handlers: dict[int, object] = field(default_factory=lambda: {s: signal.getsignal(s) for s in SIGNALS})
+    environ: dict[str, str] = field(default_factory=lambda: dict(os.environ))
+
+
+def leaks(before: Snapshot) -> list[str]:
+    """What changed since ``before``, one line each; variables, handlers and the process group
+    are put back."""
+    return [*_threads(before), *_handlers(before), *_environ(before), *_process_group()]
+
+
+def _threads(before: Snapshot) -> list[str]:
+    suspects = [t for t in threading.enumerate()
+                if t not in before.threads and (not t.daemon or t.name.startswith("fw-"))]
+    deadline = time.monotonic() + THREAD_GRACE_S
+    for thread in suspects:
+        thread.join(timeout=max(0.0, deadline - time.monotonic()))
+    return [f"thread {t.name!r} ({'daemon' if t.daemon else 'non-daemon'}) still alive "
+            f"{THREAD_GRACE_S:g} s after the test" for t in suspects if t.is_alive()]
+
+
+def _handlers(before: Snapshot) -> list[str]:
+    found = []
+    for signum, handler in before.handlers.items():
+        now = signal.getsignal(signum)
+        if now != handler:
+            found.append(f"handler of {signal.Signals(signum).name} not restored: {handler!r} -> {now!r}")
+            signal.signal(signum, handler)  # type: ignore[arg-type]
+    return found
+
+
+def _environ(before: Snapshot) -> list[str]:
+    found = []
+    now = dict(os.environ)
+    for key in sorted((set(before.environ) | set(now)) - IGNORED_VARIABLES):
+        old, new = before.environ.get(key), now.get(key)
+        if old == new:
+            continue
+        if old is None:
+            found.append(f"environment variable {key} added ({new!r})")
+            del os.environ[key]
+        elif new is None:
+            found.append(f"environment variable {key} removed (was {old!r})")
+            os.environ[key] = old
+        else:
+            found.append(f"environment variable {key} changed ({old!r} -> {new!r})")
+            os.environ[key] = old
+    return found
+
+
+def _process_group() -> list[str]:
+    if not (dist.is_available() and dist.is_initialized()):
+        return []
+    backend = dist.get_backend()
+    dist.destroy_process_group()
+    return [f"torch.distributed default process group ({backend}) still initialized"]
+
+
+# --- processes: a test that starts one must be marked for it ------------------------------------
+
+
+@dataclass
+class Starts:
+    """The processes started since the current test's setup began, that its marks do not allow."""
+
+    may_start: bool = True  # outside a test (collection, plugins): anything goes
+    may_run_jobs: bool = True
+    unmarked: list[str] = field(default_factory=list)
+
+    def begin(self, item: pytest.Item) -> None:
+        self.may_run_jobs = item.get_closest_marker("cluster") is not None
+        self.may_start = self.may_run_jobs or item.get_closest_marker("procs") is not None
+        self.unmarked = []
+
+    def note(self, what: str, argv: list[str]) -> None:
+        if not self.may_start and not _is_quick_tool(argv):
+            self.unmarked.append(f"{what} {_shorten(argv)} started, but the test is not marked procs")
+        elif not self.may_run_jobs and _is_cluster_job(argv):
+            self.unmarked.append(f"{what} {_shorten(argv)} started, but the test is not marked cluster")
+
+    def take(self) -> list[str]:
+        found, self.unmarked = self.unmarked, []
+        return found
+
+
+STARTS = Starts()
+
+
+def _is_cluster_job(argv: list[str]) -> bool:
+    program = os.path.basename(argv[0]) if argv else ""
+    return program in CLUSTER_COMMANDS or argv[:2] == ["ip", "netns"]
+
+
+def _is_quick_tool(argv: list[str]) -> bool:
+    return bool(argv) and os.path.basename(argv[0]) in QUICK_TOOLS and not _is_cluster_job(argv)
+
+
+def _shorten(argv: list[str]) -> str:
+    text = " ".join(argv)
+    return repr(text if len(text) <= 120 else text[:117] + "...")
+
+
+def _argv(args: object) -> list[str]:
+    if isinstance(args, (str, bytes, os.PathLike)):  # a shell command, or a program without arguments
+        return os.fsdecode(args).split()
+    return [os.fsdecode(a) if isinstance(a, (str, bytes, os.PathLike)) else str(a) for a in args]  # type: ignore
+
+
+def watch_process_starts() -> None:
+    """Route ``subprocess.Popen``, ``multiprocessing`` and ``os.system`` through ``STARTS.note``."""
+    popen_init, process_start, system = subprocess.Popen.__init__, multiprocessing.process.BaseProcess.start, os.system
+
+    @functools.wraps(popen_init)
+    def init(self, *args, **kwargs):
+        STARTS.note("process", _argv(args[0] if args else kwargs.get("args", [])))
+        popen_init(self, *args, **kwargs)
+
+    @functools.wraps(process_start)
+    def start(self):
+        STARTS.note("multiprocessing", [f"{type(self).__name__}(name={self.name!r})"])
+        process_start(self)
+
+    @functools.wraps(system)
+    def run_shell(command):
+        STARTS.note("os.system", _argv(command))
+        return system(command)
+
+    subprocess.Popen.__init__ = init  # type: ignore[method-assign]
+    multiprocessing.process.BaseProcess.start = start  # type: ignore[method-assign]
+    os.system = run_shell

@@ -1,0 +1,157 @@
+"""The leak guards (guards.py) and the tier marks (tiers.py) find what they are for, and say it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+
+import guards
+import pytest
+import tiers
+import torch.distributed as dist
+
+
+def test_a_variable_added_changed_or_removed_is_named_and_put_back(monkeypatch):
+    monkeypatch.setenv("FW_GUARD_CHANGED", "before")
+    monkeypatch.setenv("FW_GUARD_REMOVED", "there")
+    before = guards.Snapshot()
+    os.environ["FW_GUARD_ADDED"] = "1"
+    os.environ["FW_GUARD_CHANGED"] = "after"
+    del os.environ["FW_GUARD_REMOVED"]
+    assert guards.leaks(before) == [
+        "environment variable FW_GUARD_ADDED added ('1')",
+        "environment variable FW_GUARD_CHANGED changed ('before' -> 'after')",
+        "environment variable FW_GUARD_REMOVED removed (was 'there')",
+    ]
+    assert "FW_GUARD_ADDED" not in os.environ and os.environ["FW_GUARD_CHANGED"] == "before"
+    assert os.environ["FW_GUARD_REMOVED"] == "there"
+
+
+def test_a_signal_handler_left_behind_is_named_and_put_back():
+    before = guards.Snapshot()
+    previous = signal.signal(signal.SIGUSR1, lambda *_: None)
+    (found,) = guards.leaks(before)
+    assert found.startswith("handler of SIGUSR1 not restored")
+    assert signal.getsignal(signal.SIGUSR1) is previous
+
+
+def test_a_thread_still_alive_after_the_grace_is_named(monkeypatch):
+    monkeypatch.setattr(guards, "THREAD_GRACE_S", 0.05)
+    release = threading.Event()
+    before = guards.Snapshot()
+    stuck = threading.Thread(target=release.wait, name="stuck")
+    heartbeat = threading.Thread(target=release.wait, name="fw-heartbeat", daemon=True)
+    quiet = threading.Thread(target=release.wait, name="someone-elses", daemon=True)
+    done = threading.Thread(target=lambda: None, name="done")
+    for thread in (stuck, heartbeat, quiet, done):
+        thread.start()
+    try:
+        assert guards.leaks(before) == ["thread 'stuck' (non-daemon) still alive 0.05 s after the test",
+                                        "thread 'fw-heartbeat' (daemon) still alive 0.05 s after the test"]
+    finally:
+        release.set()
+        for thread in (stuck, heartbeat, quiet, done):
+            thread.join()
+
+
+def test_an_initialized_process_group_is_named_and_destroyed():
+    before = guards.Snapshot()
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    assert guards.leaks(before) == ["torch.distributed default process group (gloo) still initialized"]
+    assert not dist.is_initialized()
+
+
+class _Item:
+    def __init__(self, *marks: str):
+        self.marks = marks
+
+    def get_closest_marker(self, name):
+        return name if name in self.marks else None
+
+
+@pytest.mark.parametrize("marks, argv, found", [
+    ((), [sys.executable, "-c", "pass"],
+     f"process '{sys.executable} -c pass' started, but the test is not marked procs"),
+    ((), ["scontrol", "show", "hostnames", "n[1-2]"], None),  # a tool fw asks itself, in milliseconds
+    (("procs",), [sys.executable, "job.py"], None),
+    (("procs",), ["srun", "-n2", "python"], "process 'srun -n2 python' started, but the test is not marked cluster"),
+    (("procs",), ["ip", "netns", "add", "a"], "process 'ip netns add a' started, but the test is not marked cluster"),
+    (("cluster",), ["sbatch", "job.sh"], None),
+])  # fmt: skip
+def test_a_process_needs_the_mark_of_its_tier(marks, argv, found):
+    starts = guards.Starts()
+    starts.begin(_Item(*marks))
+    starts.note("process", argv)
+    assert starts.take() == ([found] if found else [])
+
+
+def test_popen_is_watched_while_this_test_runs(monkeypatch):
+    monkeypatch.setattr(guards, "STARTS", guards.Starts())
+    guards.STARTS.begin(_Item())
+    with pytest.raises(OSError):
+        subprocess.Popen(["/nonexistent/fw-guard-probe"])  # noted before it fails to start
+    assert guards.STARTS.take() == ["process '/nonexistent/fw-guard-probe' started, but the test is not marked procs"]
+
+
+def _calls_popen():
+    return subprocess.run(["true"], check=True)
+
+
+def _calls_a_helper():
+    return _calls_popen()
+
+
+def _imports_locally():
+    from distributed.helpers import run_script
+
+    return run_script
+
+
+def _stays_in_process():
+    return sum(range(3))
+
+
+@pytest.mark.parametrize("function, starts", [
+    (_calls_popen, True), (_calls_a_helper, True), (_imports_locally, True), (_stays_in_process, False),
+])  # fmt: skip
+def test_a_test_is_procs_when_it_or_a_helper_it_calls_starts_a_process(function, starts):
+    assert tiers._refers_to_a_starter(function) is starts
+
+
+INNER = '''
+import importlib, os, signal, sys, threading, time
+
+def test_clean():
+    pass
+
+def test_leaks_a_variable():
+    os.environ["FW_INNER_LEAK"] = "1"
+
+def test_leaks_a_handler():
+    signal.signal(signal.SIGUSR2, lambda *_: None)
+
+def test_leaks_a_thread():
+    threading.Thread(target=time.sleep, args=(4,), name="inner-sleeper").start()
+
+def test_starts_a_process_the_marks_do_not_see():
+    importlib.import_module("subprocess").call([sys.executable, "-c", "pass"])  # as framework code would
+'''
+
+
+def test_the_conftest_fails_each_leaking_test_and_names_the_leak(tmp_path):
+    from conftest import ROOT, subprocess_env
+
+    for name in ("conftest.py", "guards.py", "tiers.py"):
+        (tmp_path / name).write_text((ROOT / "tests" / name).read_text())
+    (tmp_path / "test_inner.py").write_text(INNER)
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_inner.py"],
+                          cwd=tmp_path, env=subprocess_env(), capture_output=True, text=True, timeout=100)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1 and "5 passed, 4 errors" in out, out  # the calls pass, four teardowns fail
+    assert "environment variable FW_INNER_LEAK added ('1')" in out
+    assert "handler of SIGUSR2 not restored" in out
+    assert "thread 'inner-sleeper' (non-daemon) still alive 2 s after the test" in out
+    assert f"process '{sys.executable} -c pass' started, but the test is not marked procs" in out
