@@ -31,8 +31,10 @@ import pytest
 import torch.distributed as dist
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP)
-#: variables that pytest, or torch once per process (at its first CUDA or inductor use), sets for itself
-IGNORED_VARIABLES = {"PYTEST_CURRENT_TEST", "CUDA_MODULE_LOADING", "TORCHINDUCTOR_CACHE_DIR"}
+#: variables that pytest, or a library once per process, sets for itself: torch at its first CUDA or
+#: inductor use, Lightning when it is first imported (a test that comes first would be blamed)
+IGNORED_VARIABLES = {"PYTEST_CURRENT_TEST", "CUDA_MODULE_LOADING", "TORCHINDUCTOR_CACHE_DIR",
+                     "PYTORCH_NVML_BASED_CUDA_CHECK"}
 THREAD_GRACE_S = 2.0
 #: commands that start a job on a cluster (or build one): they need the ``cluster`` mark
 CLUSTER_COMMANDS = {"srun", "sbatch", "salloc"}
