@@ -53,14 +53,14 @@ def automatic_step_fn(trainer) -> Callable[[Any, int, bool], Any]:
     # Nobody to see when the gradients are zeroed: zero them right after the step, as a
     # hand-written loop does (the same numbers; the old gradients are freed before the next
     # forward, not after it: measurably faster on the CPU). Else at each window's start.
-    zero_after_step = not any(hooks.module_overrides(name) for name in ("optimizer_zero_grad", "optimizer_step")) \
+    user_step = module.optimizer_step if hooks.module_overrides("optimizer_step") else None
+    zero_after_step = user_step is None and not hooks.module_overrides("optimizer_zero_grad") \
         and hooks.per_batch("on_before_zero_grad") is None
     if zero_after_step:
         optimizer.zero_grad()  # gradients left from before this epoch (a backward outside fit) do not count
     closure_for = _closure_fn(trainer, optimizer, zero_in_closure=not zero_after_step)
     step = _step_fn(trainer, optimizer, zero_after_step)
     wrapped.__dict__["_automatic_step"] = step
-    user_step = module.optimizer_step if hooks.module_overrides("optimizer_step") else None
     accumulate = trainer.accumulate_grad_batches
     no_sync = strategy.no_sync if strategy.multi_process and accumulate > 1 else None
 
@@ -161,17 +161,10 @@ def _step_fn(trainer, optimizer: torch.optim.Optimizer, zero_after_step: bool) -
             state.skip_step = False
             optimizer.zero_grad(set_to_none=True)
             return loss
-        if scaler is not None:
-            if loss is not None:
-                precision.unscale(optimizer)  # hooks and clipping see the true gradients
-            after_closure()
-            if loss is not None:  # Lightning: no backward, nothing to step
-                precision.step(optimizer, **kwargs)
-            if zero_after_step:
-                optimizer.zero_grad()
-            return loss
+        if scaler is not None and loss is not None:
+            precision.unscale(optimizer)  # hooks and clipping see the true gradients
         after_closure()
-        if reevaluates and closure is not None:
+        if reevaluates and closure is not None and scaler is None:
             first = [True]
 
             def again() -> Any:
@@ -184,8 +177,9 @@ def _step_fn(trainer, optimizer: torch.optim.Optimizer, zero_after_step: bool) -
 
             result = optimizer.step(closure=again, **kwargs)
         else:
-            optimizer.step(**kwargs)
             result = loss
+            if scaler is None or loss is not None:  # 16-mixed without a backward: nothing to step (Lightning)
+                precision.step(optimizer, **kwargs)
         if zero_after_step:
             optimizer.zero_grad()
         return result

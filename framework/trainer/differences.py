@@ -32,8 +32,8 @@ def _unshuffled_training_under_ddp(trainer, fn, _) -> bool:
     if not _distributed_fit(trainer, fn) or not trainer.use_distributed_sampler:
         return False
     loaders = trainer.loaders.get("train") or []
-    sampler = getattr(getattr(loaders[0], "sampler", None), "shuffle", None) if loaders else None
-    return sampler is False
+    shuffle = getattr(getattr(loaders[0], "sampler", None), "shuffle", None) if loaders else None
+    return shuffle is False  # a DistributedSampler that keeps the loader's order
 
 
 def _uneven_evaluation_shards(trainer, fn, _) -> bool:

@@ -57,7 +57,8 @@ class MetricCollector:
         self._first_pass_done = False  # compute_epoch(final=False) ran: the epoch-end hooks run now
 
     def log(self, name: str, value: Any, *, prog_bar: bool, logger: bool, on_step: bool | None,
-            on_epoch: bool | None, reduce_fx: str, sync_dist: bool, batch_size: int | None) -> None:
+            on_epoch: bool | None, reduce_fx: str, sync_dist: bool, batch_size: int | None) -> _Entry:
+        """Record one logged value; the entry it went into."""
         entry = self.entries.get(name)
         if entry is None:
             entry = self._new_entry(name, value, prog_bar, logger, on_step, on_epoch, reduce_fx, sync_dist)
@@ -68,7 +69,7 @@ class MetricCollector:
                 if cached is not None:
                     entry.last = cached.detach()
                     self.step_dirty = True
-            return
+            return entry
         if isinstance(value, torch.Tensor):
             value = value.detach()
             if value.numel() != 1:
@@ -83,6 +84,7 @@ class MetricCollector:
             self.step_dirty = True
         if entry.on_epoch:
             self._accumulate(entry, value, batch_size)
+        return entry
 
     def _new_entry(self, name, value, prog_bar, logger, on_step, on_epoch, reduce_fx, sync_dist) -> _Entry:
         if reduce_fx not in _REDUCE_FX:
@@ -181,14 +183,10 @@ class MetricCollector:
     def _changed_entries(self, strategy, module) -> set[str]:
         """Epoch entries to compute now: all of them in a first pass, else those logged since
         (on any rank: every rank must join the same reductions)."""
-        if strategy.is_distributed:
-            self._adopt_entries_of_other_ranks(strategy, module)
-        epoch_entries = {name for name, entry in self.entries.items() if entry.on_epoch}
-        if not self._first_pass_done:
-            return epoch_entries
-        changed = {name for name in epoch_entries if self.entries[name].version != self.entries[name].computed}
-        if strategy.is_distributed:
-            changed = set().union(*strategy.all_gather_object(sorted(changed))) & epoch_entries
+        changed = {name for name, entry in self.entries.items()
+                   if entry.on_epoch and (not self._first_pass_done or entry.version != entry.computed)}
+        if strategy.is_distributed:  # one gather: the other ranks' entries and what changed there
+            changed |= self._adopt_entries_of_other_ranks(strategy, module, changed)
         return changed
 
     def _epoch_value(self, entry: _Entry, strategy) -> torch.Tensor | None:
@@ -200,11 +198,15 @@ class MetricCollector:
             return None
         return entry.total / entry.weight if entry.reduce_fx == "mean" else entry.total
 
-    def _adopt_entries_of_other_ranks(self, strategy, module) -> None:
-        """Make every rank hold the same synced entries, in the same order, before reducing."""
+    def _adopt_entries_of_other_ranks(self, strategy, module, changed: set[str]) -> set[str]:
+        """Make every rank hold the same synced entries, in the same order, before reducing;
+        returns the entries any rank has in ``changed`` (each rank passes its own), and those
+        adopted here."""
         specs = {name: _spec(entry, module) for name, entry in self.entries.items()
                  if entry.on_epoch and (entry.sync_dist or entry.metric is not None)}
-        for other in strategy.all_gather_object(specs):
+        changed_anywhere: set[str] = set()
+        for other, their_changed in strategy.all_gather_object((specs, sorted(changed))):
+            changed_anywhere.update(their_changed)
             for name, (flags, metric_path) in other.items():
                 if name in self.entries:
                     continue
@@ -217,6 +219,8 @@ class MetricCollector:
                         "attribute of the module, so the other ranks cannot join its sync; make it one"
                     )
                 self.entries[name] = _Entry(name, *flags[:6], metric=metric)
+                changed_anywhere.add(name)
+        return changed_anywhere & {name for name, entry in self.entries.items() if entry.on_epoch}
 
 
 def _spec(entry: _Entry, module) -> tuple:

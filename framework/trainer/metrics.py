@@ -43,8 +43,7 @@ class LoggedMetrics:
 
     def log(self, name: str, value: Any, **options: Any) -> None:
         """``self.log`` of the module: record in the collector of the stage that runs."""
-        self.collector.log(name, value, **options)
-        entry = self.collector.entries[name]
+        entry = self.collector.log(name, value, **options)
         if entry.on_step and entry.sync_dist and entry.metric is None and self.strategy is not None:
             entry.last = self._synced_step_value(entry)
 

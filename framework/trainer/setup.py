@@ -167,8 +167,10 @@ def _needs_loader(trainer, fn: str, key: str, model, given: Any, source: Any) ->
     from framework.data import DataModule
     from framework.module import TrainModule
 
-    if fn != "fit" or key != "validate" or trainer.limits["validate"] == 0:
-        return not (fn == "fit" and key == "validate")
+    if fn != "fit" or key != "validate":
+        return True
+    if trainer.limits["validate"] == 0:
+        return False
     if overrides(model, TrainModule, "validation_step"):
         return True
     base = DataModule if isinstance(source, DataModule) else TrainModule
