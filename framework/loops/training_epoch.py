@@ -20,7 +20,6 @@ import math
 import time
 
 import torch
-from torch.optim.lr_scheduler import ReduceLROnPlateau
 
 from framework.data import set_sampler_epoch
 from framework.errors import ConfigError, TrainingError
@@ -51,8 +50,7 @@ def run_train_epoch(trainer, loader, stops: StopCheck) -> None:
     batch_start, batch_end = hooks.per_batch("on_train_batch_start"), hooks.per_batch("on_train_batch_end")
     to_device = batch_transfer_fn(trainer, 0)
     accumulate, val_every = trainer.accumulate_grad_batches, _val_check_batches(trainer, limit)
-    intervals = {(cfg.interval, isinstance(cfg.scheduler, ReduceLROnPlateau)) for cfg in trainer.lr_scheduler_configs}
-    log_every, metrics = trainer.log_every_n_steps, trainer.metrics
+    schedulers, metrics = bool(trainer.lr_scheduler_configs), trainer.metrics
 
     trained = 0  # batches whose training_step returned a loss
     rest_skipped = False  # on_train_batch_start returned -1
@@ -63,32 +61,24 @@ def run_train_epoch(trainer, loader, stops: StopCheck) -> None:
         state.is_last_batch = last = batch_idx + 1 == limit or (lookahead is not None and lookahead.last)
         if batch_start is not None and batch_start(batch, batch_idx) == -1:
             rest_skipped = True  # Lightning: the rest of the epoch is skipped, and the epoch counts as done;
-            if not manual:       # its schedulers step as after a batch that stepped
+            if schedulers:       # its schedulers step as after a batch that stepped
                 step_schedulers(trainer, "step", plateau=False, batch_idx=batch_idx)
-            step_schedulers(trainer, "epoch", plateau=False)
+                step_schedulers(trainer, "epoch", plateau=False)
             break
         steps_now = last or (batch_idx + 1) % accumulate == 0
         outputs = train_batch(batch, batch_idx, steps_now)
         if outputs is not None or manual:
             trained += 1
         if manual or steps_now:  # manual: every batch counts as one that stepped, as in Lightning
-            if not manual:
-                state.global_step += 1
-                if ("step", False) in intervals:
-                    step_schedulers(trainer, "step", plateau=False, batch_idx=batch_idx)
-            state.batches_stepped += 1
-            if (state.batches_stepped % log_every == 0 or state.should_stop) and collector.step_dirty \
-                    and trainer.loggers:
-                _log_step_metrics(trainer, collector)
-        if last and ("epoch", False) in intervals:
+            _count_the_step(trainer, collector, batch_idx, manual, schedulers)
+        if last and schedulers:
             step_schedulers(trainer, "epoch", plateau=False)
         state.batches_done = batch_idx + 1
         if batch_end is not None:
             batch_end(_handed_on(outputs, 1 if manual else accumulate), batch, batch_idx)
-
         if val_every and batch_idx + 1 < limit and _val_due(trainer, batch_idx, limit, val_every):
             run_evaluation(trainer, "validate", zero_grad=steps_now)
-        if ("step", True) in intervals and steps_now:
+        if schedulers and steps_now:
             step_schedulers(trainer, "step", plateau=True, batch_idx=batch_idx)
         if state.should_stop and state.epoch + 1 >= trainer.min_epochs:
             break
@@ -97,15 +87,35 @@ def run_train_epoch(trainer, loader, stops: StopCheck) -> None:
         if (batch_idx + 1) % stops.every == 0 and stops():
             break
     train_batch.flush_checks()
-    if not trained and state.batches_done > start and not rest_skipped:
-        raise TrainingError(
-            f"training_step returned None for all {state.batches_done - start} batches of epoch {state.epoch}: "
-            "nothing was trained. Return the loss (a tensor) or a dict with 'loss'; None skips one batch"
-        )
+    if not trained and not rest_skipped:
+        _refuse_an_epoch_that_trained_nothing(state, start)
     at_end = state.batches_done >= limit if lookahead is None else lookahead.last or not state.batches_done
     if not at_end and state.batches_done and not rest_skipped:  # a stop cut the epoch short: a resume continues it
         state.cut_epoch(get_rng_state(), collector.state_dict(trainer.module))
     _end_train_epoch(trainer, collector, validate=not rest_skipped)
+
+
+def _refuse_an_epoch_that_trained_nothing(state, start: int) -> None:
+    """An epoch whose batches all returned None from training_step trained nothing: an error."""
+    if state.batches_done > start:
+        raise TrainingError(
+            f"training_step returned None for all {state.batches_done - start} batches of epoch {state.epoch}: "
+            "nothing was trained. Return the loss (a tensor) or a dict with 'loss'; None skips one batch"
+        )
+
+
+def _count_the_step(trainer, collector, batch_idx: int, manual: bool, schedulers: bool) -> None:
+    """A batch that stepped: the step count, step-interval schedulers, and every
+    ``log_every_n_steps`` a row of step values."""
+    state = trainer.state
+    if not manual:
+        state.global_step += 1
+        if schedulers:
+            step_schedulers(trainer, "step", plateau=False, batch_idx=batch_idx)
+    state.batches_stepped += 1
+    if (state.batches_stepped % trainer.log_every_n_steps == 0 or state.should_stop) and collector.step_dirty \
+            and trainer.loggers:
+        _log_step_metrics(trainer, collector)
 
 
 def _handed_on(outputs, accumulate: int) -> dict:
