@@ -45,3 +45,11 @@ def did_you_mean(name: str, known) -> str:
 
     close = difflib.get_close_matches(str(name), [str(k) for k in known], n=1, cutoff=0.6)
     return f" (did you mean '{close[0]}'?)" if close else ""
+
+
+class ProgramEnds(SystemExit):  # noqa: N818 (a SystemExit: the program ends with its code)
+    """fw ends the program from inside a call, with ``code`` as its exit status: the process only
+    launched the workers (``JobEnded``), or a fit stopped on a signal with its checkpoint
+    written (``StoppedBySignal``). ``fw``'s entry point returns the code; under a user's script
+    it ends the program as an uncaught ``SystemExit`` does (``finally`` blocks run, the code
+    after the call does not)."""

@@ -177,7 +177,8 @@ class TrainModule(HyperparametersMixin, ModuleHooks, nn.Module):
     def manual_backward(self, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
         """Backward in manual optimization: scaled under 16-mixed, with the backward hooks;
         ``args``/``kwargs`` go to ``Tensor.backward``."""
-        manual = getattr(self.trainer, "manual", None)
+        run = self.trainer.run
+        manual = run.manual if run is not None else None
         if manual is None:
             raise RuntimeError("manual_backward is for manual optimization: set self.automatic_optimization = False "
                                "in __init__, or return the loss from training_step")

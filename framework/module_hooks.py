@@ -28,7 +28,7 @@ class ModuleHooks:
         from framework.loops.optimization import clip_gradients
 
         trainer = self.trainer
-        manual = getattr(trainer, "manual", None)
+        manual = trainer.run.manual if trainer.run is not None else None
         if manual is None:  # automatic optimization: the Trainer's settings are the defaults
             gradient_clip_val, gradient_clip_algorithm = _clip_settings(trainer, gradient_clip_val,
                                                                         gradient_clip_algorithm)

@@ -1,6 +1,6 @@
 """The callback base: every hook does nothing, so a callback overrides only what it needs.
 
-The Trainer calls hooks through ``framework.trainer.hooks.HookDispatcher``, which skips callbacks that
+The Trainer calls hooks through ``framework.loops.hooks.HookDispatcher``, which skips callbacks that
 do not override a hook; an empty hook therefore costs nothing per step.
 """
 

@@ -172,7 +172,7 @@ class ModelCheckpoint(Callback):
             return self.save_on_train_epoch_end
         if trainer.check_val_every_n_epoch != 1:
             return False
-        if not trainer.loaders.get("validate"):
+        if trainer.val_dataloaders is None:
             return True
         return trainer.val_check_interval is None or trainer.val_check_interval == 1.0  # 1 too, as in Lightning
 

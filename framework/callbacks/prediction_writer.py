@@ -77,7 +77,8 @@ class PredictionWriter(Callback):
 
     # -- hooks ------------------------------------------------------------------------------------
     def on_predict_epoch_start(self, trainer, module) -> None:
-        loaders = trainer.loaders.get("predict") or []
+        given = trainer.predict_dataloaders
+        loaders = [] if given is None else list(given) if isinstance(given, list) else [given]
         self._outputs = [[] for _ in loaders]
         self._indices = [_batch_indices(loader) for loader in loaders]
 

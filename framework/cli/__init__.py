@@ -23,7 +23,7 @@ import argparse
 import os
 import sys
 
-from framework.errors import FwError
+from framework.errors import FwError, ProgramEnds
 
 STAGES = ("fit", "validate", "test", "predict")
 
@@ -75,6 +75,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return run(args)
+    except ProgramEnds as end:  # the workers' job is done, or a signal stopped the fit: its status
+        return int(end.code or 0)
     except FwError as err:
         if _in_mpi_job():  # one rank's mistake must end them all (MPI has no timeouts)
             from framework.strategies.mpi import abort_mpi_job

@@ -8,29 +8,35 @@ the collectives happen only in ``compute_epoch``. The same pass serves ``trainer
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from framework.errors import ConfigError
 from framework.loops.batches import num_batches, positional_arity
 from framework.loops.transfer import batch_transfer_fn
 
+if TYPE_CHECKING:
+    from framework.trainer.run import Run
+
 _LOADER_NAMES = {"validate": "val_dataloader", "test": "test_dataloader"}
 
 
-def run_eval_stage(trainer, fn: str) -> list[dict]:
+def run_eval_stage(run: Run) -> list[dict]:
+    fn = run.fn
     """``trainer.validate()`` / ``trainer.test()``: one pass, its scalar results."""
-    if not trainer.loaders.get(fn):
+    if not run.loaders.get(fn):
         raise ConfigError(f"{fn} needs data: pass dataloaders= or a datamodule with {_LOADER_NAMES[fn]}()")
-    values = run_evaluation(trainer, fn)
+    values = run_evaluation(run, fn)
     aliases = {k for k in values if f"{k}_epoch" in values}  # Lightning returns ``x_epoch`` only
     return [{k: float(v) for k, v in values.items() if v.numel() == 1 and k not in aliases}]
 
 
-def run_evaluation(trainer, stage: str, limit: int | None = None, log: bool = True, zero_grad: bool = False) -> dict:
+def run_evaluation(run: Run, stage: str, limit: int | None = None, log: bool = True, zero_grad: bool = False) -> dict:
     """One pass over the ``stage`` loaders in eval mode, no gradients; returns epoch metrics.
     ``zero_grad``: inside fit, free the gradients first (``on_validation_model_zero_grad``)."""
-    module, hooks, state = trainer.module, trainer.hooks, trainer.state
-    loaders = trainer.loaders.get(stage) or []
+    module, hooks, state = run.module, run.hooks, run.state
+    loaders = run.loaders.get(stage) or []
     step_fn = module.validation_step if stage == "validate" else module.test_step
     arity = positional_arity(step_fn)
     prefix = "validation" if stage == "validate" else "test"
@@ -41,32 +47,32 @@ def run_evaluation(trainer, stage: str, limit: int | None = None, log: bool = Tr
     modes = ModuleModes(module)
     hooks.module_hook(f"on_{prefix}_model_eval")
     try:
-        no_grad = torch.inference_mode() if trainer.inference_mode else torch.no_grad()  # Lightning's switch
-        with trainer.metrics.evaluating(stage) as collector, no_grad:
+        no_grad = torch.inference_mode() if run.settings.inference_mode else torch.no_grad()  # Lightning's switch
+        with run.metrics.evaluating(stage) as collector, no_grad:
             hooks(f"on_{prefix}_start")
             hooks(f"on_{prefix}_epoch_start")
             batch_start = hooks.per_batch(f"on_{prefix}_batch_start")
             batch_end = hooks.per_batch(f"on_{prefix}_batch_end")
             for dl_idx, loader in enumerate(loaders):
-                n = num_batches(loader, trainer.limits[stage])
+                n = num_batches(loader, run.settings.limits[stage])
                 if limit is not None:  # the sanity check: at most ``limit`` of them
                     n = min(n, limit)
-                trainer.num_val_batches = n
-                to_device = batch_transfer_fn(trainer, dl_idx)
+                run.num_val_batches = n
+                to_device = batch_transfer_fn(run, dl_idx)
                 for batch_idx, batch in enumerate(loader):
                     if batch_idx >= n:
                         break
-                    batch = trainer.metrics.current_batch = to_device(batch)
-                    trainer.state.eval_batches += 1
+                    batch = run.metrics.current_batch = to_device(batch)
+                    run.state.eval_batches += 1
                     where = (batch_idx,) if len(loaders) == 1 else (batch_idx, dl_idx)  # Lightning's arguments
                     if batch_start is not None:
                         batch_start(batch, *where)
-                    with trainer.precision.autocast():
+                    with run.precision.autocast():
                         args = (batch, batch_idx) if len(loaders) == 1 else (batch, batch_idx, dl_idx)
                         outputs = step_fn(*args[:arity])
                     if batch_end is not None:
                         batch_end(outputs, batch, *where)
-            values = _end_evaluation_epoch(trainer, collector, prefix, log and not sanity_check)
+            values = _end_evaluation_epoch(run, collector, prefix, log and not sanity_check)
             hooks(f"on_{prefix}_end")
     finally:
         state.stage = outer_stage
@@ -77,19 +83,19 @@ def run_evaluation(trainer, stage: str, limit: int | None = None, log: bool = Tr
     return values
 
 
-def _end_evaluation_epoch(trainer, collector, prefix: str, log: bool) -> dict:
+def _end_evaluation_epoch(run: Run, collector, prefix: str, log: bool) -> dict:
     """The epoch's values first, so that ``on_*_epoch_end`` (callbacks, then the module) sees
     them in ``callback_metrics``; then what those hooks logged. The sanity check's values are
     seen by its hooks and dropped after it, as in Lightning."""
-    strategy, module = trainer.strategy, trainer.module
-    with trainer.metrics.kept(not log):
+    strategy, module = run.strategy, run.module
+    with run.metrics.kept(not log):
         collector.compute_epoch(strategy, module, final=False)
-        trainer.metrics.record_epoch(collector)
-        trainer.hooks(f"on_{prefix}_epoch_end")
+        run.metrics.record_epoch(collector)
+        run.hooks(f"on_{prefix}_epoch_end")
         values = collector.compute_epoch(strategy, module, final=True)
-        trainer.metrics.record_epoch(collector)
+        run.metrics.record_epoch(collector)
     if log:
-        log_epoch_metrics(trainer, collector)
+        log_epoch_metrics(run, collector)
     return values
 
 
@@ -107,9 +113,9 @@ class ModuleModes:
                 m.training = self.modes[name]
 
 
-def log_epoch_metrics(trainer, collector) -> None:
+def log_epoch_metrics(run: Run, collector) -> None:
     """Send ``collector``'s scalar epoch values that may be logged to the loggers."""
     metrics = {k: float(v) for k, v in collector.epoch_values.items()   # the ``x_epoch`` names, not the
                if v.numel() == 1 and collector.epoch_flags.get(k, (False, False))[1]}  # plain ``x`` alias
     if metrics:
-        trainer.log_metrics({**metrics, "epoch": trainer.current_epoch}, trainer.state.log_step)
+        run.log_metrics({**metrics, "epoch": run.state.epoch}, run.state.log_step)

@@ -8,6 +8,7 @@ run. Why it ended is kept in ``trainer.state.stop_reason``.
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 from framework.errors import ConfigError, TrainingError
 from framework.loops.batches import num_batches
@@ -16,42 +17,44 @@ from framework.loops.manual import ManualOptimization, check_manual_settings
 from framework.loops.training_epoch import StopCheck, run_train_epoch
 from framework.rank_zero import rank_zero_warn
 from framework.seed import get_rng_state, set_rng_state
-from framework.trainer.setup import reload_loaders
+
+if TYPE_CHECKING:
+    from framework.trainer.run import Run
 
 
-def run_fit(trainer, fn: str) -> None:
-    state, hooks = trainer.state, trainer.hooks
-    train_loaders = trainer.loaders.get("train") or []
+def run_fit(run: Run) -> None:
+    state, hooks = run.state, run.hooks
+    train_loaders = run.loaders.get("train") or []
     if not train_loaders:
         raise ConfigError("fit needs training data: pass train_dataloaders= or a datamodule with train_dataloader()")
     loader = train_loaders[0]
-    if not trainer.module.automatic_optimization:
-        check_manual_settings(trainer)
-        trainer.manual = ManualOptimization(trainer)
-    trainer.num_training_batches = num_batches(loader, trainer.limits["train"])
-    _check_there_is_something_to_train(trainer, loader)
+    if not run.module.automatic_optimization:
+        check_manual_settings(run)
+        run.manual = ManualOptimization(run)
+    run.num_training_batches = num_batches(loader, run.settings.limits["train"])
+    _check_there_is_something_to_train(run, loader)
     hooks("on_fit_start")
-    if trainer.num_sanity_val_steps != 0 and trainer.loaders.get("validate"):  # also on resume, as in Lightning
+    if run.settings.num_sanity_val_steps != 0 and run.loaders.get("validate"):  # also on resume, as in Lightning
         state.stage = "sanity_check"
         hooks.callbacks("on_sanity_check_start")
-        sanity = trainer.num_sanity_val_steps
+        sanity = run.settings.num_sanity_val_steps
         rng = get_rng_state()  # the sanity check leaves the random streams as it found them, as in Lightning
-        run_evaluation(trainer, "validate", limit=None if sanity < 0 else sanity, log=False)  # -1: all
+        run_evaluation(run, "validate", limit=None if sanity < 0 else sanity, log=False)  # -1: all
         set_rng_state(rng)
         hooks.callbacks("on_sanity_check_end")
     if state.resume_from is not None:
         state.resume_from.restore_rng()
     state.stage = "train"
-    _warn_if_modules_in_eval_mode(trainer.module)
+    _warn_if_modules_in_eval_mode(run.module)
     hooks("on_train_start")
-    stops = StopCheck(trainer, time.monotonic() + trainer.max_time if trainer.max_time else None)
-    reload_every = trainer.reload_dataloaders_every_n_epochs
-    while not _fit_done(trainer):
+    stops = StopCheck(run, time.monotonic() + run.settings.max_time if run.settings.max_time else None)
+    reload_every = run.settings.reload_dataloaders_every_n_epochs
+    while not _fit_done(run):
         if reload_every and state.epoch > 0 and state.epoch % reload_every == 0:
-            reload_loaders(trainer)
-            loader = trainer.loaders["train"][0]
-            trainer.num_training_batches = num_batches(loader, trainer.limits["train"])
-        run_train_epoch(trainer, loader, stops)
+            run.loader_source.reload(run.loaders)
+            loader = run.loaders["train"][0]
+            run.num_training_batches = num_batches(loader, run.settings.limits["train"])
+        run_train_epoch(run, loader, stops)
         stops()
     state.stage = None
     hooks("on_train_end")
@@ -68,31 +71,31 @@ def _warn_if_modules_in_eval_mode(module) -> None:
                        "statistics frozen); call .train() on them before fit if that is not intended")
 
 
-def _check_there_is_something_to_train(trainer, loader) -> None:
+def _check_there_is_something_to_train(run: Run, loader) -> None:
     if num_batches(loader, None) == 0:
         dataset = getattr(loader, "dataset", None)
         size = f" ({len(dataset)} samples" if hasattr(dataset, "__len__") else " ("
         raise TrainingError(
             f"the training data has no batches{size}, batch_size {getattr(loader, 'batch_size', '?')}"
-            f"{', drop_last' if getattr(loader, 'drop_last', False) else ''} on {trainer.world_size} rank(s)): "
+            f"{', drop_last' if getattr(loader, 'drop_last', False) else ''} on {run.strategy.world_size} rank(s)): "
             "check the data set and the batch size"
         )
-    if trainer.num_training_batches == 0:
-        rank_zero_warn(f"trainer.limit_train_batches={trainer.limits['train']!r} leaves 0 training batches: "
+    if run.num_training_batches == 0:
+        rank_zero_warn(f"trainer.limit_train_batches={run.settings.limits['train']!r} leaves 0 training batches: "
                        "fit trains nothing; raise it to train")
 
 
-def _fit_done(trainer) -> bool:
-    state = trainer.state
-    if trainer.max_steps >= 0 and state.global_step >= trainer.max_steps:
+def _fit_done(run: Run) -> bool:
+    state = run.state
+    if run.settings.max_steps >= 0 and state.global_step >= run.settings.max_steps:
         state.stop("max_steps")
         return True
-    if trainer.max_epochs >= 0 and state.epoch >= trainer.max_epochs:
+    if run.settings.max_epochs >= 0 and state.epoch >= run.settings.max_epochs:
         state.stop("max_epochs")
         return True
     if state.stop_reason == "preempted":
         return True
-    if state.should_stop and state.epoch >= trainer.min_epochs:
+    if state.should_stop and state.epoch >= run.settings.min_epochs:
         state.stop("should_stop")
         return True
     return False

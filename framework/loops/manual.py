@@ -35,25 +35,29 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from framework.errors import ConfigError
 from framework.loops.batches import positional_arity
 
+if TYPE_CHECKING:
+    from framework.trainer import Trainer
+    from framework.trainer.run import Run
 
-def check_manual_settings(trainer) -> None:
+
+def check_manual_settings(run: Run) -> None:
     """Settings that automatic optimization needs and manual optimization cannot honour."""
-    if trainer.accumulate_grad_batches != 1:
+    if run.settings.accumulate_grad_batches != 1:
         raise ConfigError(
-            f"trainer.accumulate_grad_batches={trainer.accumulate_grad_batches}: automatic gradient accumulation "
+            f"trainer.accumulate_grad_batches={run.settings.accumulate_grad_batches}: automatic gradient accumulation "
             "is not supported with manual optimization (self.automatic_optimization = False); remove it and step "
             "the optimizers every N batches in training_step"
         )
-    if trainer.gradient_clip_val:
+    if run.settings.gradient_clip_val:
         raise ConfigError(
-            f"trainer.gradient_clip_val={trainer.gradient_clip_val}: automatic gradient clipping is not supported "
+            f"trainer.gradient_clip_val={run.settings.gradient_clip_val}: automatic gradient clipping is not supported "
             "with manual optimization; remove it and call self.clip_gradients(opt, gradient_clip_val=...) "
             "in training_step before opt.step()"
         )
@@ -62,8 +66,8 @@ def check_manual_settings(trainer) -> None:
 class ManualOptimization:
     """The run's side of manual optimization: ``trainer.manual`` while a manual fit runs."""
 
-    def __init__(self, trainer) -> None:
-        self.trainer = trainer
+    def __init__(self, run: Run) -> None:
+        self.run = run
         self.backwards = 0  # manual_backward calls so far: gradients changed since a sync?
         self._synced: dict[int, int] = {}  # id(optimizer) -> backwards when last averaged
         self._unscaled: set[int] = set()  # optimizers unscaled since their last step
@@ -74,18 +78,18 @@ class ManualOptimization:
     def step_fn(self, guard) -> Callable[[Any, int, bool], Any]:
         """``(batch, batch_idx, _) -> outputs``: ``training_step`` under autocast, outside DDP's
         reducer; the loop does nothing else with the outputs."""
-        trainer = self.trainer
-        strategy, precision = trainer.strategy, trainer.precision
-        step = strategy.training_step_fn(trainer.module)
-        with_idx = positional_arity(trainer.module.training_step) >= 2
+        run = self.run
+        strategy, precision = run.strategy, run.precision
+        step = strategy.training_step_fn(run.module)
+        with_idx = positional_arity(run.module.training_step) >= 2
         no_sync = strategy.no_sync if strategy.multi_process else None
         autocast = precision.autocast if precision.autocast_dtype is not None else None
         self._guard = guard
-        self._before_backward = trainer.hooks.per_batch("on_before_backward")
-        self._after_backward = trainer.hooks.per_batch("on_after_backward")
-        self._before_step = trainer.hooks.per_batch("on_before_optimizer_step")
-        module = trainer.module
-        self._backward = module.backward if trainer.hooks.module_overrides("backward") else torch.Tensor.backward
+        self._before_backward = run.hooks.per_batch("on_before_backward")
+        self._after_backward = run.hooks.per_batch("on_after_backward")
+        self._before_step = run.hooks.per_batch("on_before_optimizer_step")
+        module = run.module
+        self._backward = module.backward if run.hooks.module_overrides("backward") else torch.Tensor.backward
 
         def manual_step(batch: Any, batch_idx: int, _sync: bool) -> Any:
             self.batch_idx = batch_idx
@@ -98,13 +102,13 @@ class ManualOptimization:
 
     # -- what the module calls ------------------------------------------------------------------
     def backward(self, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
-        state = self.trainer.state
+        state = self.run.state
         if self._guard is not None:
             checked = self._guard(loss, self.batch_idx)
             if checked is None or state.skip_step:  # on_nonfinite=skip: this loss adds nothing
                 state.skip_step = False
                 return
-        scaler = self.trainer.precision.scaler
+        scaler = self.run.precision.scaler
         if scaler is not None:  # the hooks and backward see the scaled loss, as in Lightning
             loss = scaler.scale(loss)
         if self._before_backward is not None:
@@ -120,14 +124,14 @@ class ManualOptimization:
         key = id(optimizer)
         if self._synced.get(key) != self.backwards:
             params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
-            self.trainer.strategy.average_gradients(params)
+            self.run.strategy.average_gradients(params)
             self._synced[key] = self.backwards
-        if self.trainer.precision.scaler is not None and key not in self._unscaled:
-            self.trainer.precision.unscale(optimizer)
+        if self.run.precision.scaler is not None and key not in self._unscaled:
+            self.run.precision.unscale(optimizer)
             self._unscaled.add(key)
 
     def step(self, optimizer: torch.optim.Optimizer, closure: Callable[[], Any] | None, **kwargs: Any) -> Any:
-        precision = self.trainer.precision
+        precision = self.run.precision
 
         def before_update() -> None:
             self.prepare_gradients(optimizer)
@@ -150,7 +154,7 @@ class ManualOptimization:
             before_update()
             result = optimizer.step(**kwargs)
         self._unscaled.discard(id(optimizer))
-        self.trainer.state.global_step += 1
+        self.run.state.global_step += 1
         return result
 
 
@@ -160,12 +164,13 @@ class ManualOptimizer:
     and counts the step. Everything else is the wrapped optimizer's (``param_groups``,
     ``state``, ``zero_grad``, ``state_dict``); ``.optimizer`` is the optimizer itself."""
 
-    def __init__(self, optimizer: torch.optim.Optimizer, trainer) -> None:
+    def __init__(self, optimizer: torch.optim.Optimizer, trainer: Trainer) -> None:
         self.__dict__["optimizer"] = optimizer
         self.__dict__["_trainer"] = trainer
 
     def step(self, closure: Callable[[], Any] | None = None, **kwargs: Any) -> Any:
-        manual = getattr(self._trainer, "manual", None)
+        run = self._trainer.run
+        manual = run.manual if run is not None else None
         if manual is None:  # automatic optimization: optimizer_step's step (loops/optimization.py)
             automatic = self.__dict__.get("_automatic_step")
             if automatic is not None:
@@ -182,7 +187,7 @@ class ManualOptimizer:
     def toggle_model(self, sync_grad: bool = True):
         """Only this optimizer's parameters get gradients inside (``toggle_optimizer``).
         ``sync_grad`` is accepted for Lightning's sake: fw averages at the step anyway."""
-        module = self._trainer.module
+        module = self._trainer.lightning_module
         module.toggle_optimizer(self)
         try:
             yield

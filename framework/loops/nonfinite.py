@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 
 from framework.errors import TrainingError
 from framework.rank_zero import rank_zero_warn
+
+if TYPE_CHECKING:
+    from framework.trainer.run import Run
 
 #: on an accelerator, losses are checked together every so many steps: reading one is a sync
 CHECK_EVERY_ON_ACCELERATORS = 50
@@ -21,7 +25,7 @@ def checks_later(device: torch.device) -> bool:
     return device.type != "cpu"
 
 
-def nonfinite_guard(trainer) -> Callable[[torch.Tensor, int], torch.Tensor | None]:
+def nonfinite_guard(run: Run) -> Callable[[torch.Tensor, int], torch.Tensor | None]:
     """What to do with each loss: return it, return None (skip the batch), or raise.
 
     ``skip`` must decide before the backward, so it reads every loss at once. ``error`` and
@@ -30,7 +34,7 @@ def nonfinite_guard(trainer) -> Callable[[torch.Tensor, int], torch.Tensor | Non
     the first bad step: the run may go on a few steps past it, and the weights check before
     every checkpoint write keeps a bad state off the disk meanwhile.
     """
-    mode, state, strategy = trainer.on_nonfinite, trainer.state, trainer.strategy
+    mode, state, strategy = run.settings.on_nonfinite, run.state, run.strategy
     agree = strategy.is_distributed and mode == "skip"  # every rank must skip the same batch
     # DDP expects a backward after each forward: there the batch runs backward and the step
     # then throws its gradients away (``state.skip_step``); alone, the batch just stops here

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -29,26 +29,29 @@ from framework.errors import ConfigError, TrainingError
 from framework.loops.batches import positional_arity
 from framework.loops.nonfinite import nonfinite_guard
 
+if TYPE_CHECKING:
+    from framework.trainer.run import Run
+
 _NO_CONTEXT = contextlib.nullcontext()
 
 
-def check_one_optimizer(trainer) -> None:
+def check_one_optimizer(optimizers: list[torch.optim.Optimizer]) -> None:
     """Automatic optimization steps one optimizer, as in Lightning."""
-    if not trainer.optimizers:
+    if not optimizers:
         raise ConfigError("configure_optimizers() returned no optimizer; return one (e.g. torch.optim.Adam("
                           "self.parameters())), or train in manual optimization")
-    if len(trainer.optimizers) > 1:
+    if len(optimizers) > 1:
         raise ConfigError(
-            f"configure_optimizers() returned {len(trainer.optimizers)} optimizers: training with several "
+            f"configure_optimizers() returned {len(optimizers)} optimizers: training with several "
             "optimizers needs manual optimization, as in Lightning; set self.automatic_optimization = False "
             "and step them in training_step (opt_a, opt_b = self.optimizers())"
         )
 
 
-def automatic_step_fn(trainer) -> Callable[[Any, int, bool], Any]:
+def automatic_step_fn(run: Run) -> Callable[[Any, int, bool], Any]:
     """``(batch, batch_idx, steps_now) -> outputs`` of ``training_step``."""
-    module, state, hooks, strategy = trainer.module, trainer.state, trainer.hooks, trainer.strategy
-    optimizer = trainer.optimizers[0]
+    module, state, hooks, strategy = run.module, run.state, run.hooks, run.strategy
+    optimizer = run.optimizers[0]
     wrapped = module.optimizers()  # what optimizer_step gets: Lightning's LightningOptimizer
     # Nobody to see when the gradients are zeroed: zero them right after the step, as a
     # hand-written loop does (the same numbers; the old gradients are freed before the next
@@ -58,10 +61,10 @@ def automatic_step_fn(trainer) -> Callable[[Any, int, bool], Any]:
         and hooks.per_batch("on_before_zero_grad") is None
     if zero_after_step:
         optimizer.zero_grad()  # gradients left from before this epoch (a backward outside fit) do not count
-    closure_for = _closure_fn(trainer, optimizer, zero_in_closure=not zero_after_step)
-    step = _step_fn(trainer, optimizer, zero_after_step)
+    closure_for = _closure_fn(run, optimizer, zero_in_closure=not zero_after_step)
+    step = _step_fn(run, optimizer, zero_after_step)
     wrapped.__dict__["_automatic_step"] = step
-    accumulate = trainer.accumulate_grad_batches
+    accumulate = run.settings.accumulate_grad_batches
     no_sync = strategy.no_sync if strategy.multi_process and accumulate > 1 else None
 
     def train_batch(batch: Any, batch_idx: int, steps_now: bool) -> Any:
@@ -85,14 +88,14 @@ def automatic_step_fn(trainer) -> Callable[[Any, int, bool], Any]:
     return train_batch
 
 
-def _closure_fn(trainer, optimizer: torch.optim.Optimizer, zero_in_closure: bool) -> Callable[[Any, int], Callable[[], Any]]:
+def _closure_fn(run: Run, optimizer: torch.optim.Optimizer, zero_in_closure: bool) -> Callable[[Any, int], Callable[[], Any]]:
     """``(batch, batch_idx) -> closure``; the closure returns the loss its backward used."""
-    module, state, hooks, strategy, precision = (trainer.module, trainer.state, trainer.hooks,
-                                                 trainer.strategy, trainer.precision)
-    guard = nonfinite_guard(trainer)
+    module, state, hooks, strategy, precision = (run.module, run.state, run.hooks,
+                                                 run.strategy, run.precision)
+    guard = nonfinite_guard(run)
     step = strategy.training_step_fn(module)
     with_idx = positional_arity(module.training_step) >= 2  # training_step(self, batch) is allowed
-    accumulate = trainer.accumulate_grad_batches
+    accumulate = run.settings.accumulate_grad_batches
     autocast = precision.autocast if precision.autocast_dtype is not None else None
     scaler = precision.scaler
     backward = module.backward if hooks.module_overrides("backward") else torch.Tensor.backward
@@ -136,14 +139,14 @@ def _closure_fn(trainer, optimizer: torch.optim.Optimizer, zero_in_closure: bool
     return closure_for
 
 
-def _step_fn(trainer, optimizer: torch.optim.Optimizer, zero_after_step: bool) -> Callable[..., Any]:
+def _step_fn(run: Run, optimizer: torch.optim.Optimizer, zero_after_step: bool) -> Callable[..., Any]:
     """What the wrapper's ``step(closure)`` does in automatic optimization: the closure, the
     hooks and clipping after it, and the optimizer's step."""
-    module, state, hooks, precision = trainer.module, trainer.state, trainer.hooks, trainer.precision
+    module, state, hooks, precision = run.module, run.state, run.hooks, run.precision
     scaler = precision.scaler
     before_step = hooks.per_batch("on_before_optimizer_step")
     custom_clip = hooks.module_overrides("configure_gradient_clipping") or hooks.module_overrides("clip_gradients")
-    clip_val, clip_algorithm = trainer.gradient_clip_val, trainer.gradient_clip_algorithm
+    clip_val, clip_algorithm = run.settings.gradient_clip_val, run.settings.gradient_clip_algorithm
     reevaluates = isinstance(optimizer, torch.optim.LBFGS)  # calls its closure again: give it one
 
     def after_closure() -> None:

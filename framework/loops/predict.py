@@ -4,6 +4,8 @@ are returned in order (a list per loader when there are several, as in Lightning
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from framework.errors import ConfigError
@@ -11,16 +13,19 @@ from framework.loops.batches import num_batches, positional_arity
 from framework.loops.evaluation import ModuleModes
 from framework.loops.transfer import batch_transfer_fn
 
+if TYPE_CHECKING:
+    from framework.trainer.run import Run
 
-def run_predict(trainer, fn: str) -> list:
-    module, hooks = trainer.module, trainer.hooks
-    loaders = trainer.loaders.get("predict") or []
+
+def run_predict(run: Run) -> list | None:
+    module, hooks = run.module, run.hooks
+    loaders = run.loaders.get("predict") or []
     if not loaders:
         raise ConfigError("predict needs data: pass dataloaders= or a datamodule with predict_dataloader()")
     modes = ModuleModes(module)
     hooks.module_hook("on_predict_model_eval")
-    trainer.state.stage = "predict"
-    keep = getattr(trainer, "return_predictions", True)
+    run.state.stage = "predict"
+    keep = run.return_predictions
     arity = positional_arity(module.predict_step)
     per_loader: list[list] = []
     try:
@@ -28,13 +33,13 @@ def run_predict(trainer, fn: str) -> list:
         hooks("on_predict_epoch_start")
         batch_start = hooks.per_batch("on_predict_batch_start")
         batch_end = hooks.per_batch("on_predict_batch_end")
-        with torch.inference_mode() if trainer.inference_mode else torch.no_grad():
+        with torch.inference_mode() if run.settings.inference_mode else torch.no_grad():
             for dl_idx, loader in enumerate(loaders):
                 predictions: list = []
                 per_loader.append(predictions)
-                n = num_batches(loader, trainer.limits["predict"])
-                trainer.num_val_batches = n  # the progress bar's total
-                to_device = batch_transfer_fn(trainer, dl_idx)
+                n = num_batches(loader, run.settings.limits["predict"])
+                run.num_val_batches = n  # the progress bar's total
+                to_device = batch_transfer_fn(run, dl_idx)
                 for batch_idx, batch in enumerate(loader):
                     if batch_idx >= n:
                         break
@@ -42,7 +47,7 @@ def run_predict(trainer, fn: str) -> list:
                     where = (batch_idx,) if len(loaders) == 1 else (batch_idx, dl_idx)
                     if batch_start is not None:
                         batch_start(batch, *where)
-                    with trainer.precision.autocast():
+                    with run.precision.autocast():
                         args = (batch, batch_idx) if len(loaders) == 1 else (batch, batch_idx, dl_idx)
                         out = module.predict_step(*args[:arity])
                     if batch_end is not None:

@@ -12,31 +12,36 @@ In manual optimization the module steps its schedulers itself (``self.lr_schedul
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from framework.errors import ConfigError
 from framework.rank_zero import rank_zero_warn
 
+if TYPE_CHECKING:
+    from framework.trainer.run import Run
 
-def step_schedulers(trainer, interval: str, plateau: bool, batch_idx: int = 0) -> None:
+
+def step_schedulers(run: Run, interval: str, plateau: bool, batch_idx: int = 0) -> None:
     """Step the ``interval`` schedulers that are due: the plateau ones, or the others."""
-    if trainer.manual is not None:
+    if run.manual is not None:
         return
-    count = batch_idx + 1 if interval == "step" else trainer.current_epoch + 1
-    for cfg in trainer.lr_scheduler_configs:
+    count = batch_idx + 1 if interval == "step" else run.state.epoch + 1
+    for cfg in run.lr_scheduler_configs:
         if cfg.interval != interval or count % cfg.frequency:
             continue
         if isinstance(cfg.scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau) != plateau:
             continue
-        metric = _monitored(trainer, cfg) if plateau else None
+        metric = _monitored(run, cfg) if plateau else None
         if plateau and metric is None:
             continue
-        trainer.module.lr_scheduler_step(cfg.scheduler, metric)
+        run.module.lr_scheduler_step(cfg.scheduler, metric)
 
 
-def _monitored(trainer, cfg):
+def _monitored(run: Run, cfg):
     monitor = cfg.monitor or "val_loss"
-    metrics = trainer.callback_metrics
+    metrics = run.metrics.callback_metrics
     if monitor in metrics:
         return metrics[monitor]
     if cfg.strict:

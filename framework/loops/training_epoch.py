@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import time
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -31,26 +32,29 @@ from framework.loops.schedulers import step_schedulers
 from framework.loops.transfer import batch_transfer_fn
 from framework.seed import get_rng_state
 
+if TYPE_CHECKING:
+    from framework.trainer.run import Run
 
-def run_train_epoch(trainer, loader, stops: StopCheck) -> None:
-    state, hooks = trainer.state, trainer.hooks
-    collector = trainer.metrics.new_epoch("train")
+
+def run_train_epoch(run: Run, loader, stops: StopCheck) -> None:
+    state, hooks = run.state, run.hooks
+    collector = run.metrics.new_epoch("train")
     set_sampler_epoch(loader, state.epoch)
     hooks("on_train_epoch_start")
     state.start_epoch(get_rng_state())
-    iterator, start = _iterate_from_resume_position(trainer, collector, loader)
-    limit = trainer.num_training_batches
+    iterator, start = _iterate_from_resume_position(run, collector, loader)
+    limit = run.num_training_batches
     lookahead = None
     if math.isinf(limit):  # no length: read one batch ahead to know which batch is the last
         iterator = lookahead = LookAhead(iterator)
 
     # everything per batch is looked up once per epoch
-    manual = trainer.manual is not None  # the module steps its optimizers itself (loops/manual.py)
-    train_batch = trainer.manual.step_fn(nonfinite_guard(trainer)) if manual else automatic_step_fn(trainer)
+    manual = run.manual is not None  # the module steps its optimizers itself (loops/manual.py)
+    train_batch = run.manual.step_fn(nonfinite_guard(run)) if manual else automatic_step_fn(run)
     batch_start, batch_end = hooks.per_batch("on_train_batch_start"), hooks.per_batch("on_train_batch_end")
-    to_device = batch_transfer_fn(trainer, 0)
-    accumulate, val_every = trainer.accumulate_grad_batches, _val_check_batches(trainer, limit)
-    schedulers, metrics = bool(trainer.lr_scheduler_configs), trainer.metrics
+    to_device = batch_transfer_fn(run, 0)
+    accumulate, val_every = run.settings.accumulate_grad_batches, _val_check_batches(run, limit)
+    schedulers, metrics = bool(run.lr_scheduler_configs), run.metrics
 
     trained = 0  # batches whose training_step returned a loss
     rest_skipped = False  # on_train_batch_start returned -1
@@ -62,27 +66,27 @@ def run_train_epoch(trainer, loader, stops: StopCheck) -> None:
         if batch_start is not None and batch_start(batch, batch_idx) == -1:
             rest_skipped = True  # Lightning: the rest of the epoch is skipped, and the epoch counts as done;
             if schedulers:       # its schedulers step as after a batch that stepped
-                step_schedulers(trainer, "step", plateau=False, batch_idx=batch_idx)
-                step_schedulers(trainer, "epoch", plateau=False)
+                step_schedulers(run, "step", plateau=False, batch_idx=batch_idx)
+                step_schedulers(run, "epoch", plateau=False)
             break
         steps_now = last or (batch_idx + 1) % accumulate == 0
         outputs = train_batch(batch, batch_idx, steps_now)
         if outputs is not None or manual:
             trained += 1
         if manual or steps_now:  # manual: every batch counts as one that stepped, as in Lightning
-            _count_the_step(trainer, collector, batch_idx, manual, schedulers)
+            _count_the_step(run, collector, batch_idx, manual, schedulers)
         if last and schedulers:
-            step_schedulers(trainer, "epoch", plateau=False)
+            step_schedulers(run, "epoch", plateau=False)
         state.batches_done = batch_idx + 1
         if batch_end is not None:
             batch_end(_handed_on(outputs, 1 if manual else accumulate), batch, batch_idx)
-        if val_every and batch_idx + 1 < limit and _val_due(trainer, batch_idx, limit, val_every):
-            run_evaluation(trainer, "validate", zero_grad=steps_now)
+        if val_every and batch_idx + 1 < limit and _val_due(run, batch_idx, limit, val_every):
+            run_evaluation(run, "validate", zero_grad=steps_now)
         if schedulers and steps_now:
-            step_schedulers(trainer, "step", plateau=True, batch_idx=batch_idx)
-        if state.should_stop and state.epoch + 1 >= trainer.min_epochs:
+            step_schedulers(run, "step", plateau=True, batch_idx=batch_idx)
+        if state.should_stop and state.epoch + 1 >= run.settings.min_epochs:
             break
-        if trainer.max_steps >= 0 and state.global_step >= trainer.max_steps:
+        if run.settings.max_steps >= 0 and state.global_step >= run.settings.max_steps:
             break
         if (batch_idx + 1) % stops.every == 0 and stops():
             break
@@ -91,8 +95,8 @@ def run_train_epoch(trainer, loader, stops: StopCheck) -> None:
         _refuse_an_epoch_that_trained_nothing(state, start)
     at_end = state.batches_done >= limit if lookahead is None else lookahead.last or not state.batches_done
     if not at_end and state.batches_done and not rest_skipped:  # a stop cut the epoch short: a resume continues it
-        state.cut_epoch(get_rng_state(), collector.state_dict(trainer.module))
-    _end_train_epoch(trainer, collector, validate=not rest_skipped)
+        state.cut_epoch(get_rng_state(), collector.state_dict(run.module))
+    _end_train_epoch(run, collector, validate=not rest_skipped)
 
 
 def _refuse_an_epoch_that_trained_nothing(state, start: int) -> None:
@@ -104,18 +108,18 @@ def _refuse_an_epoch_that_trained_nothing(state, start: int) -> None:
         )
 
 
-def _count_the_step(trainer, collector, batch_idx: int, manual: bool, schedulers: bool) -> None:
+def _count_the_step(run: Run, collector, batch_idx: int, manual: bool, schedulers: bool) -> None:
     """A batch that stepped: the step count, step-interval schedulers, and every
     ``log_every_n_steps`` a row of step values."""
-    state = trainer.state
+    state = run.state
     if not manual:
         state.global_step += 1
         if schedulers:
-            step_schedulers(trainer, "step", plateau=False, batch_idx=batch_idx)
+            step_schedulers(run, "step", plateau=False, batch_idx=batch_idx)
     state.batches_stepped += 1
-    if (state.batches_stepped % trainer.log_every_n_steps == 0 or state.should_stop) and collector.step_dirty \
-            and trainer.loggers:
-        _log_step_metrics(trainer, collector)
+    if (state.batches_stepped % run.settings.log_every_n_steps == 0 or state.should_stop) and collector.step_dirty \
+            and run.loggers:
+        _log_step_metrics(run, collector)
 
 
 def _handed_on(outputs, accumulate: int) -> dict:
@@ -147,19 +151,19 @@ class StopCheck:
 
     TARGET_S, MOST = 5.0, 20
 
-    def __init__(self, trainer, deadline: float | None) -> None:
-        self.trainer, self.deadline = trainer, deadline
-        self.distributed = trainer.strategy.is_distributed
+    def __init__(self, run: Run, deadline: float | None) -> None:
+        self.run, self.deadline = run, deadline
+        self.distributed = run.strategy.is_distributed
         self.every = 1
         self._since = time.monotonic()
 
     def __call__(self) -> bool:
-        state, now = self.trainer.state, time.monotonic()
+        state, now = self.run.state, time.monotonic()
         mine = 2 if state.signal is not None else 1 if self.deadline is not None and now > self.deadline else 0
         if self.distributed:
             per_batch = (now - self._since) / self.every  # at an epoch's end, fewer: an overestimate
             self._since = now
-            strategy = self.trainer.strategy
+            strategy = self.run.strategy
             both = strategy.all_reduce(torch.tensor([float(mine), per_batch], dtype=torch.float64,
                                                     device=strategy.collective_device), "max").tolist()
             mine = int(both[0])
@@ -170,50 +174,50 @@ class StopCheck:
         return bool(mine)
 
 
-def _iterate_from_resume_position(trainer, collector, loader):
+def _iterate_from_resume_position(run: Run, collector, loader):
     """The epoch's iterator and first batch index: on a mid-epoch resume, after the batches the
     checkpoint had already trained on, with the epoch's metric aggregates continued."""
-    state = trainer.state
+    state = run.state
     resume, state.resume_from = state.resume_from, None
     if resume is None or not resume.batches:
         return iter(loader), 0
     iterator = resume.iterate_from_position(loader)
     if resume.metrics:
-        collector.load_state_dict(resume.metrics, trainer.module)
+        collector.load_state_dict(resume.metrics, run.module)
     state.batches_done = resume.batches
     return iterator, resume.batches
 
 
-def _end_train_epoch(trainer, collector, validate: bool) -> None:
+def _end_train_epoch(run: Run, collector, validate: bool) -> None:
     """Validation, then the epoch-end hooks (``hooks.train_epoch_end``'s order), each seeing this
     epoch's values in ``callback_metrics``; ReduceLROnPlateau steps before the monitoring
     callbacks (ModelCheckpoint), so a checkpoint written there resumes exactly."""
-    state, hooks, strategy, module = trainer.state, trainer.hooks, trainer.strategy, trainer.module
-    if (validate and trainer.loaders.get("validate") and _val_due_at_epoch_end(trainer)
-            and not _stopped_early_by_steps(trainer) and state.stop_reason != "preempted"):  # no time for it
-        run_evaluation(trainer, "validate", zero_grad=True)
+    state, hooks, strategy, module = run.state, run.hooks, run.strategy, run.module
+    if (validate and run.loaders.get("validate") and _val_due_at_epoch_end(run)
+            and not _stopped_early_by_steps(run) and state.stop_reason != "preempted"):  # no time for it
+        run_evaluation(run, "validate", zero_grad=True)
     collector.compute_epoch(strategy, module, final=False)
-    trainer.metrics.record_epoch(collector)
+    run.metrics.record_epoch(collector)
     hooks.train_epoch_end(monitoring=False)
     collector.compute_epoch(strategy, module, final=True)  # what the hooks logged
-    trainer.metrics.record_epoch(collector)
-    log_epoch_metrics(trainer, collector)  # step rows only every log_every_n_steps, as in Lightning
+    run.metrics.record_epoch(collector)
+    log_epoch_metrics(run, collector)  # step rows only every log_every_n_steps, as in Lightning
     if state.cut is None:  # epoch-interval schedulers step for finished epochs only
-        step_schedulers(trainer, "epoch", plateau=True)
+        step_schedulers(run, "epoch", plateau=True)
         state.finish_epoch()
     hooks.train_epoch_end(monitoring=True)
     state.advance_epoch()
 
 
-def _stopped_early_by_steps(trainer) -> bool:
+def _stopped_early_by_steps(run: Run) -> bool:
     """Lightning validates at max_steps only at an epoch's natural end; mid-epoch stops skip it."""
-    done = trainer.state.batches_done
-    return trainer.max_steps >= 0 and trainer.global_step >= trainer.max_steps and done < trainer.num_training_batches
+    done = run.state.batches_done
+    return run.settings.max_steps >= 0 and run.state.global_step >= run.settings.max_steps and done < run.num_training_batches
 
 
-def _val_check_batches(trainer, limit: float) -> int | None:
-    interval = trainer.val_check_interval
-    if interval is None or not trainer.loaders.get("validate"):
+def _val_check_batches(run: Run, limit: float) -> int | None:
+    interval = run.settings.val_check_interval
+    if interval is None or not run.loaders.get("validate"):
         return None
     if isinstance(interval, float):
         if math.isinf(limit):
@@ -222,31 +226,31 @@ def _val_check_batches(trainer, limit: float) -> int | None:
     return int(interval)
 
 
-def _val_due(trainer, batch_idx: int, limit: float, every: int) -> bool:
+def _val_due(run: Run, batch_idx: int, limit: float, every: int) -> bool:
     """Lightning's rule: validate after every ``every``-th batch of the epoch, or of the whole
     fit with ``check_val_every_n_epoch=None`` (epochs of ``limit`` batches), in the epochs that
     validate."""
-    n = trainer.check_val_every_n_epoch
+    n = run.settings.check_val_every_n_epoch
     if n is None:
-        done = trainer.current_epoch * limit + batch_idx + 1 if not math.isinf(limit) else batch_idx + 1
+        done = run.state.epoch * limit + batch_idx + 1 if not math.isinf(limit) else batch_idx + 1
         return done % every == 0
-    return (batch_idx + 1) % every == 0 and (trainer.current_epoch + 1) % n == 0
+    return (batch_idx + 1) % every == 0 and (run.state.epoch + 1) % n == 0
 
 
-def _val_due_at_epoch_end(trainer) -> bool:
+def _val_due_at_epoch_end(run: Run) -> bool:
     """At the end of an epoch that validates: always with the default ``val_check_interval``
     (or a loader without a length); with an interval, only if the last batch falls on it, as in
     Lightning (5 batches, every 2: after the 2nd and the 4th, not after the 5th)."""
-    limit, done = trainer.num_training_batches, trainer.state.batches_done
-    every = _val_check_batches(trainer, limit)
+    limit, done = run.num_training_batches, run.state.batches_done
+    every = _val_check_batches(run, limit)
     if every is None or math.isinf(limit):
-        n = trainer.check_val_every_n_epoch
-        return n is not None and (trainer.current_epoch + 1) % n == 0
-    return _val_due(trainer, done - 1, limit, every)
+        n = run.settings.check_val_every_n_epoch
+        return n is not None and (run.state.epoch + 1) % n == 0
+    return _val_due(run, done - 1, limit, every)
 
 
-def _log_step_metrics(trainer, collector) -> None:
+def _log_step_metrics(run: Run, collector) -> None:
     metrics = {k: float(v) for k, v in collector.step_values_for("logger").items()}
     collector.step_dirty = False
     if metrics:
-        trainer.log_metrics({**metrics, "epoch": trainer.current_epoch}, trainer.state.log_step)
+        run.log_metrics({**metrics, "epoch": run.state.epoch}, run.state.log_step)

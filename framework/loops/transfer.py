@@ -6,17 +6,20 @@ wins over the module's, as in Lightning; with none, the accelerator moves the ba
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from framework.trainer.hooks import overrides
+from framework.loops.hooks import overrides
+
+if TYPE_CHECKING:
+    from framework.trainer.run import Run
 
 _HOOKS = ("on_before_batch_transfer", "transfer_batch_to_device", "on_after_batch_transfer")
 
 
-def batch_transfer_fn(trainer, dataloader_idx: int = 0) -> Callable[[Any], Any]:
+def batch_transfer_fn(run: Run, dataloader_idx: int = 0) -> Callable[[Any], Any]:
     """``batch -> batch on this rank's device``; looked up once per loader, not per batch."""
-    device, move = trainer.strategy.root_device, trainer.accelerator.batch_to_device
-    before, transfer, after = (_hook(trainer, name) for name in _HOOKS)
+    device, move = run.strategy.root_device, run.accelerator.batch_to_device
+    before, transfer, after = (_hook(run, name) for name in _HOOKS)
     if before is None and transfer is None and after is None:
         return lambda batch: move(batch, device)
 
@@ -31,13 +34,13 @@ def batch_transfer_fn(trainer, dataloader_idx: int = 0) -> Callable[[Any], Any]:
     return to_device
 
 
-def _hook(trainer, name: str) -> Callable | None:
+def _hook(run: Run, name: str) -> Callable | None:
     from framework.data import DataModule
     from framework.module import TrainModule
 
-    datamodule = trainer.datamodule
+    datamodule = run.datamodule
     if datamodule is not None and overrides(datamodule, DataModule, name):
         return getattr(datamodule, name)
-    if overrides(trainer.module, TrainModule, name):
-        return getattr(trainer.module, name)
+    if overrides(run.module, TrainModule, name):
+        return getattr(run.module, name)
     return None

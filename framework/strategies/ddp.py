@@ -27,7 +27,7 @@ import torch.distributed as dist
 
 from framework.errors import ConfigError, DistributedSetupError, did_you_mean
 from framework.strategies.distributed import DEFAULT_TIMEOUT_S, DistributedStrategy
-from framework.strategies.launchers import ElasticLauncher, free_port
+from framework.strategies.launchers import ElasticLauncher
 from framework.strategies.processes import beside
 
 #: what set-up may write into ``os.environ`` for ``init_process_group``; teardown puts it back
@@ -99,14 +99,16 @@ class DDPStrategy(DistributedStrategy):
 
     def _init_process_group(self) -> None:
         info = self.dist
+        alone = None
         if self.init_method.startswith("env://"):
             # torchrun sets these; under SLURM or MPI they come from the detected environment
             os.environ.setdefault("MASTER_ADDR", info.master_addr)
             if info.master_port is not None:
                 os.environ.setdefault("MASTER_PORT", str(info.master_port))
-            elif info.world_size == 1:  # a world of one needs a port only to talk to itself
-                os.environ.setdefault("MASTER_PORT", str(free_port()))
-            if "MASTER_PORT" not in os.environ:
+            elif info.world_size == 1 and "MASTER_PORT" not in os.environ:
+                # a world of one talks only to itself: a store on a port it holds from bind to end
+                alone = dist.TCPStore("127.0.0.1", 0, 1, is_master=True, wait_for_workers=False)
+            if "MASTER_PORT" not in os.environ and alone is None:
                 raise DistributedSetupError(
                     "init_method env:// needs MASTER_PORT; set it (e.g. export MASTER_PORT=29500) "
                     "or name one with trainer.strategy.init_method=tcp://HOST:PORT"
@@ -114,7 +116,7 @@ class DDPStrategy(DistributedStrategy):
         timeout = datetime.timedelta(seconds=self.timeout)
         try:
             with _say_while_waiting(self):
-                store = self._elastic_store(timeout)
+                store = alone or self._elastic_store(timeout)
                 rendezvous = {"store": store} if store is not None else {"init_method": self.init_method}
                 dist.init_process_group(
                     self.backend, world_size=info.world_size, rank=info.rank, timeout=timeout, **rendezvous

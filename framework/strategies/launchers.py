@@ -25,8 +25,11 @@ import signal
 import socket
 import sys
 import uuid
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from typing import Any
 
-from framework.errors import ConfigError
+from framework.errors import ConfigError, ProgramEnds
 
 _LAUNCHER_PID = "FW_LAUNCHER_PID"
 #: signals a worker turns into a clean stop with a checkpoint (trainer/signals.py, default setup)
@@ -35,15 +38,21 @@ _WORKERS_STOP_ON = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
 _PASSED_ON = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1)
 
 
-class Launcher:
-    """Starts a job's processes. Two kinds: ``reruns_program`` ones re-run the whole program in
-    each worker and ``launch()`` returns the job's exit code (this process does not train);
-    the others run one Trainer call in workers they start (``launch_call``, ``ddp_spawn``)."""
+class Launcher(ABC):
+    """Starts a job's processes for one Trainer call: ``launch(fn, *args)`` runs ``fn(*args)``
+    as every rank and returns rank 0's result here. How differs inside: ``SpawnLauncher``
+    (``ddp_spawn``) calls ``fn`` in the workers it starts; ``ElasticLauncher`` re-runs the whole
+    program in its workers, which make the call themselves, so this process ends instead
+    (``JobEnded``, with the job's status)."""
 
-    reruns_program = True
+    @abstractmethod
+    def launch(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)`` on every rank; rank 0's result, or ``JobEnded``."""
 
-    def launch(self) -> int:
-        raise NotImplementedError
+
+class JobEnded(ProgramEnds):
+    """This process only launched the workers, which ran the whole program, and they are done:
+    it ends with the job's exit status (the code after the call ran in every worker)."""
 
 
 class MPIExecLauncher(Launcher):
@@ -52,7 +61,7 @@ class MPIExecLauncher(Launcher):
     def __init__(self, world_size: int) -> None:
         self.world_size = world_size
 
-    def launch(self) -> int:
+    def launch(self, fn: Callable[..., Any], *args: Any) -> Any:
         raise ConfigError(
             f"trainer.strategy=mpi with {self.world_size} processes needs an MPI launcher: "
             f"mpiexec -n {self.world_size} fw fit ... (or set trainer.devices=1)"
@@ -67,9 +76,10 @@ class ElasticLauncher(Launcher):
         self.nproc_per_node, self.num_nodes, self.max_restarts = nproc_per_node, num_nodes, max_restarts
         self.rdzv_endpoint, self.socket_ifname = rdzv_endpoint, socket_ifname
 
-    def launch(self) -> int:
-        return launch_workers(self.nproc_per_node, self.num_nodes, self.max_restarts,
-                              self.rdzv_endpoint, self.socket_ifname)
+    def launch(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Each worker re-runs this program and makes the call itself (``fn`` runs there)."""
+        raise JobEnded(launch_workers(self.nproc_per_node, self.num_nodes, self.max_restarts,
+                                      self.rdzv_endpoint, self.socket_ifname))
 
 
 def current_command() -> list[str]:
@@ -109,8 +119,8 @@ def launch_workers(nproc_per_node: int, num_nodes: int = 1, max_restarts: int = 
                     "trainer.rdzv_endpoint=HOST:PORT (or export MASTER_ADDR and MASTER_PORT)"
                 )
             rdzv_endpoint = f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
-        else:
-            rdzv_endpoint = f"127.0.0.1:{free_port()}"
+        else:  # the agent binds a free port itself and keeps it (torchrun --standalone)
+            rdzv_endpoint = "127.0.0.1:0"
     rdzv_configs, local_addr = _rendezvous_role(rdzv_endpoint, socket_ifname) if num_nodes > 1 else ({}, None)
     config = LaunchConfig(
         min_nodes=num_nodes,
@@ -245,9 +255,3 @@ def record_worker_error(exc: BaseException) -> None:
     handler.initialize()
     if not os.path.exists(os.environ["TORCHELASTIC_ERROR_FILE"]):
         handler.record_exception(exc)
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]

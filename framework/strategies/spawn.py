@@ -12,10 +12,11 @@ the workers from the call itself instead:
   initialised in this process before (a CUDA context does not survive a fork).
 
 Each worker runs the call (``fit``, ``validate``, ...) as one rank, with this process's RNG
-state and seed. When they are done, rank 0's results come back to the caller, as Lightning
-does: the trained weights are loaded into the caller's module, and ``callback_metrics``,
-``global_step``, ``current_epoch``, the checkpoint callbacks' best/last paths and the call's
-return value are the workers'. A failing worker ends the call with that worker's traceback.
+state and seed. When they are done, rank 0's outcome comes back to the caller as one value
+(``trainer/outcome.py``), which the Trainer applies, as Lightning does: the trained weights are
+loaded into the caller's module, and ``callback_metrics``, ``global_step``, ``current_epoch``,
+the checkpoint callbacks' best/last paths and the call's return value are the workers'. A
+failing worker ends the call with that worker's traceback.
 """
 
 from __future__ import annotations
@@ -24,14 +25,15 @@ import os
 import pickle
 import shutil
 import tempfile
+from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
-from framework.environments import DistInfo
 from framework.errors import ConfigError
 from framework.strategies.ddp import DDPStrategy
-from framework.strategies.launchers import Launcher, free_port
+from framework.strategies.launchers import Launcher
 
 
 class SpawnDDPStrategy(DDPStrategy):
@@ -56,15 +58,12 @@ class SpawnDDPStrategy(DDPStrategy):
 
 
 class SpawnLauncher(Launcher):
-    """Runs one Trainer call in ``nprocs`` workers and brings rank 0's results back."""
-
-    reruns_program = False
+    """Runs ``fn(*args)`` in ``nprocs`` workers it starts and returns rank 0's result."""
 
     def __init__(self, nprocs: int, start_method: str) -> None:
         self.nprocs, self.start_method = nprocs, start_method
 
-    def launch_call(self, trainer, run, fn: str, model, datamodule, loaders: dict, ckpt_path, loop) -> Any:
-        """``run(fn, model, ...)`` (the Trainer's own call) in every worker; rank 0's results here."""
+    def launch(self, fn: Callable[..., Any], *args: Any) -> Any:
         import torch.multiprocessing as mp
 
         from framework import seed as fw_seed
@@ -73,78 +72,41 @@ class SpawnLauncher(Launcher):
             raise ConfigError("trainer.strategy=ddp_notebook forks this process, but CUDA is already initialised "
                               "here (a CUDA context does not survive a fork); restart the notebook and create the "
                               "Trainer before any CUDA call, or use ddp_spawn from a script")
-        out = tempfile.mkdtemp(prefix="fw-spawn-")  # rank 0 writes its results here (a pipe would
+        out = tempfile.mkdtemp(prefix="fw-spawn-")  # rank 0 writes its result here (a pipe would
         results = os.path.join(out, "results.pt")   # fill up and block it before the join)
         snapshot = {"rng": fw_seed.get_rng_state(), "seed": fw_seed._seed,
                     "deterministic": torch.are_deterministic_algorithms_enabled()}
-        port = free_port()
-        launcher, trainer.launcher = trainer.launcher, None  # the workers run the call themselves
+        # the rendezvous store lives here, on a port it holds from bind to end: no other job can
+        # take it in between (the workers rendezvous through it as through torchrun's agent)
+        store = dist.TCPStore("127.0.0.1", 0, self.nprocs, is_master=True, wait_for_workers=False)
         try:
-            call = (trainer, run, fn, model, datamodule, loaders, ckpt_path, loop)
+            call: Any = (fn, args)
             if self.start_method == "spawn":
                 # by value: torch.multiprocessing's own pickler would put the tensors (the module's
                 # parameters too) in memory that every worker shares, so each rank's optimizer
                 # step would land on the same weights
                 call = pickle.dumps(call)
-            mp.start_processes(_worker, args=(call, self.nprocs, port, results, snapshot),
+            mp.start_processes(_worker, args=(call, self.nprocs, store.port, results, snapshot),
                                nprocs=self.nprocs, join=True, start_method=self.start_method)
             if not os.path.exists(results):
-                raise RuntimeError(f"trainer.{fn}(): the workers ended without rank 0's results")
-            return _take_back(trainer, model, torch.load(results, weights_only=False))
+                raise RuntimeError("the ddp_spawn workers ended without rank 0's result")
+            return torch.load(results, weights_only=False)
         finally:
-            trainer.launcher = launcher
+            del store
             shutil.rmtree(out, ignore_errors=True)
 
 
-def _worker(rank: int, call, nprocs: int, port: int, results: str, snapshot: dict) -> None:
+def _worker(rank: int, call: Any, nprocs: int, port: int, results: str, snapshot: dict) -> None:
     from framework import seed as fw_seed
 
-    trainer, run, fn, model, datamodule, loaders, ckpt_path, loop = pickle.loads(call) if isinstance(call, bytes) \
-        else call
-
+    fn, args = pickle.loads(call) if isinstance(call, bytes) else call
     fw_seed.set_rng_state(snapshot["rng"])
     fw_seed._seed = snapshot["seed"]
     torch.use_deterministic_algorithms(snapshot["deterministic"])
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
-                      WORLD_SIZE=str(nprocs), LOCAL_WORLD_SIZE=str(nprocs), OMP_NUM_THREADS=os.environ.get(
-                          "OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nprocs))))
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), TORCHELASTIC_USE_AGENT_STORE="True",
+                      RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(nprocs), LOCAL_WORLD_SIZE=str(nprocs),
+                      OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nprocs))))
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
-    info = DistInfo(rank=rank, local_rank=rank, world_size=nprocs, local_world_size=nprocs,
-                    master_addr="127.0.0.1", master_port=port, source="local")
-    trainer.launcher = None
-    trainer.strategy.connect(trainer.accelerator, info, trainer.devices)
-    model = model if model is not None else trainer.module
-    output = run(fn, model, datamodule, loaders, ckpt_path, loop)
+    output = fn(*args)
     if rank == 0:
-        torch.save(_results_of(trainer, model, output), results)
-
-
-def _results_of(trainer, model, output) -> dict:
-    def cpu(value):
-        return value.detach().cpu() if isinstance(value, torch.Tensor) else value
-
-    return {
-        "state_dict": {k: v.detach().cpu() for k, v in model.state_dict().items()},
-        "callback_metrics": {k: cpu(v) for k, v in trainer.callback_metrics.items()},
-        "progress_bar": set(trainer.progress_bar_metrics),
-        "epoch": trainer.state.epoch, "global_step": trainer.state.global_step,
-        "stop_reason": trainer.state.stop_reason, "status": trainer.state.status,
-        "checkpoints": [(cb.best_model_path, cpu(cb.best_model_score), cb.last_model_path)
-                        for cb in trainer.checkpoint_callbacks],
-        "log_dir": trainer.log_dir,
-        "output": output,
-    }
-
-
-def _take_back(trainer, model, results: dict) -> Any:
-    model = model if model is not None else trainer.module
-    model.load_state_dict(results["state_dict"])
-    trainer.module = model
-    trainer.metrics.take_values(results["callback_metrics"], results["progress_bar"])
-    state = trainer.state
-    state.epoch, state.global_step = results["epoch"], results["global_step"]
-    state.stop_reason, state.status = results["stop_reason"], results["status"]
-    for cb, (best, score, last) in zip(trainer.checkpoint_callbacks, results["checkpoints"], strict=True):
-        cb.best_model_path, cb.best_model_score, cb.last_model_path = best, score, last
-    trainer.log_dir = results["log_dir"]
-    return results["output"]
+        torch.save(output, results)

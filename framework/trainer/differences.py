@@ -9,82 +9,87 @@ silence it. Nothing here changes the run.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
+from framework.loops.hooks import overrides
 from framework.rank_zero import rank_zero_info
-from framework.trainer.hooks import overrides
+
+if TYPE_CHECKING:
+    from framework.trainer.run import Run
 
 _said: set[str] = set()
 
 
-def note_differences(trainer, fn: str, ckpt_path: str | None) -> None:
+def note_differences(run: Run, ckpt_path: str | None) -> None:
     """One line for each difference this run meets, the first time this process meets it."""
+    fn = run.fn
     for key, applies, line in _DIFFERENCES:
-        if key not in _said and applies(trainer, fn, ckpt_path):
+        if key not in _said and applies(run, fn, ckpt_path):
             _said.add(key)
             rank_zero_info(f"fw: differs from Lightning here: {line}")
 
 
-def _distributed_fit(trainer, fn: str) -> bool:
-    return fn == "fit" and trainer.strategy.is_distributed
+def _distributed_fit(run: Run, fn: str) -> bool:
+    return fn == "fit" and run.strategy.is_distributed
 
 
-def _unshuffled_training_under_ddp(trainer, fn, _) -> bool:
-    if not _distributed_fit(trainer, fn) or not trainer.use_distributed_sampler:
+def _unshuffled_training_under_ddp(run: Run, fn, _) -> bool:
+    if not _distributed_fit(run, fn) or not run.settings.use_distributed_sampler:
         return False
-    loaders = trainer.loaders.get("train") or []
+    loaders = run.loaders.get("train") or []
     shuffle = getattr(getattr(loaders[0], "sampler", None), "shuffle", None) if loaders else None
     return shuffle is False  # a DistributedSampler that keeps the loader's order
 
 
-def _uneven_evaluation_shards(trainer, fn, _) -> bool:
-    if not trainer.strategy.is_distributed:
+def _uneven_evaluation_shards(run: Run, fn, _) -> bool:
+    if not run.strategy.is_distributed:
         return False
     stages = ("validate",) if fn == "fit" else (fn,)
     for stage in stages:
-        for loader in trainer.loaders.get(stage) or []:
+        for loader in run.loaders.get(stage) or []:
             size = len(loader.dataset) if hasattr(getattr(loader, "dataset", None), "__len__") else None
-            if size is not None and size % trainer.world_size:
+            if size is not None and size % run.strategy.world_size:
                 return True
     return False
 
 
-def _manual_under_ddp(trainer, fn, _) -> bool:
-    return _distributed_fit(trainer, fn) and not trainer.module.automatic_optimization
+def _manual_under_ddp(run: Run, fn, _) -> bool:
+    return _distributed_fit(run, fn) and not run.module.automatic_optimization
 
 
-def _restore_after_configure_optimizers(trainer, fn, ckpt_path) -> bool:
+def _restore_after_configure_optimizers(run: Run, fn, ckpt_path) -> bool:
     from framework.module import TrainModule
 
-    return fn == "fit" and ckpt_path is not None and overrides(trainer.module, TrainModule, "on_load_checkpoint")
+    return fn == "fit" and ckpt_path is not None and overrides(run.module, TrainModule, "on_load_checkpoint")
 
 
-def _loaders_before_fit_start(trainer, fn, _) -> bool:
+def _loaders_before_fit_start(run: Run, fn, _) -> bool:
     """A module with its own fit-start hooks whose loaders come from methods (not passed in)."""
     from framework.data import DataModule
     from framework.module import TrainModule
 
-    if fn != "fit" or not any(overrides(trainer.module, TrainModule, h) for h in ("on_fit_start", "on_train_start")):
+    if fn != "fit" or not any(overrides(run.module, TrainModule, h) for h in ("on_fit_start", "on_train_start")):
         return False
-    if trainer.datamodule is not None:
-        return overrides(trainer.datamodule, DataModule, "train_dataloader")
-    return overrides(trainer.module, TrainModule, "train_dataloader")
+    if run.datamodule is not None:
+        return overrides(run.datamodule, DataModule, "train_dataloader")
+    return overrides(run.module, TrainModule, "train_dataloader")
 
 
-def _plateau_before_checkpoint(trainer, fn, _) -> bool:
+def _plateau_before_checkpoint(run: Run, fn, _) -> bool:
     from torch.optim.lr_scheduler import ReduceLROnPlateau
 
     from framework.callbacks import EarlyStopping, ModelCheckpoint
 
     return (fn == "fit" and any(isinstance(c.scheduler, ReduceLROnPlateau) and c.interval == "epoch"
-                                for c in trainer.lr_scheduler_configs)
-            and any(isinstance(cb, (ModelCheckpoint, EarlyStopping)) for cb in trainer.callbacks))
+                                for c in run.lr_scheduler_configs)
+            and any(isinstance(cb, (ModelCheckpoint, EarlyStopping)) for cb in run.callbacks))
 
 
-def _last_checkpoint_is_the_latest(trainer, fn, _) -> bool:
+def _last_checkpoint_is_the_latest(run: Run, fn, _) -> bool:
     from framework.callbacks import ModelCheckpoint
 
     return fn == "fit" and any(isinstance(cb, ModelCheckpoint) and cb.save_last and cb.monitor
-                               for cb in trainer.callbacks)
+                               for cb in run.callbacks)
 
 
 _DIFFERENCES: list[tuple[str, Callable, str]] = [

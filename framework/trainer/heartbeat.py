@@ -20,8 +20,12 @@ import itertools
 import sys
 import threading
 import time
+from typing import TYPE_CHECKING
 
 import torch.distributed as dist
+
+if TYPE_CHECKING:
+    from framework.trainer.run import Run
 
 _RUNS = itertools.count(1)  # runs of this process
 
@@ -29,16 +33,16 @@ _RUNS = itertools.count(1)  # runs of this process
 class Heartbeat:
     """Context manager: beats and watches for the duration of one run (see module doc)."""
 
-    def __init__(self, trainer) -> None:
-        self.trainer = trainer
-        timeout = float(getattr(trainer.strategy, "timeout", 300.0))
+    def __init__(self, run: Run) -> None:
+        self.run = run
+        timeout = float(getattr(run.strategy, "timeout", 300.0))
         self.report_every = min(30.0, timeout / 3)
         self.beat_every = min(5.0, self.report_every / 2)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def __enter__(self) -> Heartbeat:
-        strategy = self.trainer.strategy
+        strategy = self.run.strategy
         store = _tcp_store()
         if not strategy.is_distributed or store is None:
             return self
@@ -56,7 +60,7 @@ class Heartbeat:
 
     # -- the thread ---------------------------------------------------------------------------
     def _run(self, address: tuple[str, int], run: str) -> None:
-        rank, size = self.trainer.global_rank, self.trainer.world_size
+        rank, size = self.run.strategy.global_rank, self.run.strategy.world_size
         try:
             store = dist.TCPStore(*address, is_master=False, timeout=datetime.timedelta(seconds=self.beat_every))
         except (RuntimeError, dist.DistError):
@@ -82,18 +86,18 @@ class Heartbeat:
             next_report += self.report_every
             if answer is None:
                 answer = self._describe(seen, now)
-            timeout = getattr(self.trainer.strategy, "timeout", 300.0)
+            timeout = getattr(self.run.strategy, "timeout", 300.0)
             sys.stderr.write(f"fw: rank {rank} of {size} has been {self._where()} for {now - still_since:.0f} s, "
                              f"waiting for the other ranks: {answer} (the job ends after "
                              f"trainer.strategy.timeout={timeout:g} s)\n")
             sys.stderr.flush()
 
     def _progress(self) -> tuple:
-        state = self.trainer.state
+        state = self.run.state
         return state.stage, state.epoch, state.global_step, state.batches_done, state.eval_batches
 
     def _where(self) -> str:
-        state = self.trainer.state
+        state = self.run.state
         if state.stage == "train":
             return f"in epoch {state.epoch}, batch {state.batches_done}"
         return f"in {state.stage or 'set-up'} (epoch {state.epoch}, step {state.global_step})"

@@ -36,6 +36,7 @@ class LoggedMetrics:
         self.training = self.collector  # this training epoch's, also while an evaluation runs
         self.epoch_values: dict[str, torch.Tensor] = {}
         self.prog_bar_keys: dict[str, bool] = {}  # epoch metric -> shown in the progress bar
+        self.logger_keys: dict[str, bool] = {}  # epoch metric -> sent to the loggers
         self._callback_metrics: dict[str, torch.Tensor] = {}
 
     def current_batch_size(self) -> int:
@@ -84,25 +85,28 @@ class LoggedMetrics:
         if not keep:
             yield
             return
-        saved = dict(self.epoch_values), dict(self.prog_bar_keys), dict(self._callback_metrics)
+        saved = dict(self.epoch_values), dict(self.prog_bar_keys), dict(self.logger_keys), dict(self._callback_metrics)
         try:
             yield
         finally:
-            self.epoch_values, self.prog_bar_keys = saved[0], saved[1]
+            self.epoch_values, self.prog_bar_keys, self.logger_keys = saved[0], saved[1], saved[2]
             self._callback_metrics.clear()
-            self._callback_metrics.update(saved[2])
+            self._callback_metrics.update(saved[3])
 
     def record_epoch(self, collector: MetricCollector) -> None:
         """Keep ``collector``'s epoch aggregates as the run's latest values."""
         self.epoch_values.update(collector.epoch_values)
         self.prog_bar_keys.update({k: flags[0] for k, flags in collector.epoch_flags.items()})
+        self.logger_keys.update({k: flags[1] for k, flags in collector.epoch_flags.items()})
 
-    def take_values(self, values: dict[str, torch.Tensor], prog_bar: set[str]) -> None:
+    def take_values(self, values: dict[str, torch.Tensor], prog_bar: set[str], logged: set[str]) -> None:
         """Hold ``values`` as the latest metrics (the results of a run made in other
-        processes: ``ddp_spawn``), ``prog_bar`` of them shown in the progress bar."""
+        processes: ``ddp_spawn``), ``prog_bar`` of them shown in the progress bar and
+        ``logged`` of them what the loggers were sent."""
         self.collector = self.training = MetricCollector("train", self.current_batch_size)
         self.epoch_values = dict(values)
         self.prog_bar_keys = {k: k in prog_bar for k in values}
+        self.logger_keys = {k: k in logged for k in values}
         self._callback_metrics.clear()
 
     @property
@@ -115,6 +119,14 @@ class LoggedMetrics:
         self._callback_metrics.update(self.collector.step_values())
         self._callback_metrics.update(self.epoch_values)
         return self._callback_metrics
+
+    @property
+    def logged_metrics(self) -> dict[str, torch.Tensor]:
+        """The latest values logged with ``logger=True`` (step values under ``x_step``, epoch
+        values under ``x_epoch`` when both were asked for), as Lightning's ``logged_metrics``."""
+        values = self.collector.step_values_for("logger")
+        values.update({k: v for k, v in self.epoch_values.items() if self.logger_keys.get(k)})
+        return values
 
     @property
     def progress_bar_metrics(self) -> dict[str, float]:

@@ -1,47 +1,130 @@
-"""The Trainer's read-only views with Lightning's names: the callbacks it holds, where the run
-stands, the devices and the data. Kept apart from ``trainer.py`` so that the Trainer's own code
-(its arguments, ``_run``) reads on its own; every name here means what Lightning's does."""
+"""The Trainer's read-only views with Lightning's names: its settings, where this process and the
+run stand, the metrics, the callbacks, the devices and the data. Kept apart from ``trainer.py``
+so that the Trainer's own code (its arguments, its calls) reads on its own; every name here
+means what Lightning's does. What belongs to one call (the module, the loaders, the optimisers)
+is read from the current (or last) ``Run``; before the first call those answer None or empty.
+"""
 
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    from framework.callbacks import EarlyStopping, ModelCheckpoint, RichProgressBar
+    from framework.callbacks.base import Callback
+    from framework.data import DataModule
+    from framework.loggers.base import Logger
+    from framework.module import TrainModule
+    from framework.optim import LRSchedulerConfig
+    from framework.strategies import Strategy
+    from framework.trainer.metrics import LoggedMetrics
+    from framework.trainer.run import Run
+    from framework.trainer.settings import Settings
+    from framework.trainer.state import RunState
+
+
+def _setting(name: str) -> property:
+    """``trainer.<name>``: the resolved argument of that name (``trainer.settings``)."""
+    return property(lambda self: getattr(self.settings, name), doc=f"The resolved ``{name}`` argument.")
+
+
+def _limit(stage: str) -> property:
+    return property(lambda self: self.settings.limits[stage], doc=f"``limit_*_batches`` of ``{stage}``.")
 
 
 class TrainerProperties:
     """Mixed into ``Trainer``."""
 
-    # -- callbacks ------------------------------------------------------------------------------
+    settings: Settings
+    strategy: Strategy
+    state: RunState
+    metrics: LoggedMetrics
+    callbacks: list[Callback]
+    loggers: list[Logger]
+    devices: list[int]
+    run: Run | None
+
+    # -- the settings, under their argument names --------------------------------------------
+    max_epochs = _setting("max_epochs")
+    min_epochs = _setting("min_epochs")
+    max_steps = _setting("max_steps")
+    max_time = _setting("max_time")
+    accumulate_grad_batches = _setting("accumulate_grad_batches")
+    gradient_clip_val = _setting("gradient_clip_val")
+    gradient_clip_algorithm = _setting("gradient_clip_algorithm")
+    val_check_interval = _setting("val_check_interval")
+    check_val_every_n_epoch = _setting("check_val_every_n_epoch")
+    num_sanity_val_steps = _setting("num_sanity_val_steps")
+    log_every_n_steps = _setting("log_every_n_steps")
+    default_root_dir = _setting("default_root_dir")
+    fast_dev_run = _setting("fast_dev_run")
+    overfit_batches = _setting("overfit_batches")
+    reload_dataloaders_every_n_epochs = _setting("reload_dataloaders_every_n_epochs")
+    barebones = _setting("barebones")
+    deterministic = _setting("deterministic")
+    on_nonfinite = _setting("on_nonfinite")
+    limit_train_batches = _limit("train")
+    limit_val_batches = _limit("validate")
+    limit_test_batches = _limit("test")
+    limit_predict_batches = _limit("predict")
+
+    # -- where this process stands -------------------------------------------------------------
     @property
-    def checkpoint_callbacks(self) -> list:
-        from framework.callbacks import ModelCheckpoint
-
-        return [cb for cb in self.callbacks if isinstance(cb, ModelCheckpoint)]
+    def global_rank(self) -> int:
+        return self.strategy.global_rank
 
     @property
-    def checkpoint_callback(self):
-        """The first ModelCheckpoint, or None."""
-        found = self.checkpoint_callbacks
-        return found[0] if found else None
+    def local_rank(self) -> int:
+        return self.strategy.local_rank
 
     @property
-    def early_stopping_callbacks(self) -> list:
-        from framework.callbacks import EarlyStopping
-
-        return [cb for cb in self.callbacks if isinstance(cb, EarlyStopping)]
+    def node_rank(self) -> int:
+        return self.strategy.dist.node_rank
 
     @property
-    def early_stopping_callback(self):
-        found = self.early_stopping_callbacks
-        return found[0] if found else None
+    def world_size(self) -> int:
+        return self.strategy.world_size
 
     @property
-    def progress_bar_callback(self):
-        from framework.callbacks import RichProgressBar
+    def is_global_zero(self) -> bool:
+        return self.strategy.is_global_zero
 
-        return next((cb for cb in self.callbacks if isinstance(cb, RichProgressBar)), None)
+    @property
+    def num_devices(self) -> int:
+        return len(self.devices)
 
-    # -- where the run stands -------------------------------------------------------------------
+    @property
+    def device_ids(self) -> list[int]:
+        return list(self.devices)
+
+    # -- where the run stands (``self.state``) ----------------------------------------------------
+    @property
+    def current_epoch(self) -> int:
+        return self.state.epoch
+
+    @property
+    def global_step(self) -> int:
+        return self.state.global_step
+
+    @property
+    def should_stop(self) -> bool:
+        return self.state.should_stop
+
+    @should_stop.setter
+    def should_stop(self, value: bool) -> None:
+        self.state.should_stop = bool(value)
+
+    @property
+    def sanity_checking(self) -> bool:
+        return self.state.stage == "sanity_check"
+
+    @property
+    def training(self) -> bool:
+        return self.state.stage == "train"
+
     @property
     def validating(self) -> bool:
         return self.state.stage == "validate"
@@ -67,53 +150,124 @@ class TrainerProperties:
     def is_last_batch(self) -> bool:
         return self.state.is_last_batch
 
+    # -- metrics --------------------------------------------------------------------------------
+    @property
+    def callback_metrics(self) -> dict[str, torch.Tensor]:
+        return self.metrics.callback_metrics
+
+    @property
+    def logged_metrics(self) -> dict[str, torch.Tensor]:
+        """What was sent to the loggers (``self.log(..., logger=True)``), as in Lightning."""
+        return self.metrics.logged_metrics
+
+    @property
+    def progress_bar_metrics(self) -> dict[str, float]:
+        return self.metrics.progress_bar_metrics
+
+    # -- the current (or last) call's parts ------------------------------------------------------
+    @property
+    def lightning_module(self) -> TrainModule | None:
+        return self.run.module if self.run is not None else None
+
+    @property
+    def model(self) -> torch.nn.Module | None:
+        """The wrapped model (DDP, DataParallel, or the module itself) while a run is on."""
+        return self.strategy.model
+
+    @property
+    def datamodule(self) -> DataModule | None:
+        return self.run.datamodule if self.run is not None else None
+
+    @property
+    def optimizers(self) -> list[torch.optim.Optimizer]:
+        return self.run.optimizers if self.run is not None else []
+
+    @property
+    def lr_scheduler_configs(self) -> list[LRSchedulerConfig]:
+        return self.run.lr_scheduler_configs if self.run is not None else []
+
+    @property
+    def logger(self) -> Logger | None:
+        return self.loggers[0] if self.loggers else None
+
+    @property
+    def log_dir(self) -> str | None:
+        """The run directory (the first logger's), the same on every rank."""
+        return self.run.log_dir if self.run is not None else None
+
+    @property
+    def num_training_batches(self) -> float:
+        return self.run.num_training_batches if self.run is not None else math.inf
+
+    @property
+    def num_val_batches(self) -> int | float:
+        return self.run.num_val_batches if self.run is not None else 0
+
     @property
     def estimated_stepping_batches(self) -> float:
         """Optimizer steps the fit will take at most (``inf`` without a bound), from the
         training loader's length, the limits and accumulation: for sizing LR schedules in
         ``configure_optimizers``."""
-        loaders = self.loaders.get("train") or []
-        if not loaders:
-            return math.inf if self.max_steps == -1 else float(self.max_steps)
         from framework.loops.batches import num_batches
 
-        per_epoch = num_batches(loaders[0], self.limits["train"])
-        steps = math.ceil(per_epoch / self.accumulate_grad_batches) * max(self.max_epochs, 1) \
-            if not math.isinf(per_epoch) and self.max_epochs != -1 else math.inf
-        if self.max_steps != -1:
-            steps = min(steps, self.max_steps)
+        settings = self.settings
+        loaders = self.run.loaders.get("train") if self.run is not None else None
+        if not loaders:
+            return math.inf if settings.max_steps == -1 else float(settings.max_steps)
+        per_epoch = num_batches(loaders[0], settings.limits["train"])
+        steps = math.ceil(per_epoch / settings.accumulate_grad_batches) * max(settings.max_epochs, 1) \
+            if not math.isinf(per_epoch) and settings.max_epochs != -1 else math.inf
+        if settings.max_steps != -1:
+            steps = min(steps, settings.max_steps)
         return steps
 
-    # -- devices --------------------------------------------------------------------------------
+    # -- callbacks ------------------------------------------------------------------------------
     @property
-    def num_devices(self) -> int:
-        return len(self.devices)
+    def checkpoint_callbacks(self) -> list[ModelCheckpoint]:
+        from framework.callbacks import ModelCheckpoint
+
+        return [cb for cb in self.callbacks if isinstance(cb, ModelCheckpoint)]
 
     @property
-    def device_ids(self) -> list[int]:
-        return list(self.devices)
+    def checkpoint_callback(self) -> ModelCheckpoint | None:
+        """The first ModelCheckpoint, or None."""
+        found = self.checkpoint_callbacks
+        return found[0] if found else None
 
     @property
-    def node_rank(self) -> int:
-        return self.strategy.dist.node_rank
+    def early_stopping_callbacks(self) -> list[EarlyStopping]:
+        from framework.callbacks import EarlyStopping
+
+        return [cb for cb in self.callbacks if isinstance(cb, EarlyStopping)]
+
+    @property
+    def early_stopping_callback(self) -> EarlyStopping | None:
+        found = self.early_stopping_callbacks
+        return found[0] if found else None
+
+    @property
+    def progress_bar_callback(self) -> RichProgressBar | None:
+        from framework.callbacks import RichProgressBar
+
+        return next((cb for cb in self.callbacks if isinstance(cb, RichProgressBar)), None)
 
     # -- data -----------------------------------------------------------------------------------
     def _loaders_of(self, key: str) -> Any:
-        found = self.loaders.get(key) or []
+        found = (self.run.loaders.get(key) if self.run is not None else None) or []
         return found[0] if len(found) == 1 else (found or None)
 
     @property
-    def train_dataloader(self):
+    def train_dataloader(self) -> Any:
         return self._loaders_of("train")
 
     @property
-    def val_dataloaders(self):
+    def val_dataloaders(self) -> Any:
         return self._loaders_of("validate")
 
     @property
-    def test_dataloaders(self):
+    def test_dataloaders(self) -> Any:
         return self._loaders_of("test")
 
     @property
-    def predict_dataloaders(self):
+    def predict_dataloaders(self) -> Any:
         return self._loaders_of("predict")

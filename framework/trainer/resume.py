@@ -14,12 +14,15 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from framework.data import skipping_first_batches
 from framework.errors import CheckpointError
 from framework.rank_zero import rank_zero_warn
 from framework.seed import set_rng_state
+
+if TYPE_CHECKING:
+    from framework.trainer.run import Run
 
 _AT_AN_EPOCH_END = ("resume from a checkpoint written at an epoch end (ModelCheckpoint's end-of-epoch "
                     "checkpoint: its default, without every_n_train_steps)")
@@ -64,15 +67,15 @@ class ResumePoint:
         return iterator
 
 
-def train_batch_size(trainer) -> int | None:
+def train_batch_size(run: Run) -> int | None:
     """The per-rank batch size of the training loader, when it has one (what a mid-epoch
     checkpoint's batch count is counted in)."""
-    loaders = trainer.loaders.get("train") or []
+    loaders = run.loaders.get("train") or []
     size = getattr(loaders[0], "batch_size", None) if loaders else None
     return size if isinstance(size, int) else None
 
 
-def check_position_carries_over(trainer, checkpoint: dict, path: str) -> None:
+def check_position_carries_over(run: Run, checkpoint: dict, path: str) -> None:
     """Refuse a mid-epoch checkpoint whose data position means other samples in this run.
 
     Raises:
@@ -86,14 +89,14 @@ def check_position_carries_over(trainer, checkpoint: dict, path: str) -> None:
     saved_ranks = int(checkpoint.get("world_size") or len(checkpoint.get("rng") or ()) or 1)
     where = f"ckpt_path '{path}': the checkpoint stopped mid-epoch (epoch {epoch}, after {batches} batches per rank)"
     why = "the data position cannot be mapped exactly (samples would be trained twice or skipped)"
-    if saved_ranks != trainer.world_size:
+    if saved_ranks != run.strategy.world_size:
         raise CheckpointError(
-            f"{where} on {_ranks(saved_ranks)}, and this run has {trainer.world_size}: {why}. Resume on "
+            f"{where} on {_ranks(saved_ranks)}, and this run has {run.strategy.world_size}: {why}. Resume on "
             f"{_ranks(saved_ranks)} (trainer.devices * trainer.num_nodes = {saved_ranks}), or {_AT_AN_EPOCH_END}"
         )
-    if trainer.reload_dataloaders_every_n_epochs:
+    if run.settings.reload_dataloaders_every_n_epochs:
         return  # the loader of the resumed epoch is built later (its batch size may differ per epoch)
-    saved_batch, batch = checkpoint.get("train_batch_size"), train_batch_size(trainer)
+    saved_batch, batch = checkpoint.get("train_batch_size"), train_batch_size(run)
     if saved_batch is not None and batch is not None and saved_batch != batch:
         raise CheckpointError(
             f"{where} with {saved_batch} samples per batch per rank, and this run's training batch size is {batch}: "
@@ -101,21 +104,21 @@ def check_position_carries_over(trainer, checkpoint: dict, path: str) -> None:
         )
 
 
-def resume_point(trainer, checkpoint: dict) -> ResumePoint:
+def resume_point(run: Run, checkpoint: dict) -> ResumePoint:
     """This rank's RNG states; mid-epoch, first the epoch-start state (to rebuild the same data
     order), and the saved state once the batches already done are skipped. (A mid-epoch
     checkpoint from another number of ranks was refused before: ``check_position_carries_over``.)"""
     states = checkpoint["rng"]
-    rank = trainer.global_rank
-    if len(states) != trainer.world_size:
+    rank = run.strategy.global_rank
+    if len(states) != run.strategy.world_size:
         rank_zero_warn(
-            f"checkpoint was written by {len(states)} rank(s), this run has {trainer.world_size}: "
+            f"checkpoint was written by {len(states)} rank(s), this run has {run.strategy.world_size}: "
             "RNG states are reused from rank 0, so the run will not be bit-identical; resume with "
             f"{len(states)} process(es) for an exact resume"
         )
         rank = 0
     mine = states[rank]
-    batches = trainer.state.batches_done
+    batches = run.state.batches_done
     metrics = (checkpoint.get("metrics") or [None] * len(states))[rank]
     loader = (checkpoint.get("loader_states") or [None] * len(states))[rank]
     if batches and mine["epoch_start"] is not None:

@@ -27,7 +27,13 @@ import signal
 import subprocess
 import sys
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from framework.errors import ProgramEnds
+from framework.trainer.checkpointing import save
+
+if TYPE_CHECKING:
+    from framework.trainer.run import Run
 
 
 def signal_name(signum: int) -> str:
@@ -38,10 +44,10 @@ class SignalCatcher:
     """Installs the stop handlers for the duration of a ``with`` block (main thread only), or
     past it until ``release()`` once ``hold()`` was called in it."""
 
-    def __init__(self, trainer) -> None:
-        self.state = trainer.state
-        self.rank = trainer.global_rank
-        names = ["SIGTERM", "SIGINT"] + ([trainer.preemption_signal] if trainer.preemption_signal else [])
+    def __init__(self, run: Run) -> None:
+        self.state = run.state
+        self.rank = run.strategy.global_rank
+        names = ["SIGTERM", "SIGINT"] + ([run.settings.preemption_signal] if run.settings.preemption_signal else [])
         self.signals = [getattr(signal, name) for name in dict.fromkeys(names)]
         self._previous: dict[int, Any] = {}
         self._supervised = bool(os.environ.get("TORCHELASTIC_RUN_ID"))  # a launcher stops us if need be
@@ -94,18 +100,23 @@ class SignalCatcher:
         sys.stderr.flush()
 
 
-def save_after_signal(trainer) -> None:
+class StoppedBySignal(ProgramEnds):
+    """A fit stopped on a stop signal and wrote ``preempted.ckpt``: the program ends with status
+    0 (the job was asked to end; the code after ``fit`` would run on a half-trained model)."""
+
+
+def save_after_signal(run: Run) -> None:
     """After the ranks stopped on a signal: every rank helps write ``preempted.ckpt`` (in the
     first ModelCheckpoint's folder, else ``default_root_dir``), SLURM requeues the job if asked,
     and rank 0 says where the checkpoint is."""
     from framework.rank_zero import rank_zero_info
 
-    dirs = [cb.dirpath for cb in trainer.callbacks if getattr(cb, "dirpath", None)]
-    path = os.path.join(dirs[0] if dirs else trainer.default_root_dir, "preempted.ckpt")
-    trainer.save_checkpoint(path)
-    requeued = requeue_slurm_job() if trainer.requeue and trainer.is_global_zero else None
-    name = signal_name(trainer.state.signal) if trainer.state.signal else "a signal to another rank"
-    rank_zero_info(f"fw: stopped by {name} at step {trainer.global_step}; checkpoint {path}"
+    dirs = [cb.dirpath for cb in run.callbacks if getattr(cb, "dirpath", None)]
+    path = os.path.join(dirs[0] if dirs else run.settings.default_root_dir, "preempted.ckpt")
+    save(run, path)
+    requeued = requeue_slurm_job() if run.settings.requeue and run.strategy.is_global_zero else None
+    name = signal_name(run.state.signal) if run.state.signal else "a signal to another rank"
+    rank_zero_info(f"fw: stopped by {name} at step {run.state.global_step}; checkpoint {path}"
                     + (f"; {requeued}" if requeued else f"; resume with ckpt_path={path}"))
 
 

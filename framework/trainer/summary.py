@@ -1,7 +1,8 @@
-"""The model summary printed at the start of a fit (``enable_model_summary``), as Lightning's:
-each top-level layer with its type, parameter count and mode, and its input and output shapes
-when the module sets ``example_input_array``; then trainable, non-trainable and total parameters
-and their size. A rich table on stderr, rank 0 only."""
+"""The tables a run shows, as Lightning's, on stderr (rank 0 only): the model summary at the
+start of a fit (``enable_model_summary``: each top-level layer with its type, parameter count and
+mode, and its input and output shapes when the module sets ``example_input_array``; then
+trainable, non-trainable and total parameters and their size), and the results of ``validate``
+and ``test`` (``verbose=True``: each logged metric per loader)."""
 
 from __future__ import annotations
 
@@ -88,3 +89,20 @@ def print_model_summary(module: nn.Module) -> None:
     console.print(table)
     console.print(f"{_count(trainable)} trainable params, {_count(total - trainable)} non-trainable params, "
                   f"{_count(total)} total params, {size_mb:.3f} MB")
+
+
+def print_results(fn: str, results: list[dict[str, float]]) -> None:
+    """``validate``/``test``'s results, one column per loader, as Lightning's ``verbose`` table."""
+    from rich.console import Console
+    from rich.table import Table
+
+    names = sorted({name for per_loader in results for name in per_loader})
+    if not names:
+        return
+    table = Table(title=f"{fn} results", title_justify="left")
+    table.add_column("Metric")
+    for i in range(len(results)):
+        table.add_column("value" if len(results) == 1 else f"dataloader {i}", justify="right")
+    for name in names:
+        table.add_row(name, *(f"{r[name]:.6g}" if name in r else "" for r in results))
+    Console(stderr=True).print(table)

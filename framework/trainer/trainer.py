@@ -9,9 +9,9 @@ checkpoint save and resume in ``checkpointing.py`` beside this file.
 from __future__ import annotations
 
 import contextlib
-import math
+import inspect
 import os
-import sys
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -31,9 +31,13 @@ from framework.trainer import arguments as args
 from framework.trainer import checkpointing, setup
 from framework.trainer.heartbeat import Heartbeat
 from framework.trainer.metrics import LoggedMetrics
+from framework.trainer.outcome import Outcome
 from framework.trainer.properties import TrainerProperties
-from framework.trainer.signals import SignalCatcher, save_after_signal
+from framework.trainer.run import Run
+from framework.trainer.settings import Settings
+from framework.trainer.signals import SignalCatcher, StoppedBySignal, save_after_signal
 from framework.trainer.state import RunState
+from framework.trainer.summary import print_results
 
 
 class Trainer(TrainerProperties):
@@ -115,6 +119,9 @@ class Trainer(TrainerProperties):
         barebones: bool = False,
         profiler: Any = None,
     ) -> None:
+        arguments = {name: value for name, value in locals().items() if name in _SETTINGS}
+        self.settings = Settings.resolve(**arguments)
+
         # where the run happens: accelerator, devices, strategy, and how its processes start
         self.accelerator = get_accelerator(accelerator)
         self.num_nodes = args.positive_int("num_nodes", num_nodes)
@@ -126,161 +133,63 @@ class Trainer(TrainerProperties):
         )
         self.strategy.check(devices, len(self.devices), self.num_nodes, self.environment)
         self.strategy.connect(self.accelerator, self._dist_info(), self.devices)
-        self.launcher = self.strategy.launcher(self.environment, self.num_nodes, int(max_restarts), rdzv_endpoint)
+        self.strategy.sync_batchnorm = self.settings.sync_batchnorm
+        self.launcher = self.strategy.launcher(self.environment, self.num_nodes, self.settings.max_restarts,
+                                               rdzv_endpoint)
         die_with_launcher()
         self.precision = Precision(precision, self.accelerator.name)
 
-        # when to stop, validate, log, step
-        if max_epochs is None and max_steps == -1 and max_time is None:
-            max_epochs = 1000
-        self.max_epochs = max_epochs if max_epochs is not None else -1
-        self.min_epochs = min_epochs or 0
-        self.max_steps = int(max_steps)
-        self.max_time = args.parse_max_time(max_time)
-        self.limits = {
-            "train": args.limit_arg("limit_train_batches", limit_train_batches),
-            "validate": args.limit_arg("limit_val_batches", limit_val_batches),
-            "test": args.limit_arg("limit_test_batches", limit_test_batches),
-            "predict": args.limit_arg("limit_predict_batches", limit_predict_batches),
-        }
-        self.val_check_interval = args.check_val_check_interval(val_check_interval)
-        if check_val_every_n_epoch is not None:
-            args.positive_int("check_val_every_n_epoch", check_val_every_n_epoch)
-        self.check_val_every_n_epoch = check_val_every_n_epoch
-        self.num_sanity_val_steps = int(num_sanity_val_steps)
-        self.log_every_n_steps = args.positive_int("log_every_n_steps", log_every_n_steps)
-        self.accumulate_grad_batches = args.positive_int("accumulate_grad_batches", accumulate_grad_batches)
-        self.gradient_clip_val = gradient_clip_val
-        self.gradient_clip_algorithm = args.clip_algorithm(gradient_clip_algorithm)
-        self.deterministic = bool(deterministic)
-        self.on_nonfinite = args.one_of("on_nonfinite", on_nonfinite, ("error", "skip", "warn"))
-        self.preemption_signal = args.signal_arg("preemption_signal", preemption_signal)
-        self.requeue = bool(requeue)
-        self.default_root_dir = os.fspath(default_root_dir) if default_root_dir else os.getcwd()
-
-        # Lightning's debugging, speed and data switches
-        if profiler is not None:
-            raise ConfigError(f"trainer.profiler={profiler!r}: fw has no profiler of its own; wrap trainer.fit in "
-                              "torch.profiler.profile(...), or add the ThroughputMonitor callback for step times")
-        self.barebones = bool(barebones)
-        if self.barebones:  # nothing that costs time per step besides the step itself
-            logger, enable_checkpointing, enable_progress_bar, enable_model_summary = False, False, False, False
-            self.num_sanity_val_steps = 0
-        self.enable_model_summary = bool(enable_model_summary)
-        self.overfit_batches = args.limit_arg("overfit_batches", overfit_batches) or 0
-        if self.overfit_batches:  # the same first batches every epoch, for training and validation
-            self.limits["train"] = self.limits["validate"] = self.overfit_batches
-        self.fast_dev_run = args.fast_dev_run_arg(fast_dev_run)
-        if self.fast_dev_run:
-            n = self.fast_dev_run
-            if not self.overfit_batches:
-                self.limits["train"] = self.limits["validate"] = n
-            self.limits["test"] = self.limits["predict"] = n
-            self.max_steps, self.max_epochs, self.num_sanity_val_steps = n, 1, 0
-            self.val_check_interval, self.check_val_every_n_epoch = None, 1
-            logger = False
-        self.reload_dataloaders_every_n_epochs = args.non_negative_int(
-            "reload_dataloaders_every_n_epochs", reload_dataloaders_every_n_epochs)
-        self.benchmark = benchmark if benchmark is None else bool(benchmark)
-        self.detect_anomaly = bool(detect_anomaly)
-        self.inference_mode = bool(inference_mode)
-        self.use_distributed_sampler = bool(use_distributed_sampler)
-        self.strategy.sync_batchnorm = bool(sync_batchnorm)
-
         # the parts a run calls into, and what it produces
-        self.callbacks = setup.default_callbacks(
-            args.check_callbacks(args.as_list(callbacks)), enable_checkpointing, enable_progress_bar
-        )
-        if self.fast_dev_run:  # Lightning's rule: no checkpoints, early stops or LR logs in a dev run
+        self.callbacks = setup.default_callbacks(args.check_callbacks(args.as_list(callbacks)),
+                                                 self.settings.enable_checkpointing, self.settings.enable_progress_bar)
+        if self.settings.fast_dev_run:  # Lightning's rule: no checkpoints, early stops or LR logs in a dev run
             self.callbacks = setup.without_dev_run_callbacks(self.callbacks)
-            rank_zero_info(f"fw: fast_dev_run={self.fast_dev_run}: {self.fast_dev_run} batch(es) per stage, "
-                            "without logging or checkpoints")
-        self.loggers = setup.resolve_loggers(logger)
-        self.log_dir: str | None = None
+            n = self.settings.fast_dev_run
+            rank_zero_info(f"fw: fast_dev_run={n}: {n} batch(es) per stage, without logging or checkpoints")
+        self.loggers = setup.resolve_loggers(logger if self.settings.enable_logger else False)
         self.state = RunState()
         self.metrics = LoggedMetrics()
-        self.module = None
-        self.datamodule: DataModule | None = None
-        self.loaders: dict[str, list] = {}
-        self.hooks = None  # a HookDispatcher while a run is on
-        self.optimizers: list[torch.optim.Optimizer] = []
-        self.lr_scheduler_configs: list = []
-        self.manual = None  # a fit in manual optimization: its loops/manual.ManualOptimization
-        self.num_training_batches: float = math.inf
-        self.num_val_batches = 0
+        #: the current call's ``Run`` (``run.py``), or the last one's once it returned
+        self.run: Run | None = None
 
-    # -- where this process stands -------------------------------------------------------------
-    @property
-    def global_rank(self) -> int:
-        return self.strategy.global_rank
+    # -- public API -----------------------------------------------------------------------------
+    def fit(self, model: TrainModule, train_dataloaders: Any = None, val_dataloaders: Any = None,
+            datamodule: DataModule | None = None, ckpt_path: str | None = None) -> None:
+        """Train ``model``; ``ckpt_path`` (a path, ``"last"`` or ``"best"``) resumes from a
+        checkpoint. A DataModule may be given in place of ``train_dataloaders``, as in Lightning."""
+        if isinstance(train_dataloaders, DataModule):
+            train_dataloaders, datamodule = None, _one_datamodule(train_dataloaders, datamodule)
+        self._call(Call("fit", model, datamodule, {"train": train_dataloaders, "validate": val_dataloaders},
+                        ckpt_path))
 
-    @property
-    def local_rank(self) -> int:
-        return self.strategy.local_rank
+    def validate(self, model: TrainModule | None = None, dataloaders: Any = None, ckpt_path: str | None = None,
+                 verbose: bool = True, datamodule: DataModule | None = None) -> list[dict]:
+        """One pass over the validation data; the logged epoch values, one dict per loader
+        (``verbose``: also shown as a table on stderr, rank 0)."""
+        dataloaders, datamodule = _split_datamodule(dataloaders, datamodule)
+        return self._call(Call("validate", model, datamodule, {"validate": dataloaders}, ckpt_path, verbose=verbose))
 
-    @property
-    def world_size(self) -> int:
-        return self.strategy.world_size
+    def test(self, model: TrainModule | None = None, dataloaders: Any = None, ckpt_path: str | None = None,
+             verbose: bool = True, datamodule: DataModule | None = None) -> list[dict]:
+        """One pass over the test data; as ``validate``."""
+        dataloaders, datamodule = _split_datamodule(dataloaders, datamodule)
+        return self._call(Call("test", model, datamodule, {"test": dataloaders}, ckpt_path, verbose=verbose))
 
-    @property
-    def is_global_zero(self) -> bool:
-        return self.strategy.is_global_zero
+    def predict(self, model: TrainModule | None = None, dataloaders: Any = None,
+                datamodule: DataModule | None = None, return_predictions: bool | None = None,
+                ckpt_path: str | None = None) -> list | None:
+        """``predict_step`` over the data: a list of outputs, a list of such lists for several
+        loaders, or None with ``return_predictions=False``."""
+        dataloaders, datamodule = _split_datamodule(dataloaders, datamodule)
+        keep = True if return_predictions is None else bool(return_predictions)
+        return self._call(Call("predict", model, datamodule, {"predict": dataloaders}, ckpt_path,
+                               return_predictions=keep))
 
-    @property
-    def logger(self):
-        return self.loggers[0] if self.loggers else None
-
-    @property
-    def lightning_module(self):
-        return self.module
-
-    @property
-    def model(self):
-        """The wrapped model (DDP, DataParallel, or the module itself) while a run is on."""
-        return self.strategy.model
-
-    # -- where the run stands (all of it in ``self.state``) -------------------------------------
-    @property
-    def current_epoch(self) -> int:
-        return self.state.epoch
-
-    @property
-    def global_step(self) -> int:
-        return self.state.global_step
-
-    @property
-    def should_stop(self) -> bool:
-        return self.state.should_stop
-
-    @should_stop.setter
-    def should_stop(self, value: bool) -> None:
-        self.state.should_stop = bool(value)
-
-    @property
-    def sanity_checking(self) -> bool:
-        return self.state.stage == "sanity_check"
-
-    @property
-    def training(self) -> bool:
-        return self.state.stage == "train"
-
-    @property
-    def stage(self) -> str | None:
-        """The call that runs (``fit``, ``validate``, ``test``, ``predict``), else None."""
-        return self.state.fn
-
-    # -- metrics --------------------------------------------------------------------------------
-    @property
-    def callback_metrics(self) -> dict[str, torch.Tensor]:
-        return self.metrics.callback_metrics
-
-    @property
-    def logged_metrics(self) -> dict[str, torch.Tensor]:
-        return self.metrics.callback_metrics
-
-    @property
-    def progress_bar_metrics(self) -> dict[str, float]:
-        return self.metrics.progress_bar_metrics
+    def save_checkpoint(self, path: str | os.PathLike) -> None:
+        """Write a checkpoint (call on every rank: rank 0 writes, the others wait)."""
+        if self.run is None:
+            raise ConfigError("save_checkpoint: no model yet; call it during or after fit/validate/test")
+        checkpointing.save(self.run, path)
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
         """Send ``metrics`` to every logger (rank 0 only; other ranks do nothing)."""
@@ -289,89 +198,80 @@ class Trainer(TrainerProperties):
         for lg in self.loggers:
             lg.log_metrics(metrics, step)
 
-    # -- public API -----------------------------------------------------------------------------
-    def fit(self, model, train_dataloaders=None, val_dataloaders=None, datamodule=None, ckpt_path=None) -> None:
-        """Train ``model``; ``ckpt_path`` (a path, ``"last"`` or ``"best"``) resumes from a
-        checkpoint. A DataModule may be given in place of ``train_dataloaders``, as in Lightning."""
-        if isinstance(train_dataloaders, DataModule):
-            train_dataloaders, datamodule = None, _one_datamodule(train_dataloaders, datamodule)
-        self._run("fit", model, datamodule, {"train": train_dataloaders, "validate": val_dataloaders},
-                  ckpt_path, loops.run_fit)
-
-    def validate(self, model=None, dataloaders=None, ckpt_path=None, verbose: bool = True,
-                 datamodule=None) -> list[dict]:
-        """One pass over the validation data; the logged epoch values, one dict per loader."""
-        dataloaders, datamodule = _split_datamodule(dataloaders, datamodule)
-        return self._run("validate", model, datamodule, {"validate": dataloaders}, ckpt_path, loops.run_eval_stage)
-
-    def test(self, model=None, dataloaders=None, ckpt_path=None, verbose: bool = True,
-             datamodule=None) -> list[dict]:
-        dataloaders, datamodule = _split_datamodule(dataloaders, datamodule)
-        return self._run("test", model, datamodule, {"test": dataloaders}, ckpt_path, loops.run_eval_stage)
-
-    def predict(self, model=None, dataloaders=None, datamodule=None, return_predictions: bool | None = None,
-                ckpt_path=None) -> list | None:
-        """``predict_step`` over the data: a list of outputs, a list of such lists for several
-        loaders, or None with ``return_predictions=False``."""
-        dataloaders, datamodule = _split_datamodule(dataloaders, datamodule)
-        self.return_predictions = True if return_predictions is None else bool(return_predictions)
-        return self._run("predict", model, datamodule, {"predict": dataloaders}, ckpt_path, loops.run_predict)
-
-    def save_checkpoint(self, path: str | os.PathLike) -> None:
-        """Write a checkpoint (call on every rank: rank 0 writes, the others wait)."""
-        checkpointing.save(self, path)
-
     # -- orchestration --------------------------------------------------------------------------
-    def _run(self, fn: str, model, datamodule, loaders: dict, ckpt_path, loop) -> Any:
-        if self.launcher is not None and self.launcher.reruns_program:  # workers run this whole program
-            sys.exit(self.launcher.launch())
-        if self.launcher is not None:  # workers run this call (ddp_spawn), rank 0's results come back
-            return self.launcher.launch_call(self, self._run, fn, model, datamodule, loaders, ckpt_path, loop)
-        model = model if model is not None else self.module
+    def _call(self, call: Call) -> Any:
+        """Here, or as every rank of the workers the launcher starts: rank 0's outcome comes back
+        and is applied here (``outcome.py``); fw's own launcher ends this process instead
+        (``JobEnded``: its workers re-ran the whole program)."""
+        if self.launcher is None:
+            return self._run_here(call)
+        model = call.model if call.model is not None else self.lightning_module
+        outcome: Outcome = self.launcher.launch(self._run_in_worker, call)
+        return outcome.apply(self, model) if model is not None else outcome.output
+
+    def _run_in_worker(self, call: Call) -> Outcome:
+        """In a worker a launcher started for this call: run it as the rank the launcher set."""
+        self.launcher = None  # this process is one rank: its calls run here
+        self.strategy.connect(self.accelerator, detect_environment().info(), self.devices)
+        return Outcome.of(self, self._run_here(call))
+
+    def _run_here(self, call: Call) -> Any:
+        """Run ``call`` in this process, as one rank of the job."""
+        fn = call.fn
+        model = call.model if call.model is not None else self.lightning_module
         if model is None:
             raise ConfigError(f"trainer.{fn}() needs a model")
         if not isinstance(model, TrainModule):
             raise ConfigError(f"trainer.{fn}(): the model is a {type(model).__module__}.{type(model).__qualname__}, "
                               "not a TrainModule; subclass framework.TrainModule (training_step, configure_optimizers)")
-        self.state.fn, self.state.status, self.state.signal, self.state.stop_reason = fn, "running", None, None
+        state = self.state
+        state.fn, state.status, state.signal, state.stop_reason = fn, "running", None, None
+        run: Run | None = None
         failed = False
         signals = None  # the fit's stop-signal handlers (trainer/signals.py), once the ranks are known
         try:
-            resume_path = setup.setup(self, fn, model, datamodule, loaders, ckpt_path)
-            checkpointing.restore(self, resume_path, fn)
-            setup.print_summary(self, fn)
-            signals = SignalCatcher(self) if fn == "fit" else None
-            with signals or contextlib.nullcontext(), Heartbeat(self), \
-                    torch.autograd.set_detect_anomaly(self.detect_anomaly) if self.detect_anomaly else \
+            run, resume_path = setup.setup(self, fn, model, call.datamodule, call.loaders, call.ckpt_path)
+            run.return_predictions = call.return_predictions
+            checkpointing.restore(run, resume_path)
+            setup.print_summary(run)
+            signals = SignalCatcher(run) if fn == "fit" else None
+            with signals or contextlib.nullcontext(), Heartbeat(run), \
+                    torch.autograd.set_detect_anomaly(True) if self.settings.detect_anomaly else \
                     contextlib.nullcontext():
-                result = loop(self, fn)
-                if fn == "fit" and self.state.stop_reason == "preempted":
+                result = _LOOPS[fn](run)
+                if signals is not None and state.stop_reason == "preempted":
                     signals.hold()  # a second signal waits for the checkpoint and the exit (until release)
-            if fn == "fit" and self.state.stop_reason == "preempted":
-                self.state.status = "interrupted"
-                save_after_signal(self)
+            if fn == "fit" and state.stop_reason == "preempted":
+                state.status = "interrupted"
+                save_after_signal(run)
             else:
-                self.state.status = "finished"
+                state.status = "finished"
                 if fn == "fit":
-                    setup.report_where_it_went(self)
+                    setup.report_where_it_went(run)
+                elif fn in ("validate", "test") and call.verbose and self.is_global_zero:
+                    print_results(fn, result)
         except BaseException as exc:
             failed = True
-            self.state.status = "interrupted"
-            if self.hooks is not None:
-                self.hooks.callbacks("on_exception", exc)
-            if self.datamodule is not None:
-                self.datamodule.on_exception(exc)
+            state.status = "interrupted"
+            if run is not None and run.hooks is not None:
+                run.hooks.callbacks("on_exception", exc)
+            if run is not None and run.datamodule is not None:
+                run.datamodule.on_exception(exc)
             record_worker_error(exc)
             self.strategy.on_exception(exc)
             raise
         finally:
             try:
-                setup.teardown(self, fn, failed)
+                if run is not None:
+                    setup.teardown(run, failed)
+                else:
+                    self.strategy.teardown()
+                    state.fn, state.stage = None, None
             finally:
                 if signals is not None:
                     signals.release()
-        if fn == "fit" and self.state.stop_reason == "preempted":
-            sys.exit(0)  # stopped on a signal, with its state saved: a clean end
+        if fn == "fit" and state.stop_reason == "preempted":
+            raise StoppedBySignal(0)  # with its state saved: a clean end of the program (signals.py)
         return result
 
     def _dist_info(self) -> DistInfo:
@@ -382,13 +282,33 @@ class Trainer(TrainerProperties):
         return DistInfo()
 
 
-def _one_datamodule(given: DataModule, datamodule) -> DataModule:
+#: what each call runs once its set-up is done
+_LOOPS = {"fit": loops.run_fit, "validate": loops.run_eval_stage, "test": loops.run_eval_stage,
+          "predict": loops.run_predict}
+#: the arguments that ``Settings`` resolves (the others build the Trainer's parts)
+_SETTINGS = set(inspect.signature(Settings.resolve).parameters) - {"cls"}
+
+
+@dataclass(frozen=True)
+class Call:
+    """One public call as it was made: what a launcher hands to its workers."""
+
+    fn: str
+    model: TrainModule | None
+    datamodule: DataModule | None
+    loaders: dict[str, Any]
+    ckpt_path: str | None
+    verbose: bool = True
+    return_predictions: bool = True
+
+
+def _one_datamodule(given: DataModule, datamodule: DataModule | None) -> DataModule:
     if datamodule is not None:
         raise ConfigError("a DataModule was given twice (positionally and as datamodule=); pass it once")
     return given
 
 
-def _split_datamodule(dataloaders, datamodule):
+def _split_datamodule(dataloaders: Any, datamodule: DataModule | None) -> tuple[Any, DataModule | None]:
     if isinstance(dataloaders, DataModule):
         return None, _one_datamodule(dataloaders, datamodule)
     return dataloaders, datamodule

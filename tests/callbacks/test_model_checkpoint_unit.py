@@ -44,7 +44,7 @@ class FakeTrainer:
         self.default_root_dir = str(root)
         self.check_val_every_n_epoch = 1  # with no validation data: epoch saves at the train epoch's end
         self.val_check_interval = None
-        self.loaders = {}
+        self.val_dataloaders = None
         self.saved = []
 
     def save_checkpoint(self, path):

@@ -45,7 +45,7 @@ def test_under_an_external_launcher_nothing_is_started():
 
 def test_mpi_without_mpiexec_says_what_to_run():
     with pytest.raises(ConfigError, match="mpiexec -n 2 fw fit"):
-        MPIExecLauncher(2).launch()
+        MPIExecLauncher(2).launch(print)
 
 
 def test_mpi_refuses_an_init_method_it_would_ignore():

@@ -1,0 +1,67 @@
+"""``LoaderSource``: where a run's loaders come from, and how each is made ready for this rank.
+
+A run's loaders are the ones passed to the call (``fit(model, train_dataloaders=...)``), or
+else the DataModule's (or the module's own, as in Lightning) ``*_dataloader()``. Each is
+sharded for this rank when the strategy asks for it (``use_distributed_sampler``), and the
+training loader keeps the same first batches under ``overfit_batches``. With
+``reload_dataloaders_every_n_epochs`` the loop asks again; loaders passed directly stay.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from framework.data.sampler_injection import shard_dataloader, without_shuffle
+from framework.errors import ConfigError
+
+#: the method asked for each stage's loaders
+LOADER_METHODS = {
+    "train": "train_dataloader",
+    "validate": "val_dataloader",
+    "test": "test_dataloader",
+    "predict": "predict_dataloader",
+}
+
+
+@dataclass(frozen=True)
+class LoaderSource:
+    """Args:
+        given: per stage key, the loader(s) passed to the call, or None.
+        source: the DataModule, or the module, asked for the others.
+        seed: the seed of the shuffling shards' order (the same on every rank).
+        shard: the strategy's ``distributed_sampler_kwargs()`` (None: each rank reads it all).
+        overfit: ``overfit_batches`` is set: the training loader does not shuffle.
+    """
+
+    given: dict[str, Any]
+    source: Any
+    seed: int
+    shard: dict[str, Any] | None
+    overfit: bool
+
+    def loaders(self, key: str) -> list:
+        """The stage's loaders, ready for this rank ([] when there are none)."""
+        given = self.given.get(key)
+        try:
+            loader = given if given is not None else getattr(self.source, LOADER_METHODS[key])()
+        except ValueError as err:  # torch's RandomSampler on an empty data set
+            if "num_samples=0" not in str(err):
+                raise
+            raise ConfigError(f"{type(self.source).__name__}.{LOADER_METHODS[key]}(): the data set is empty "
+                              "(a shuffling DataLoader needs at least one sample); check the data") from None
+        if loader is None:
+            return []
+        loaders = list(loader) if isinstance(loader, (list, tuple)) else [loader]
+        if key == "train" and self.overfit:
+            loaders = [without_shuffle(dl) for dl in loaders]
+        if self.shard:
+            loaders = [shard_dataloader(dl, train=(key == "train"), seed=self.seed, **self.shard) for dl in loaders]
+        return loaders
+
+    def reload(self, loaders: dict[str, list]) -> None:
+        """``reload_dataloaders_every_n_epochs``: the training and validation loaders asked for
+        again, in place; those passed to the call directly stay."""
+        for key in ("train", "validate"):
+            if self.given.get(key) is None and loaders.get(key):
+                loaders[key] = self.loaders(key)

@@ -1,0 +1,75 @@
+"""``Outcome``: what a call run in other processes (``ddp_spawn``, ``ddp_notebook``) brings back.
+
+The launcher runs ``Trainer._run_in_worker`` as every rank and hands back rank 0's ``Outcome``,
+one picklable value; the Trainer applies it to itself (``apply``), as Lightning does: the
+trained weights go into the caller's module, and ``callback_metrics``, ``global_step``,
+``current_epoch``, why the fit stopped, the checkpoint callbacks' best/last paths and the run
+directory are the workers'. The call's return value comes back with them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from framework.trainer.run import Run
+
+if TYPE_CHECKING:
+    from framework.module import TrainModule
+    from framework.trainer.trainer import Trainer
+
+
+def _cpu(value: Any) -> Any:
+    return value.detach().cpu() if isinstance(value, torch.Tensor) else value
+
+
+@dataclass(frozen=True)
+class Outcome:
+    fn: str
+    state_dict: dict[str, torch.Tensor]
+    callback_metrics: dict[str, Any]
+    progress_bar: set[str]
+    logged: set[str]
+    epoch: int
+    global_step: int
+    stop_reason: str | None
+    status: str
+    checkpoints: list[tuple[str, Any, str]]
+    log_dir: str | None
+    output: Any
+
+    @classmethod
+    def of(cls, trainer: Trainer, output: Any) -> Outcome:
+        """This rank's outcome, on the CPU (so that a CUDA worker's comes back to any process)."""
+        module = trainer.lightning_module
+        assert trainer.run is not None and module is not None
+        state = trainer.state
+        return cls(
+            fn=trainer.run.fn,
+            state_dict={k: v.detach().cpu() for k, v in module.state_dict().items()},
+            callback_metrics={k: _cpu(v) for k, v in trainer.callback_metrics.items()},
+            progress_bar=set(trainer.progress_bar_metrics), logged=set(trainer.logged_metrics),
+            epoch=state.epoch, global_step=state.global_step, stop_reason=state.stop_reason, status=state.status,
+            checkpoints=[(cb.best_model_path, _cpu(cb.best_model_score), cb.last_model_path)
+                         for cb in trainer.checkpoint_callbacks],
+            log_dir=trainer.log_dir,
+            output=output,
+        )
+
+    def apply(self, trainer: Trainer, model: TrainModule) -> Any:
+        """Make ``trainer`` and ``model`` what rank 0's were at the end of the call; its return value."""
+        model.load_state_dict(self.state_dict)
+        model.trainer = trainer
+        trainer.metrics.take_values(self.callback_metrics, self.progress_bar, self.logged)
+        state = trainer.state
+        state.epoch, state.global_step = self.epoch, self.global_step
+        state.stop_reason, state.status = self.stop_reason, self.status
+        for cb, (best, score, last) in zip(trainer.checkpoint_callbacks, self.checkpoints, strict=True):
+            cb.best_model_path, cb.best_model_score, cb.last_model_path = best, score, last
+        trainer.run = Run(fn=self.fn, trainer=trainer, settings=trainer.settings, strategy=trainer.strategy,
+                          accelerator=trainer.accelerator, precision=trainer.precision, state=state,
+                          metrics=trainer.metrics, loggers=trainer.loggers, callbacks=trainer.callbacks,
+                          module=model, log_dir=self.log_dir)
+        return self.output

@@ -1,0 +1,87 @@
+"""``Run``: one call of the Trainer (``fit``, ``validate``, ``test``, ``predict``) and what it built.
+
+Set-up (``setup.py``) builds a ``Run`` for each call; the loops (``framework.loops``) take it and
+read everything from it: the module and the data, the optimisers and schedulers, the hooks, the
+metrics, where the run stands (``state``) and the Trainer's frozen ``settings``. The next call
+builds a new one, so nothing of a call has to be reset on the Trainer; the Trainer keeps the
+last one so that Lightning's properties (``trainer.optimizers``, ``trainer.lightning_module``,
+``trainer.train_dataloader``, ...) still answer after the call returned, as in Lightning.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from framework.accelerators import Accelerator
+    from framework.callbacks.base import Callback
+    from framework.data import DataModule
+    from framework.data.run_loaders import LoaderSource
+    from framework.loggers.base import Logger
+    from framework.loops.hooks import HookDispatcher
+    from framework.loops.manual import ManualOptimization
+    from framework.module import TrainModule
+    from framework.optim import LRSchedulerConfig
+    from framework.precision import Precision
+    from framework.strategies import Strategy
+    from framework.trainer.metrics import LoggedMetrics
+    from framework.trainer.settings import Settings
+    from framework.trainer.state import RunState
+    from framework.trainer.trainer import Trainer
+
+
+@dataclass(eq=False, slots=True)
+class Run:
+    """One Trainer call. The first block is the Trainer's (shared by its calls), the rest this
+    call's own.
+
+    Attributes:
+        fn: ``fit``, ``validate``, ``test`` or ``predict``.
+        trainer: the Trainer (what hooks and callbacks are handed).
+        settings, strategy, accelerator, precision, state, metrics, loggers: the Trainer's.
+        callbacks: the Trainer's, with those of ``configure_callbacks()`` in place.
+        module, datamodule: what the call runs on.
+        hooks: the one way hooks are called (``loops/hooks.py``).
+        loaders: the loaders per stage key (``train``, ``validate``, ``test``, ``predict``),
+            sharded for this rank; ``loader_source`` asks for them again (reloads).
+        optimizers, lr_scheduler_configs: a fit's, from ``configure_optimizers``.
+        manual: a fit in manual optimization: its ``loops/manual.ManualOptimization``.
+        num_training_batches, num_val_batches: batches per epoch of the stage running (for the
+            progress bar and the schedules).
+        return_predictions: ``predict``'s ``return_predictions``.
+        log_dir: the run directory (the first logger's, the same on every rank).
+        process_settings: what ``deterministic``/``benchmark`` changed, to be put back.
+    """
+
+    fn: str
+    trainer: Trainer
+    settings: Settings
+    strategy: Strategy
+    accelerator: Accelerator
+    precision: Precision
+    state: RunState
+    metrics: LoggedMetrics
+    loggers: list[Logger]
+    callbacks: list[Callback]
+    module: TrainModule
+    datamodule: DataModule | None = None
+    hooks: HookDispatcher | None = None
+    loaders: dict[str, list] = field(default_factory=dict)
+    loader_source: LoaderSource | None = None
+    optimizers: list = field(default_factory=list)
+    lr_scheduler_configs: list[LRSchedulerConfig] = field(default_factory=list)
+    manual: ManualOptimization | None = None
+    num_training_batches: float = math.inf
+    num_val_batches: int | float = 0
+    return_predictions: bool = True
+    log_dir: str | None = None
+    process_settings: tuple[Any, ...] | None = None
+
+    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
+        """Send ``metrics`` to every logger (rank 0 only; other ranks do nothing)."""
+        if not self.strategy.is_global_zero or not metrics:
+            return
+        for lg in self.loggers:
+            lg.log_metrics(metrics, step)

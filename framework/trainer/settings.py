@@ -1,0 +1,145 @@
+"""``Settings``: the Trainer's keyword arguments, checked and resolved once, as a frozen value.
+
+``Trainer.__init__``'s signature is the one list of the arguments (the recipe schema is derived
+from it); ``Settings.resolve`` turns what was passed into what a run follows: ``max_epochs`` made
+explicit, the limits as one mapping, ``fast_dev_run``, ``overfit_batches`` and ``barebones``
+applied to what they override. Nothing changes a ``Settings`` afterwards (a run that needs to
+count or switch something keeps it in its ``Run``); the Trainer reads it under Lightning's
+names (``trainer.max_epochs``, ``trainer.limit_val_batches``, ...).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any
+
+from framework.errors import ConfigError
+from framework.trainer import arguments as args
+
+#: the limit keys, per stage (``limit_val_batches`` is the ``validate`` stage's)
+STAGES = ("train", "validate", "test", "predict")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What a Trainer's runs follow (see ``Trainer``'s docstring for each argument).
+
+    ``max_epochs`` is -1 for no bound (1000 when no stop was given at all, as in Lightning);
+    ``limits`` maps each stage to its ``limit_*_batches`` (None: all); ``enable_logger`` is
+    False when ``barebones`` or ``fast_dev_run`` turn the loggers off.
+    """
+
+    max_epochs: int
+    min_epochs: int
+    max_steps: int
+    max_time: float | None
+    limits: Mapping[str, int | float | None]
+    val_check_interval: int | float | None
+    check_val_every_n_epoch: int | None
+    num_sanity_val_steps: int
+    log_every_n_steps: int
+    accumulate_grad_batches: int
+    gradient_clip_val: float | None
+    gradient_clip_algorithm: str | None
+    deterministic: bool
+    on_nonfinite: str
+    preemption_signal: str | None
+    requeue: bool
+    default_root_dir: str
+    barebones: bool
+    enable_checkpointing: bool
+    enable_progress_bar: bool
+    enable_model_summary: bool
+    enable_logger: bool
+    overfit_batches: int | float
+    fast_dev_run: int
+    reload_dataloaders_every_n_epochs: int
+    benchmark: bool | None
+    detect_anomaly: bool
+    inference_mode: bool
+    use_distributed_sampler: bool
+    sync_batchnorm: bool
+    max_restarts: int
+    rdzv_endpoint: str | None
+
+    @classmethod
+    def resolve(cls, *, max_epochs: int | None, min_epochs: int | None, max_steps: int, max_time: Any,
+                limit_train_batches: Any, limit_val_batches: Any, limit_test_batches: Any,
+                limit_predict_batches: Any, val_check_interval: Any, check_val_every_n_epoch: int | None,
+                num_sanity_val_steps: int, log_every_n_steps: int, accumulate_grad_batches: int,
+                gradient_clip_val: float | None, gradient_clip_algorithm: str | None, deterministic: bool,
+                on_nonfinite: str, preemption_signal: str | None, requeue: bool, default_root_dir: Any,
+                barebones: bool, enable_checkpointing: bool, enable_progress_bar: bool,
+                enable_model_summary: bool, overfit_batches: int | float, fast_dev_run: int | bool,
+                reload_dataloaders_every_n_epochs: int, benchmark: bool | None, detect_anomaly: bool,
+                inference_mode: bool, use_distributed_sampler: bool, sync_batchnorm: bool, max_restarts: int,
+                rdzv_endpoint: str | None, profiler: Any) -> Settings:
+        """Check every argument (a ConfigError names the first wrong one) and apply the switches
+        that override others."""
+        if profiler is not None:
+            raise ConfigError(f"trainer.profiler={profiler!r}: fw has no profiler of its own; wrap trainer.fit in "
+                              "torch.profiler.profile(...), or add the ThroughputMonitor callback for step times")
+        if max_epochs is None and max_steps == -1 and max_time is None:
+            max_epochs = 1000
+        limits = {
+            "train": args.limit_arg("limit_train_batches", limit_train_batches),
+            "validate": args.limit_arg("limit_val_batches", limit_val_batches),
+            "test": args.limit_arg("limit_test_batches", limit_test_batches),
+            "predict": args.limit_arg("limit_predict_batches", limit_predict_batches),
+        }
+        if check_val_every_n_epoch is not None:
+            args.positive_int("check_val_every_n_epoch", check_val_every_n_epoch)
+        switched = dict(
+            max_epochs=max_epochs if max_epochs is not None else -1,
+            max_steps=int(max_steps),
+            val_check_interval=args.check_val_check_interval(val_check_interval),
+            check_val_every_n_epoch=check_val_every_n_epoch,
+            num_sanity_val_steps=int(num_sanity_val_steps),
+            enable_checkpointing=bool(enable_checkpointing),
+            enable_progress_bar=bool(enable_progress_bar),
+            enable_model_summary=bool(enable_model_summary),
+            enable_logger=True,
+        )
+        if barebones:  # nothing that costs time per step besides the step itself
+            switched.update(enable_logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                            enable_model_summary=False, num_sanity_val_steps=0)
+        overfit = args.limit_arg("overfit_batches", overfit_batches) or 0
+        if overfit:  # the same first batches every epoch, for training and validation
+            limits["train"] = limits["validate"] = overfit
+        dev_run = args.fast_dev_run_arg(fast_dev_run)
+        if dev_run:
+            if not overfit:
+                limits["train"] = limits["validate"] = dev_run
+            limits["test"] = limits["predict"] = dev_run
+            switched.update(max_steps=dev_run, max_epochs=1, num_sanity_val_steps=0, val_check_interval=None,
+                            check_val_every_n_epoch=1, enable_logger=False)
+        return cls(
+            min_epochs=min_epochs or 0,
+            max_time=args.parse_max_time(max_time),
+            limits=MappingProxyType(limits),
+            log_every_n_steps=args.positive_int("log_every_n_steps", log_every_n_steps),
+            accumulate_grad_batches=args.positive_int("accumulate_grad_batches", accumulate_grad_batches),
+            gradient_clip_val=gradient_clip_val,
+            gradient_clip_algorithm=args.clip_algorithm(gradient_clip_algorithm),
+            deterministic=bool(deterministic),
+            on_nonfinite=args.one_of("on_nonfinite", on_nonfinite, ("error", "skip", "warn")),
+            preemption_signal=args.signal_arg("preemption_signal", preemption_signal),
+            requeue=bool(requeue),
+            default_root_dir=os.fspath(default_root_dir) if default_root_dir else os.getcwd(),
+            barebones=bool(barebones),
+            overfit_batches=overfit,
+            fast_dev_run=dev_run,
+            reload_dataloaders_every_n_epochs=args.non_negative_int(
+                "reload_dataloaders_every_n_epochs", reload_dataloaders_every_n_epochs),
+            benchmark=benchmark if benchmark is None else bool(benchmark),
+            detect_anomaly=bool(detect_anomaly),
+            inference_mode=bool(inference_mode),
+            use_distributed_sampler=bool(use_distributed_sampler),
+            sync_batchnorm=bool(sync_batchnorm),
+            max_restarts=int(max_restarts),
+            rdzv_endpoint=rdzv_endpoint,
+            **switched,
+        )
