@@ -11,16 +11,25 @@ names (``trainer.max_epochs``, ``trainer.limit_val_batches``, ...).
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
 from dataclasses import dataclass
-from types import MappingProxyType
 from typing import Any
 
 from framework.errors import ConfigError
 from framework.trainer import arguments as args
 
-#: the limit keys, per stage (``limit_val_batches`` is the ``validate`` stage's)
-STAGES = ("train", "validate", "test", "predict")
+
+@dataclass(frozen=True)
+class Limits:
+    """``limit_*_batches`` per stage (None: all batches): ``limits["validate"]`` is
+    ``limit_val_batches``. An int counts batches, a float is a fraction of the loader."""
+
+    train: int | float | None
+    validate: int | float | None
+    test: int | float | None
+    predict: int | float | None
+
+    def __getitem__(self, stage: str) -> int | float | None:
+        return getattr(self, stage)
 
 
 @dataclass(frozen=True)
@@ -36,7 +45,7 @@ class Settings:
     min_epochs: int
     max_steps: int
     max_time: float | None
-    limits: Mapping[str, int | float | None]
+    limits: Limits
     val_check_interval: int | float | None
     check_val_every_n_epoch: int | None
     num_sanity_val_steps: int
@@ -119,7 +128,7 @@ class Settings:
         return cls(
             min_epochs=min_epochs or 0,
             max_time=args.parse_max_time(max_time),
-            limits=MappingProxyType(limits),
+            limits=Limits(**limits),
             log_every_n_steps=args.positive_int("log_every_n_steps", log_every_n_steps),
             accumulate_grad_batches=args.positive_int("accumulate_grad_batches", accumulate_grad_batches),
             gradient_clip_val=gradient_clip_val,
