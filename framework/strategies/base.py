@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 from abc import ABC
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -18,6 +18,9 @@ from torch import nn
 from framework.accelerators import Accelerator
 from framework.environments import ClusterEnvironment, DistInfo
 from framework.errors import ConfigError
+
+if TYPE_CHECKING:
+    from framework.trainer.parts import CheckpointParts
 
 
 class StepModule(nn.Module):
@@ -169,6 +172,20 @@ class Strategy(ABC):
     def collective_device(self) -> torch.device:
         """Where tensors handed to collectives must live (NCCL: the GPU; Gloo/MPI: the CPU)."""
         return self.root_device
+
+    # -- checkpoints (``framework/trainer/parts.py``) -----------------------------------
+    def save_checkpoint(self, path: str, parts: CheckpointParts) -> None:
+        """Write ``parts`` to ``path``; call on every rank. Here: rank 0 writes one file, with
+        every rank's per-rank parts (``checkpoint_io.py``)."""
+        from framework.strategies.checkpoint_io import save_from_rank_zero
+
+        save_from_rank_zero(self, path, parts)
+
+    def load_checkpoint(self, path: str, parts: CheckpointParts) -> dict[str, Any]:
+        """Load ``parts`` from ``path`` on every rank; the checkpoint's contents."""
+        from framework.strategies.checkpoint_io import load_on_every_rank
+
+        return load_on_every_rank(self, path, parts)
 
     def on_exception(self, exc: BaseException) -> None:
         """Called on the failing rank before the error propagates (MPI aborts the job here)."""

@@ -15,15 +15,17 @@ size) it was written with; one written at an epoch end resumes on any number. Th
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
-import torch.distributed
 
 from framework import checkpoint as ckpt
 from framework.errors import CheckpointError, TrainingError
 from framework.rank_zero import rank_zero_info, rank_zero_warn
 from framework.seed import get_rng_state
+from framework.strategies.checkpoint_io import is_live
+from framework.trainer.parts import Callbacks, CheckpointParts, Each, OnLoad, Stateful, Value
 from framework.trainer.resume import check_position_carries_over, resume_point, train_batch_size
 
 if TYPE_CHECKING:
@@ -31,46 +33,77 @@ if TYPE_CHECKING:
 
 
 # -- save -----------------------------------------------------------------------------------------
-def save(run: Run, path) -> None:
-    """Gather every rank's RNG state, write on rank 0, then wait for it on every rank.
-
-    Outside a run (after ``fit`` returned, its process group gone) there is nobody to gather
-    from or wait for: rank 0 writes its own state.
-    """
+def save(run: Run, path: str | os.PathLike) -> None:
+    """Write a checkpoint of ``run`` through its strategy (call on every rank)."""
     strategy = run.strategy
-    live = strategy.is_distributed and torch.distributed.is_available() and torch.distributed.is_initialized()
-    _refuse_nonfinite_weights(run, path, live)
-    state = run.state
+    _refuse_nonfinite_weights(run, path, is_live(strategy))
+    strategy.save_checkpoint(os.fspath(path), parts_of(run, for_fit=True))
+
+
+def parts_of(run: Run, for_fit: bool, path: str = "", on_read: Callable[[dict], None] | None = None,
+             resumed: dict | None = None) -> CheckpointParts:
+    """The run as the parts of a checkpoint (``parts.py``), in load order. For a fit all of
+    them; else the weights (and the DataModule's state) alone. ``on_read`` runs before any part
+    loads (the refusals, ``on_load_checkpoint``); ``resumed`` receives this rank's per-rank parts."""
+    module, state, hooks = run.module, run.state, run.hooks
+    shared: dict[str, Stateful | OnLoad] = {}
+    if on_read is not None:
+        shared["fw/on_read"] = OnLoad(on_read)
+    shared["state_dict"] = Value(module.state_dict, lambda weights: _load_weights(module, weights, path))
+    if run.datamodule is not None:
+        shared[type(run.datamodule).__qualname__] = run.datamodule
+    parts = CheckpointParts(shared=shared, values=_values(run))
+    if not for_fit:
+        return parts
+    shared["optimizer_states"] = Each(run.optimizers, "optimizer", path)
+    shared["lr_schedulers"] = Each([cfg.scheduler for cfg in run.lr_scheduler_configs], "LR scheduler", path)
+    shared["precision"] = run.precision
+    shared["fw/callback_hooks"] = OnLoad(lambda checkpoint: hooks.callbacks("on_load_checkpoint", checkpoint))
+    shared["callbacks"] = Callbacks(run.callbacks)
+    shared.update(run.trainer.checkpoint_parts)  # the user's own
+    shared["loop"] = Value(state.progress, lambda saved: state.load_progress(saved))
+    into = resumed if resumed is not None else {}
     # a cut epoch resumes right after its last batch, whatever its epoch end drew since
-    now = state.cut.rng_after_last_batch if state.cut is not None else get_rng_state()
-    mine = {"rng": {"now": now, "epoch_start": state.epoch_start_rng}, "metrics": _running_aggregates(run),
-            "loader": _loader_state(run)}
-    per_rank = strategy.all_gather_object(mine) if live else [mine]
-    error: Exception | None = None
-    if strategy.is_global_zero:
-        try:
-            ckpt.atomic_save(dump(run, per_rank), path)
-        except Exception as exc:  # disk full, permissions: the other ranks must not wait for it
-            error = exc
-    # every rank learns whether rank 0's write succeeded (this is also the barrier)
-    if live and not strategy.reduce_boolean_decision(error is None, all=True) and error is None:
-        raise CheckpointError(f"rank 0 failed to write the checkpoint '{path}'; its own error says why")
-    cause = _os_error(error)
-    if cause is not None:  # full disk, no permission, a file where a folder should be
-        raise CheckpointError(
-            f"writing the checkpoint '{path}' failed ({type(cause).__name__}: {cause.strerror or cause}); "
-            "earlier checkpoints are intact. Free space or pick a writable folder"
-        ) from None
-    if error is not None:
-        raise error
+    parts.per_rank = {
+        "rng": Value(lambda: {"now": state.cut.rng_after_last_batch if state.cut is not None else get_rng_state(),
+                              "epoch_start": state.epoch_start_rng}, lambda rng: into.__setitem__("rng", rng)),
+        "metrics": Value(lambda: _running_aggregates(run), lambda m: into.__setitem__("metrics", m)),
+        "loader_states": Value(lambda: _loader_state(run), lambda ls: into.__setitem__("loader_states", ls)),
+    }
+    parts.on_write = lambda checkpoint: _on_save_hooks(run, checkpoint)
+    return parts
 
 
-def _os_error(error: BaseException | None) -> OSError | None:
-    """The OSError behind ``error`` (torch.save on a full disk raises its own error while
-    handling the OSError), or None."""
-    while error is not None and not isinstance(error, OSError):
-        error = error.__cause__ or error.__context__
-    return error
+def _values(run: Run) -> dict[str, Any]:
+    state = run.state
+    return {
+        "fw_format": ckpt.FORMAT_VERSION,
+        "epoch": state.epoch,
+        "global_step": state.global_step,
+        "hyper_parameters": ckpt.plain_hparams(getattr(run.module, "hparams", {}) or {}),
+        "world_size": run.strategy.world_size,
+        "train_batch_size": train_batch_size(run),  # the unit of a mid-epoch position ("loop")
+        # a restarted (elastic) or requeued (SLURM) job looks for its own checkpoints by these
+        "run_id": os.environ.get("TORCHELASTIC_RUN_ID"),
+        "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
+        "fit_index": state.fit_index,
+    }
+
+
+def _on_save_hooks(run: Run, checkpoint: dict) -> None:
+    """The callbacks' ``on_save_checkpoint``, then the module's (Lightning's order); a
+    DataModule with nothing to save leaves no entry."""
+    if run.datamodule is not None and not checkpoint.get(type(run.datamodule).__qualname__):
+        checkpoint.pop(type(run.datamodule).__qualname__, None)
+    run.hooks.callbacks("on_save_checkpoint", checkpoint)
+    run.hooks.module_hook("on_save_checkpoint", checkpoint)
+
+
+def _load_weights(module: torch.nn.Module, weights: dict, path: str) -> None:
+    try:
+        module.load_state_dict(weights)
+    except RuntimeError as err:
+        raise CheckpointError(f"checkpoint '{path}' does not fit this model: {ckpt.state_dict_mismatch(err)}") from None
 
 
 def _refuse_nonfinite_weights(run: Run, path, live: bool) -> None:
@@ -85,39 +118,6 @@ def _refuse_nonfinite_weights(run: Run, path, live: bool) -> None:
             f"'{path}' was not written and earlier checkpoints stay as they are. Lower the learning "
             "rate or clip gradients (trainer.gradient_clip_val)"
         )
-
-
-def dump(run: Run, per_rank: list[dict]) -> dict:
-    """The checkpoint's contents; ``per_rank`` holds every rank's RNG states and running metric
-    aggregates (each rank has its own)."""
-    module = run.module
-    checkpoint = {
-        "fw_format": ckpt.FORMAT_VERSION,
-        "epoch": run.state.epoch,
-        "global_step": run.state.global_step,
-        "loop": run.state.progress(),
-        "state_dict": module.state_dict(),
-        "optimizer_states": [opt.state_dict() for opt in run.optimizers],
-        "lr_schedulers": [cfg.scheduler.state_dict() for cfg in run.lr_scheduler_configs],
-        "precision": run.precision.state_dict(),
-        "callbacks": {cb.state_key: cb.state_dict() for cb in run.callbacks},
-        "hyper_parameters": ckpt.plain_hparams(getattr(module, "hparams", {}) or {}),
-        "rng": [mine["rng"] for mine in per_rank],
-        "world_size": run.strategy.world_size,
-        "train_batch_size": train_batch_size(run),  # the unit of a mid-epoch position ("loop")
-        "metrics": [mine["metrics"] for mine in per_rank],
-        "loader_states": [mine["loader"] for mine in per_rank],
-        # a restarted (elastic) or requeued (SLURM) job looks for its own checkpoints by these
-        "run_id": os.environ.get("TORCHELASTIC_RUN_ID"),
-        "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
-        "fit_index": run.state.fit_index,
-    }
-    datamodule_state = run.datamodule.state_dict() if run.datamodule is not None else None
-    if datamodule_state:
-        checkpoint[type(run.datamodule).__qualname__] = datamodule_state
-    run.hooks.callbacks("on_save_checkpoint", checkpoint)  # the callbacks' hooks, then the module's
-    run.hooks.module_hook("on_save_checkpoint", checkpoint)
-    return checkpoint
 
 
 def _loader_state(run: Run) -> dict | None:
@@ -170,47 +170,24 @@ def resolve_path(run: Run, ckpt_path: Any) -> str | None:
 
 def restore(run: Run, ckpt_path: str | None) -> None:
     """Load weights (and for fit, everything else) from ``ckpt_path`` (see ``resolve_path``);
-    for fit, leave the point to continue from in ``trainer.state.resume_from``."""
-    fn = run.fn
-    run.state.ckpt_path = ckpt_path
+    for fit, leave the point to continue from in ``run.state.resume_from``."""
+    fn, state = run.fn, run.state
+    state.ckpt_path = ckpt_path
     if ckpt_path is None:
         return
-    checkpoint = ckpt.load_checkpoint(ckpt_path)
-    if fn == "fit":  # before anything is loaded: a refused resume leaves the model as it was
-        check_position_carries_over(run, checkpoint, ckpt_path)
-    rank_zero_info(f"fw {fn}: loaded {ckpt_path} (step {checkpoint.get('global_step')})")
-    module = run.module
-    run.hooks.module_hook("on_load_checkpoint", checkpoint)
-    try:
-        module.load_state_dict(checkpoint["state_dict"])
-    except RuntimeError as err:
-        raise CheckpointError(f"checkpoint '{ckpt_path}' does not fit this model: {ckpt.state_dict_mismatch(err)}") from None
-    datamodule = run.datamodule
-    if datamodule is not None and type(datamodule).__qualname__ in checkpoint:
-        datamodule.load_state_dict(checkpoint[type(datamodule).__qualname__])
-    if fn != "fit":
-        return
-    _check_count(ckpt_path, "optimizer", checkpoint["optimizer_states"], run.optimizers)
-    _check_count(ckpt_path, "LR scheduler", checkpoint["lr_schedulers"], run.lr_scheduler_configs)
-    for opt, state in zip(run.optimizers, checkpoint["optimizer_states"], strict=True):
-        opt.load_state_dict(state)
-    for cfg, state in zip(run.lr_scheduler_configs, checkpoint["lr_schedulers"], strict=True):
-        cfg.scheduler.load_state_dict(state)
-    run.precision.load_state_dict(checkpoint.get("precision", {}))
-    run.hooks.callbacks("on_load_checkpoint", checkpoint)  # then each callback's state, as in Lightning
-    for cb in run.callbacks:
-        if checkpoint.get("callbacks", {}).get(cb.state_key):
-            cb.load_state_dict(checkpoint["callbacks"][cb.state_key])
-    run.state.load_progress(checkpoint["loop"], checkpoint["global_step"])
-    run.state.resume_from = resume_point(run, checkpoint)
 
+    def on_read(checkpoint: dict) -> None:
+        if fn == "fit":  # before anything is loaded: a refused resume leaves the model as it was
+            check_position_carries_over(run, checkpoint, ckpt_path)
+        rank_zero_info(f"fw {fn}: loaded {ckpt_path} (step {checkpoint.get('global_step')})")
+        run.hooks.module_hook("on_load_checkpoint", checkpoint)
 
-def _check_count(path: str, what: str, saved: list, ours: list) -> None:
-    """A checkpoint's optimizers (or schedulers) are restored one to one, or not at all: a
-    partial restore would train on with some states fresh and say nothing."""
-    if len(saved) != len(ours):
-        raise CheckpointError(f"checkpoint '{path}' holds {len(saved)} {what} state(s) and configure_optimizers() "
-                              f"returned {len(ours)}: resume with the configure_optimizers() it was written with")
+    mine: dict[str, Any] = {}
+    parts = parts_of(run, for_fit=fn == "fit", path=ckpt_path, on_read=on_read, resumed=mine)
+    checkpoint = run.strategy.load_checkpoint(ckpt_path, parts)
+    if fn == "fit":
+        ranks = int(checkpoint.get("world_size") or len(checkpoint["rng"]))
+        state.resume_from = resume_point(run, mine, ranks)
 
 
 _fits_in_this_process = 0

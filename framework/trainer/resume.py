@@ -104,23 +104,20 @@ def check_position_carries_over(run: Run, checkpoint: dict, path: str) -> None:
         )
 
 
-def resume_point(run: Run, checkpoint: dict) -> ResumePoint:
-    """This rank's RNG states; mid-epoch, first the epoch-start state (to rebuild the same data
-    order), and the saved state once the batches already done are skipped. (A mid-epoch
-    checkpoint from another number of ranks was refused before: ``check_position_carries_over``.)"""
-    states = checkpoint["rng"]
-    rank = run.strategy.global_rank
-    if len(states) != run.strategy.world_size:
+def resume_point(run: Run, mine: dict[str, Any], ranks: int) -> ResumePoint:
+    """This rank's RNG states (``mine``: its per-rank parts, ``rng``, ``metrics``,
+    ``loader_states``, from a file written by ``ranks`` ranks); mid-epoch, first the
+    epoch-start state (to rebuild the same data order), and the saved state once the batches
+    already done are skipped. (A mid-epoch checkpoint from another number of ranks was refused
+    before: ``check_position_carries_over``.)"""
+    if ranks != run.strategy.world_size:
         rank_zero_warn(
-            f"checkpoint was written by {len(states)} rank(s), this run has {run.strategy.world_size}: "
+            f"checkpoint was written by {ranks} rank(s), this run has {run.strategy.world_size}: "
             "RNG states are reused from rank 0, so the run will not be bit-identical; resume with "
-            f"{len(states)} process(es) for an exact resume"
+            f"{ranks} process(es) for an exact resume"
         )
-        rank = 0
-    mine = states[rank]
+    rng, metrics, loader = mine["rng"], mine.get("metrics"), mine.get("loader_states")
     batches = run.state.batches_done
-    metrics = (checkpoint.get("metrics") or [None] * len(states))[rank]
-    loader = (checkpoint.get("loader_states") or [None] * len(states))[rank]
-    if batches and mine["epoch_start"] is not None:
-        return ResumePoint(mine["epoch_start"], batches, mine["now"], metrics, loader)
-    return ResumePoint(mine["now"], batches, metrics=metrics, loader_state=loader)
+    if batches and rng["epoch_start"] is not None:
+        return ResumePoint(rng["epoch_start"], batches, rng["now"], metrics, loader)
+    return ResumePoint(rng["now"], batches, metrics=metrics, loader_state=loader)

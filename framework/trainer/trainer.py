@@ -32,6 +32,7 @@ from framework.trainer import checkpointing, setup
 from framework.trainer.heartbeat import Heartbeat
 from framework.trainer.metrics import LoggedMetrics
 from framework.trainer.outcome import Outcome
+from framework.trainer.parts import Stateful
 from framework.trainer.properties import TrainerProperties
 from framework.trainer.run import Run
 from framework.trainer.settings import Settings
@@ -151,6 +152,8 @@ class Trainer(TrainerProperties):
         self.metrics = LoggedMetrics()
         #: the current call's ``Run`` (``run.py``), or the last one's once it returned
         self.run: Run | None = None
+        #: the user's own stateful objects, saved in (and restored from) every checkpoint of a fit
+        self.checkpoint_parts: dict[str, Stateful] = {}
 
     # -- public API -----------------------------------------------------------------------------
     def fit(self, model: TrainModule, train_dataloaders: Any = None, val_dataloaders: Any = None,

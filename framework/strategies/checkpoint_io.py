@@ -1,0 +1,69 @@
+"""How a strategy without sharded state writes and reads a checkpoint: every rank's per-rank
+parts are gathered, rank 0 writes one file (atomically: ``framework/checkpoint.py``), and every
+rank learns whether that write succeeded; on load every rank reads the file and loads its parts.
+
+Outside a run (after ``fit`` returned, its process group gone) there is nobody to gather from or
+wait for: rank 0 writes its own state. A strategy that shards its state (FSDP) writes its own way.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch.distributed
+
+from framework import checkpoint as ckpt
+from framework.errors import CheckpointError
+
+if TYPE_CHECKING:
+    from framework.strategies.base import Strategy
+    from framework.trainer.parts import CheckpointParts
+
+
+def is_live(strategy: Strategy) -> bool:
+    """Is the job's process group up (collectives work now)?"""
+    return strategy.is_distributed and torch.distributed.is_available() and torch.distributed.is_initialized()
+
+
+def save_from_rank_zero(strategy: Strategy, path: str, parts: CheckpointParts) -> None:
+    """Gather the per-rank parts, write on rank 0, then wait for it on every rank.
+
+    Raises:
+        CheckpointError: the write failed (on every rank, so that none goes on alone).
+    """
+    live = is_live(strategy)
+    mine = parts.rank_states()
+    per_rank = strategy.all_gather_object(mine) if live else [mine]
+    error: Exception | None = None
+    if strategy.is_global_zero:
+        try:
+            ckpt.atomic_save(parts.assemble(per_rank), path)
+        except Exception as exc:  # disk full, permissions: the other ranks must not wait for it
+            error = exc
+    # every rank learns whether rank 0's write succeeded (this is also the barrier)
+    if live and not strategy.reduce_boolean_decision(error is None, all=True) and error is None:
+        raise CheckpointError(f"rank 0 failed to write the checkpoint '{path}'; its own error says why")
+    cause = _os_error(error)
+    if cause is not None:  # full disk, no permission, a file where a folder should be
+        raise CheckpointError(
+            f"writing the checkpoint '{path}' failed ({type(cause).__name__}: {cause.strerror or cause}); "
+            "earlier checkpoints are intact. Free space or pick a writable folder"
+        ) from None
+    if error is not None:
+        raise error
+
+
+def load_on_every_rank(strategy: Strategy, path: str, parts: CheckpointParts) -> dict[str, Any]:
+    """Read ``path`` (every rank reads the one file) and load ``parts`` from it; the contents."""
+    checkpoint = ckpt.load_checkpoint(path)
+    written_by = int(checkpoint.get("world_size") or len(checkpoint.get("rng") or ()) or 1)
+    parts.load(checkpoint, strategy.global_rank if written_by == strategy.world_size else 0)
+    return checkpoint
+
+
+def _os_error(error: BaseException | None) -> OSError | None:
+    """The OSError behind ``error`` (torch.save on a full disk raises its own error while
+    handling the OSError), or None."""
+    while error is not None and not isinstance(error, OSError):
+        error = error.__cause__ or error.__context__
+    return error

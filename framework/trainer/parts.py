@@ -1,0 +1,134 @@
+"""The stateful parts a checkpoint is made of, and the adapters that make fw's pieces such parts.
+
+A checkpoint is a set of named parts, each with ``state_dict()``/``load_state_dict()``, as in
+Fabric (``strategy.save_checkpoint(path, state)``) and torchtitan (``states={...}``): the
+strategy saves and loads them (``Strategy.save_checkpoint(path, parts)``,
+``Strategy.load_checkpoint(path, parts)``) and so decides the format and which ranks write.
+``CheckpointParts`` names them:
+
+- ``shared``: one state for the whole job (rank 0's is written; every rank loads it): the
+  module, each optimizer and scheduler, the progress, the callbacks, the grad scaler. In load
+  order; an ``OnLoad`` among them is a step between parts (a hook that sees the whole
+  checkpoint) and writes nothing.
+- ``per_rank``: each rank's own (written as a list over the ranks; each rank loads its entry):
+  RNG states, running metric aggregates, a stateful loader's position.
+- ``values``: plain entries (the format version, the world size, the job ids).
+
+The keys are the checkpoint file's (Lightning's where Lightning has one: ``state_dict``,
+``optimizer_states``, ``lr_schedulers``, ``callbacks``), so a file stays what it was. A user's
+own stateful object is one more part: ``trainer.checkpoint_parts[name] = obj`` (or Lightning's
+``on_save_checkpoint``/``on_load_checkpoint``, which keep working).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from framework.errors import CheckpointError
+
+
+class Stateful(Protocol):
+    def state_dict(self) -> Any: ...
+
+    def load_state_dict(self, state: Any) -> None: ...
+
+
+@dataclass(frozen=True)
+class OnLoad:
+    """A step on load between parts: ``fn(checkpoint)`` with the whole file (a hook)."""
+
+    fn: Callable[[dict], None]
+
+    def __call__(self, checkpoint: dict) -> None:
+        self.fn(checkpoint)
+
+
+@dataclass
+class CheckpointParts:
+    """What one checkpoint holds (see the module docstring). ``on_write`` sees the whole
+    checkpoint before it is written (the ``on_save_checkpoint`` hooks: they may add to it)."""
+
+    shared: dict[str, Stateful | OnLoad] = field(default_factory=dict)
+    per_rank: dict[str, Stateful] = field(default_factory=dict)
+    values: dict[str, Any] = field(default_factory=dict)
+    on_write: Callable[[dict], None] | None = None
+
+    def shared_states(self) -> dict[str, Any]:
+        return {key: part.state_dict() for key, part in self.shared.items() if not isinstance(part, OnLoad)}
+
+    def rank_states(self) -> dict[str, Any]:
+        return {key: part.state_dict() for key, part in self.per_rank.items()}
+
+    def assemble(self, per_rank: Sequence[dict[str, Any]]) -> dict[str, Any]:
+        """The checkpoint: the values, the shared states, each per-rank part as a list over ranks."""
+        checkpoint = {**self.values, **self.shared_states()}
+        checkpoint.update({key: [mine[key] for mine in per_rank] for key in self.per_rank})
+        if self.on_write is not None:
+            self.on_write(checkpoint)
+        return checkpoint
+
+    def load(self, checkpoint: dict[str, Any], rank: int) -> None:
+        """Every part from ``checkpoint``, in order; a per-rank part from ``rank``'s entry (rank
+        0's when the file has fewer ranks: the caller says so). A part the file lacks stays."""
+        for key, part in self.shared.items():
+            if isinstance(part, OnLoad):
+                part(checkpoint)
+            elif key in checkpoint:
+                part.load_state_dict(checkpoint[key])
+        for key, part in self.per_rank.items():
+            states = checkpoint.get(key) or []
+            if states:
+                part.load_state_dict(states[rank] if rank < len(states) else states[0])
+
+
+# -- fw's pieces as parts ------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Each:
+    """A list of stateful objects (the optimizers, the schedulers) as one part: restored one to
+    one or not at all (a partial restore would train on with some states fresh, saying nothing)."""
+
+    items: Sequence[Any]
+    what: str
+    path: str = ""
+
+    def state_dict(self) -> list:
+        return [item.state_dict() for item in self.items]
+
+    def load_state_dict(self, states: list) -> None:
+        if len(states) != len(self.items):
+            raise CheckpointError(f"checkpoint '{self.path}' holds {len(states)} {self.what} state(s) and "
+                                  f"configure_optimizers() returned {len(self.items)}: resume with the "
+                                  "configure_optimizers() it was written with")
+        for item, state in zip(self.items, states, strict=True):
+            item.load_state_dict(state)
+
+
+@dataclass(frozen=True)
+class Callbacks:
+    """The callbacks, each under its ``state_key``."""
+
+    callbacks: Sequence[Any]
+
+    def state_dict(self) -> dict:
+        return {cb.state_key: cb.state_dict() for cb in self.callbacks}
+
+    def load_state_dict(self, states: dict) -> None:
+        for cb in self.callbacks:
+            if states.get(cb.state_key):
+                cb.load_state_dict(states[cb.state_key])
+
+
+@dataclass(frozen=True)
+class Value:
+    """A part made of two functions (a piece of state that is not an object of its own)."""
+
+    get: Callable[[], Any]
+    put: Callable[[Any], None]
+
+    def state_dict(self) -> Any:
+        return self.get()
+
+    def load_state_dict(self, state: Any) -> None:
+        self.put(state)
