@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from framework.callbacks.base import Callback
+from framework.counting import every
 from framework.errors import ConfigError, did_you_mean
 from framework.rank_zero import rank_zero_warn
 
@@ -73,9 +74,9 @@ class LearningRateMonitor(Callback):
     def on_train_batch_start(self, trainer, module, batch: Any, batch_idx: int) -> None:
         if self.logging_interval == "epoch":
             return
-        step = trainer.state.batches_stepped  # Lightning's step for logged rows (manual: one per batch)
+        step = trainer.state.batches_that_stepped  # Lightning's step for logged rows (manual: one per batch)
         # Several batches share a step under gradient accumulation: log once.
-        if step == self._last_step_logged or step % max(1, getattr(trainer, "log_every_n_steps", 1)) != 0:
+        if step == self._last_step_logged or not every(max(1, getattr(trainer, "log_every_n_steps", 1)), step):
             return
         self._last_step_logged = step
         self._log(trainer, interval=None if self.logging_interval == "step" else "step")
@@ -91,7 +92,7 @@ class LearningRateMonitor(Callback):
         if not stats:
             return
         trainer.callback_metrics.update({k: torch.tensor(v) for k, v in stats.items()})  # one dict, kept
-        trainer.log_metrics(stats, step=trainer.state.batches_stepped)
+        trainer.log_metrics(stats, step=trainer.state.batches_that_stepped)
 
     def extract_stats(self, interval: str | None = None) -> dict[str, float]:
         """Current learning rates (and momenta) by logged name."""

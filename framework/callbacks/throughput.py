@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from framework.callbacks.base import Callback
+from framework.counting import every
 from framework.errors import ConfigError
 
 
@@ -61,8 +62,8 @@ class ThroughputMonitor(Callback):
         self._times.append(time.perf_counter())
         self._samples.append(self.batch_size_fn(batch))
         step = trainer.global_step
-        every = max(1, getattr(trainer, "log_every_n_steps", 1))
-        if len(self._times) < 2 or step == self._last_step_logged or step % every != 0:
+        interval = max(1, getattr(trainer, "log_every_n_steps", 1))
+        if len(self._times) < 2 or step == self._last_step_logged or not every(interval, step):
             return
         self._last_step_logged = step
         elapsed = self._times[-1] - self._times[0]

@@ -9,10 +9,11 @@ training loader keeps the same first batches under ``overfit_batches``. With
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from framework.data.sampler_injection import shard_dataloader, without_shuffle
+from framework.data.sampler_injection import shard_dataloader, skipping_first_batches, without_shuffle
 from framework.errors import ConfigError
 
 #: the method asked for each stage's loaders
@@ -65,3 +66,19 @@ class LoaderSource:
         for key in ("train", "validate"):
             if self.given.get(key) is None and loaders.get(key):
                 loaders[key] = self.loaders(key)
+
+
+def iterate_after(loader: Any, batches: int) -> Iterator:
+    """An iterator over ``loader`` without its first ``batches`` batches. A DataLoader skips
+    them by their indices alone (``skipping_first_batches``: no sample of them is loaded), with
+    the sampler's random draw made now, where it came in the run that was stopped; anything
+    else draws and drops them."""
+    skipping = skipping_first_batches(loader, batches)
+    if skipping is None:
+        iterator = iter(loader)
+        for _ in range(batches):
+            next(iterator)
+        return iterator
+    iterator = iter(skipping)
+    skipping.batch_sampler.started.skip()  # the sampler draws now, as it did then
+    return iterator

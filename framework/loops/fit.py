@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
+from framework.counting import every
 from framework.errors import ConfigError, TrainingError
 from framework.loops.batches import num_batches
 from framework.loops.evaluation import run_evaluation
@@ -42,15 +43,15 @@ def run_fit(run: Run) -> None:
         run_evaluation(run, "validate", limit=None if sanity < 0 else sanity, log=False)  # -1: all
         set_rng_state(rng)
         hooks.callbacks("on_sanity_check_end")
-    if state.resume_from is not None:
-        state.resume_from.restore_rng()
+    if state.position.resume_from is not None:
+        state.position.resume_from.restore_rng()
     state.stage = "train"
     _warn_if_modules_in_eval_mode(run.module)
     hooks("on_train_start")
     stops = StopCheck(run, time.monotonic() + run.settings.max_time if run.settings.max_time else None)
     reload_every = run.settings.reload_dataloaders_every_n_epochs
     while not _fit_done(run):
-        if reload_every and state.epoch > 0 and state.epoch % reload_every == 0:
+        if state.epoch > 0 and every(reload_every, state.epoch):
             run.loader_source.reload(run.loaders)
             loader = run.loaders["train"][0]
             run.num_training_batches = num_batches(loader, run.settings.limits["train"])

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from framework.counting import every
 from framework.errors import ConfigError, TrainingError
 from framework.loops.batches import positional_arity
 from framework.loops.nonfinite import nonfinite_guard
@@ -112,7 +113,7 @@ def _closure_fn(run: Run, optimizer: torch.optim.Optimizer, zero_in_closure: boo
             loss = _loss_of(outputs) if isinstance(outputs, dict) else outputs
             if loss is not None:
                 loss = guard(loss, batch_idx)
-            if zero_in_closure and batch_idx % accumulate == 0:  # the first batch of an accumulation window
+            if zero_in_closure and every(accumulate, batch_idx):  # the first batch of an accumulation window
                 if before_zero_grad is not None:
                     before_zero_grad(optimizer)
                 if zero_grad is not None:

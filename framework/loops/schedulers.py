@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from framework.counting import every
 from framework.errors import ConfigError
 from framework.rank_zero import rank_zero_warn
 
@@ -29,7 +30,7 @@ def step_schedulers(run: Run, interval: str, plateau: bool, batch_idx: int = 0) 
         return
     count = batch_idx + 1 if interval == "step" else run.state.epoch + 1
     for cfg in run.lr_scheduler_configs:
-        if cfg.interval != interval or count % cfg.frequency:
+        if cfg.interval != interval or not every(cfg.frequency, count):
             continue
         if isinstance(cfg.scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau) != plateau:
             continue

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from framework.counting import every
 from framework.data import set_sampler_epoch
 from framework.errors import ConfigError, TrainingError
 from framework.loops.batches import LookAhead
@@ -30,7 +31,6 @@ from framework.loops.nonfinite import nonfinite_guard
 from framework.loops.optimization import automatic_step_fn
 from framework.loops.schedulers import step_schedulers
 from framework.loops.transfer import batch_transfer_fn
-from framework.seed import get_rng_state
 
 if TYPE_CHECKING:
     from framework.trainer.run import Run
@@ -41,8 +41,9 @@ def run_train_epoch(run: Run, loader, stops: StopCheck) -> None:
     collector = run.metrics.new_epoch("train")
     set_sampler_epoch(loader, state.epoch)
     hooks("on_train_epoch_start")
-    state.start_epoch(get_rng_state())
-    iterator, start = _iterate_from_resume_position(run, collector, loader)
+    position = state.position
+    position.start(state.epoch)
+    iterator, start = position.continue_epoch(loader, collector, run.module)
     limit = run.num_training_batches
     lookahead = None
     if math.isinf(limit):  # no length: read one batch ahead to know which batch is the last
@@ -69,7 +70,7 @@ def run_train_epoch(run: Run, loader, stops: StopCheck) -> None:
                 step_schedulers(run, "step", plateau=False, batch_idx=batch_idx)
                 step_schedulers(run, "epoch", plateau=False)
             break
-        steps_now = last or (batch_idx + 1) % accumulate == 0
+        steps_now = last or every(accumulate, batch_idx + 1)
         outputs = train_batch(batch, batch_idx, steps_now)
         if outputs is not None or manual:
             trained += 1
@@ -77,7 +78,7 @@ def run_train_epoch(run: Run, loader, stops: StopCheck) -> None:
             _count_the_step(run, collector, batch_idx, manual, schedulers)
         if last and schedulers:
             step_schedulers(run, "epoch", plateau=False)
-        state.batches_done = batch_idx + 1
+        position.batches = batch_idx + 1
         if batch_end is not None:
             batch_end(_handed_on(outputs, 1 if manual else accumulate), batch, batch_idx)
         if val_every and batch_idx + 1 < limit and _val_due(run, batch_idx, limit, val_every):
@@ -88,22 +89,22 @@ def run_train_epoch(run: Run, loader, stops: StopCheck) -> None:
             break
         if run.settings.max_steps >= 0 and state.global_step >= run.settings.max_steps:
             break
-        if (batch_idx + 1) % stops.every == 0 and stops():
+        if every(stops.every, batch_idx + 1) and stops():
             break
     train_batch.flush_checks()
     if not trained and not rest_skipped:
         _refuse_an_epoch_that_trained_nothing(state, start)
-    at_end = state.batches_done >= limit if lookahead is None else lookahead.last or not state.batches_done
-    if not at_end and state.batches_done and not rest_skipped:  # a stop cut the epoch short: a resume continues it
-        state.cut_epoch(get_rng_state(), collector.state_dict(run.module))
+    at_end = position.batches >= limit if lookahead is None else lookahead.last or not position.batches
+    if not at_end and position.batches and not rest_skipped:  # a stop cut the epoch short: a resume continues it
+        position.cut_short(collector.state_dict(run.module))
     _end_train_epoch(run, collector, validate=not rest_skipped)
 
 
 def _refuse_an_epoch_that_trained_nothing(state, start: int) -> None:
     """An epoch whose batches all returned None from training_step trained nothing: an error."""
-    if state.batches_done > start:
+    if state.position.batches > start:
         raise TrainingError(
-            f"training_step returned None for all {state.batches_done - start} batches of epoch {state.epoch}: "
+            f"training_step returned None for all {state.position.batches - start} batches of epoch {state.epoch}: "
             "nothing was trained. Return the loss (a tensor) or a dict with 'loss'; None skips one batch"
         )
 
@@ -116,8 +117,8 @@ def _count_the_step(run: Run, collector, batch_idx: int, manual: bool, scheduler
         state.global_step += 1
         if schedulers:
             step_schedulers(run, "step", plateau=False, batch_idx=batch_idx)
-    state.batches_stepped += 1
-    if (state.batches_stepped % run.settings.log_every_n_steps == 0 or state.should_stop) and collector.step_dirty \
+    state.batches_that_stepped += 1
+    if (every(run.settings.log_every_n_steps, state.batches_that_stepped) or state.should_stop) and collector.step_dirty \
             and run.loggers:
         _log_step_metrics(run, collector)
 
@@ -174,20 +175,6 @@ class StopCheck:
         return bool(mine)
 
 
-def _iterate_from_resume_position(run: Run, collector, loader):
-    """The epoch's iterator and first batch index: on a mid-epoch resume, after the batches the
-    checkpoint had already trained on, with the epoch's metric aggregates continued."""
-    state = run.state
-    resume, state.resume_from = state.resume_from, None
-    if resume is None or not resume.batches:
-        return iter(loader), 0
-    iterator = resume.iterate_from_position(loader)
-    if resume.metrics:
-        collector.load_state_dict(resume.metrics, run.module)
-    state.batches_done = resume.batches
-    return iterator, resume.batches
-
-
 def _end_train_epoch(run: Run, collector, validate: bool) -> None:
     """Validation, then the epoch-end hooks (``hooks.train_epoch_end``'s order), each seeing this
     epoch's values in ``callback_metrics``; ReduceLROnPlateau steps before the monitoring
@@ -202,16 +189,16 @@ def _end_train_epoch(run: Run, collector, validate: bool) -> None:
     collector.compute_epoch(strategy, module, final=True)  # what the hooks logged
     run.metrics.record_epoch(collector)
     log_epoch_metrics(run, collector)  # step rows only every log_every_n_steps, as in Lightning
-    if state.cut is None:  # epoch-interval schedulers step for finished epochs only
+    if state.position.cut is None:  # epoch-interval schedulers step for finished epochs only
         step_schedulers(run, "epoch", plateau=True)
-        state.finish_epoch()
+        state.position.finished = True  # its epoch-end hooks still see ``epoch``
     hooks.train_epoch_end(monitoring=True)
     state.advance_epoch()
 
 
 def _stopped_early_by_steps(run: Run) -> bool:
     """Lightning validates at max_steps only at an epoch's natural end; mid-epoch stops skip it."""
-    done = run.state.batches_done
+    done = run.state.position.batches
     return run.settings.max_steps >= 0 and run.state.global_step >= run.settings.max_steps and done < run.num_training_batches
 
 
@@ -226,31 +213,30 @@ def _val_check_batches(run: Run, limit: float) -> int | None:
     return int(interval)
 
 
-def _val_due(run: Run, batch_idx: int, limit: float, every: int) -> bool:
-    """Lightning's rule: validate after every ``every``-th batch of the epoch, or of the whole
+def _val_due(run: Run, batch_idx: int, limit: float, interval: int) -> bool:
+    """Lightning's rule: validate after every ``interval``-th batch of the epoch, or of the whole
     fit with ``check_val_every_n_epoch=None`` (epochs of ``limit`` batches), in the epochs that
     validate."""
     n = run.settings.check_val_every_n_epoch
     if n is None:
         done = run.state.epoch * limit + batch_idx + 1 if not math.isinf(limit) else batch_idx + 1
-        return done % every == 0
-    return (batch_idx + 1) % every == 0 and (run.state.epoch + 1) % n == 0
+        return every(interval, done)
+    return every(interval, batch_idx + 1) and every(n, run.state.epoch + 1)
 
 
 def _val_due_at_epoch_end(run: Run) -> bool:
     """At the end of an epoch that validates: always with the default ``val_check_interval``
     (or a loader without a length); with an interval, only if the last batch falls on it, as in
     Lightning (5 batches, every 2: after the 2nd and the 4th, not after the 5th)."""
-    limit, done = run.num_training_batches, run.state.batches_done
-    every = _val_check_batches(run, limit)
-    if every is None or math.isinf(limit):
-        n = run.settings.check_val_every_n_epoch
-        return n is not None and (run.state.epoch + 1) % n == 0
-    return _val_due(run, done - 1, limit, every)
+    limit, done = run.num_training_batches, run.state.position.batches
+    interval = _val_check_batches(run, limit)
+    if interval is None or math.isinf(limit):
+        return every(run.settings.check_val_every_n_epoch, run.state.epoch + 1)
+    return _val_due(run, done - 1, limit, interval)
 
 
 def _log_step_metrics(run: Run, collector) -> None:
     metrics = {k: float(v) for k, v in collector.step_values_for("logger").items()}
     collector.step_dirty = False
     if metrics:
-        run.log_metrics({**metrics, "epoch": run.state.epoch}, run.state.log_step)
+        run.log_metrics({**metrics, "epoch": run.state.epoch}, run.state.logger_step)

@@ -23,10 +23,15 @@ import torch
 from framework import checkpoint as ckpt
 from framework.errors import CheckpointError, TrainingError
 from framework.rank_zero import rank_zero_info, rank_zero_warn
-from framework.seed import get_rng_state
 from framework.strategies.checkpoint_io import is_live
 from framework.trainer.parts import Callbacks, CheckpointParts, Each, OnLoad, Stateful, Value
-from framework.trainer.resume import check_position_carries_over, resume_point, train_batch_size
+from framework.trainer.resume import (
+    check_position_carries_over,
+    position_parts,
+    progress_part,
+    resume_point,
+    train_batch_size,
+)
 
 if TYPE_CHECKING:
     from framework.trainer.run import Run
@@ -61,15 +66,8 @@ def parts_of(run: Run, for_fit: bool, path: str = "", on_read: Callable[[dict], 
     shared["fw/callback_hooks"] = OnLoad(lambda checkpoint: hooks.callbacks("on_load_checkpoint", checkpoint))
     shared["callbacks"] = Callbacks(run.callbacks)
     shared.update(run.trainer.checkpoint_parts)  # the user's own
-    shared["loop"] = Value(state.progress, lambda saved: state.load_progress(saved))
-    into = resumed if resumed is not None else {}
-    # a cut epoch resumes right after its last batch, whatever its epoch end drew since
-    parts.per_rank = {
-        "rng": Value(lambda: {"now": state.cut.rng_after_last_batch if state.cut is not None else get_rng_state(),
-                              "epoch_start": state.epoch_start_rng}, lambda rng: into.__setitem__("rng", rng)),
-        "metrics": Value(lambda: _running_aggregates(run), lambda m: into.__setitem__("metrics", m)),
-        "loader_states": Value(lambda: _loader_state(run), lambda ls: into.__setitem__("loader_states", ls)),
-    }
+    shared["loop"] = progress_part(state)
+    parts.per_rank = position_parts(run, resumed if resumed is not None else {})
     parts.on_write = lambda checkpoint: _on_save_hooks(run, checkpoint)
     return parts
 
@@ -120,24 +118,6 @@ def _refuse_nonfinite_weights(run: Run, path, live: bool) -> None:
         )
 
 
-def _loader_state(run: Run) -> dict | None:
-    """Mid-epoch, a stateful training loader's own position (its ``state_dict()``)."""
-    loaders = run.loaders.get("train") or []
-    if not loaders or not run.state.mid_epoch:
-        return None
-    return loaders[0].state_dict() if callable(getattr(loaders[0], "state_dict", None)) else None
-
-
-def _running_aggregates(run: Run) -> dict | None:
-    """Mid-epoch, the epoch's metric aggregates so far (so a resume logs the same epoch values)."""
-    state = run.state
-    if not state.mid_epoch:
-        return None
-    if state.cut is not None:
-        return state.cut.metrics
-    return run.metrics.training.state_dict(run.module)
-
-
 # -- restore --------------------------------------------------------------------------------------
 def resolve_path(run: Run, ckpt_path: Any) -> str | None:
     """The checkpoint file a run starts from: ``ckpt_path`` itself, the newest ``last*.ckpt``
@@ -170,7 +150,7 @@ def resolve_path(run: Run, ckpt_path: Any) -> str | None:
 
 def restore(run: Run, ckpt_path: str | None) -> None:
     """Load weights (and for fit, everything else) from ``ckpt_path`` (see ``resolve_path``);
-    for fit, leave the point to continue from in ``run.state.resume_from``."""
+    for fit, leave the point to continue from in ``run.state.position.resume_from``."""
     fn, state = run.fn, run.state
     state.ckpt_path = ckpt_path
     if ckpt_path is None:
@@ -187,7 +167,7 @@ def restore(run: Run, ckpt_path: str | None) -> None:
     checkpoint = run.strategy.load_checkpoint(ckpt_path, parts)
     if fn == "fit":
         ranks = int(checkpoint.get("world_size") or len(checkpoint["rng"]))
-        state.resume_from = resume_point(run, mine, ranks)
+        state.position.resume_from = resume_point(run, mine, ranks)
 
 
 _fits_in_this_process = 0

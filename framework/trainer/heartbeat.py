@@ -94,12 +94,12 @@ class Heartbeat:
 
     def _progress(self) -> tuple:
         state = self.run.state
-        return state.stage, state.epoch, state.global_step, state.batches_done, state.eval_batches
+        return state.stage, state.epoch, state.global_step, state.position.batches, state.eval_batches
 
     def _where(self) -> str:
         state = self.run.state
         if state.stage == "train":
-            return f"in epoch {state.epoch}, batch {state.batches_done}"
+            return f"in epoch {state.epoch}, batch {state.position.batches}"
         return f"in {state.stage or 'set-up'} (epoch {state.epoch}, step {state.global_step})"
 
     def _describe(self, seen: dict[int, tuple[str, float]], now: float) -> str:

@@ -1,28 +1,42 @@
-"""Where a resumed fit continues (``ResumePoint``), and which checkpoints it refuses to continue.
+"""Where the run stands and how to get back there: the training's position in its epoch
+(``DataPosition``), the progress and position as checkpoint parts, the iterator a resumed epoch
+continues from, and the checkpoints a fit refuses to continue.
 
-A mid-epoch checkpoint keeps its data position as a count of batches per rank. That count
-means the same samples only for the same number of ranks and the same per-rank batch size:
-resumed on another number of ranks, the skipped batches are other samples than the ones
-already trained on (2 ranks resumed on 1 trained 12 of 64 samples twice in that epoch; 1 rank
-resumed on 2 skipped 12; a shuffled run also reads another order). Until the position is kept
-in samples of the global order, such a resume is refused (``check_position_carries_over``).
-At an epoch end there is no position to map: such a checkpoint resumes on any number of ranks
-(with the same global batch, within float noise of the run that was never stopped).
+Where the run stands is two things: the counters (``RunState``: epoch, ``global_step``,
+``batches_that_stepped``) and the data position (``DataPosition``: how many batches of which
+epoch are done, the RNG state when that epoch began, and, when a stop cut the epoch short, the
+RNG state and metric aggregates right after its last batch). A checkpoint holds both as parts
+(``progress_part``, ``position_parts``): resuming mid-epoch rebuilds the epoch's data order from
+its starting RNG state, skips the batches already done (``continue_epoch``), then puts back the
+RNG state of the moment the checkpoint was written, so the resumed run is bit for bit the run
+that was never stopped.
+
+That position is a count of batches per rank. It means the same samples only for the same
+number of ranks and the same per-rank batch size: resumed on another number of ranks, the
+skipped batches are other samples than the ones already trained on (2 ranks resumed on 1
+trained 12 of 64 samples twice in that epoch; 1 rank resumed on 2 skipped 12; a shuffled run
+also reads another order). Until the position is kept in samples of the global order, such a
+resume is refused (``check_position_carries_over``). At an epoch end there is no position to
+map: such a checkpoint resumes on any number of ranks (with the same global batch, within float
+noise of the run that was never stopped).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from framework.data import skipping_first_batches
+from framework.data.run_loaders import iterate_after
 from framework.errors import CheckpointError
 from framework.rank_zero import rank_zero_warn
-from framework.seed import set_rng_state
+from framework.seed import get_rng_state, set_rng_state
+from framework.trainer.parts import Value
 
 if TYPE_CHECKING:
+    from framework.trainer.metric_collector import MetricCollector
     from framework.trainer.run import Run
+    from framework.trainer.state import RunState
 
 _AT_AN_EPOCH_END = ("resume from a checkpoint written at an epoch end (ModelCheckpoint's end-of-epoch "
                     "checkpoint: its default, without every_n_train_steps)")
@@ -30,6 +44,70 @@ _AT_AN_EPOCH_END = ("resume from a checkpoint written at an epoch end (ModelChec
 
 def _ranks(n: int) -> str:
     return f"{n} rank" if n == 1 else f"{n} ranks"
+
+
+@dataclass
+class CutEpoch:
+    """An epoch a stop ended early: the RNG state after its last trained batch, and its metric
+    aggregates before the epoch end computed (and reset) them."""
+
+    rng_after_last_batch: dict
+    metrics: dict
+
+
+@dataclass
+class DataPosition:
+    """Where the training stands in its data.
+
+    Attributes:
+        epoch: the epoch that ``batches`` and ``finished`` refer to.
+        batches: batches of ``epoch`` already trained on (per rank).
+        finished: ``epoch`` ran to its end and its epoch-end work is under way (the position
+            moves to the start of the next epoch right after).
+        epoch_start_rng: this rank's RNG state when ``epoch`` began (rebuilds its data order).
+        cut: set when a stop cut the epoch short.
+        resume_from: where a resumed fit continues (set from a checkpoint, taken by the first
+            epoch).
+    """
+
+    epoch: int = 0
+    batches: int = 0
+    finished: bool = False
+    epoch_start_rng: dict | None = None
+    cut: CutEpoch | None = None
+    resume_from: ResumePoint | None = field(default=None, repr=False)
+
+    @property
+    def mid_epoch(self) -> bool:
+        """Some but not all batches of ``epoch`` are done: a checkpoint written now resumes inside it."""
+        return self.batches > 0 and not self.finished
+
+    def start(self, epoch: int) -> None:
+        self.epoch, self.batches, self.finished = epoch, 0, False
+        self.epoch_start_rng, self.cut = get_rng_state(), None
+
+    def cut_short(self, metrics: dict) -> None:
+        """A stop ends the epoch before its end: keep the RNG state right after its last batch
+        and its running metric aggregates, so that a checkpoint written from now on resumes at
+        the next batch as if the run had never stopped."""
+        self.cut = CutEpoch(get_rng_state(), metrics)
+
+    def move_on(self, next_epoch: int) -> None:
+        """The epoch was counted; a finished one moves the position to the next epoch's start."""
+        if self.finished:
+            self.epoch, self.batches, self.finished = next_epoch, 0, False
+
+    def continue_epoch(self, loader: Any, collector: MetricCollector, module: Any) -> tuple[Iterator, int]:
+        """The epoch's iterator and first batch index: on a mid-epoch resume, after the batches
+        the checkpoint had already trained on, with the epoch's metric aggregates continued."""
+        resume, self.resume_from = self.resume_from, None
+        if resume is None or not resume.batches:
+            return iter(loader), 0
+        iterator = resume.iterate_from_position(loader)
+        if resume.metrics:
+            collector.load_state_dict(resume.metrics, module)
+        self.batches = resume.batches
+        return iterator, resume.batches
 
 
 @dataclass
@@ -49,24 +127,84 @@ class ResumePoint:
     def iterate_from_position(self, loader: Any) -> Iterator:
         """An iterator over ``loader`` that starts after the batches already trained on, and
         the RNG state the checkpoint had at that point. A loader with ``load_state_dict`` (such
-        as torchdata's StatefulDataLoader) resumes itself; a DataLoader skips the batches by
-        their indices alone (see ``skipping_first_batches``); anything else draws and drops them."""
+        as torchdata's StatefulDataLoader) resumes itself; others skip (``iterate_after``)."""
         if self.loader_state is not None and callable(getattr(loader, "load_state_dict", None)):
             loader.load_state_dict(self.loader_state)
             iterator = iter(loader)
         else:
-            skipping = skipping_first_batches(loader, self.batches)
-            iterator = iter(skipping if skipping is not None else loader)
-            if skipping is not None:
-                skipping.batch_sampler.started.skip()  # the sampler draws now, as it did then
-            else:
-                for _ in range(self.batches):
-                    next(iterator)
+            iterator = iterate_after(loader, self.batches)
         if self.rng_after_skip is not None:
             set_rng_state(self.rng_after_skip)
         return iterator
 
 
+# -- as checkpoint parts --------------------------------------------------------------------------
+def progress_part(state: RunState) -> Value:
+    """The counters and the position, as one part (the file's ``loop`` entry): a fit resumed
+    from it continues at the next epoch if the saved one had finished, else in its middle."""
+    position = state.position
+
+    def saved() -> dict[str, Any]:
+        return {"epoch": position.epoch, "global_step": state.global_step,
+                "batches_stepped": state.batches_that_stepped, "batches_done": position.batches,
+                "epoch_finished": position.finished, "stop_reason": state.stop_reason}
+
+    def load(saved: dict[str, Any]) -> None:
+        state.global_step = int(saved["global_step"])
+        state.batches_that_stepped = int(saved.get("batches_stepped", state.global_step))
+        finished = bool(saved["epoch_finished"])
+        state.epoch = position.epoch = int(saved["epoch"]) + (1 if finished else 0)
+        position.batches = 0 if finished else int(saved["batches_done"])
+        position.finished, position.cut = False, None
+        state.should_stop, state.stop_reason = False, None
+
+    return Value(saved, load)
+
+
+def position_parts(run: Run, loaded: dict[str, Any]) -> dict[str, Value]:
+    """This rank's own pieces of the position: its RNG states, and mid-epoch the epoch's metric
+    aggregates so far and a stateful loader's position. What a checkpoint holds of them for this
+    rank goes into ``loaded`` (``resume_point`` makes the point to continue from)."""
+    position = run.state.position
+
+    def rng() -> dict:  # a cut epoch resumes right after its last batch, whatever its epoch end drew since
+        now = position.cut.rng_after_last_batch if position.cut is not None else get_rng_state()
+        return {"now": now, "epoch_start": position.epoch_start_rng}
+
+    def metrics() -> dict | None:
+        if not position.mid_epoch:
+            return None
+        return position.cut.metrics if position.cut is not None else run.metrics.training.state_dict(run.module)
+
+    def loader_state() -> dict | None:
+        loaders = run.loaders.get("train") or []
+        if not loaders or not position.mid_epoch or not callable(getattr(loaders[0], "state_dict", None)):
+            return None
+        return loaders[0].state_dict()
+
+    return {key: Value(get, lambda value, key=key: loaded.__setitem__(key, value))
+            for key, get in (("rng", rng), ("metrics", metrics), ("loader_states", loader_state))}
+
+
+def resume_point(run: Run, mine: dict[str, Any], ranks: int) -> ResumePoint:
+    """This rank's point to continue from (``mine``: its pieces from ``position_parts``, of a
+    file written by ``ranks`` ranks); mid-epoch, first the epoch-start RNG state (to rebuild the
+    same data order), and the saved state once the batches already done are skipped. (A
+    mid-epoch checkpoint from another number of ranks was refused before.)"""
+    if ranks != run.strategy.world_size:
+        rank_zero_warn(
+            f"checkpoint was written by {ranks} rank(s), this run has {run.strategy.world_size}: "
+            "RNG states are reused from rank 0, so the run will not be bit-identical; resume with "
+            f"{ranks} process(es) for an exact resume"
+        )
+    rng, metrics, loader = mine["rng"], mine.get("metrics"), mine.get("loader_states")
+    batches = run.state.position.batches
+    if batches and rng["epoch_start"] is not None:
+        return ResumePoint(rng["epoch_start"], batches, rng["now"], metrics, loader)
+    return ResumePoint(rng["now"], batches, metrics=metrics, loader_state=loader)
+
+
+# -- what a fit refuses to continue ---------------------------------------------------------------
 def train_batch_size(run: Run) -> int | None:
     """The per-rank batch size of the training loader, when it has one (what a mid-epoch
     checkpoint's batch count is counted in)."""
@@ -102,22 +240,3 @@ def check_position_carries_over(run: Run, checkpoint: dict, path: str) -> None:
             f"{where} with {saved_batch} samples per batch per rank, and this run's training batch size is {batch}: "
             f"{why}. Resume with batch size {saved_batch}, or {_AT_AN_EPOCH_END}"
         )
-
-
-def resume_point(run: Run, mine: dict[str, Any], ranks: int) -> ResumePoint:
-    """This rank's RNG states (``mine``: its per-rank parts, ``rng``, ``metrics``,
-    ``loader_states``, from a file written by ``ranks`` ranks); mid-epoch, first the
-    epoch-start state (to rebuild the same data order), and the saved state once the batches
-    already done are skipped. (A mid-epoch checkpoint from another number of ranks was refused
-    before: ``check_position_carries_over``.)"""
-    if ranks != run.strategy.world_size:
-        rank_zero_warn(
-            f"checkpoint was written by {ranks} rank(s), this run has {run.strategy.world_size}: "
-            "RNG states are reused from rank 0, so the run will not be bit-identical; resume with "
-            f"{ranks} process(es) for an exact resume"
-        )
-    rng, metrics, loader = mine["rng"], mine.get("metrics"), mine.get("loader_states")
-    batches = run.state.batches_done
-    if batches and rng["epoch_start"] is not None:
-        return ResumePoint(rng["epoch_start"], batches, rng["now"], metrics, loader)
-    return ResumePoint(rng["now"], batches, metrics=metrics, loader_state=loader)
