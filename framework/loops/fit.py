@@ -7,7 +7,6 @@ run. Why it ended is kept in ``trainer.state.stop_reason``.
 
 from __future__ import annotations
 
-import time
 from typing import TYPE_CHECKING
 
 from framework.counting import every
@@ -15,7 +14,7 @@ from framework.errors import ConfigError, TrainingError
 from framework.loops.batches import num_batches
 from framework.loops.evaluation import run_evaluation
 from framework.loops.manual import ManualOptimization, check_manual_settings
-from framework.loops.training_epoch import StopCheck, run_train_epoch
+from framework.loops.training_epoch import run_train_epoch
 from framework.rank_zero import rank_zero_warn
 from framework.seed import get_rng_state, set_rng_state
 
@@ -48,7 +47,8 @@ def run_fit(run: Run) -> None:
     state.stage = "train"
     _warn_if_modules_in_eval_mode(run.module)
     hooks("on_train_start")
-    stops = StopCheck(run, time.monotonic() + run.settings.max_time if run.settings.max_time else None)
+    stops = run.stop_check
+    stops.start_clock()
     reload_every = run.settings.reload_dataloaders_every_n_epochs
     while not _fit_done(run):
         if state.epoch > 0 and every(reload_every, state.epoch):

@@ -97,7 +97,6 @@ class ManualOptimization:
                 with autocast() if autocast is not None else contextlib.nullcontext():
                     return step(batch, batch_idx) if with_idx else step(batch)
 
-        manual_step.flush_checks = guard.flush
         return manual_step
 
     # -- what the module calls ------------------------------------------------------------------
@@ -167,14 +166,18 @@ class ManualOptimizer:
     def __init__(self, optimizer: torch.optim.Optimizer, trainer: Trainer) -> None:
         self.__dict__["optimizer"] = optimizer
         self.__dict__["_trainer"] = trainer
+        #: in automatic optimization, what ``step(closure)`` does (``loops/optimization.py``)
+        self.__dict__["automatic_step"] = None
+
+    def use_automatic_step(self, step: Callable[..., Any] | None) -> None:
+        self.__dict__["automatic_step"] = step
 
     def step(self, closure: Callable[[], Any] | None = None, **kwargs: Any) -> Any:
         run = self._trainer.run
         manual = run.manual if run is not None else None
         if manual is None:  # automatic optimization: optimizer_step's step (loops/optimization.py)
-            automatic = self.__dict__.get("_automatic_step")
-            if automatic is not None:
-                return automatic(closure, **kwargs)
+            if self.automatic_step is not None:
+                return self.automatic_step(closure, **kwargs)
             return self.optimizer.step(closure=closure, **kwargs) if closure else self.optimizer.step(**kwargs)
         if closure is not None and not callable(closure):
             raise ConfigError("optimizer.step(closure): the closure must be callable")

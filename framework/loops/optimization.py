@@ -49,8 +49,9 @@ def check_one_optimizer(optimizers: list[torch.optim.Optimizer]) -> None:
         )
 
 
-def automatic_step_fn(run: Run) -> Callable[[Any, int, bool], Any]:
-    """``(batch, batch_idx, steps_now) -> outputs`` of ``training_step``."""
+def automatic_step_fn(run: Run) -> tuple[Callable[[Any, int, bool], Any], Callable[[], None]]:
+    """``(batch, batch_idx, steps_now) -> outputs`` of ``training_step``, and what the epoch's
+    end calls to read the loss checks still pending (``nonfinite.py``)."""
     module, state, hooks, strategy = run.module, run.state, run.hooks, run.strategy
     optimizer = run.optimizers[0]
     wrapped = module.optimizers()  # what optimizer_step gets: Lightning's LightningOptimizer
@@ -62,9 +63,10 @@ def automatic_step_fn(run: Run) -> Callable[[Any, int, bool], Any]:
         and hooks.per_batch("on_before_zero_grad") is None
     if zero_after_step:
         optimizer.zero_grad()  # gradients left from before this epoch (a backward outside fit) do not count
-    closure_for = _closure_fn(run, optimizer, zero_in_closure=not zero_after_step)
+    guard = nonfinite_guard(run)
+    closure_for = _closure_fn(run, optimizer, guard, zero_in_closure=not zero_after_step)
     step = _step_fn(run, optimizer, zero_after_step)
-    wrapped.__dict__["_automatic_step"] = step
+    wrapped.use_automatic_step(step)
     accumulate = run.settings.accumulate_grad_batches
     no_sync = strategy.no_sync if strategy.multi_process and accumulate > 1 else None
 
@@ -85,15 +87,28 @@ def automatic_step_fn(run: Run) -> Callable[[Any, int, bool], Any]:
                 )
         return closure.outputs
 
-    train_batch.flush_checks = closure_for.flush_checks  # the epoch's end reads what is still pending
-    return train_batch
+    return train_batch, guard.flush
 
 
-def _closure_fn(run: Run, optimizer: torch.optim.Optimizer, zero_in_closure: bool) -> Callable[[Any, int], Callable[[], Any]]:
-    """``(batch, batch_idx) -> closure``; the closure returns the loss its backward used."""
+class Closure:
+    """One batch's closure, what ``optimizer.step(closure)`` calls: it returns the loss its
+    backward used; ``ran`` says whether it was called, ``outputs`` what ``training_step`` returned."""
+
+    __slots__ = ("body", "ran", "outputs")
+
+    def __init__(self, body: Callable[[Closure], Any]) -> None:
+        self.body, self.ran, self.outputs = body, False, None
+
+    def __call__(self) -> Any:
+        self.ran = True
+        return self.body(self)
+
+
+def _closure_fn(run: Run, optimizer: torch.optim.Optimizer, guard: Callable, zero_in_closure: bool
+                ) -> Callable[[Any, int], Closure]:
+    """``(batch, batch_idx) -> closure`` (``Closure``)."""
     module, state, hooks, strategy, precision = (run.module, run.state, run.hooks,
                                                  run.strategy, run.precision)
-    guard = nonfinite_guard(run)
     step = strategy.training_step_fn(module)
     with_idx = positional_arity(module.training_step) >= 2  # training_step(self, batch) is allowed
     accumulate = run.settings.accumulate_grad_batches
@@ -105,9 +120,8 @@ def _closure_fn(run: Run, optimizer: torch.optim.Optimizer, zero_in_closure: boo
     before_zero_grad = hooks.per_batch("on_before_zero_grad")
     zero_grad = module.optimizer_zero_grad if hooks.module_overrides("optimizer_zero_grad") else None
 
-    def closure_for(batch: Any, batch_idx: int) -> Callable[[], Any]:
-        def closure() -> Any:
-            closure.ran = True
+    def closure_for(batch: Any, batch_idx: int) -> Closure:
+        def body(closure: Closure) -> Any:
             with autocast() if autocast is not None else _NO_CONTEXT:
                 outputs = closure.outputs = step(batch, batch_idx) if with_idx else step(batch)
             loss = _loss_of(outputs) if isinstance(outputs, dict) else outputs
@@ -133,10 +147,8 @@ def _closure_fn(run: Run, optimizer: torch.optim.Optimizer, zero_in_closure: boo
                 after_backward()
             return loss
 
-        closure.ran, closure.outputs = False, None
-        return closure
+        return Closure(body)
 
-    closure_for.flush_checks = guard.flush
     return closure_for
 
 

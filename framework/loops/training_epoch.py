@@ -17,7 +17,6 @@ from then on resumes at its next batch, with its running metric aggregates and R
 from __future__ import annotations
 
 import math
-import time
 from typing import TYPE_CHECKING
 
 import torch
@@ -33,6 +32,7 @@ from framework.loops.schedulers import step_schedulers
 from framework.loops.transfer import batch_transfer_fn
 
 if TYPE_CHECKING:
+    from framework.trainer.preemption import StopCheck
     from framework.trainer.run import Run
 
 
@@ -51,7 +51,11 @@ def run_train_epoch(run: Run, loader, stops: StopCheck) -> None:
 
     # everything per batch is looked up once per epoch
     manual = run.manual is not None  # the module steps its optimizers itself (loops/manual.py)
-    train_batch = run.manual.step_fn(nonfinite_guard(run)) if manual else automatic_step_fn(run)
+    if manual:
+        guard = nonfinite_guard(run)
+        train_batch, flush_checks = run.manual.step_fn(guard), guard.flush
+    else:
+        train_batch, flush_checks = automatic_step_fn(run)
     batch_start, batch_end = hooks.per_batch("on_train_batch_start"), hooks.per_batch("on_train_batch_end")
     to_device = batch_transfer_fn(run, 0)
     accumulate, val_every = run.settings.accumulate_grad_batches, _val_check_batches(run, limit)
@@ -91,7 +95,7 @@ def run_train_epoch(run: Run, loader, stops: StopCheck) -> None:
             break
         if every(stops.every, batch_idx + 1) and stops():
             break
-    train_batch.flush_checks()
+    flush_checks()
     if not trained and not rest_skipped:
         _refuse_an_epoch_that_trained_nothing(state, start)
     at_end = position.batches >= limit if lookahead is None else lookahead.last or not position.batches
@@ -136,43 +140,6 @@ def _handed_on(outputs, accumulate: int) -> dict:
     if isinstance(outputs, torch.Tensor):
         return {"loss": outputs.detach() / accumulate if accumulate > 1 else outputs.detach()}
     return outputs
-
-
-class StopCheck:
-    """Has any rank received a stop signal, or has ``max_time`` passed on any rank? If so, every
-    rank records the stop (``preempted`` wins over ``max_time``).
-
-    In one process the loop asks after every batch. Distributed, the answer is a collective
-    (call it on every rank at the same batch), so the loop asks every ``every`` batches: as
-    rarely as every 20 batches, but at least about every 5 s of training, because a launcher
-    that passes on SIGTERM waits only so long (30 s for torch's agent) before it kills the
-    workers. The ranks agree on ``every``: the check's all-reduce carries each rank's seconds
-    per batch since the last check, and all derive the next interval from the largest.
-    """
-
-    TARGET_S, MOST = 5.0, 20
-
-    def __init__(self, run: Run, deadline: float | None) -> None:
-        self.run, self.deadline = run, deadline
-        self.distributed = run.strategy.is_distributed
-        self.every = 1
-        self._since = time.monotonic()
-
-    def __call__(self) -> bool:
-        state, now = self.run.state, time.monotonic()
-        mine = 2 if state.signal is not None else 1 if self.deadline is not None and now > self.deadline else 0
-        if self.distributed:
-            per_batch = (now - self._since) / self.every  # at an epoch's end, fewer: an overestimate
-            self._since = now
-            strategy = self.run.strategy
-            both = strategy.all_reduce(torch.tensor([float(mine), per_batch], dtype=torch.float64,
-                                                    device=strategy.collective_device), "max").tolist()
-            mine = int(both[0])
-            self.every = max(1, min(self.MOST, int(self.TARGET_S / max(both[1], 1e-9))))
-        if mine:
-            state.should_stop = True
-            state.stop("preempted" if mine == 2 else "max_time")
-        return bool(mine)
 
 
 def _end_train_epoch(run: Run, collector, validate: bool) -> None:

@@ -32,7 +32,7 @@ from typing import Any
 from framework.errors import ConfigError, ProgramEnds
 
 _LAUNCHER_PID = "FW_LAUNCHER_PID"
-#: signals a worker turns into a clean stop with a checkpoint (trainer/signals.py, default setup)
+#: signals a worker turns into a clean stop with a checkpoint (trainer/preemption.py, default setup)
 _WORKERS_STOP_ON = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
 #: signals the elastic agent passes on to the workers (the one that ends a job is SIGTERM)
 _PASSED_ON = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1)
@@ -136,7 +136,7 @@ def launch_workers(nproc_per_node: int, num_nodes: int = 1, max_restarts: int = 
         monitor_interval=0.1,
         start_method="spawn",
         # the agent passes these on to the workers, which stop after their step and write a
-        # checkpoint (trainer/signals.py); without SIGUSR1 here it would kill the launcher alone
+        # checkpoint (trainer/preemption.py); without SIGUSR1 here it would kill the launcher alone
         signals_to_handle=",".join(s.name for s in _PASSED_ON),
     )
     # fw prints its own one-line summary of a failure; the agent's log lines would repeat it
@@ -225,7 +225,7 @@ def _rendezvous_role(endpoint: str, socket_ifname: str | None) -> tuple[dict, st
 def die_with_launcher() -> None:
     """In a worker of fw's launcher: have the kernel send SIGTERM when the launcher dies, even
     by SIGKILL, so that no worker trains on unsupervised (it stops after its step, see
-    ``trainer/signals.py``). A process that a worker starts in turn inherits the variable but
+    ``trainer/preemption.py``). A process that a worker starts in turn inherits the variable but
     not the launcher as its parent, and is left alone. Linux only; elsewhere nothing."""
     launcher = os.environ.get(_LAUNCHER_PID)
     if not launcher or not sys.platform.startswith("linux"):

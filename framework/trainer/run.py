@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from framework.precision import Precision
     from framework.strategies import Strategy
     from framework.trainer.metrics import LoggedMetrics
+    from framework.trainer.preemption import StopCheck
     from framework.trainer.settings import Settings
     from framework.trainer.state import RunState
     from framework.trainer.trainer import Trainer
@@ -53,6 +54,7 @@ class Run:
         return_predictions: ``predict``'s ``return_predictions``.
         log_dir: the run directory (the first logger's, the same on every rank).
         process_settings: what ``deterministic``/``benchmark`` changed, to be put back.
+        stop_check: a fit's joint check for stop signals and ``max_time`` (``preemption.py``).
     """
 
     fn: str
@@ -78,6 +80,7 @@ class Run:
     return_predictions: bool = True
     log_dir: str | None = None
     process_settings: tuple[Any, ...] | None = None
+    stop_check: StopCheck | None = None
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
         """Send ``metrics`` to every logger (rank 0 only; other ranks do nothing)."""

@@ -33,10 +33,10 @@ from framework.trainer.heartbeat import Heartbeat
 from framework.trainer.metrics import LoggedMetrics
 from framework.trainer.outcome import Outcome
 from framework.trainer.parts import Stateful
+from framework.trainer.preemption import SignalCatcher, StopCheck, StoppedBySignal, save_after_signal
 from framework.trainer.properties import TrainerProperties
 from framework.trainer.run import Run
 from framework.trainer.settings import Settings
-from framework.trainer.signals import SignalCatcher, StoppedBySignal, save_after_signal
 from framework.trainer.state import RunState
 from framework.trainer.summary import print_results
 
@@ -231,13 +231,14 @@ class Trainer(TrainerProperties):
         state.fn, state.status, state.signal, state.stop_reason = fn, "running", None, None
         run: Run | None = None
         failed = False
-        signals = None  # the fit's stop-signal handlers (trainer/signals.py), once the ranks are known
+        signals = None  # the fit's stop-signal handlers (trainer/preemption.py), once the ranks are known
         try:
             run, resume_path = setup.setup(self, fn, model, call.datamodule, call.loaders, call.ckpt_path)
             run.return_predictions = call.return_predictions
             checkpointing.restore(run, resume_path)
             setup.print_summary(run)
             signals = SignalCatcher(run) if fn == "fit" else None
+            run.stop_check = StopCheck(run) if fn == "fit" else None
             with signals or contextlib.nullcontext(), Heartbeat(run), \
                     torch.autograd.set_detect_anomaly(True) if self.settings.detect_anomaly else \
                     contextlib.nullcontext():

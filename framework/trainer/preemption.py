@@ -4,7 +4,7 @@ SIGUSR1 by default, as ``sbatch --signal=USR1@90`` sends it) and Ctrl-C (SIGINT)
 During a fit, ``SignalCatcher`` turns these signals into a request (``trainer.state.signal``);
 the training loop reads the requests of all ranks together at its next stop check (every batch
 in one process; distributed, every 20 batches or about every 5 s of training, whichever comes
-first, and at each epoch end: ``loops.training_epoch.StopCheck``), so that every rank
+first, and at each epoch end: ``StopCheck``), so that every rank
 finishes the same step and stops there. Then every rank takes part in writing a checkpoint
 (rank 0 writes ``preempted.ckpt``), under SLURM the job requeues itself if asked
 (``trainer.requeue``), and the process exits with status 0 and a message that says how to
@@ -27,7 +27,10 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from typing import TYPE_CHECKING, Any
+
+import torch
 
 from framework.errors import ProgramEnds
 from framework.trainer.checkpointing import save
@@ -98,6 +101,49 @@ class SignalCatcher:
         sys.stderr.write(f"fw: rank {self.rank} received {signal_name(signum)} again: the stop is under way "
                          "(writing preempted.ckpt, then exiting); it finishes first\n")
         sys.stderr.flush()
+
+
+class StopCheck:
+    """Has any rank received a stop signal, or has ``max_time`` passed on any rank? If so, every
+    rank records the stop (``preempted`` wins over ``max_time``).
+
+    In one process the loop asks after every batch. Distributed, the answer is a collective
+    (call it on every rank at the same batch), so the loop asks every ``every`` batches: as
+    rarely as every 20 batches, but at least about every 5 s of training, because a launcher
+    that passes on SIGTERM waits only so long (30 s for torch's agent) before it kills the
+    workers. The ranks agree on ``every``: the check's all-reduce carries each rank's seconds
+    per batch since the last check, and all derive the next interval from the largest.
+    """
+
+    TARGET_S, MOST = 5.0, 20
+
+    def __init__(self, run: Run) -> None:
+        self.run, self.deadline = run, None
+        self.distributed = run.strategy.is_distributed
+        self.every = 1
+        self._since = time.monotonic()
+
+    def start_clock(self) -> None:
+        """Training starts now: ``max_time`` counts from here (set-up and sanity check excluded)."""
+        max_time = self.run.settings.max_time
+        self.deadline = time.monotonic() + max_time if max_time else None
+        self._since = time.monotonic()
+
+    def __call__(self) -> bool:
+        state, now = self.run.state, time.monotonic()
+        mine = 2 if state.signal is not None else 1 if self.deadline is not None and now > self.deadline else 0
+        if self.distributed:
+            per_batch = (now - self._since) / self.every  # at an epoch's end, fewer: an overestimate
+            self._since = now
+            strategy = self.run.strategy
+            both = strategy.all_reduce(torch.tensor([float(mine), per_batch], dtype=torch.float64,
+                                                    device=strategy.collective_device), "max").tolist()
+            mine = int(both[0])
+            self.every = max(1, min(self.MOST, int(self.TARGET_S / max(both[1], 1e-9))))
+        if mine:
+            state.should_stop = True
+            state.stop("preempted" if mine == 2 else "max_time")
+        return bool(mine)
 
 
 class StoppedBySignal(ProgramEnds):
