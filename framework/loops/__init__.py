@@ -10,8 +10,11 @@
 - ``batches.py``: how many batches a loader gives under a limit, and a look-ahead iterator for
   loaders without a length.
 
-Every loop takes the Trainer and reads and advances ``trainer.state`` (where the run stands),
-records into ``trainer.metrics`` (what was logged) and calls hooks through ``trainer.hooks``.
+- ``hooks.py``: ``HookDispatcher``, the one way hooks are called, and the ordering rules.
+
+Every loop takes the call's ``Run`` (``framework/trainer/run.py``): it reads and advances
+``run.state`` (where the run stands), records into ``run.metrics`` (what was logged) and calls
+hooks through ``run.hooks``. The loops do not import the Trainer's package (no import cycle).
 """
 
 from framework.loops.evaluation import run_eval_stage, run_evaluation

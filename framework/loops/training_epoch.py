@@ -17,7 +17,8 @@ from then on resumes at its next batch, with its running metric aggregates and R
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -41,28 +42,22 @@ def run_train_epoch(run: Run, loader, stops: StopCheck) -> None:
     collector = run.metrics.new_epoch("train")
     set_sampler_epoch(loader, state.epoch)
     hooks("on_train_epoch_start")
-    position = state.position
+    position, limit = state.position, run.num_training_batches
     position.start(state.epoch)
     iterator, start = position.continue_epoch(loader, collector, run.module)
-    limit = run.num_training_batches
     lookahead = None
     if math.isinf(limit):  # no length: read one batch ahead to know which batch is the last
         iterator = lookahead = LookAhead(iterator)
 
     # everything per batch is looked up once per epoch
     manual = run.manual is not None  # the module steps its optimizers itself (loops/manual.py)
-    if manual:
-        guard = nonfinite_guard(run)
-        train_batch, flush_checks = run.manual.step_fn(guard), guard.flush
-    else:
-        train_batch, flush_checks = automatic_step_fn(run)
+    train_batch, flush_checks = _batch_step(run)
     batch_start, batch_end = hooks.per_batch("on_train_batch_start"), hooks.per_batch("on_train_batch_end")
     to_device = batch_transfer_fn(run, 0)
     accumulate, val_every = run.settings.accumulate_grad_batches, _val_check_batches(run, limit)
     schedulers, metrics = bool(run.lr_scheduler_configs), run.metrics
 
-    trained = 0  # batches whose training_step returned a loss
-    rest_skipped = False  # on_train_batch_start returned -1
+    trained, rest_skipped = 0, False  # batches whose training_step returned a loss; on_train_batch_start gave -1
     for batch_idx, batch in enumerate(iterator, start):
         if batch_idx >= limit:
             break
@@ -102,6 +97,14 @@ def run_train_epoch(run: Run, loader, stops: StopCheck) -> None:
     if not at_end and position.batches and not rest_skipped:  # a stop cut the epoch short: a resume continues it
         position.cut_short(collector.state_dict(run.module))
     _end_train_epoch(run, collector, validate=not rest_skipped)
+
+
+def _batch_step(run: Run) -> tuple[Callable[[Any, int, bool], Any], Callable[[], None]]:
+    """``(batch, batch_idx, steps_now) -> outputs``, and what reads the pending loss checks."""
+    if run.manual is not None:
+        guard = nonfinite_guard(run)
+        return run.manual.step_fn(guard), guard.flush
+    return automatic_step_fn(run)
 
 
 def _refuse_an_epoch_that_trained_nothing(state, start: int) -> None:

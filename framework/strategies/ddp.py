@@ -10,14 +10,12 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import ipaddress
 import os
 import re
 import socket
 import sys
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlparse
@@ -29,6 +27,7 @@ from framework.errors import ConfigError, DistributedSetupError, did_you_mean
 from framework.strategies.distributed import DEFAULT_TIMEOUT_S, DistributedStrategy
 from framework.strategies.launchers import ElasticLauncher
 from framework.strategies.processes import beside
+from framework.strategies.rendezvous import attempt_store, prefixed_by_init
 
 #: what set-up may write into ``os.environ`` for ``init_process_group``; teardown puts it back
 _SET_UP_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
@@ -136,7 +135,7 @@ class DDPStrategy(DistributedStrategy):
           first group of a restarted worker would read the dead attempt's keys and hang. The
           agent's restart count cannot tell attempts apart either: on several nodes, the agent
           whose workers were healthy restarts them without counting. So rank 0 of each attempt
-          hosts a store of its own (``_attempt_store``) and only its address goes through the
+          hosts a store of its own (``rendezvous.attempt_store``) and only its address goes through the
           agent's store.
 
         Each ``init_process_group`` of the attempt (``fit`` then ``test``: torch restarts its
@@ -151,9 +150,9 @@ class DDPStrategy(DistributedStrategy):
             if str(url.port) != os.environ.get("MASTER_PORT"):  # not the agent's: rank 0 hosts it
                 store = dist.TCPStore(url.hostname, url.port, world_size, is_master=rank == 0,
                                       timeout=timeout, multi_tenant=True)
-                return _prefixed_by_init(store, rank)
-        store = _attempt_store(rank, world_size, timeout, self.socket_ifname)
-        return _prefixed_by_init(store, rank)
+                return prefixed_by_init(store, rank)
+        store = attempt_store(rank, world_size, timeout, self.socket_ifname)
+        return prefixed_by_init(store, rank)
 
     def describe(self) -> dict:
         return {**super().describe(), "init_method": self.init_method}
@@ -168,73 +167,6 @@ class DDPStrategy(DistributedStrategy):
             dist.barrier(device_ids=[self.root_device.index])
         else:
             dist.barrier()
-
-
-def _prefixed_by_init(store: dist.Store, rank: int) -> dist.Store:
-    count = store.add(f"fw/inits_of_rank_{rank}", 1)
-    return dist.PrefixStore(f"fw/init_{count}", store)
-
-
-#: ((agent store address, rank, world size), store) of this worker's attempt, made once
-_ATTEMPT: tuple[tuple, dist.Store] | None = None
-_PUBLISHED = "fw/attempt_store"  # key in the agent's store: "host:port:nonce" of rank 0's store
-
-
-def _attempt_store(rank: int, world_size: int, timeout: datetime.timedelta, socket_ifname: str | None) -> dist.Store:
-    """A store that lives exactly as long as this attempt's rank 0: rank 0 hosts it on a free
-    port and publishes ``host:port:nonce`` in the agent's store; the other ranks connect to it.
-    A published address left by a dead attempt is recognised because nobody answers there any
-    more (the agent stops every worker before a new round), or another store answers without
-    this nonce; the ranks then read the key again until rank 0 of their attempt has set it."""
-    global _ATTEMPT
-    master_addr, master_port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
-    key = (master_addr, master_port, rank, world_size)
-    if _ATTEMPT is not None and _ATTEMPT[0] == key:
-        return _ATTEMPT[1]
-    agent = dist.TCPStore(master_addr, master_port, world_size, is_master=False, timeout=timeout)
-    if rank == 0:
-        store = dist.TCPStore("0.0.0.0", 0, world_size, is_master=True, timeout=timeout, wait_for_workers=False)
-        nonce = uuid.uuid4().hex
-        store.set("fw/nonce", nonce)
-        agent.set(_PUBLISHED, f"{_reachable_address(master_addr, master_port, socket_ifname)}:{store.port}:{nonce}")
-    else:
-        store = _connect_to_published(agent, timeout)
-    _ATTEMPT = (key, store)
-    return store
-
-
-def _connect_to_published(agent: dist.Store, timeout: datetime.timedelta) -> dist.Store:
-    deadline = time.monotonic() + timeout.total_seconds()
-    while True:
-        host, port, nonce = agent.get(_PUBLISHED).decode().rsplit(":", 2)
-        try:
-            socket.create_connection((host, int(port)), timeout=2).close()  # refused at once when dead
-            store = dist.TCPStore(host, int(port), is_master=False, timeout=datetime.timedelta(seconds=2))
-            if store.check(["fw/nonce"]) and store.get("fw/nonce").decode() == nonce:
-                store.set_timeout(timeout)
-                return store
-        except (OSError, RuntimeError, dist.DistError):
-            pass  # a dead attempt's rank 0: wait for this attempt's to publish its store
-        if time.monotonic() > deadline:
-            raise dist.DistStoreError(f"timed out after {timeout.total_seconds():g} s: rank 0 never "
-                                      f"published its store (last seen {host}:{port})")
-        time.sleep(0.2)
-
-
-def _reachable_address(master_addr: str, master_port: int, socket_ifname: str | None) -> str:
-    """This host's address as the other nodes reach it: the named interface's, else the one
-    that routes to the agent's store; on the store's own host, the store's address itself."""
-    if socket_ifname:
-        from framework.environments.network import interface_addresses
-
-        address = interface_addresses().get(socket_ifname)
-        if address:
-            return address
-    family, _, _, _, where = socket.getaddrinfo(master_addr, master_port, type=socket.SOCK_DGRAM)[0]
-    with socket.socket(family, socket.SOCK_DGRAM) as probe:
-        probe.connect(where)  # UDP: no packet is sent, only the route is chosen
-        address = probe.getsockname()[0]
-    return master_addr if ipaddress.ip_address(address).is_loopback else address
 
 
 @contextlib.contextmanager

@@ -101,44 +101,12 @@ def current_command() -> list[str]:
 
 def launch_workers(nproc_per_node: int, num_nodes: int = 1, max_restarts: int = 0,
                    rdzv_endpoint: str | None = None, socket_ifname: str | None = None) -> int:
-    """Run the current command in ``nproc_per_node`` workers on this node; return the exit code.
-
-    With several nodes, the node whose interfaces carry the endpoint's address hosts the
-    rendezvous, and this node is announced by the address of ``socket_ifname`` when one is
-    named (its host name may not resolve to an address the other nodes can reach).
-    """
+    """Run the current command in ``nproc_per_node`` workers on this node; return the exit code
+    (the agent's configuration: ``_launch_config``)."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.launcher.api import LaunchConfig
 
-    if rdzv_endpoint is None:
-        if num_nodes > 1:
-            if "MASTER_ADDR" not in os.environ or "MASTER_PORT" not in os.environ:
-                raise ConfigError(
-                    f"trainer.num_nodes={num_nodes}: name the rendezvous host, the same on every node: "
-                    "trainer.rdzv_endpoint=HOST:PORT (or export MASTER_ADDR and MASTER_PORT)"
-                )
-            rdzv_endpoint = f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
-        else:  # the agent binds a free port itself and keeps it (torchrun --standalone)
-            rdzv_endpoint = "127.0.0.1:0"
-    rdzv_configs, local_addr = _rendezvous_role(rdzv_endpoint, socket_ifname) if num_nodes > 1 else ({}, None)
-    config = LaunchConfig(
-        min_nodes=num_nodes,
-        max_nodes=num_nodes,
-        nproc_per_node=nproc_per_node,
-        # every node of a job must name the same rendezvous (torchrun's --rdzv-id)
-        run_id=os.environ.get("FW_RUN_ID") or (f"fw-{rdzv_endpoint}" if num_nodes > 1 else uuid.uuid4().hex[:12]),
-        rdzv_backend="c10d",
-        rdzv_endpoint=rdzv_endpoint,
-        rdzv_configs=rdzv_configs,
-        local_addr=local_addr,
-        max_restarts=max_restarts,
-        monitor_interval=0.1,
-        start_method="spawn",
-        # the agent passes these on to the workers, which stop after their step and write a
-        # checkpoint (trainer/preemption.py); without SIGUSR1 here it would kill the launcher alone
-        signals_to_handle=",".join(s.name for s in _PASSED_ON),
-    )
+    config = _launch_config(nproc_per_node, num_nodes, max_restarts, rdzv_endpoint, socket_ifname)
     # fw prints its own one-line summary of a failure; the agent's log lines would repeat it
     agent_log = logging.getLogger("torch.distributed.elastic")
     level = agent_log.level
@@ -171,6 +139,45 @@ def launch_workers(nproc_per_node: int, num_nodes: int = 1, max_restarts: int = 
     finally:
         agent_log.setLevel(level)
     return 0
+
+
+def _launch_config(nproc_per_node: int, num_nodes: int, max_restarts: int, rdzv_endpoint: str | None,
+                   socket_ifname: str | None) -> Any:
+    """torch's ``LaunchConfig`` for this node. On one node the agent binds a free rendezvous port
+    itself and holds it (torchrun's ``--standalone``): no other job can take it in between. With
+    several nodes, the node whose interfaces carry the endpoint's address hosts the rendezvous,
+    and this node is announced by the address of ``socket_ifname`` when one is named (its host
+    name may not resolve to an address the other nodes can reach)."""
+    from torch.distributed.launcher.api import LaunchConfig
+
+    if rdzv_endpoint is None:
+        if num_nodes > 1:
+            if "MASTER_ADDR" not in os.environ or "MASTER_PORT" not in os.environ:
+                raise ConfigError(
+                    f"trainer.num_nodes={num_nodes}: name the rendezvous host, the same on every node: "
+                    "trainer.rdzv_endpoint=HOST:PORT (or export MASTER_ADDR and MASTER_PORT)"
+                )
+            rdzv_endpoint = f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
+        else:
+            rdzv_endpoint = "127.0.0.1:0"
+    rdzv_configs, local_addr = _rendezvous_role(rdzv_endpoint, socket_ifname) if num_nodes > 1 else ({}, None)
+    return LaunchConfig(
+        min_nodes=num_nodes,
+        max_nodes=num_nodes,
+        nproc_per_node=nproc_per_node,
+        # every node of a job must name the same rendezvous (torchrun's --rdzv-id)
+        run_id=os.environ.get("FW_RUN_ID") or (f"fw-{rdzv_endpoint}" if num_nodes > 1 else uuid.uuid4().hex[:12]),
+        rdzv_backend="c10d",
+        rdzv_endpoint=rdzv_endpoint,
+        rdzv_configs=rdzv_configs,
+        local_addr=local_addr,
+        max_restarts=max_restarts,
+        monitor_interval=0.1,
+        start_method="spawn",
+        # the agent passes these on to the workers, which stop after their step and write a
+        # checkpoint (trainer/preemption.py); without SIGUSR1 here it would kill the launcher alone
+        signals_to_handle=",".join(s.name for s in _PASSED_ON),
+    )
 
 
 def _launch_hosting_once(config) -> None:

@@ -30,7 +30,8 @@ Rules that every method follows:
 * MPI collectives have no timeout, so the group keeps its own: a watchdog thread says on stderr
   what a rank has been waiting for (every 30 s) and aborts the MPI job once one call has
   waited longer than the group's timeout (a rank that stopped answering). It and the
-  communication thread live in ``mpi_threads.py``. A rank that
+  communication thread live in ``mpi_threads.py``; the staging rules in ``mpi_staging.py``;
+  the collectives that exchange data (gather, scatter, all-to-all) in ``mpi_exchange.py``. A rank that
   raises aborts the job at once (``MPIStrategy.on_exception`` and the excepthook).
 
 This relies on a private, experimental torch API (``_create_work_from_future``, Python
@@ -39,7 +40,6 @@ subclasses of ``ProcessGroup`` and ``Work``); ``tests/strategies/test_mpi_backen
 
 from __future__ import annotations
 
-import functools
 import threading
 from collections.abc import Callable
 from datetime import timedelta
@@ -47,51 +47,16 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import PythonCallbackWork, _create_work_from_future
+from torch._C._distributed_c10d import PythonCallbackWork
 
+from framework.strategies.mpi_exchange import ExchangeCollectives
+from framework.strategies.mpi_staging import _REDUCE_AS, _done, _staged, _synchronous
 from framework.strategies.mpi_threads import CommThread, Watchdog, call_unwatched
-
-# dtypes that MPI cannot reduce directly (MPI has no bfloat16, no half arithmetic and no
-# logical-as-arithmetic bool), mapped to the dtype the reduction runs in.
-_REDUCE_AS = {torch.bfloat16: torch.float32, torch.float16: torch.float32, torch.bool: torch.int32}
 
 _RedOp = dist.ReduceOp.RedOpType
 
 
-def _done(result: Any) -> dist.Work:
-    """A ``Work`` that is already complete, carrying ``result`` (a tensor or a list of them)."""
-    fut: torch.futures.Future = torch.futures.Future()
-    fut.set_result(result)
-    return _create_work_from_future(fut)
-
-
-def _staged(t: torch.Tensor, dtype: torch.dtype | None = None, copy_in: bool = True) -> torch.Tensor:
-    """``t`` itself when it is contiguous and of ``dtype``; else a contiguous stand-in (holding
-    ``t``'s values when ``copy_in``) that the caller copies back into ``t`` when it is done."""
-    if not t.is_cpu:
-        raise ValueError(f"the fw_mpi backend handles CPU tensors only, got {t.device}")
-    dtype = dtype or t.dtype
-    if t.dtype == dtype and t.is_contiguous():
-        return t
-    return t.to(dtype).contiguous() if copy_in else torch.empty(t.shape, dtype=dtype)
-
-
-def _synchronous(what: str):
-    """Run the decorated method after the group's queued calls, under its watchdog, named ``what``."""
-
-    def wrap(method):
-        @functools.wraps(method)
-        def run(self, *args, **kwargs):
-            if self._thread is not None:
-                self._thread.drain()
-            return self._run(what, method, self, *args, **kwargs)
-
-        return run
-
-    return wrap
-
-
-class MPIProcessGroup(dist.ProcessGroup):
+class MPIProcessGroup(ExchangeCollectives, dist.ProcessGroup):
     """A c10d process group over an mpi4py communicator (CPU tensors).
 
     Args:
@@ -256,82 +221,6 @@ class MPIProcessGroup(dist.ProcessGroup):
             if buf is not t:
                 t.copy_(buf)
         return _done(tensors)
-
-    @_synchronous("all-gather")
-    def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts=None) -> dist.Work:
-        if output.numel() != input.numel() * self._size:
-            raise ValueError("all_gather_into_tensor: output must hold world_size * input.numel()")
-        send, buf = _staged(input.detach()), _staged(output, copy_in=False)  # names keep them alive
-        self.comm.Allgather(self._buf(send), self._buf(buf))
-        if buf is not output:
-            output.copy_(buf)
-        return _done(output)
-
-    _allgather_base = all_gather_single
-
-    @_synchronous("all-gather")
-    def allgather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts=None):
-        for outs, inp in zip(outputs, inputs, strict=True):
-            flat = torch.empty((self._size, inp.numel()), dtype=inp.dtype)
-            self.all_gather_single(flat, inp)
-            for out, row in zip(outs, flat, strict=True):
-                out.copy_(row.view(out.shape))
-        return _done(outputs)
-
-    @_synchronous("gather")
-    def gather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts) -> dist.Work:
-        # Python-level hook only, like ``reduce``; ``outputs`` is empty except on the root.
-        (inp,) = inputs
-        is_root = self._rank == opts.rootRank
-        flat = torch.empty((self._size, inp.numel()), dtype=inp.dtype) if is_root else None
-        send = _staged(inp.detach())
-        self.comm.Gather(self._buf(send), self._buf(flat) if is_root else None, root=opts.rootRank)
-        if is_root:
-            for out, row in zip(outputs[0], flat, strict=True):
-                out.copy_(row.view(out.shape))
-        return _done(outputs[0] if outputs else [])
-
-    @_synchronous("scatter")
-    def scatter(self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], opts) -> dist.Work:
-        (out,) = outputs
-        is_root = self._rank == opts.rootRank
-        flat = _staged(torch.stack([t.detach().reshape(-1) for t in inputs[0]])) if is_root else None
-        buf = _staged(out, copy_in=False)
-        self.comm.Scatter(self._buf(flat) if is_root else None, self._buf(buf), root=opts.rootRank)
-        if buf is not out:
-            out.copy_(buf)
-        return _done(outputs)
-
-    @_synchronous("all-to-all")
-    def alltoall(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts=None) -> dist.Work:
-        flat_out = torch.empty(sum(t.numel() for t in outputs), dtype=outputs[0].dtype)
-        flat_in = torch.cat([t.detach().reshape(-1) for t in inputs])
-        self.alltoall_base(flat_out, flat_in, [t.numel() for t in outputs], [t.numel() for t in inputs])
-        for out, chunk in zip(outputs, flat_out.split([t.numel() for t in outputs]), strict=True):
-            out.copy_(chunk.view(out.shape))
-        return _done(outputs)
-
-    @_synchronous("all-to-all")
-    def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
-        n = self._size
-        send, row_in = _staged(input.detach()), input[0].numel() if input.dim() else 1
-        row_out = output[0].numel() if output.dim() else 1
-
-        def layout(splits, total_rows, row):
-            counts = [s * row for s in splits] if splits else [total_rows // n * row] * n
-            displs = [sum(counts[:i]) for i in range(n)]
-            return counts, displs
-
-        s_counts, s_displs = layout(input_split_sizes, input.shape[0] if input.dim() else 1, row_in)
-        r_counts, r_displs = layout(output_split_sizes, output.shape[0] if output.dim() else 1, row_out)
-        buf = _staged(output, copy_in=False)
-        (s_mem, s_type), (r_mem, r_type) = self._buf(send), self._buf(buf)
-        self.comm.Alltoallv([s_mem, (s_counts, s_displs), s_type], [r_mem, (r_counts, r_displs), r_type])
-        if buf is not output:
-            output.copy_(buf)
-        return _done(output)
-
-    all_to_all_single = alltoall_base
 
     @_synchronous("barrier")
     def barrier(self, opts=None) -> dist.Work:

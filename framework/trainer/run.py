@@ -6,6 +6,7 @@ metrics, where the run stands (``state``) and the Trainer's frozen ``settings``.
 builds a new one, so nothing of a call has to be reset on the Trainer; the Trainer keeps the
 last one so that Lightning's properties (``trainer.optimizers``, ``trainer.lightning_module``,
 ``trainer.train_dataloader``, ...) still answer after the call returned, as in Lightning.
+A ``Call`` is the public call as it was made (what a launcher hands its workers).
 """
 
 from __future__ import annotations
@@ -14,10 +15,12 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from framework.data import DataModule
+from framework.errors import ConfigError
+
 if TYPE_CHECKING:
     from framework.accelerators import Accelerator
     from framework.callbacks.base import Callback
-    from framework.data import DataModule
     from framework.data.run_loaders import LoaderSource
     from framework.loggers.base import Logger
     from framework.loops.hooks import HookDispatcher
@@ -88,3 +91,28 @@ class Run:
             return
         for lg in self.loggers:
             lg.log_metrics(metrics, step)
+
+
+@dataclass(frozen=True)
+class Call:
+    """One public call as it was made: what a launcher hands to its workers."""
+
+    fn: str
+    model: TrainModule | None
+    datamodule: DataModule | None
+    loaders: dict[str, Any]
+    ckpt_path: str | None
+    verbose: bool = True
+    return_predictions: bool = True
+
+
+def one_datamodule(given: DataModule, datamodule: DataModule | None) -> DataModule:
+    if datamodule is not None:
+        raise ConfigError("a DataModule was given twice (positionally and as datamodule=); pass it once")
+    return given
+
+
+def split_datamodule(dataloaders: Any, datamodule: DataModule | None) -> tuple[Any, DataModule | None]:
+    if isinstance(dataloaders, DataModule):
+        return None, one_datamodule(dataloaders, datamodule)
+    return dataloaders, datamodule

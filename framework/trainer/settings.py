@@ -14,7 +14,6 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from framework.errors import ConfigError
 from framework.trainer import arguments as args
 
 
@@ -88,43 +87,26 @@ class Settings:
                 rdzv_endpoint: str | None, profiler: Any) -> Settings:
         """Check every argument (a ConfigError names the first wrong one) and apply the switches
         that override others."""
-        if profiler is not None:
-            raise ConfigError(f"trainer.profiler={profiler!r}: fw has no profiler of its own; wrap trainer.fit in "
-                              "torch.profiler.profile(...), or add the ThroughputMonitor callback for step times")
+        args.refuse_profiler(profiler)
         if max_epochs is None and max_steps == -1 and max_time is None:
             max_epochs = 1000
-        limits = {
-            "train": args.limit_arg("limit_train_batches", limit_train_batches),
-            "validate": args.limit_arg("limit_val_batches", limit_val_batches),
-            "test": args.limit_arg("limit_test_batches", limit_test_batches),
-            "predict": args.limit_arg("limit_predict_batches", limit_predict_batches),
-        }
-        if check_val_every_n_epoch is not None:
-            args.positive_int("check_val_every_n_epoch", check_val_every_n_epoch)
+        limits = {stage: args.limit_arg(name, value) for stage, name, value in (
+            ("train", "limit_train_batches", limit_train_batches), ("validate", "limit_val_batches", limit_val_batches),
+            ("test", "limit_test_batches", limit_test_batches), ("predict", "limit_predict_batches", limit_predict_batches))}
         switched = dict(
             max_epochs=max_epochs if max_epochs is not None else -1,
             max_steps=int(max_steps),
             val_check_interval=args.check_val_check_interval(val_check_interval),
-            check_val_every_n_epoch=check_val_every_n_epoch,
+            check_val_every_n_epoch=None if check_val_every_n_epoch is None
+            else args.positive_int("check_val_every_n_epoch", check_val_every_n_epoch),
             num_sanity_val_steps=int(num_sanity_val_steps),
             enable_checkpointing=bool(enable_checkpointing),
             enable_progress_bar=bool(enable_progress_bar),
             enable_model_summary=bool(enable_model_summary),
             enable_logger=True,
         )
-        if barebones:  # nothing that costs time per step besides the step itself
-            switched.update(enable_logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                            enable_model_summary=False, num_sanity_val_steps=0)
-        overfit = args.limit_arg("overfit_batches", overfit_batches) or 0
-        if overfit:  # the same first batches every epoch, for training and validation
-            limits["train"] = limits["validate"] = overfit
-        dev_run = args.fast_dev_run_arg(fast_dev_run)
-        if dev_run:
-            if not overfit:
-                limits["train"] = limits["validate"] = dev_run
-            limits["test"] = limits["predict"] = dev_run
-            switched.update(max_steps=dev_run, max_epochs=1, num_sanity_val_steps=0, val_check_interval=None,
-                            check_val_every_n_epoch=1, enable_logger=False)
+        overfit, dev_run = args.limit_arg("overfit_batches", overfit_batches) or 0, args.fast_dev_run_arg(fast_dev_run)
+        _switch(switched, limits, bool(barebones), overfit, dev_run)
         return cls(
             min_epochs=min_epochs or 0,
             max_time=args.parse_max_time(max_time),
@@ -152,3 +134,19 @@ class Settings:
             rdzv_endpoint=rdzv_endpoint,
             **switched,
         )
+
+
+def _switch(switched: dict[str, Any], limits: dict[str, Any], barebones: bool, overfit: int | float,
+            dev_run: int) -> None:
+    """What ``barebones``, ``overfit_batches`` and ``fast_dev_run`` override, in place."""
+    if barebones:  # nothing that costs time per step besides the step itself
+        switched.update(enable_logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False, num_sanity_val_steps=0)
+    if overfit:  # the same first batches every epoch, for training and validation
+        limits["train"] = limits["validate"] = overfit
+    if dev_run:
+        if not overfit:
+            limits["train"] = limits["validate"] = dev_run
+        limits["test"] = limits["predict"] = dev_run
+        switched.update(max_steps=dev_run, max_epochs=1, num_sanity_val_steps=0, val_check_interval=None,
+                        check_val_every_n_epoch=1, enable_logger=False)

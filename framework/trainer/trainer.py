@@ -1,9 +1,11 @@
-"""The Trainer: builds the parts of a run from its arguments and drives the loops.
+"""The Trainer: its arguments, its parts, and where each call runs.
 
-It owns its accelerator, strategy, precision, callbacks and loggers and passes them what they
-need. Where the run stands lives in one ``RunState`` (``trainer.state``), what it logged in
-``trainer.metrics``. The loops are in ``framework.loops``; set-up and teardown in ``setup.py``,
-checkpoint save and resume in ``checkpointing.py`` beside this file.
+``__init__`` resolves the arguments into frozen ``Settings`` and builds what every call shares:
+accelerator, strategy (and its launcher), precision, callbacks, loggers, the ``RunState`` and
+the logged metrics. Each call (``fit``, ``validate``, ``test``, ``predict``) runs here, or as
+every rank of the workers its launcher starts (``launch(fn, *args)``, ``strategies/
+launchers.py``): here it builds a ``Run`` (``setup.py``), restores a checkpoint into it, runs the
+loop (``framework.loops``) inside the stop-signal handlers and the heartbeat, and tears down.
 """
 
 from __future__ import annotations
@@ -11,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import inspect
 import os
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -35,7 +36,7 @@ from framework.trainer.outcome import Outcome
 from framework.trainer.parts import Stateful
 from framework.trainer.preemption import SignalCatcher, StopCheck, StoppedBySignal, save_after_signal
 from framework.trainer.properties import TrainerProperties
-from framework.trainer.run import Run
+from framework.trainer.run import Call, Run, one_datamodule, split_datamodule
 from framework.trainer.settings import Settings
 from framework.trainer.state import RunState
 from framework.trainer.summary import print_results
@@ -76,49 +77,21 @@ class Trainer(TrainerProperties):
     """
 
     def __init__(
-        self,
-        accelerator: str = "auto",
-        strategy: Any = "auto",
-        devices: Any = "auto",
-        num_nodes: int = 1,
-        precision: Any = "32",
-        logger: Any = True,
-        callbacks: list[Callback] | Callback | None = None,
-        max_epochs: int | None = None,
-        min_epochs: int | None = None,
-        max_steps: int = -1,
-        max_time: Any = None,
-        limit_train_batches: int | float | None = None,
-        limit_val_batches: int | float | None = None,
-        limit_test_batches: int | float | None = None,
-        limit_predict_batches: int | float | None = None,
-        val_check_interval: int | float | None = None,
-        check_val_every_n_epoch: int | None = 1,
-        num_sanity_val_steps: int = 2,
-        log_every_n_steps: int = 50,
-        enable_checkpointing: bool = True,
-        enable_progress_bar: bool = True,
-        accumulate_grad_batches: int = 1,
-        gradient_clip_val: float | None = None,
-        gradient_clip_algorithm: str | None = None,
-        deterministic: bool = False,
-        default_root_dir: str | None = None,
-        max_restarts: int = 0,
-        rdzv_endpoint: str | None = None,
-        on_nonfinite: str = "error",
-        preemption_signal: str | None = "SIGUSR1",
-        requeue: bool = False,
-        enable_model_summary: bool = True,
-        fast_dev_run: int | bool = False,
-        overfit_batches: int | float = 0.0,
-        reload_dataloaders_every_n_epochs: int = 0,
-        benchmark: bool | None = None,
-        detect_anomaly: bool = False,
-        inference_mode: bool = True,
-        use_distributed_sampler: bool = True,
-        sync_batchnorm: bool = False,
-        barebones: bool = False,
-        profiler: Any = None,
+        self, accelerator: str = "auto", strategy: Any = "auto", devices: Any = "auto", num_nodes: int = 1,
+        precision: Any = "32", logger: Any = True, callbacks: list[Callback] | Callback | None = None,
+        max_epochs: int | None = None, min_epochs: int | None = None, max_steps: int = -1, max_time: Any = None,
+        limit_train_batches: int | float | None = None, limit_val_batches: int | float | None = None,
+        limit_test_batches: int | float | None = None, limit_predict_batches: int | float | None = None,
+        val_check_interval: int | float | None = None, check_val_every_n_epoch: int | None = 1,
+        num_sanity_val_steps: int = 2, log_every_n_steps: int = 50, enable_checkpointing: bool = True,
+        enable_progress_bar: bool = True, accumulate_grad_batches: int = 1, gradient_clip_val: float | None = None,
+        gradient_clip_algorithm: str | None = None, deterministic: bool = False,
+        default_root_dir: str | None = None, max_restarts: int = 0, rdzv_endpoint: str | None = None,
+        on_nonfinite: str = "error", preemption_signal: str | None = "SIGUSR1", requeue: bool = False,
+        enable_model_summary: bool = True, fast_dev_run: int | bool = False, overfit_batches: int | float = 0.0,
+        reload_dataloaders_every_n_epochs: int = 0, benchmark: bool | None = None, detect_anomaly: bool = False,
+        inference_mode: bool = True, use_distributed_sampler: bool = True, sync_batchnorm: bool = False,
+        barebones: bool = False, profiler: Any = None,
     ) -> None:
         arguments = {name: value for name, value in locals().items() if name in _SETTINGS}
         self.settings = Settings.resolve(**arguments)
@@ -161,7 +134,7 @@ class Trainer(TrainerProperties):
         """Train ``model``; ``ckpt_path`` (a path, ``"last"`` or ``"best"``) resumes from a
         checkpoint. A DataModule may be given in place of ``train_dataloaders``, as in Lightning."""
         if isinstance(train_dataloaders, DataModule):
-            train_dataloaders, datamodule = None, _one_datamodule(train_dataloaders, datamodule)
+            train_dataloaders, datamodule = None, one_datamodule(train_dataloaders, datamodule)
         self._call(Call("fit", model, datamodule, {"train": train_dataloaders, "validate": val_dataloaders},
                         ckpt_path))
 
@@ -169,13 +142,13 @@ class Trainer(TrainerProperties):
                  verbose: bool = True, datamodule: DataModule | None = None) -> list[dict]:
         """One pass over the validation data; the logged epoch values, one dict per loader
         (``verbose``: also shown as a table on stderr, rank 0)."""
-        dataloaders, datamodule = _split_datamodule(dataloaders, datamodule)
+        dataloaders, datamodule = split_datamodule(dataloaders, datamodule)
         return self._call(Call("validate", model, datamodule, {"validate": dataloaders}, ckpt_path, verbose=verbose))
 
     def test(self, model: TrainModule | None = None, dataloaders: Any = None, ckpt_path: str | None = None,
              verbose: bool = True, datamodule: DataModule | None = None) -> list[dict]:
         """One pass over the test data; as ``validate``."""
-        dataloaders, datamodule = _split_datamodule(dataloaders, datamodule)
+        dataloaders, datamodule = split_datamodule(dataloaders, datamodule)
         return self._call(Call("test", model, datamodule, {"test": dataloaders}, ckpt_path, verbose=verbose))
 
     def predict(self, model: TrainModule | None = None, dataloaders: Any = None,
@@ -183,7 +156,7 @@ class Trainer(TrainerProperties):
                 ckpt_path: str | None = None) -> list | None:
         """``predict_step`` over the data: a list of outputs, a list of such lists for several
         loaders, or None with ``return_predictions=False``."""
-        dataloaders, datamodule = _split_datamodule(dataloaders, datamodule)
+        dataloaders, datamodule = split_datamodule(dataloaders, datamodule)
         keep = True if return_predictions is None else bool(return_predictions)
         return self._call(Call("predict", model, datamodule, {"predict": dataloaders}, ckpt_path,
                                return_predictions=keep))
@@ -291,28 +264,3 @@ _LOOPS = {"fit": loops.run_fit, "validate": loops.run_eval_stage, "test": loops.
           "predict": loops.run_predict}
 #: the arguments that ``Settings`` resolves (the others build the Trainer's parts)
 _SETTINGS = set(inspect.signature(Settings.resolve).parameters) - {"cls"}
-
-
-@dataclass(frozen=True)
-class Call:
-    """One public call as it was made: what a launcher hands to its workers."""
-
-    fn: str
-    model: TrainModule | None
-    datamodule: DataModule | None
-    loaders: dict[str, Any]
-    ckpt_path: str | None
-    verbose: bool = True
-    return_predictions: bool = True
-
-
-def _one_datamodule(given: DataModule, datamodule: DataModule | None) -> DataModule:
-    if datamodule is not None:
-        raise ConfigError("a DataModule was given twice (positionally and as datamodule=); pass it once")
-    return given
-
-
-def _split_datamodule(dataloaders: Any, datamodule: DataModule | None) -> tuple[Any, DataModule | None]:
-    if isinstance(dataloaders, DataModule):
-        return None, _one_datamodule(dataloaders, datamodule)
-    return dataloaders, datamodule
