@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from framework.loops.hooks import HookDispatcher
 from framework.trainer.run import Run
 
 if TYPE_CHECKING:
@@ -71,5 +72,5 @@ class Outcome:
         trainer.run = Run(fn=self.fn, trainer=trainer, settings=trainer.settings, strategy=trainer.strategy,
                           accelerator=trainer.accelerator, precision=trainer.precision, state=state,
                           metrics=trainer.metrics, loggers=trainer.loggers, callbacks=trainer.callbacks,
-                          module=model, log_dir=self.log_dir)
+                          module=model, hooks=HookDispatcher(trainer.callbacks, trainer, model), log_dir=self.log_dir)
         return self.output

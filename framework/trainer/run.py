@@ -71,8 +71,8 @@ class Run:
     loggers: list[Logger]
     callbacks: list[Callback]
     module: TrainModule
+    hooks: HookDispatcher
     datamodule: DataModule | None = None
-    hooks: HookDispatcher | None = None
     loaders: dict[str, list] = field(default_factory=dict)
     loader_source: LoaderSource | None = None
     optimizers: list = field(default_factory=list)

@@ -84,12 +84,13 @@ def setup(trainer: Trainer, fn: str, model: TrainModule, datamodule: DataModule 
     resumed run logs into the version folder its checkpoint came from."""
     strategy, settings = trainer.strategy, trainer.settings
     _refuse_hooks_fw_does_not_call(model)
+    callbacks = _with_model_callbacks(trainer.callbacks, model)
     run = Run(fn=fn, trainer=trainer, settings=settings, strategy=strategy, accelerator=trainer.accelerator,
               precision=trainer.precision, state=trainer.state, metrics=trainer.metrics, loggers=trainer.loggers,
-              callbacks=_with_model_callbacks(trainer.callbacks, model), module=model, datamodule=datamodule)
+              callbacks=callbacks, module=model, hooks=HookDispatcher(callbacks, trainer, model),
+              datamodule=datamodule)
     trainer.callbacks = run.callbacks  # configure_callbacks() replaces them for good, as in Lightning
     trainer.run = run
-    run.hooks = HookDispatcher(run.callbacks, trainer, model)
     run.process_settings = _apply_process_settings(settings)
     strategy.setup_environment()
     model.trainer = trainer
@@ -261,8 +262,7 @@ def teardown(run: Run, failed: bool = False) -> None:
     fn = run.fn
     try:
         if not failed:
-            if run.hooks is not None:
-                run.hooks.callbacks("teardown", fn)
+            run.hooks.callbacks("teardown", fn)
             if run.datamodule is not None:
                 run.datamodule.teardown(fn)
             run.module.teardown(fn)

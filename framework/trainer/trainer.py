@@ -230,7 +230,7 @@ class Trainer(TrainerProperties):
         except BaseException as exc:
             failed = True
             state.status = "interrupted"
-            if run is not None and run.hooks is not None:
+            if run is not None:
                 run.hooks.callbacks("on_exception", exc)
             if run is not None and run.datamodule is not None:
                 run.datamodule.on_exception(exc)
