@@ -1,4 +1,5 @@
-"""Launchers: how a strategy's processes are started. A strategy returns one (or None).
+"""Launchers: how a strategy's processes are started. A strategy returns one (or None); every
+launcher has one method, ``launch(fn, *args)``: run one Trainer call as every rank of the job.
 
 - ``ElasticLauncher`` (DDP over Gloo or NCCL): without a launcher around and with
   ``devices * num_nodes > 1``, fw re-runs the current command (``fw fit ...`` or ``python
@@ -6,7 +7,11 @@
   behind ``torchrun``: it sets RANK/LOCAL_RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT, watches the
   workers, and when one fails it stops the others and reports that worker's error (a worker
   stopped by SIGSTOP is resumed so that it acts on that SIGTERM: ``processes.py``). The launching
-  process does not train; it exits with the job's status once the workers are done.
+  process does not train: once the workers are done it ends with the job's status
+  (``JobEnded``). On one node the agent binds the rendezvous port itself (``127.0.0.1:0``, as
+  ``torchrun --standalone``), so jobs started at once on one machine never race for a port.
+- ``SpawnLauncher`` (``ddp_spawn``, ``ddp_notebook``; ``spawn.py``): runs the call in workers it
+  starts from this process and returns rank 0's outcome.
 - ``MPIExecLauncher`` (the mpi strategy): MPI jobs are started by ``mpiexec``, so it refuses
   with the command to run.
 - ``None``: one process, or the workers already exist (torchrun, srun, mpiexec).
