@@ -1,0 +1,183 @@
+"""A whole ``fit()`` as a user makes it, against the hand-written loop: set-up and teardown included.
+
+Same model (MLP 64-512-512-10), same initial weights, same data (32 samples per rank per step,
+``DistributedSampler(shuffle=False)``'s shard), Adam, ``--steps`` steps (100). One call per side
+per round, timed on every rank from just before the side builds anything (the Trainer, or DDP
+and the loader) to just after it returns; a round's time is the slowest rank's. The sides take
+turns (the order rotates every round) in the same processes, so machine noise lands on all of
+them; the ratio reported is the median over rounds of fw's time over the raw loop's. ::
+
+    # 2 Gloo ranks under torchrun (the group is made once; every side uses it)
+    .venv/bin/python -m torch.distributed.run --standalone --nproc-per-node 2 benchmarks/bench_fit.py
+    # one process
+    .venv/bin/python benchmarks/bench_fit.py --single
+    # where fw's time goes (rank 0, one fw fit under cProfile)
+    .venv/bin/python -m torch.distributed.run --standalone --nproc-per-node 2 benchmarks/bench_fit.py --profile
+
+``--lightning`` adds Lightning's Trainer as a third side. Results: a table, and JSON under
+``benchmarks/results/`` (``--out``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import cProfile
+import datetime
+import io
+import os
+import pstats
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from torch import nn  # noqa: E402
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset  # noqa: E402
+
+import framework as fw  # noqa: E402
+from _modules import MLPModule, make_mlp, make_optimizer  # noqa: E402
+from framework.bench.common import machine_info, median, print_table, result_path, write_json  # noqa: E402
+
+SIZES = (64, 512, 512, 10)
+PER_RANK_BATCH = 32
+QUIET = dict(accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
+             enable_model_summary=False, num_sanity_val_steps=0)
+
+
+def raw_fit(net: nn.Module, data: TensorDataset, steps: int, rank: int, world: int) -> None:
+    """The hand-written loop: DDP (several ranks) + DistributedSampler, Adam, ``steps`` steps."""
+    model = nn.parallel.DistributedDataParallel(net) if world > 1 else net
+    sampler = DistributedSampler(data, num_replicas=world, rank=rank, shuffle=False) if world > 1 else None
+    loader = DataLoader(data, batch_size=PER_RANK_BATCH, sampler=sampler)
+    opt = make_optimizer(model.parameters())
+    model.train()
+    for step, (x, y) in enumerate(loader):
+        if step == steps:
+            break
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+
+def fw_fit(net: nn.Module, data: TensorDataset, steps: int, world: int) -> None:
+    trainer = fw.Trainer(**QUIET, devices=world, strategy="ddp_gloo" if world > 1 else "single", max_steps=steps)
+    with contextlib.redirect_stderr(io.StringIO()):  # fw's one-line run summary
+        trainer.fit(MLPModule(net), DataLoader(data, batch_size=PER_RANK_BATCH))
+
+
+def lightning_fit(net: nn.Module, data: TensorDataset, steps: int, world: int) -> None:
+    import pytorch_lightning as pl
+
+    class LitMLP(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = net
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            return F.cross_entropy(self.net(x), y)
+
+        def configure_optimizers(self):
+            return make_optimizer(self.parameters())
+
+    trainer = pl.Trainer(accelerator="cpu", devices=world, strategy="ddp" if world > 1 else "auto",
+                         max_steps=steps, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False, num_sanity_val_steps=0)
+    with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
+        trainer.fit(LitMLP(), DataLoader(data, batch_size=PER_RANK_BATCH))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--rounds", type=int, default=9)
+    parser.add_argument("--single", action="store_true", help="one process (no torchrun)")
+    parser.add_argument("--lightning", action="store_true", help="Lightning's Trainer as a third side")
+    parser.add_argument("--profile", action="store_true", help="cProfile one fw fit on rank 0 instead")
+    parser.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
+    args = parser.parse_args()
+    world = 1 if args.single else int(os.environ.get("WORLD_SIZE", "1"))
+    if world > 1:
+        dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=300))
+    rank = dist.get_rank() if world > 1 else 0
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+    g = torch.Generator().manual_seed(0)
+    n = args.steps * PER_RANK_BATCH * world
+    data = TensorDataset(torch.randn(n, SIZES[0], generator=g), torch.randint(0, SIZES[-1], (n,), generator=g))
+    torch.manual_seed(0)
+    initial = make_mlp(SIZES).state_dict()
+
+    def fresh() -> nn.Module:
+        net = make_mlp(SIZES)
+        net.load_state_dict(initial)
+        return net
+
+    sides = {"raw": lambda: raw_fit(fresh(), data, args.steps, rank, world),
+             "fw": lambda: fw_fit(fresh(), data, args.steps, world)}
+    if args.lightning:
+        sides["lightning"] = lambda: lightning_fit(fresh(), data, args.steps, world)
+    if args.profile:
+        return profile(sides, rank, world)
+
+    for side in sides.values():  # warm-up: imports, first-call costs
+        side()
+    times: dict[str, list[float]] = {name: [] for name in sides}
+    names = list(sides)
+    for r in range(args.rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            times[name].append(timed(sides[name], world))
+    report(times, args, world)
+
+
+def timed(side, world: int) -> float:
+    """Wall time of one call, the slowest rank's (every rank starts together)."""
+    if world > 1:
+        dist.barrier()
+    start = time.perf_counter()
+    side()
+    mine = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
+    if world > 1:
+        dist.all_reduce(mine, op=dist.ReduceOp.MAX)
+    return float(mine)
+
+
+def profile(sides: dict, rank: int, world: int) -> None:
+    sides["fw"]()  # warm
+    profiler = cProfile.Profile()
+    if world > 1:
+        dist.barrier()
+    profiler.enable()
+    sides["fw"]()
+    profiler.disable()
+    if rank == 0:
+        stats = pstats.Stats(profiler, stream=sys.stdout)
+        stats.sort_stats("cumulative").print_stats(40)
+        stats.sort_stats("tottime").print_stats(25)
+
+
+def report(times: dict[str, list[float]], args, world: int) -> None:
+    if world > 1 and dist.get_rank() != 0:
+        return
+    raw = times["raw"]
+    rows = []
+    for name, values in times.items():
+        ratios = [t / r for t, r in zip(values, raw, strict=True)]
+        rows.append({"side": name, "median_s": median(values), "min_s": min(values), "max_s": max(values),
+                     "ratio_to_raw": median(ratios), "ratios": ratios})
+    print_table(f"{args.steps}-step fit on {world} rank(s), whole call (set-up and teardown included), "
+                f"{args.rounds} rounds", ["side", "median s", "min s", "max s", "/raw (median of rounds)"],
+                [[r["side"], f"{r['median_s']:.3f}", f"{r['min_s']:.3f}", f"{r['max_s']:.3f}",
+                  f"{r['ratio_to_raw']:.3f}"] for r in rows])
+    doc = {"machine": machine_info(), "world_size": world, "steps": args.steps, "rounds": args.rounds,
+           "sides": rows, "times": times}
+    path = write_json(result_path(f"fit_{'single' if world == 1 else f'ddp{world}'}", out=Path(args.out)), doc)
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
