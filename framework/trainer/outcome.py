@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from framework.loops.hooks import HookDispatcher
+from framework.trainer.metrics import LoggedMetrics
 from framework.trainer.run import Run
 
 if TYPE_CHECKING:
@@ -63,7 +64,6 @@ class Outcome:
         """Make ``trainer`` and ``model`` what rank 0's were at the end of the call; its return value."""
         model.load_state_dict(self.state_dict)
         model.trainer = trainer
-        trainer.metrics.take_values(self.callback_metrics, self.progress_bar, self.logged)
         state = trainer.state
         state.epoch, state.global_step = self.epoch, self.global_step
         state.stop_reason, state.status = self.stop_reason, self.status
@@ -71,6 +71,7 @@ class Outcome:
             cb.best_model_path, cb.best_model_score, cb.last_model_path = best, score, last
         trainer.run = Run(fn=self.fn, trainer=trainer, settings=trainer.settings, strategy=trainer.strategy,
                           accelerator=trainer.accelerator, precision=trainer.precision, state=state,
-                          metrics=trainer.metrics, loggers=trainer.loggers, callbacks=trainer.callbacks,
+                          metrics=LoggedMetrics(), loggers=trainer.loggers, callbacks=trainer.callbacks,
                           module=model, hooks=HookDispatcher(trainer.callbacks, trainer, model), log_dir=self.log_dir)
+        trainer.run.metrics.take_values(self.callback_metrics, self.progress_bar, self.logged)
         return self.output

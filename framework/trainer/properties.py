@@ -41,7 +41,7 @@ class TrainerProperties:
     settings: Settings
     strategy: Strategy
     state: RunState
-    metrics: LoggedMetrics
+    _no_metrics: LoggedMetrics
     callbacks: list[Callback]
     loggers: list[Logger]
     devices: list[int]
@@ -150,7 +150,12 @@ class TrainerProperties:
     def is_last_batch(self) -> bool:
         return self.state.is_last_batch
 
-    # -- metrics --------------------------------------------------------------------------------
+    # -- metrics (each call starts with none, as in Lightning) -----------------------------------
+    @property
+    def metrics(self) -> LoggedMetrics:
+        """What the current (or last) call logged."""
+        return self.run.metrics if self.run is not None else self._no_metrics
+
     @property
     def callback_metrics(self) -> dict[str, torch.Tensor]:
         return self.metrics.callback_metrics

@@ -44,7 +44,8 @@ class Run:
     Attributes:
         fn: ``fit``, ``validate``, ``test`` or ``predict``.
         trainer: the Trainer (what hooks and callbacks are handed).
-        settings, strategy, accelerator, precision, state, metrics, loggers: the Trainer's.
+        settings, strategy, accelerator, precision, state, loggers: the Trainer's.
+        metrics: what this call logged (each call starts with none, as in Lightning).
         callbacks: the Trainer's, with those of ``configure_callbacks()`` in place.
         module, datamodule: what the call runs on.
         hooks: the one way hooks are called (``loops/hooks.py``).

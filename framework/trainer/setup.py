@@ -28,6 +28,7 @@ from framework.seed import sampler_seed
 from framework.trainer import arguments as args
 from framework.trainer import checkpointing
 from framework.trainer.differences import note_differences
+from framework.trainer.metrics import LoggedMetrics
 from framework.trainer.run import Run
 
 if TYPE_CHECKING:
@@ -86,7 +87,7 @@ def setup(trainer: Trainer, fn: str, model: TrainModule, datamodule: DataModule 
     _refuse_hooks_fw_does_not_call(model)
     callbacks = _with_model_callbacks(trainer.callbacks, model)
     run = Run(fn=fn, trainer=trainer, settings=settings, strategy=strategy, accelerator=trainer.accelerator,
-              precision=trainer.precision, state=trainer.state, metrics=trainer.metrics, loggers=trainer.loggers,
+              precision=trainer.precision, state=trainer.state, metrics=LoggedMetrics(), loggers=trainer.loggers,
               callbacks=callbacks, module=model, hooks=HookDispatcher(callbacks, trainer, model),
               datamodule=datamodule)
     trainer.callbacks = run.callbacks  # configure_callbacks() replaces them for good, as in Lightning

@@ -122,7 +122,7 @@ class Trainer(TrainerProperties):
             rank_zero_info(f"fw: fast_dev_run={n}: {n} batch(es) per stage, without logging or checkpoints")
         self.loggers = setup.resolve_loggers(logger if self.settings.enable_logger else False)
         self.state = RunState()
-        self.metrics = LoggedMetrics()
+        self._no_metrics = LoggedMetrics()  # what the metric properties read before the first call
         #: the current call's ``Run`` (``run.py``), or the last one's once it returned
         self.run: Run | None = None
         #: the user's own stateful objects, saved in (and restored from) every checkpoint of a fit

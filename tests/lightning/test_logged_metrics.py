@@ -1,0 +1,67 @@
+"""``trainer.logged_metrics`` is what went to the loggers (``logger=True``), not
+``callback_metrics``: the same module logging the same values gives the same names and values
+on fw and on Lightning, after fit and after validate."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+import framework as fw
+
+pl = pytest.importorskip("pytorch_lightning")
+
+
+def _data() -> TensorDataset:
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(24, 3, generator=g)
+    return TensorDataset(x, x.sum(1, keepdim=True))
+
+
+def _module(base: type) -> nn.Module:
+    class Logs(base):
+        def __init__(self) -> None:
+            super().__init__()
+            torch.manual_seed(0)
+            self.net = nn.Linear(3, 1)
+
+        def training_step(self, batch, batch_idx):
+            loss = F.mse_loss(self.net(batch[0]), batch[1])
+            self.log("logged", loss)
+            self.log("hidden", loss * 2, logger=False, prog_bar=True)
+            self.log("both", loss * 3, on_step=True, on_epoch=True)
+            return loss
+
+        def validation_step(self, batch, batch_idx):
+            self.log("val_logged", F.mse_loss(self.net(batch[0]), batch[1]))
+            self.log("val_hidden", 1.0, logger=False)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.05)
+
+    return Logs()
+
+
+def _run(trainer_cls, base) -> tuple[dict, dict]:
+    trainer = trainer_cls(accelerator="cpu", devices=1, max_epochs=2, log_every_n_steps=1, logger=False,
+                          enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                          num_sanity_val_steps=0)
+    model = _module(base)
+    loader = DataLoader(_data(), batch_size=8)
+    trainer.fit(model, loader, loader)
+    after_fit = {k: float(v) for k, v in trainer.logged_metrics.items()}
+    trainer.validate(model, loader, verbose=False)
+    return after_fit, {k: float(v) for k, v in trainer.logged_metrics.items()}
+
+
+@pytest.mark.timeout(120)
+def test_logged_metrics_are_what_lightning_logs():
+    ours, theirs = _run(fw.Trainer, fw.TrainModule), _run(pl.Trainer, pl.LightningModule)
+    for mine, lightning in zip(ours, theirs, strict=True):
+        assert set(mine) == set(lightning), (mine, lightning)
+        for name, value in lightning.items():
+            assert mine[name] == pytest.approx(value, rel=1e-6), name
+    assert "hidden" not in ours[0] and "val_hidden" not in ours[1]
