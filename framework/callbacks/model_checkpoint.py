@@ -27,13 +27,17 @@ from __future__ import annotations
 import math
 import os
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from framework.callbacks.base import Callback
 from framework.callbacks.checkpoint_resume import not_restored_warning, why_not_continued
 from framework.checkpoint import check_writable_on_every_rank, remove_stale_temp_files
 from framework.errors import ConfigError, did_you_mean
 from framework.rank_zero import rank_zero_warn
+
+if TYPE_CHECKING:
+    from framework.module import TrainModule
+    from framework.trainer import Trainer
 
 
 class ModelCheckpoint(Callback):
@@ -123,7 +127,7 @@ class ModelCheckpoint(Callback):
                 f"'every_n_train_steps': {self.every_n_train_steps}, 'every_n_epochs': {self.every_n_epochs}}}")
 
     # -- hooks ----------------------------------------------------------------------------
-    def setup(self, trainer, module, stage: str) -> None:
+    def setup(self, trainer: Trainer, module: TrainModule, stage: str) -> None:
         self._fitting = stage == "fit"
         self._saved_in_this_fit = False
         log_dir = None if self._dirpath_given else trainer.log_dir  # <save_dir>/<name>/version_N
@@ -137,23 +141,23 @@ class ModelCheckpoint(Callback):
             if trainer.is_global_zero:
                 remove_stale_temp_files(self.dirpath)  # what killed writes left
 
-    def on_validation_end(self, trainer, module) -> None:
+    def on_validation_end(self, trainer: Trainer, module: TrainModule) -> None:
         if trainer.sanity_checking or not self._fitting:
             return
         self._validation_has_run = True
         if not self._saves_on_train_epoch_end(trainer) and not self._skip(trainer):
             self._save_epoch_checkpoints(trainer)
 
-    def on_train_epoch_end(self, trainer, module) -> None:
+    def on_train_epoch_end(self, trainer: Trainer, module: TrainModule) -> None:
         if self._saves_on_train_epoch_end(trainer) and not self._skip(trainer):
             self._save_epoch_checkpoints(trainer)
 
-    def on_train_end(self, trainer, module) -> None:
+    def on_train_end(self, trainer: Trainer, module: TrainModule) -> None:
         # Lightning's promise: with save_last, a fit that reached no save point still leaves last.ckpt.
         if self.save_last and self._fitting and not self._saved_in_this_fit and not self._skip(trainer):
             self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
 
-    def on_train_batch_end(self, trainer, module, outputs: Any, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_end(self, trainer: Trainer, module: TrainModule, outputs: Any, batch: Any, batch_idx: int) -> None:
         if self.every_n_train_steps < 1 or trainer.global_step % self.every_n_train_steps != 0:
             return
         if self._skip(trainer):
@@ -163,7 +167,7 @@ class ModelCheckpoint(Callback):
         self._save_last_checkpoint(trainer, candidates)
 
     # -- when -----------------------------------------------------------------------------
-    def _saves_on_train_epoch_end(self, trainer) -> bool:
+    def _saves_on_train_epoch_end(self, trainer: Trainer) -> bool:
         """Epoch save points at the training epoch's end, or at each validation's end? Lightning's
         rule (``_should_save_on_train_epoch_end``): after validation whenever validation is not
         exactly once at the end of every epoch, so that the checkpoint holds the weights the
@@ -176,17 +180,17 @@ class ModelCheckpoint(Callback):
             return True
         return trainer.val_check_interval is None or trainer.val_check_interval == 1.0  # 1 too, as in Lightning
 
-    def _skip(self, trainer) -> bool:
+    def _skip(self, trainer: Trainer) -> bool:
         # With gradient accumulation several batches share one global_step: save once.
         return trainer.sanity_checking or self._last_global_step_saved == trainer.global_step
 
-    def _save_epoch_checkpoints(self, trainer) -> None:
+    def _save_epoch_checkpoints(self, trainer: Trainer) -> None:
         candidates = self._monitor_candidates(trainer)
         if self.every_n_epochs >= 1 and (trainer.current_epoch + 1) % self.every_n_epochs == 0:
             self._save_topk_checkpoint(trainer, candidates)
         self._save_last_checkpoint(trainer, candidates)
 
-    def _monitor_candidates(self, trainer) -> dict[str, float]:
+    def _monitor_candidates(self, trainer: Trainer) -> dict[str, float]:
         candidates: dict[str, float] = {}
         for key, value in trainer.callback_metrics.items():
             try:
@@ -198,7 +202,7 @@ class ModelCheckpoint(Callback):
         return candidates
 
     # -- top-k ----------------------------------------------------------------------------
-    def _save_topk_checkpoint(self, trainer, candidates: dict[str, float]) -> None:
+    def _save_topk_checkpoint(self, trainer: Trainer, candidates: dict[str, float]) -> None:
         if self.save_top_k == 0:
             return
         if self.monitor is None:
@@ -206,7 +210,7 @@ class ModelCheckpoint(Callback):
             return
         current = candidates.get(self.monitor)
         if current is None:
-            self._missing_monitor(trainer)
+            self._missing_monitor(trainer, self.monitor)
             return
         if math.isnan(current):  # a NaN is never "better"; store it as the worst value
             current = math.inf if self.mode == "min" else -math.inf
@@ -222,7 +226,7 @@ class ModelCheckpoint(Callback):
         kth = self.best_k_models[self.kth_best_model_path]
         return current < kth if self.mode == "min" else current > kth
 
-    def _update_best_and_save(self, current: float, trainer, candidates: dict[str, float]) -> None:
+    def _update_best_and_save(self, current: float, trainer: Trainer, candidates: dict[str, float]) -> None:
         k = len(self.best_k_models) + 1 if self.save_top_k == -1 else self.save_top_k
         del_filepath = None
         if len(self.best_k_models) == k and k > 0:
@@ -233,36 +237,36 @@ class ModelCheckpoint(Callback):
         self.best_k_models[filepath] = current
         worst, best = (max, min) if self.mode == "min" else (min, max)
         if len(self.best_k_models) == k:
-            self.kth_best_model_path = worst(self.best_k_models, key=self.best_k_models.get)
+            self.kth_best_model_path = worst(self.best_k_models, key=self.best_k_models.__getitem__)
             self.kth_value = self.best_k_models[self.kth_best_model_path]
-        self.best_model_path = best(self.best_k_models, key=self.best_k_models.get)
+        self.best_model_path = best(self.best_k_models, key=self.best_k_models.__getitem__)
         self.best_model_score = self.best_k_models[self.best_model_path]
 
         self._save_checkpoint(trainer, filepath)
         if del_filepath:
             self._remove_checkpoint(trainer, del_filepath, keep=filepath)
 
-    def _save_none_monitor_checkpoint(self, trainer, candidates: dict[str, float]) -> None:
+    def _save_none_monitor_checkpoint(self, trainer: Trainer, candidates: dict[str, float]) -> None:
         filepath = self._unused_filepath(trainer, candidates, reuse=self.best_model_path)
         previous, self.best_model_path = self.best_model_path, filepath
         self._save_checkpoint(trainer, filepath)
         if self.save_top_k == 1 and previous:
             self._remove_checkpoint(trainer, previous, keep=filepath)
 
-    def _save_last_checkpoint(self, trainer, candidates: dict[str, float]) -> None:
+    def _save_last_checkpoint(self, trainer: Trainer, candidates: dict[str, float]) -> None:
         if not self.save_last:
             return
-        filepath = os.path.join(self.dirpath, self.CHECKPOINT_NAME_LAST + self.FILE_EXTENSION)
+        filepath = os.path.join(self._folder(), self.CHECKPOINT_NAME_LAST + self.FILE_EXTENSION)
         previous, self.last_model_path = self.last_model_path, filepath
         self._save_checkpoint(trainer, filepath)  # overwritten in place, atomically
         if previous:
             self._remove_checkpoint(trainer, previous, keep=filepath)
 
-    def _missing_monitor(self, trainer) -> None:
+    def _missing_monitor(self, trainer: Trainer, monitor: str) -> None:
         available = sorted(trainer.callback_metrics)
-        message = (f"ModelCheckpoint(monitor={self.monitor!r}) found no metric {self.monitor!r} in "
-                   f"trainer.callback_metrics{did_you_mean(self.monitor, available)}; available: {available}. "
-                   f"HINT: log it with self.log({self.monitor!r}, value) in your TrainModule.")
+        message = (f"ModelCheckpoint(monitor={monitor!r}) found no metric {monitor!r} in "
+                   f"trainer.callback_metrics{did_you_mean(monitor, available)}; available: {available}. "
+                   f"HINT: log it with self.log({monitor!r}, value) in your TrainModule.")
         if self._validation_has_run:
             raise ConfigError(message)
         # Before the first validation a validation metric cannot be there yet.
@@ -296,7 +300,12 @@ class ModelCheckpoint(Callback):
             values.setdefault(key, 0)
         return template.format(values)
 
-    def _unused_filepath(self, trainer, candidates: dict[str, float], reuse: str | None) -> str:
+    def _folder(self) -> str:
+        """``dirpath``, which ``setup`` has set by the time anything is saved or removed."""
+        assert self.dirpath is not None, "ModelCheckpoint.setup() sets dirpath before the first save"
+        return self.dirpath
+
+    def _unused_filepath(self, trainer: Trainer, candidates: dict[str, float], reuse: str | None) -> str:
         """Format the name; if that file exists (and is not ``reuse``), add ``-v1``, ``-v2``..."""
         filepath = self.format_checkpoint_name(candidates)
         version = self.STARTING_VERSION
@@ -306,18 +315,18 @@ class ModelCheckpoint(Callback):
         # Ranks may see different file systems: everyone uses rank 0's answer.
         return trainer.strategy.broadcast(filepath)
 
-    def _save_checkpoint(self, trainer, filepath: str) -> None:
+    def _save_checkpoint(self, trainer: Trainer, filepath: str) -> None:
         self._last_global_step_saved = trainer.global_step
         self._saved_in_this_fit = True
         if trainer.is_global_zero:
             os.makedirs(os.path.dirname(filepath), exist_ok=True)
         trainer.save_checkpoint(filepath)  # on every rank: it gathers state, rank 0 writes
 
-    def _remove_checkpoint(self, trainer, filepath: str, keep: str) -> None:
+    def _remove_checkpoint(self, trainer: Trainer, filepath: str, keep: str) -> None:
         if filepath == keep or filepath in (self.best_model_path, self.last_model_path) \
                 or filepath in self.best_k_models:
             return  # still referenced
-        if not os.path.realpath(filepath).startswith(os.path.join(os.path.realpath(self.dirpath), "")):
+        if not os.path.realpath(filepath).startswith(os.path.join(os.path.realpath(self._folder()), "")):
             return  # another run's file (the best_model_path a resume kept): not ours to delete, as in Lightning
         if trainer.is_global_zero:
             try:
