@@ -33,7 +33,9 @@ def sampler_seed(default: int = 0) -> int:
 
 def get_rng_state() -> dict:
     """Every RNG state a training step can draw from, in types ``weights_only`` loading accepts."""
-    kind, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
+    legacy = np.random.get_state(legacy=True)
+    assert isinstance(legacy, tuple), "legacy=True gives MT19937's state as a tuple"
+    kind, keys, pos, has_gauss, cached = legacy
     state = {
         "python": random.getstate(),
         "numpy": {
