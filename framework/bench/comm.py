@@ -27,9 +27,9 @@ import torch.distributed as dist
 
 from framework.bench.common import iqr, median
 from framework.bench.context import Job, say
+from framework.bench.labels import KB, MB, human_size
 
 OPS = ("all_reduce", "broadcast", "all_gather", "reduce_scatter")
-KB, MB = 1 << 10, 1 << 20
 FULL_SIZES = [KB << (2 * i) for i in range(10)]  # 1 KB, 4 KB, ... 256 MB
 QUICK_SIZES = [4 * KB, 256 * KB, 16 * MB]
 PING_SIZES = [8, 4 * KB, 1 * MB]
@@ -189,11 +189,3 @@ def run(job: Job, quick: bool) -> dict:
             result["ping_pong"].append(row)
     say(job, "comm: ping-pong done")
     return result
-
-
-def human_size(nbytes: int) -> str:
-    for unit, scale in (("GB", 1 << 30), ("MB", MB), ("KB", KB)):
-        if nbytes >= scale:
-            return f"{nbytes / scale:g} {unit}"
-    return f"{nbytes} B"
-
