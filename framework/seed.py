@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from typing import Any
 
 import numpy as np
 import torch
@@ -69,7 +70,7 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def _as_python_state(state):
+def _as_python_state(state: Any) -> tuple[Any, ...]:
     # random.setstate wants (version, tuple, gauss); a round trip may turn tuples into lists
     version, internal, gauss = state
     return (version, tuple(internal), gauss)

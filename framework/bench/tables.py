@@ -63,7 +63,7 @@ def _fractions(parts: dict, step: float) -> str:
     return "/".join(f"{parts.get(p, 0) / total * 100:.0f}" for p in PART_LABELS)
 
 
-def _opt(value, fmt: str) -> str:
+def _opt(value: float | None, fmt: str) -> str:
     return "-" if value is None else fmt.format(value)
 
 

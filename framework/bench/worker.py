@@ -11,9 +11,13 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from framework.bench.context import Job
 
 
-def run_suites(job, suites: list[str], quick: bool) -> dict:
+def run_suites(job: Job, suites: list[str], quick: bool) -> dict:
     """Run ``suites`` (comm, train, knobs) in this job; the results, the same on every rank."""
     import torch
 

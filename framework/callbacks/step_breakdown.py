@@ -136,16 +136,16 @@ class StepTimeBreakdown(Callback):
     def on_train_epoch_start(self, trainer: Trainer, module: TrainModule) -> None:
         self.mark_epoch_start()
 
-    def on_train_batch_start(self, trainer: Trainer, module: TrainModule, batch, batch_idx) -> None:
+    def on_train_batch_start(self, trainer: Trainer, module: TrainModule, batch: Any, batch_idx: int) -> None:
         self.mark_batch_start()
 
-    def on_before_backward(self, trainer: Trainer, module: TrainModule, loss) -> None:
+    def on_before_backward(self, trainer: Trainer, module: TrainModule, loss: torch.Tensor) -> None:
         self.mark_backward_start()
 
     def on_after_backward(self, trainer: Trainer, module: TrainModule) -> None:
         self.mark_backward_end()
 
-    def on_train_batch_end(self, trainer: Trainer, module: TrainModule, outputs, batch, batch_idx) -> None:
+    def on_train_batch_end(self, trainer: Trainer, module: TrainModule, outputs: Any, batch: Any, batch_idx: int) -> None:
         self.mark_batch_end()
         if not self.log or not hasattr(trainer, "log_metrics"):
             return
