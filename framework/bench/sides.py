@@ -70,13 +70,12 @@ def run_raw(job: Job, module, data, steps: int, clock: Clock, precision: Precisi
 
 
 def fw_strategy(job: Job, ddp_kwargs: dict, dp: bool) -> str | dict[str, Any] | Strategy:
-    """The Trainer's ``strategy`` in this job."""
+    """The Trainer's ``strategy`` in this job. Under MPI: DDP on the job's Gloo default group
+    with its gradients all-reduced over the ``fw_mpi`` group, as the raw loop's."""
     if job.kind == "mpi":
-        from framework.strategies import MPIStrategy
+        from framework.strategies import DDPStrategy
 
-        strategy = MPIStrategy(**ddp_kwargs)
-        strategy.ddp_kwargs["process_group"] = job.mpi_group  # the Gloo default group is the bench's
-        return strategy
+        return DDPStrategy(backend="gloo", process_group=job.mpi_group, **ddp_kwargs)
     if job.world > 1:
         return {"name": "ddp_nccl" if job.kind == "nccl" else "ddp_gloo", **ddp_kwargs}
     return "dp" if dp else "single"
