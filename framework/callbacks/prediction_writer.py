@@ -59,14 +59,16 @@ class PredictionWriter(Callback):
         self._indices: list[list[list[int]] | None] = []  # per loader: each batch's indices, if known
 
     # -- Lightning's overridable writers ---------------------------------------------------------
-    def write_on_batch_end(self, trainer: Trainer, module: TrainModule, prediction: Any, batch_indices: list[int] | None, batch: Any,
+    def write_on_batch_end(self, trainer: Trainer, module: TrainModule, prediction: Any,
+                           batch_indices: list[int] | None, batch: Any,
                            batch_idx: int, dataloader_idx: int) -> None:
         folder = os.path.join(self._dir(trainer), "batches")
         os.makedirs(folder, exist_ok=True)
         path = os.path.join(folder, f"rank{trainer.global_rank}_loader{dataloader_idx}_batch{batch_idx}.pt")
         torch.save({"prediction": _cpu(prediction), "batch_indices": batch_indices}, path)
 
-    def write_on_epoch_end(self, trainer: Trainer, module: TrainModule, predictions: list[Any], batch_indices: list[Any]) -> None:
+    def write_on_epoch_end(self, trainer: Trainer, module: TrainModule, predictions: list[Any],
+                           batch_indices: list[Any]) -> None:
         """Rank 0 only: ``predictions`` per loader, all ranks' in the data's order."""
         path = os.path.join(self._dir(trainer), f"{self.filename}.{self.format}")
         os.makedirs(os.path.dirname(path), exist_ok=True)

@@ -105,7 +105,8 @@ class RichProgressBar(Callback):
         else:
             self._train_task = self._progress.add_task(description, total=total, metrics="")
 
-    def on_train_batch_end(self, trainer: Trainer, module: TrainModule, outputs: Any, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_end(self, trainer: Trainer, module: TrainModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
         if not self._train_active:
             return
         self._count += 1

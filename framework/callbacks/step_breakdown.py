@@ -103,7 +103,8 @@ class StepTimeBreakdown(Callback):
         keep: how many recent steps ``steps`` keeps for ``summary()``.
     """
 
-    def __init__(self, comm: bool = True, synchronize: bool | None = None, log: bool = True, keep: int = 100_000) -> None:
+    def __init__(self, comm: bool = True, synchronize: bool | None = None, log: bool = True,
+                 keep: int = 100_000) -> None:
         self.comm, self.synchronize, self.log = comm, synchronize, log
         self.steps: deque[dict[str, float]] = deque(maxlen=keep)
         self.timer: CommTimer | None = None
@@ -145,7 +146,8 @@ class StepTimeBreakdown(Callback):
     def on_after_backward(self, trainer: Trainer, module: TrainModule) -> None:
         self.mark_backward_end()
 
-    def on_train_batch_end(self, trainer: Trainer, module: TrainModule, outputs: Any, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_end(self, trainer: Trainer, module: TrainModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
         self.mark_batch_end()
         if not self.log or not hasattr(trainer, "log_metrics"):
             return

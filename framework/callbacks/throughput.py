@@ -61,7 +61,8 @@ class ThroughputMonitor(Callback):
         self._times.append(time.perf_counter())
         self._samples.append(0)
 
-    def on_train_batch_end(self, trainer: Trainer, module: TrainModule, outputs: Any, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_end(self, trainer: Trainer, module: TrainModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
         self._times.append(time.perf_counter())
         self._samples.append(self.batch_size_fn(batch))
         step = trainer.global_step
