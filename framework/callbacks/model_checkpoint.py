@@ -26,8 +26,8 @@ import math
 import os
 from typing import TYPE_CHECKING, Any
 
-from framework.callbacks import checkpoint_files as files
-from framework.callbacks import checkpoint_schedule as schedule
+import framework.callbacks.checkpoint_files as files
+import framework.callbacks.checkpoint_schedule as schedule
 from framework.callbacks.base import Callback
 from framework.callbacks.checkpoint_resume import not_restored_warning, why_not_continued
 from framework.errors import ConfigError, did_you_mean
