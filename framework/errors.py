@@ -6,6 +6,8 @@ with ``exit_code``; anything else (an error in user code) keeps its traceback.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 
 class FwError(Exception):
     """Base of every error that is the user's to fix; the message says how."""
@@ -39,7 +41,7 @@ class TrainingError(FwError):
     exit_code = 1
 
 
-def did_you_mean(name: str, known) -> str:
+def did_you_mean(name: str, known: Iterable[object]) -> str:
     """Return ``" (did you mean 'x'?)"`` for the closest of ``known``, or ``""``."""
     import difflib
 

@@ -7,7 +7,10 @@ from __future__ import annotations
 import copy
 import inspect
 from argparse import Namespace
-from typing import Any
+from types import FrameType
+from typing import Any, TypeVar
+
+M = TypeVar("M", bound="HyperparametersMixin")
 
 
 class AttributeDict(dict):
@@ -29,7 +32,10 @@ class AttributeDict(dict):
 class HyperparametersMixin:
     """``save_hyperparameters``, ``hparams_initial``, ``load_from_checkpoint`` of a ``TrainModule``."""
 
-    def save_hyperparameters(self, *args: Any, ignore: list[str] | str | None = None, frame=None,
+    hparams: AttributeDict  # both set by TrainModule.__init__
+    _hparams_initial: AttributeDict
+
+    def save_hyperparameters(self, *args: Any, ignore: list[str] | str | None = None, frame: FrameType | None = None,
                              logger: bool = True) -> None:
         """Record the caller's ``__init__`` arguments in ``self.hparams`` (attribute access:
         ``self.hparams.lr``), as Lightning does.
@@ -38,7 +44,10 @@ class HyperparametersMixin:
         and sent to loggers. ``args`` picks some by name, or is one dict / ``Namespace`` to save
         instead; ``ignore`` leaves some out (e.g. a large tensor or a sub-module).
         """
-        frame = frame or inspect.currentframe().f_back
+        if frame is None:
+            here = inspect.currentframe()
+            assert here is not None and here.f_back is not None, "CPython gives every call a frame"
+            frame = here.f_back
         if len(args) == 1 and isinstance(args[0], (dict, Namespace)):
             given = args[0]
             found = dict(vars(given) if isinstance(given, Namespace) else given)
@@ -63,8 +72,8 @@ class HyperparametersMixin:
         return copy.deepcopy(self._hparams_initial)
 
     @classmethod
-    def load_from_checkpoint(cls, checkpoint_path: Any, map_location: Any = None, hparams_file: Any = None,
-                             strict: bool | None = None, **kwargs: Any):
+    def load_from_checkpoint(cls: type[M], checkpoint_path: Any, map_location: Any = None, hparams_file: Any = None,
+                             strict: bool | None = None, **kwargs: Any) -> M:
         """A module of this class rebuilt from a checkpoint: ``__init__`` gets the saved
         hyperparameters (``save_hyperparameters``), overridden by ``kwargs``; then the weights
         are loaded. ``map_location`` as in ``torch.load``."""

@@ -11,14 +11,19 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from framework.hparams import AttributeDict, HyperparametersMixin
-from framework.module_hooks import ModuleHooks
+from framework.module_hooks import ModuleHooks, unwrapped
 from framework.rank_zero import rank_zero_print
+
+if TYPE_CHECKING:
+    from framework.loggers import Logger
+    from framework.loops.manual import ManualOptimizer
+    from framework.trainer import Trainer
 
 
 class TrainModule(HyperparametersMixin, ModuleHooks, nn.Module):
@@ -42,6 +47,12 @@ class TrainModule(HyperparametersMixin, ModuleHooks, nn.Module):
                 return torch.optim.Adam(self.parameters(), lr=self.hparams["lr"])
     """
 
+    # Set with object.__setattr__, past nn.Module's __setattr__ (these are no parameters, buffers
+    # or sub-modules); declared here so that their types are known.
+    _trainer: Trainer | None
+    _automatic_optimization: bool
+    _toggled: dict[torch.Tensor, bool]
+
     def __init__(self) -> None:
         super().__init__()
         object.__setattr__(self, "_trainer", None)
@@ -52,13 +63,13 @@ class TrainModule(HyperparametersMixin, ModuleHooks, nn.Module):
 
     # -- where the module stands ------------------------------------------------------------
     @property
-    def trainer(self):
+    def trainer(self) -> Trainer:
         if self._trainer is None:
             raise RuntimeError(f"{type(self).__name__} is not attached to a Trainer")
         return self._trainer
 
     @trainer.setter
-    def trainer(self, trainer) -> None:
+    def trainer(self, trainer: Trainer | None) -> None:
         object.__setattr__(self, "_trainer", trainer)
 
     @property
@@ -82,12 +93,12 @@ class TrainModule(HyperparametersMixin, ModuleHooks, nn.Module):
         return torch.get_default_dtype()
 
     @property
-    def logger(self):
+    def logger(self) -> Logger | None:
         """The Trainer's first logger, or None."""
         return self._trainer.logger if self._trainer is not None else None
 
     @property
-    def loggers(self) -> list:
+    def loggers(self) -> list[Logger]:
         return list(self._trainer.loggers) if self._trainer is not None else []
 
     @property
@@ -152,9 +163,10 @@ class TrainModule(HyperparametersMixin, ModuleHooks, nn.Module):
     def automatic_optimization(self, value: bool) -> None:
         object.__setattr__(self, "_automatic_optimization", bool(value))
 
-    def optimizers(self, use_pl_optimizer: bool = True):
-        """The optimizers from ``configure_optimizers``: one, or a list when there are several.
-        Their ``step`` does what a step needs under this run's strategy and precision."""
+    def optimizers(self, use_pl_optimizer: bool = True) -> Any:
+        """The optimizers from ``configure_optimizers``: one, or a list when there are several
+        (``Any``, as the count decides). Their ``step`` does what a step needs under this run's
+        strategy and precision."""
         from framework.loops.manual import ManualOptimizer
 
         trainer = self.trainer
@@ -167,7 +179,7 @@ class TrainModule(HyperparametersMixin, ModuleHooks, nn.Module):
             opts = cached
         return opts[0] if len(opts) == 1 else list(opts)
 
-    def lr_schedulers(self):
+    def lr_schedulers(self) -> Any:
         """The LR schedulers from ``configure_optimizers``: None, one, or a list."""
         schedulers = [cfg.scheduler for cfg in self.trainer.lr_scheduler_configs]
         if not schedulers:
@@ -189,11 +201,11 @@ class TrainModule(HyperparametersMixin, ModuleHooks, nn.Module):
         change it. ``manual_backward`` calls it too."""
         loss.backward(*args, **kwargs)
 
-    def toggle_optimizer(self, optimizer) -> None:
+    def toggle_optimizer(self, optimizer: torch.optim.Optimizer | ManualOptimizer) -> None:
         """Only ``optimizer``'s parameters require gradients until ``untoggle_optimizer``: the
         parameters of the other optimizers are frozen (their previous flags are kept)."""
-        optimizer = getattr(optimizer, "optimizer", optimizer)
-        state: dict = {}
+        optimizer = unwrapped(optimizer)
+        state: dict[torch.Tensor, bool] = {}
         for opt in self.trainer.optimizers:
             for group in opt.param_groups:
                 for param in group["params"]:
@@ -205,9 +217,9 @@ class TrainModule(HyperparametersMixin, ModuleHooks, nn.Module):
                 param.requires_grad = state[param]
         object.__setattr__(self, "_toggled", state)
 
-    def untoggle_optimizer(self, optimizer) -> None:
+    def untoggle_optimizer(self, optimizer: torch.optim.Optimizer | ManualOptimizer) -> None:
         """Give the other optimizers' parameters back the flags they had before the toggle."""
-        optimizer = getattr(optimizer, "optimizer", optimizer)
+        optimizer = unwrapped(optimizer)
         for opt in self.trainer.optimizers:
             if opt is optimizer:
                 continue
@@ -218,7 +230,7 @@ class TrainModule(HyperparametersMixin, ModuleHooks, nn.Module):
         object.__setattr__(self, "_toggled", {})
 
     @contextlib.contextmanager
-    def toggled_optimizer(self, optimizer) -> Iterator[None]:
+    def toggled_optimizer(self, optimizer: torch.optim.Optimizer | ManualOptimizer) -> Iterator[None]:
         self.toggle_optimizer(optimizer)
         try:
             yield

@@ -7,18 +7,27 @@ which order); a hook nobody overrides costs nothing per step (the loops do its d
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch
+from torch import nn
 
 from framework.errors import ConfigError
 
+if TYPE_CHECKING:
+    from framework.callbacks.base import Callback
+    from framework.loops.manual import ManualOptimizer
+    from framework.trainer import Trainer
 
-class ModuleHooks:
+
+class ModuleHooks(nn.Module):
     """The hooks of ``framework.TrainModule`` (a base of it, not used alone)."""
 
+    trainer: Trainer  # TrainModule's property: the Trainer it is attached to
+
     # -- optimization (manual optimization: framework/loops/manual.py) ------------------------
-    def clip_gradients(self, optimizer, gradient_clip_val: float | None = None,
+    def clip_gradients(self, optimizer: torch.optim.Optimizer | ManualOptimizer, gradient_clip_val: float | None = None,
                        gradient_clip_algorithm: str | None = None) -> None:
         """Clip ``optimizer``'s gradients by norm (default) or value, as Lightning does: a value
         left None is the Trainer's (``gradient_clip_val``, ``gradient_clip_algorithm``), and one
@@ -37,31 +46,32 @@ class ModuleHooks:
         algorithm = (gradient_clip_algorithm or "norm").lower()
         if algorithm not in ("norm", "value"):
             raise ValueError(f"gradient_clip_algorithm '{algorithm}': use 'norm' or 'value'")
-        optimizer = getattr(optimizer, "optimizer", optimizer)
+        raw = unwrapped(optimizer)
         if manual is not None:
-            manual.prepare_gradients(optimizer)
-        clip_gradients(optimizer, float(gradient_clip_val), algorithm)
+            manual.prepare_gradients(raw)
+        clip_gradients(raw, float(gradient_clip_val), algorithm)
 
-    def configure_gradient_clipping(self, optimizer, gradient_clip_val: float | None = None,
+    def configure_gradient_clipping(self, optimizer: torch.optim.Optimizer, gradient_clip_val: float | None = None,
                                     gradient_clip_algorithm: str | None = None) -> None:
         """Called before each optimizer step (after ``on_before_optimizer_step``) with the
         Trainer's clip settings; the default clips with ``self.clip_gradients``."""
         self.clip_gradients(optimizer, gradient_clip_val=gradient_clip_val,
                             gradient_clip_algorithm=gradient_clip_algorithm)
 
-    def optimizer_step(self, epoch: int, batch_idx: int, optimizer, optimizer_closure=None) -> None:
+    def optimizer_step(self, epoch: int, batch_idx: int, optimizer: torch.optim.Optimizer | ManualOptimizer,
+                       optimizer_closure: Callable[[], Any] | None = None) -> None:
         """Step ``optimizer`` (override to change how, e.g. a learning-rate warm-up). The closure
         runs ``training_step``, ``zero_grad`` and ``backward``: call it, through
         ``optimizer.step(closure=optimizer_closure)`` or directly. Not called on the batches
         that only accumulate gradients."""
         optimizer.step(closure=optimizer_closure)
 
-    def optimizer_zero_grad(self, epoch: int, batch_idx: int, optimizer) -> None:
+    def optimizer_zero_grad(self, epoch: int, batch_idx: int, optimizer: torch.optim.Optimizer) -> None:
         """Zero the gradients: before the backward of the first batch of each accumulation
         window, as Lightning does."""
         optimizer.zero_grad()
 
-    def lr_scheduler_step(self, scheduler, metric: Any) -> None:
+    def lr_scheduler_step(self, scheduler: Any, metric: Any) -> None:
         """Step a scheduler when its interval and frequency say so; ``metric`` is the monitored
         value for ``ReduceLROnPlateau`` (else None)."""
         if metric is None:
@@ -83,7 +93,7 @@ class ModuleHooks:
         """Build layers here instead of in ``__init__`` to create them where the run puts them
         (called once per run, after ``setup``, before ``configure_optimizers``; make it idempotent)."""
 
-    def configure_callbacks(self):
+    def configure_callbacks(self) -> Sequence[Callback] | Callback:
         """Callbacks this module always wants (a list or one); they replace a Trainer callback
         of the same type, as in Lightning."""
         return []
@@ -159,7 +169,13 @@ class ModuleHooks:
         return batch
 
 
-def _clip_settings(trainer, value: float | None, algorithm: str | None) -> tuple[float | None, str | None]:
+def unwrapped(optimizer: Any) -> torch.optim.Optimizer:
+    """The optimizer itself, also when given the wrapper ``self.optimizers()`` returns (its
+    ``.optimizer``)."""
+    return getattr(optimizer, "optimizer", optimizer)
+
+
+def _clip_settings(trainer: Trainer, value: float | None, algorithm: str | None) -> tuple[float | None, str | None]:
     """Lightning's rule: an argument left None is the Trainer's; one that contradicts it is an error."""
     if value is None:
         value = trainer.gradient_clip_val or 0.0

@@ -51,7 +51,7 @@ class Precision:
         if self.scaler is not None:
             self.scaler.unscale_(optimizer)
 
-    def step(self, optimizer: torch.optim.Optimizer, **kwargs) -> None:
+    def step(self, optimizer: torch.optim.Optimizer, **kwargs: Any) -> None:
         if self.scaler is None:
             optimizer.step(**kwargs)
             return

@@ -5,7 +5,10 @@ from __future__ import annotations
 import functools
 import os
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    import logging
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -49,7 +52,7 @@ def rank_zero_print(*args: Any, **kwargs: Any) -> None:
     print(*args, **kwargs, flush=True)
 
 
-def library_logger():
+def library_logger() -> logging.Logger:
     """The ``framework`` logger: INFO and up, one plain line each on stderr (set up once; it
     does not propagate to the root logger, so an application's logging setup shows each line
     once). Silence it with ``logging.getLogger("framework").setLevel(logging.WARNING)``."""
@@ -63,7 +66,7 @@ def library_logger():
         log.addHandler(handler)
         log.setLevel(logging.INFO)
         log.propagate = False
-        log._fw_configured = True
+        log._fw_configured = True  # type: ignore[attr-defined]  # a mark on the process-wide logger: set up once
     return log
 
 
@@ -102,7 +105,7 @@ def _one_line_fw_warnings() -> None:
             return
         shown(message, category, filename, lineno, file, line)
 
-    showwarning._fw_one_line = True
+    showwarning._fw_one_line = True  # type: ignore[attr-defined]  # a mark on the hook: installed once
     warnings.showwarning = showwarning
 
 

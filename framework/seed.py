@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from typing import Any
 
 import numpy as np
 import torch
@@ -33,7 +34,9 @@ def sampler_seed(default: int = 0) -> int:
 
 def get_rng_state() -> dict:
     """Every RNG state a training step can draw from, in types ``weights_only`` loading accepts."""
-    kind, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
+    legacy = np.random.get_state(legacy=True)
+    assert isinstance(legacy, tuple), "legacy=True gives MT19937's state as a tuple"
+    kind, keys, pos, has_gauss, cached = legacy
     state = {
         "python": random.getstate(),
         "numpy": {
@@ -67,7 +70,7 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def _as_python_state(state):
+def _as_python_state(state: Any) -> tuple[Any, ...]:
     # random.setstate wants (version, tuple, gauss); a round trip may turn tuples into lists
     version, internal, gauss = state
     return (version, tuple(internal), gauss)

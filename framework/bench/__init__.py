@@ -27,6 +27,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from types import FrameType
+from typing import Any
 
 SUITES = ("comm", "train", "knobs")
 
@@ -82,7 +84,7 @@ def plan(suites: list[str], quick: bool, limit: int | None) -> tuple[list[dict],
     py, cores = sys.executable, usable_cores()
     worker = ["-m", "framework.bench.worker", *(["--quick"] if quick else [])]
     timeout = 240 if quick else 3600
-    jobs = []
+    jobs: list[dict[str, Any]] = []
     mpi = mpiexec()
     mpi_flags = mpiexec_flags(mpi) if mpi else []
     if "train" in suites:
@@ -121,7 +123,7 @@ def run_job(job: dict, part: Path, index: int, count: int) -> dict:
     sys.stderr.write(f"fw bench: [{index}/{count}] {job['name']}: {' '.join(Path(c).name if i == 0 else c for i, c in enumerate(cmd))}\n")
     sys.stderr.flush()
     start = time.perf_counter()
-    record = {"name": job["name"], "cmd": cmd, "timeout_s": job["timeout_s"]}
+    record: dict[str, Any] = {"name": job["name"], "cmd": cmd, "timeout_s": job["timeout_s"]}
     proc = subprocess.Popen(cmd, env={**os.environ, **job["env"]}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             start_new_session=True)  # fmt: skip
     tail: list[str] = []
@@ -152,6 +154,7 @@ def _pass_progress(proc: subprocess.Popen, tail: list[str], deadline: float) -> 
     what is there (never waits for the end of a line), so the deadline holds."""
     import selectors
 
+    assert proc.stderr is not None, "started with stderr=PIPE"
     fd, pending = proc.stderr.fileno(), b""
     sel = selectors.DefaultSelector()
     sel.register(fd, selectors.EVENT_READ)
@@ -183,7 +186,8 @@ def main(args: argparse.Namespace) -> int:
         return _as_worker(args, suites)
     jobs, mpi = plan(suites, args.quick, args.max_world)
     start = time.perf_counter()
-    parts, records = [], []
+    parts: list[dict] = []
+    records: list[dict] = []
     notes = [] if mpi else ["no mpiexec found (pip install 'fw[mpi]'): the MPI jobs did not run"]
     stopped_by = None
     # SIGTERM (a scheduler's, a timeout's) and Ctrl-C stop fw bench: the running job's processes
@@ -228,7 +232,7 @@ def _restore(handlers: dict) -> None:
         signal.signal(sig, handler)
 
 
-def _stop(signum, frame) -> None:
+def _stop(signum: int, frame: FrameType | None) -> None:
     # a second signal must not cut the killing of the job's processes or the report short
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, signal.SIG_IGN)
@@ -236,7 +240,7 @@ def _stop(signum, frame) -> None:
 
 
 def _check_recipes() -> None:
-    from framework.bench.train import WORKLOADS, recipe_dir
+    from framework.bench.workload import WORKLOADS, recipe_dir
     from framework.errors import ConfigError
 
     missing = [name for name in WORKLOADS if not (recipe_dir() / f"{name}.yaml").is_file()]

@@ -19,6 +19,7 @@ to rank 1, which sends it back; latency is half the round trip, bandwidth the si
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 
@@ -27,9 +28,9 @@ import torch.distributed as dist
 
 from framework.bench.common import iqr, median
 from framework.bench.context import Job, say
+from framework.bench.labels import KB, MB, human_size
 
 OPS = ("all_reduce", "broadcast", "all_gather", "reduce_scatter")
-KB, MB = 1 << 10, 1 << 20
 FULL_SIZES = [KB << (2 * i) for i in range(10)]  # 1 KB, 4 KB, ... 256 MB
 QUICK_SIZES = [4 * KB, 256 * KB, 16 * MB]
 PING_SIZES = [8, 4 * KB, 1 * MB]
@@ -76,12 +77,12 @@ def collective(job: Job, backend: str, spec: dict, op: str, nbytes: int) -> Call
 
         # torch's memory, as fw's side has: the allocation alone (numpy's vs torch's) moved
         # raw MPI by 12-15 % at 16-64 MB here
-        comm, big, small = job.mpi, torch.zeros(count).numpy(), torch.zeros(part).numpy()
+        comm, big_array, small_array = job.mpi, torch.zeros(count).numpy(), torch.zeros(part).numpy()
         return {
-            "all_reduce": lambda: comm.Allreduce(MPI.IN_PLACE, big, op=MPI.SUM),
-            "broadcast": lambda: comm.Bcast(big, root=0),
-            "all_gather": lambda: comm.Allgather(small, big),
-            "reduce_scatter": lambda: comm.Reduce_scatter_block(big, small, op=MPI.SUM),
+            "all_reduce": lambda: comm.Allreduce(MPI.IN_PLACE, big_array, op=MPI.SUM),
+            "broadcast": lambda: comm.Bcast(big_array, root=0),
+            "all_gather": lambda: comm.Allgather(small_array, big_array),
+            "reduce_scatter": lambda: comm.Reduce_scatter_block(big_array, small_array, op=MPI.SUM),
         }[op]
     group, device = spec["group"], spec["device"]
     big, small = torch.zeros(count, device=device), torch.zeros(part, device=device)
@@ -93,7 +94,7 @@ def collective(job: Job, backend: str, spec: dict, op: str, nbytes: int) -> Call
     }[op]
 
 
-def time_cell(job: Job, run: Callable[[], None], sync: Callable[[], None], s: Settings) -> list[float]:
+def time_cell(job: Job, run: Callable[[], object], sync: Callable[[], None], s: Settings) -> list[float]:
     """The slowest rank's time of each timed iteration of ``run``, after warm-up."""
     for _ in range(s.warmup):
         job.barrier()
@@ -131,7 +132,7 @@ def memcpy(job: Job, device: torch.device, sizes: list[int], s: Settings) -> lis
     rows = []
     for nbytes in sizes:
         src, dst = torch.zeros(nbytes // 4, device=device), torch.empty(nbytes // 4, device=device)
-        samples = time_cell(job, lambda dst=dst, src=src: dst.copy_(src), _sync_for(device), s)
+        samples = time_cell(job, functools.partial(dst.copy_, src), _sync_for(device), s)
         rows.append(_row(samples, nbytes, 1.0))
     return rows
 
@@ -140,9 +141,9 @@ def ping_pong(job: Job, backend: str, spec: dict, nbytes: int, s: Settings) -> l
     """Round-trip times between ranks 0 and 1 (the others wait at the barrier)."""
     rank = job.rank
     if backend == "mpi4py":
-        buf, comm = torch.zeros(max(1, nbytes // 4)).numpy(), job.mpi
-        send = lambda peer: comm.Send(buf, dest=peer)  # noqa: E731
-        recv = lambda peer: comm.Recv(buf, source=peer)  # noqa: E731
+        array, comm = torch.zeros(max(1, nbytes // 4)).numpy(), job.mpi
+        send = lambda peer: comm.Send(array, dest=peer)  # noqa: E731
+        recv = lambda peer: comm.Recv(array, source=peer)  # noqa: E731
     else:
         buf, group = torch.zeros(max(1, nbytes // 4), device=spec["device"]), spec["group"]
         send = lambda peer: dist.send(buf, dst=peer, group=group)  # noqa: E731
@@ -189,11 +190,3 @@ def run(job: Job, quick: bool) -> dict:
             result["ping_pong"].append(row)
     say(job, "comm: ping-pong done")
     return result
-
-
-def human_size(nbytes: int) -> str:
-    for unit, scale in (("GB", 1 << 30), ("MB", MB), ("KB", KB)):
-        if nbytes >= scale:
-            return f"{nbytes / scale:g} {unit}"
-    return f"{nbytes} B"
-

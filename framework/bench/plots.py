@@ -4,67 +4,90 @@ samples/s against processes, and where fw's step time goes."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from framework.bench.report import PART_LABELS
+from framework.bench.labels import PART_LABELS
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 
 def plots(stem: Path, train: list[dict], comm: list[tuple[str, dict]]) -> list[str]:
     """Write the plots next to ``stem``; their file names."""
     import matplotlib
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    matplotlib.use("Agg")  # files only, no display: before pyplot is first imported
     written = []
     if comm:
-        fig, axes = plt.subplots(2, 2, figsize=(11, 8), sharex=True)
-        for ax, op in zip(axes.flat, ("all_reduce", "broadcast", "all_gather", "reduce_scatter"), strict=False):
-            for job, result in comm:
-                for backend in result["backends"]:
-                    pts = sorted((r["bytes"], r["busbw_GBps"]) for r in result["collectives"] if r["op"] == op and r["backend"] == backend)
-                    if pts:
-                        ax.plot(*zip(*pts, strict=True), marker="o", label=f"{backend} ({job})")
-                ceiling = result["memcpy"].get("cpu") or next(iter(result["memcpy"].values()))
-                ax.plot([r["bytes"] for r in ceiling], [r["algbw_GBps"] for r in ceiling], "k--", lw=1, label=f"memcpy ({job})")
-            ax.set(xscale="log", yscale="log", title=op, xlabel="size (bytes)", ylabel="bus bandwidth (GB/s)")
-            ax.grid(True, which="both", alpha=0.3)
-        axes.flat[0].legend(fontsize=7)
-        written.append(_save(fig, stem, "comm"))
+        written.append(_save(_comm_figure(comm), stem, "comm"))
     fw_train = [r for r in train if r["side"] == "fw" and r["precision"] == "32-true" and r["device"] == "cpu"]
     workloads = sorted({r["workload"] for r in fw_train})
     if workloads:
-        fig, axes = plt.subplots(1, len(workloads), figsize=(4.5 * len(workloads), 3.8), squeeze=False)
-        for ax, workload in zip(axes[0], workloads, strict=False):
-            rows = [r for r in train if r["workload"] == workload and r["precision"] == "32-true" and r["device"] == "cpu"]
-            single = {r["side"]: r["samples_per_s"] for r in rows if r["strategy"] == "single"}
-            worlds = sorted({r["world_size"] for r in rows})
-            if "fw" in single:  # on a CPU the processes share the cores one process had: the bar to beat
-                ax.axhline(single["fw"], color="k", ls="--", lw=1, label="fw, one process (all cores)")
-            for strategy in sorted({r["strategy"] for r in rows} - {"single"}):
-                for side, style in (("fw", "-o"), ("raw", ":x")):
-                    pts = sorted((r["world_size"], r["samples_per_s"]) for r in rows if r["strategy"] == strategy and r["side"] == side)
-                    if pts:
-                        start = [(1, single[side])] if side in single else []
-                        ax.plot(*zip(*(start + pts), strict=True), style, label=f"{strategy} {side}")
-            ax.set(title=workload, xlabel="processes", ylabel="samples/s", xticks=worlds, ylim=(0, None))
-            ax.grid(True, alpha=0.3)
-            ax.legend(fontsize=7)
-        written.append(_save(fig, stem, "train"))
-        fig, ax = plt.subplots(figsize=(max(6, 0.9 * len(fw_train)), 4))
-        labels = [f"{r['workload']}\n{r['strategy']} x{r['world_size']}" for r in fw_train]
-        bottom = [0.0] * len(fw_train)
-        for part, label in PART_LABELS.items():
-            values = [r["parts_s"].get(part, 0) * 1e3 for r in fw_train]
-            ax.bar(labels, values, bottom=bottom, label=label)
-            bottom = [b + v for b, v in zip(bottom, values, strict=True)]
-        ax.set(ylabel="ms per step (medians)", title="fw: where the step time goes")
-        ax.tick_params(axis="x", labelsize=7)
-        ax.legend(fontsize=7)
-        written.append(_save(fig, stem, "breakdown"))
+        written.append(_save(_train_figure(train, workloads), stem, "train"))
+        written.append(_save(_breakdown_figure(fw_train), stem, "breakdown"))
     return written
 
 
-def _save(fig, stem: Path, what: str) -> str:
+def _comm_figure(comm: list[tuple[str, dict]]) -> Figure:
+    """Bus bandwidth against size, one panel per collective, a line per backend and job."""
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, 2, figsize=(11, 8), sharex=True)
+    for ax, op in zip(axes.flat, ("all_reduce", "broadcast", "all_gather", "reduce_scatter"), strict=False):
+        for job, result in comm:
+            for backend in result["backends"]:
+                pts = sorted((r["bytes"], r["busbw_GBps"]) for r in result["collectives"] if r["op"] == op and r["backend"] == backend)
+                if pts:
+                    ax.plot(*zip(*pts, strict=True), marker="o", label=f"{backend} ({job})")
+            ceiling = result["memcpy"].get("cpu") or next(iter(result["memcpy"].values()))
+            ax.plot([r["bytes"] for r in ceiling], [r["algbw_GBps"] for r in ceiling], "k--", lw=1, label=f"memcpy ({job})")
+        ax.set(xscale="log", yscale="log", title=op, xlabel="size (bytes)", ylabel="bus bandwidth (GB/s)")
+        ax.grid(True, which="both", alpha=0.3)
+    axes.flat[0].legend(fontsize=7)
+    return fig
+
+
+def _train_figure(train: list[dict], workloads: list[str]) -> Figure:
+    """Samples/s against processes (CPU, 32-bit), one panel per workload, fw beside the raw loop."""
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(workloads), figsize=(4.5 * len(workloads), 3.8), squeeze=False)
+    for ax, workload in zip(axes[0], workloads, strict=False):
+        rows = [r for r in train if r["workload"] == workload and r["precision"] == "32-true" and r["device"] == "cpu"]
+        single = {r["side"]: r["samples_per_s"] for r in rows if r["strategy"] == "single"}
+        worlds = sorted({r["world_size"] for r in rows})
+        if "fw" in single:  # on a CPU the processes share the cores one process had: the bar to beat
+            ax.axhline(single["fw"], color="k", ls="--", lw=1, label="fw, one process (all cores)")
+        for strategy in sorted({r["strategy"] for r in rows} - {"single"}):
+            for side, style in (("fw", "-o"), ("raw", ":x")):
+                pts = sorted((r["world_size"], r["samples_per_s"]) for r in rows if r["strategy"] == strategy and r["side"] == side)
+                if pts:
+                    start = [(1, single[side])] if side in single else []
+                    ax.plot(*zip(*(start + pts), strict=True), style, label=f"{strategy} {side}")
+        ax.set(title=workload, xlabel="processes", ylabel="samples/s", xticks=worlds, ylim=(0, None))
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7)
+    return fig
+
+
+def _breakdown_figure(fw_train: list[dict]) -> Figure:
+    """fw's step time split into its parts, one stacked bar per workload and strategy."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(max(6, 0.9 * len(fw_train)), 4))
+    labels = [f"{r['workload']}\n{r['strategy']} x{r['world_size']}" for r in fw_train]
+    bottom = [0.0] * len(fw_train)
+    for part, label in PART_LABELS.items():
+        values = [r["parts_s"].get(part, 0) * 1e3 for r in fw_train]
+        ax.bar(labels, values, bottom=bottom, label=label)
+        bottom = [b + v for b, v in zip(bottom, values, strict=True)]
+    ax.set(ylabel="ms per step (medians)", title="fw: where the step time goes")
+    ax.tick_params(axis="x", labelsize=7)
+    ax.legend(fontsize=7)
+    return fig
+
+
+def _save(fig: Figure, stem: Path, what: str) -> str:
     path = stem.parent / f"{stem.name}-{what}.png"
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -72,5 +95,3 @@ def _save(fig, stem: Path, what: str) -> str:
 
     plt.close(fig)
     return path.name
-
-

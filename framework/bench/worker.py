@@ -11,13 +11,18 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from framework.bench.context import Job
 
 
-def run_suites(job, suites: list[str], quick: bool) -> dict:
+def run_suites(job: Job, suites: list[str], quick: bool) -> dict:
     """Run ``suites`` (comm, train, knobs) in this job; the results, the same on every rank."""
     import torch
 
-    from framework.bench import comm, train
+    import framework.bench.comm as comm
+    import framework.bench.train as train
     from framework.bench.context import launched_by
 
     result = {"job": job.name, "kind": job.kind, "world_size": job.world, "launcher": launched_by() or "fw bench",

@@ -9,10 +9,15 @@ that wants to stop stops all), and training stops by setting ``trainer.should_st
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 from framework.callbacks.base import Callback
 from framework.errors import ConfigError, did_you_mean
 from framework.rank_zero import rank_zero_info, rank_zero_warn
+
+if TYPE_CHECKING:
+    from framework.module import TrainModule
+    from framework.trainer import Trainer
 
 
 class EarlyStopping(Callback):
@@ -71,19 +76,19 @@ class EarlyStopping(Callback):
         return a < b if self.mode == "min" else a > b
 
     # -- hooks ----------------------------------------------------------------------------
-    def on_fit_start(self, trainer, module) -> None:
+    def on_fit_start(self, trainer: Trainer, module: TrainModule) -> None:
         self._fitting = True
 
-    def on_fit_end(self, trainer, module) -> None:
+    def on_fit_end(self, trainer: Trainer, module: TrainModule) -> None:
         self._fitting = False
 
-    def on_exception(self, trainer, module, exception: BaseException) -> None:
+    def on_exception(self, trainer: Trainer, module: TrainModule, exception: BaseException) -> None:
         self._fitting = False
 
-    def on_train_epoch_start(self, trainer, module) -> None:
+    def on_train_epoch_start(self, trainer: Trainer, module: TrainModule) -> None:
         self._validated_this_epoch = False
 
-    def on_validation_end(self, trainer, module) -> None:
+    def on_validation_end(self, trainer: Trainer, module: TrainModule) -> None:
         # Not during the sanity check, nor in a stand-alone trainer.validate().
         if trainer.sanity_checking or not self._fitting:
             return
@@ -91,7 +96,7 @@ class EarlyStopping(Callback):
         if self.check_on_train_epoch_end is not True:
             self._run_check(trainer, strict=self.strict)
 
-    def on_train_epoch_end(self, trainer, module) -> None:
+    def on_train_epoch_end(self, trainer: Trainer, module: TrainModule) -> None:
         if self.check_on_train_epoch_end is True:
             self._run_check(trainer, strict=self.strict)
         elif self.check_on_train_epoch_end is None and not self._validated_this_epoch:
@@ -99,7 +104,7 @@ class EarlyStopping(Callback):
             self._run_check(trainer, strict=False)
 
     # -- the check ------------------------------------------------------------------------
-    def _run_check(self, trainer, strict: bool) -> None:
+    def _run_check(self, trainer: Trainer, strict: bool) -> None:
         value = trainer.callback_metrics.get(self.monitor)
         if value is None:
             self._missing_monitor(trainer, strict)
@@ -134,7 +139,7 @@ class EarlyStopping(Callback):
                           f"best {self.best_score:.4g}; stopping.")
         return False, None
 
-    def _missing_monitor(self, trainer, strict: bool) -> None:
+    def _missing_monitor(self, trainer: Trainer, strict: bool) -> None:
         available = sorted(trainer.callback_metrics)
         message = (f"EarlyStopping(monitor={self.monitor!r}) found no metric {self.monitor!r} in "
                    f"trainer.callback_metrics{did_you_mean(self.monitor, available)}; available: {available}. "

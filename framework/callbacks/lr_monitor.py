@@ -15,7 +15,7 @@ Values go to ``trainer.log_metrics`` (which writes on rank 0 only) and into
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -23,6 +23,10 @@ from framework.callbacks.base import Callback
 from framework.counting import every
 from framework.errors import ConfigError, did_you_mean
 from framework.rank_zero import rank_zero_warn
+
+if TYPE_CHECKING:
+    from framework.module import TrainModule
+    from framework.trainer import Trainer
 
 _INTERVALS = ("step", "epoch")
 
@@ -48,7 +52,7 @@ class LearningRateMonitor(Callback):
         self._tracked: list[tuple[str, torch.optim.Optimizer, str]] = []
         self._last_step_logged = -1
 
-    def on_train_start(self, trainer, module) -> None:
+    def on_train_start(self, trainer: Trainer, module: TrainModule) -> None:
         if not trainer.loggers:
             rank_zero_warn("LearningRateMonitor: the Trainer has no logger; learning rates only reach "
                            "trainer.callback_metrics. Give the Trainer a logger to record them")
@@ -71,7 +75,7 @@ class LearningRateMonitor(Callback):
         used[name] = count + 1
         return name if count == 0 else f"{name}-{count}"
 
-    def on_train_batch_start(self, trainer, module, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_start(self, trainer: Trainer, module: TrainModule, batch: Any, batch_idx: int) -> None:
         if self.logging_interval == "epoch":
             return
         step = trainer.state.batches_that_stepped  # Lightning's step for logged rows (manual: one per batch)
@@ -81,12 +85,12 @@ class LearningRateMonitor(Callback):
         self._last_step_logged = step
         self._log(trainer, interval=None if self.logging_interval == "step" else "step")
 
-    def on_train_epoch_start(self, trainer, module) -> None:
+    def on_train_epoch_start(self, trainer: Trainer, module: TrainModule) -> None:
         if self.logging_interval == "step":
             return
         self._log(trainer, interval=None if self.logging_interval == "epoch" else "epoch")
 
-    def _log(self, trainer, interval: str | None) -> None:
+    def _log(self, trainer: Trainer, interval: str | None) -> None:
         """Log the tracked optimizers whose interval is ``interval`` (all of them if ``None``)."""
         stats = self.extract_stats(interval)
         if not stats:

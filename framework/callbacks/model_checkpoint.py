@@ -2,20 +2,17 @@
 
 Semantics follow Lightning's ``ModelCheckpoint``:
 
-* By default a checkpoint is saved at the end of every training epoch (after that epoch's
-  validation, so validation metrics can be monitored), or, as in Lightning, at the end of each
-  validation run when validation does not simply run once per epoch (``val_check_interval``
-  other than 1.0, or ``check_val_every_n_epoch`` other than 1): the checkpoint then holds the
-  weights that validation scored. ``every_n_epochs``, ``every_n_train_steps`` and
-  ``save_on_train_epoch_end`` change when.
-* ``filename`` is a template: ``"{epoch}-{val/acc:.3f}"`` gives ``epoch=3-val_acc=0.951.ckpt``
-  ("/" in metric names becomes "_"). A name that already exists on disk gets ``-v1``, ``-v2``.
+* By default a checkpoint is saved at the end of every training epoch (after its validation, so
+  validation metrics can be monitored), or at the end of each validation run when validation
+  does not run once per epoch; ``every_n_epochs``, ``every_n_train_steps`` and
+  ``save_on_train_epoch_end`` change when (``checkpoint_schedule.py``).
+* ``filename`` is a template: ``"{epoch}-{val/acc:.3f}"`` gives ``epoch=3-val_acc=0.951.ckpt``;
+  a name already on disk gets ``-v1``, ``-v2`` (``checkpoint_files.py``).
 * ``save_top_k`` keeps the ``k`` best files by ``monitor`` (-1 keeps all, 0 none); without a
   monitor, ``save_top_k=1`` keeps only the latest. ``save_last`` also keeps ``last.ckpt``, the
   checkpoint of the latest save point (Lightning 2.6 updates it only with a top-k save).
-* A resumed run continues the checkpoint's top-k only where its files are; a checkpoint
-  written elsewhere starts this run's folder afresh (``checkpoint_resume.py``). Files outside
-  this run's folder are never deleted.
+* A resumed run continues the checkpoint's top-k only where its files are (``checkpoint_resume.py``);
+  a checkpoint written elsewhere starts this run's folder afresh. Files outside it are never deleted.
 
 Distributed runs: every rank takes the same decision (the Trainer syncs metrics, and the
 decision is reduced once more), every rank calls ``trainer.save_checkpoint`` (it gathers
@@ -26,14 +23,19 @@ from __future__ import annotations
 
 import math
 import os
-import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import framework.callbacks.checkpoint_files as files
+import framework.callbacks.checkpoint_schedule as schedule
 from framework.callbacks.base import Callback
 from framework.callbacks.checkpoint_resume import not_restored_warning, why_not_continued
-from framework.checkpoint import check_writable_on_every_rank, remove_stale_temp_files
+from framework.counting import every
 from framework.errors import ConfigError, did_you_mean
 from framework.rank_zero import rank_zero_warn
+
+if TYPE_CHECKING:
+    from framework.module import TrainModule
+    from framework.trainer import Trainer
 
 
 class ModelCheckpoint(Callback):
@@ -53,10 +55,8 @@ class ModelCheckpoint(Callback):
             is given).
         every_n_train_steps: Save every this many optimizer steps (0 or ``None``: never).
         save_on_train_epoch_end: Save epoch checkpoints at the end of the training epoch
-            (``True``) or at the end of each validation run (``False``). ``None`` (default)
-            decides per run as Lightning does: at the end of validation when
-            ``check_val_every_n_epoch != 1`` or ``val_check_interval != 1.0`` (with validation
-            data), else at the end of the training epoch.
+            (``True``) or at the end of each validation run (``False``); ``None`` (default)
+            decides per run as Lightning does (``checkpoint_schedule.py``).
         auto_insert_metric_name: ``"{epoch}"`` -> ``"epoch=3"`` rather than ``"3"``.
 
     Raises:
@@ -82,24 +82,16 @@ class ModelCheckpoint(Callback):
         if monitor is None and save_top_k not in (-1, 0, 1):
             raise ConfigError(f"ModelCheckpoint(save_top_k={save_top_k}) needs a monitor to rank checkpoints by. "
                               "HINT: set monitor='val/loss' (or save_top_k to -1, 0 or 1).")
-        for arg, value in (("every_n_epochs", every_n_epochs), ("every_n_train_steps", every_n_train_steps)):
-            if value is not None and (not isinstance(value, int) or value < 0):
-                raise ConfigError(f"ModelCheckpoint({arg}={value!r}) must be an int >= 0")
+        self.every_n_epochs, self.every_n_train_steps = schedule.save_intervals(every_n_epochs, every_n_train_steps)
 
         self._dirpath_given = dirpath is not None
-        self.dirpath: str | None = None
-        if dirpath is not None:
-            self.dirpath = os.path.realpath(os.path.expanduser(os.fspath(dirpath)))
+        self.dirpath = os.path.realpath(os.path.expanduser(os.fspath(dirpath))) if dirpath is not None else None
         self.filename = filename
         self.monitor = monitor
         self.mode = mode
         self.save_top_k = save_top_k
         self.save_last = save_last
-        if every_n_epochs is None and every_n_train_steps is None:
-            every_n_epochs, every_n_train_steps = 1, 0
-        self.every_n_epochs = every_n_epochs or 0
-        self.every_n_train_steps = every_n_train_steps or 0
-        self.save_on_train_epoch_end = save_on_train_epoch_end  # None: see _saves_on_train_epoch_end
+        self.save_on_train_epoch_end = save_on_train_epoch_end  # None: Lightning's rule (checkpoint_schedule.py)
         self.auto_insert_metric_name = auto_insert_metric_name
 
         # Bookkeeping, saved in checkpoints so that a resumed run carries on with it.
@@ -123,82 +115,55 @@ class ModelCheckpoint(Callback):
                 f"'every_n_train_steps': {self.every_n_train_steps}, 'every_n_epochs': {self.every_n_epochs}}}")
 
     # -- hooks ----------------------------------------------------------------------------
-    def setup(self, trainer, module, stage: str) -> None:
+    def setup(self, trainer: Trainer, module: TrainModule, stage: str) -> None:
         self._fitting = stage == "fit"
         self._saved_in_this_fit = False
         log_dir = None if self._dirpath_given else trainer.log_dir  # <save_dir>/<name>/version_N
         self._experiment_dir = os.path.dirname(os.path.realpath(log_dir)) if log_dir else None
         if self.dirpath is None:
-            root = trainer.log_dir or trainer.default_root_dir
-            # Every rank must write to and prune the same folder: take rank 0's.
-            self.dirpath = trainer.strategy.broadcast(os.path.realpath(os.path.join(root, "checkpoints")))
+            self.dirpath = files.run_folder(trainer)
         if self._fitting:
-            check_writable_on_every_rank(self.dirpath, "ModelCheckpoint dirpath", trainer.strategy)  # now
-            if trainer.is_global_zero:
-                remove_stale_temp_files(self.dirpath)  # what killed writes left
+            files.prepare_folder(self.dirpath, trainer)
 
-    def on_validation_end(self, trainer, module) -> None:
+    def on_validation_end(self, trainer: Trainer, module: TrainModule) -> None:
         if trainer.sanity_checking or not self._fitting:
             return
         self._validation_has_run = True
-        if not self._saves_on_train_epoch_end(trainer) and not self._skip(trainer):
+        if not schedule.saves_on_train_epoch_end(self.save_on_train_epoch_end, trainer) and not self._skip(trainer):
             self._save_epoch_checkpoints(trainer)
 
-    def on_train_epoch_end(self, trainer, module) -> None:
-        if self._saves_on_train_epoch_end(trainer) and not self._skip(trainer):
+    def on_train_epoch_end(self, trainer: Trainer, module: TrainModule) -> None:
+        if schedule.saves_on_train_epoch_end(self.save_on_train_epoch_end, trainer) and not self._skip(trainer):
             self._save_epoch_checkpoints(trainer)
 
-    def on_train_end(self, trainer, module) -> None:
+    def on_train_end(self, trainer: Trainer, module: TrainModule) -> None:
         # Lightning's promise: with save_last, a fit that reached no save point still leaves last.ckpt.
         if self.save_last and self._fitting and not self._saved_in_this_fit and not self._skip(trainer):
-            self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
+            self._save_last_checkpoint(trainer, schedule.monitor_candidates(trainer))
 
-    def on_train_batch_end(self, trainer, module, outputs: Any, batch: Any, batch_idx: int) -> None:
-        if self.every_n_train_steps < 1 or trainer.global_step % self.every_n_train_steps != 0:
+    def on_train_batch_end(self, trainer: Trainer, module: TrainModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        if not every(self.every_n_train_steps, trainer.global_step):
             return
         if self._skip(trainer):
             return
-        candidates = self._monitor_candidates(trainer)
+        candidates = schedule.monitor_candidates(trainer)
         self._save_topk_checkpoint(trainer, candidates)
         self._save_last_checkpoint(trainer, candidates)
 
-    # -- when -----------------------------------------------------------------------------
-    def _saves_on_train_epoch_end(self, trainer) -> bool:
-        """Epoch save points at the training epoch's end, or at each validation's end? Lightning's
-        rule (``_should_save_on_train_epoch_end``): after validation whenever validation is not
-        exactly once at the end of every epoch, so that the checkpoint holds the weights the
-        validation scored (after the epoch's last steps, none was run)."""
-        if self.save_on_train_epoch_end is not None:
-            return self.save_on_train_epoch_end
-        if trainer.check_val_every_n_epoch != 1:
-            return False
-        if trainer.val_dataloaders is None:
-            return True
-        return trainer.val_check_interval is None or trainer.val_check_interval == 1.0  # 1 too, as in Lightning
-
-    def _skip(self, trainer) -> bool:
+    # -- when (the rules: checkpoint_schedule.py) -----------------------------------------
+    def _skip(self, trainer: Trainer) -> bool:
         # With gradient accumulation several batches share one global_step: save once.
         return trainer.sanity_checking or self._last_global_step_saved == trainer.global_step
 
-    def _save_epoch_checkpoints(self, trainer) -> None:
-        candidates = self._monitor_candidates(trainer)
-        if self.every_n_epochs >= 1 and (trainer.current_epoch + 1) % self.every_n_epochs == 0:
+    def _save_epoch_checkpoints(self, trainer: Trainer) -> None:
+        candidates = schedule.monitor_candidates(trainer)
+        if every(self.every_n_epochs, trainer.current_epoch + 1):
             self._save_topk_checkpoint(trainer, candidates)
         self._save_last_checkpoint(trainer, candidates)
 
-    def _monitor_candidates(self, trainer) -> dict[str, float]:
-        candidates: dict[str, float] = {}
-        for key, value in trainer.callback_metrics.items():
-            try:
-                candidates[key] = float(value.item() if hasattr(value, "item") else value)
-            except (TypeError, ValueError, RuntimeError):
-                continue  # not a scalar: cannot be monitored or formatted
-        candidates["epoch"] = trainer.current_epoch
-        candidates["step"] = trainer.global_step
-        return candidates
-
     # -- top-k ----------------------------------------------------------------------------
-    def _save_topk_checkpoint(self, trainer, candidates: dict[str, float]) -> None:
+    def _save_topk_checkpoint(self, trainer: Trainer, candidates: dict[str, float]) -> None:
         if self.save_top_k == 0:
             return
         if self.monitor is None:
@@ -206,7 +171,7 @@ class ModelCheckpoint(Callback):
             return
         current = candidates.get(self.monitor)
         if current is None:
-            self._missing_monitor(trainer)
+            self._missing_monitor(trainer, self.monitor)
             return
         if math.isnan(current):  # a NaN is never "better"; store it as the worst value
             current = math.inf if self.mode == "min" else -math.inf
@@ -222,7 +187,7 @@ class ModelCheckpoint(Callback):
         kth = self.best_k_models[self.kth_best_model_path]
         return current < kth if self.mode == "min" else current > kth
 
-    def _update_best_and_save(self, current: float, trainer, candidates: dict[str, float]) -> None:
+    def _update_best_and_save(self, current: float, trainer: Trainer, candidates: dict[str, float]) -> None:
         k = len(self.best_k_models) + 1 if self.save_top_k == -1 else self.save_top_k
         del_filepath = None
         if len(self.best_k_models) == k and k > 0:
@@ -233,36 +198,33 @@ class ModelCheckpoint(Callback):
         self.best_k_models[filepath] = current
         worst, best = (max, min) if self.mode == "min" else (min, max)
         if len(self.best_k_models) == k:
-            self.kth_best_model_path = worst(self.best_k_models, key=self.best_k_models.get)
+            self.kth_best_model_path = worst(self.best_k_models, key=self.best_k_models.__getitem__)
             self.kth_value = self.best_k_models[self.kth_best_model_path]
-        self.best_model_path = best(self.best_k_models, key=self.best_k_models.get)
+        self.best_model_path = best(self.best_k_models, key=self.best_k_models.__getitem__)
         self.best_model_score = self.best_k_models[self.best_model_path]
 
         self._save_checkpoint(trainer, filepath)
         if del_filepath:
             self._remove_checkpoint(trainer, del_filepath, keep=filepath)
 
-    def _save_none_monitor_checkpoint(self, trainer, candidates: dict[str, float]) -> None:
+    def _save_none_monitor_checkpoint(self, trainer: Trainer, candidates: dict[str, float]) -> None:
         filepath = self._unused_filepath(trainer, candidates, reuse=self.best_model_path)
         previous, self.best_model_path = self.best_model_path, filepath
         self._save_checkpoint(trainer, filepath)
         if self.save_top_k == 1 and previous:
             self._remove_checkpoint(trainer, previous, keep=filepath)
 
-    def _save_last_checkpoint(self, trainer, candidates: dict[str, float]) -> None:
+    def _save_last_checkpoint(self, trainer: Trainer, candidates: dict[str, float]) -> None:
         if not self.save_last:
             return
-        filepath = os.path.join(self.dirpath, self.CHECKPOINT_NAME_LAST + self.FILE_EXTENSION)
+        filepath = os.path.join(self._folder(), self.CHECKPOINT_NAME_LAST + self.FILE_EXTENSION)
         previous, self.last_model_path = self.last_model_path, filepath
         self._save_checkpoint(trainer, filepath)  # overwritten in place, atomically
         if previous:
             self._remove_checkpoint(trainer, previous, keep=filepath)
 
-    def _missing_monitor(self, trainer) -> None:
-        available = sorted(trainer.callback_metrics)
-        message = (f"ModelCheckpoint(monitor={self.monitor!r}) found no metric {self.monitor!r} in "
-                   f"trainer.callback_metrics{did_you_mean(self.monitor, available)}; available: {available}. "
-                   f"HINT: log it with self.log({self.monitor!r}, value) in your TrainModule.")
+    def _missing_monitor(self, trainer: Trainer, monitor: str) -> None:
+        message = schedule.missing_monitor_message(monitor, trainer)
         if self._validation_has_run:
             raise ConfigError(message)
         # Before the first validation a validation metric cannot be there yet.
@@ -273,57 +235,37 @@ class ModelCheckpoint(Callback):
     # -- files ----------------------------------------------------------------------------
     def format_checkpoint_name(self, metrics: dict[str, float], ver: int | None = None,
                                filename: str | None = None) -> str:
-        """The checkpoint path for ``metrics``; ``ver`` appends ``-v<ver>``.
-
-        ``"{epoch}-{val/acc:.3f}"`` with ``{"epoch": 3, "val/acc": 0.95123}`` ->
-        ``"<dirpath>/epoch=3-val_acc=0.951.ckpt"``. A key missing from ``metrics`` formats as 0.
-        """
-        name = self._format_name(filename or self.filename or "{epoch}" + self.CHECKPOINT_JOIN_CHAR + "{step}",
-                                 metrics, self.auto_insert_metric_name)
+        """The checkpoint path for ``metrics`` (``<dirpath>/epoch=3-val_acc=0.951.ckpt``, see
+        ``checkpoint_files.format_name``); ``ver`` appends ``-v<ver>``."""
+        name = files.format_name(filename or self.filename or "{epoch}" + self.CHECKPOINT_JOIN_CHAR + "{step}",
+                                 metrics, self.auto_insert_metric_name, self.CHECKPOINT_EQUALS_CHAR)
         if ver is not None:
             name += f"{self.CHECKPOINT_JOIN_CHAR}v{ver}"
         return os.path.join(self.dirpath or "", name + self.FILE_EXTENSION)
 
-    @classmethod
-    def _format_name(cls, template: str, metrics: dict[str, float], auto_insert_metric_name: bool) -> str:
-        values = dict(metrics)
-        # Longest first, so that "{val/acc}" is not rewritten inside "{val/acc_top5}".
-        for group in sorted(set(re.findall(r"(\{.*?)[:}]", template)), key=len, reverse=True):
-            key = group[1:]
-            label = key.replace("/", "_") + cls.CHECKPOINT_EQUALS_CHAR if auto_insert_metric_name else ""
-            # "{0[key]}" lets keys hold "/" and "." which plain format fields cannot.
-            template = template.replace(group, f"{label}{{0[{key}]")
-            values.setdefault(key, 0)
-        return template.format(values)
+    def _folder(self) -> str:
+        assert self.dirpath is not None, "ModelCheckpoint.setup() sets dirpath before anything is saved or removed"
+        return self.dirpath
 
-    def _unused_filepath(self, trainer, candidates: dict[str, float], reuse: str | None) -> str:
+    def _unused_filepath(self, trainer: Trainer, candidates: dict[str, float], reuse: str | None) -> str:
         """Format the name; if that file exists (and is not ``reuse``), add ``-v1``, ``-v2``..."""
-        filepath = self.format_checkpoint_name(candidates)
-        version = self.STARTING_VERSION
-        while os.path.exists(filepath) and filepath != reuse:
-            filepath = self.format_checkpoint_name(candidates, ver=version)
-            version += 1
+        filepath = files.unused_path(lambda ver: self.format_checkpoint_name(candidates, ver=ver), reuse,
+                                     self.STARTING_VERSION)
         # Ranks may see different file systems: everyone uses rank 0's answer.
         return trainer.strategy.broadcast(filepath)
 
-    def _save_checkpoint(self, trainer, filepath: str) -> None:
+    def _save_checkpoint(self, trainer: Trainer, filepath: str) -> None:
         self._last_global_step_saved = trainer.global_step
         self._saved_in_this_fit = True
         if trainer.is_global_zero:
             os.makedirs(os.path.dirname(filepath), exist_ok=True)
         trainer.save_checkpoint(filepath)  # on every rank: it gathers state, rank 0 writes
 
-    def _remove_checkpoint(self, trainer, filepath: str, keep: str) -> None:
+    def _remove_checkpoint(self, trainer: Trainer, filepath: str, keep: str) -> None:
         if filepath == keep or filepath in (self.best_model_path, self.last_model_path) \
                 or filepath in self.best_k_models:
             return  # still referenced
-        if not os.path.realpath(filepath).startswith(os.path.join(os.path.realpath(self.dirpath), "")):
-            return  # another run's file (the best_model_path a resume kept): not ours to delete, as in Lightning
-        if trainer.is_global_zero:
-            try:
-                os.remove(filepath)
-            except FileNotFoundError:
-                pass
+        files.remove_if_ours(filepath, self._folder(), trainer.is_global_zero)
 
     # -- state ----------------------------------------------------------------------------
     def state_dict(self) -> dict:

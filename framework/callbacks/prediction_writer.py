@@ -19,13 +19,17 @@ from __future__ import annotations
 
 import csv
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.utils.data import DataLoader, SequentialSampler
 
 from framework.callbacks.base import Callback
 from framework.rank_zero import rank_zero_info
+
+if TYPE_CHECKING:
+    from framework.module import TrainModule
+    from framework.trainer import Trainer
 
 _INTERVALS = ("batch", "epoch", "batch_and_epoch")
 
@@ -52,17 +56,19 @@ class PredictionWriter(Callback):
         self.output_dir, self.write_interval, self.format, self.filename = output_dir, write_interval, format, filename
         self.written: str | None = None  # the epoch file, once written
         self._outputs: list[list[Any]] = []
-        self._indices: list[list[int] | None] = []
+        self._indices: list[list[list[int]] | None] = []  # per loader: each batch's indices, if known
 
     # -- Lightning's overridable writers ---------------------------------------------------------
-    def write_on_batch_end(self, trainer, module, prediction: Any, batch_indices: list[int] | None, batch: Any,
+    def write_on_batch_end(self, trainer: Trainer, module: TrainModule, prediction: Any,
+                           batch_indices: list[int] | None, batch: Any,
                            batch_idx: int, dataloader_idx: int) -> None:
         folder = os.path.join(self._dir(trainer), "batches")
         os.makedirs(folder, exist_ok=True)
         path = os.path.join(folder, f"rank{trainer.global_rank}_loader{dataloader_idx}_batch{batch_idx}.pt")
         torch.save({"prediction": _cpu(prediction), "batch_indices": batch_indices}, path)
 
-    def write_on_epoch_end(self, trainer, module, predictions: list[Any], batch_indices: list[Any]) -> None:
+    def write_on_epoch_end(self, trainer: Trainer, module: TrainModule, predictions: list[Any],
+                           batch_indices: list[Any]) -> None:
         """Rank 0 only: ``predictions`` per loader, all ranks' in the data's order."""
         path = os.path.join(self._dir(trainer), f"{self.filename}.{self.format}")
         os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -76,13 +82,13 @@ class PredictionWriter(Callback):
         rank_zero_info(f"fw predict: wrote {count} predictions to {path}")
 
     # -- hooks ------------------------------------------------------------------------------------
-    def on_predict_epoch_start(self, trainer, module) -> None:
+    def on_predict_epoch_start(self, trainer: Trainer, module: TrainModule) -> None:
         given = trainer.predict_dataloaders
         loaders = [] if given is None else list(given) if isinstance(given, list) else [given]
         self._outputs = [[] for _ in loaders]
         self._indices = [_batch_indices(loader) for loader in loaders]
 
-    def on_predict_batch_end(self, trainer, module, outputs: Any, batch: Any, batch_idx: int,
+    def on_predict_batch_end(self, trainer: Trainer, module: TrainModule, outputs: Any, batch: Any, batch_idx: int,
                              dataloader_idx: int = 0) -> None:
         indices = self._indices[dataloader_idx]
         batch_indices = indices[batch_idx] if indices is not None and batch_idx < len(indices) else None
@@ -91,7 +97,7 @@ class PredictionWriter(Callback):
         if self.write_interval in ("epoch", "batch_and_epoch"):
             self._outputs[dataloader_idx].append((batch_indices, _cpu(outputs)))
 
-    def on_predict_epoch_end(self, trainer, module) -> None:
+    def on_predict_epoch_end(self, trainer: Trainer, module: TrainModule) -> None:
         if self.write_interval == "batch":
             return
         mine = self._outputs
@@ -107,7 +113,7 @@ class PredictionWriter(Callback):
             indices.append(order)
         self.write_on_epoch_end(trainer, module, predictions, indices)
 
-    def _dir(self, trainer) -> str:
+    def _dir(self, trainer: Trainer) -> str:
         return self.output_dir or trainer.log_dir or trainer.default_root_dir
 
 

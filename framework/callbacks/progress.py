@@ -11,9 +11,16 @@ is printed per finished training epoch and per stand-alone evaluation, so logs s
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from framework.callbacks.base import Callback
+
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.progress import Progress, Task, TaskID
+
+    from framework.module import TrainModule
+    from framework.trainer import Trainer
 
 
 def _format_metrics(metrics: dict[str, float]) -> str:
@@ -31,21 +38,21 @@ class RichProgressBar(Callback):
     def __init__(self, refresh_rate_hz: float = 10.0, leave: bool = True) -> None:
         self.refresh_interval = 1.0 / refresh_rate_hz if refresh_rate_hz > 0 else float("inf")
         self.leave = leave
-        self._progress = None  # rich.progress.Progress while a live display is up
+        self._progress: Progress | None = None  # while a live display is up
         self._live = False  # False: plain lines (not a terminal); meaningful once started
         self._started = False
         self._in_fit = False  # between on_train_start and on_train_end
         self._train_active = False  # counting training batches on this rank
         self._eval_active = False
-        self._train_task = None
-        self._eval_task = None
+        self._train_task: TaskID | None = None
+        self._eval_task: TaskID | None = None
         self._count = 0  # batches done in the current bar
         self._eval_count = 0
         self._epoch_start = 0.0
         self._next_refresh = 0.0
 
     # -- life cycle -------------------------------------------------------------------------
-    def _start(self, trainer) -> bool:
+    def _start(self, trainer: Trainer) -> bool:
         """Bring the display up on rank 0; return whether this rank shows anything."""
         if not trainer.is_global_zero:
             return False
@@ -68,20 +75,20 @@ class RichProgressBar(Callback):
         self._started = self._in_fit = self._train_active = self._eval_active = False
         self._train_task = self._eval_task = None
 
-    def on_train_start(self, trainer, module) -> None:
+    def on_train_start(self, trainer: Trainer, module: TrainModule) -> None:
         self._in_fit = True
 
-    def on_train_end(self, trainer, module) -> None:
+    def on_train_end(self, trainer: Trainer, module: TrainModule) -> None:
         self._stop()
 
-    def teardown(self, trainer, module, stage: str) -> None:
+    def teardown(self, trainer: Trainer, module: TrainModule, stage: str) -> None:
         self._stop()
 
-    def on_exception(self, trainer, module, exception: BaseException) -> None:
+    def on_exception(self, trainer: Trainer, module: TrainModule, exception: BaseException) -> None:
         self._stop()
 
     # -- training ---------------------------------------------------------------------------
-    def on_train_epoch_start(self, trainer, module) -> None:
+    def on_train_epoch_start(self, trainer: Trainer, module: TrainModule) -> None:
         if not self._start(trainer):
             return
         self._train_active = True
@@ -90,15 +97,16 @@ class RichProgressBar(Callback):
         self._next_refresh = self._epoch_start + self.refresh_interval
         if self._progress is None:
             return
-        total = trainer.num_training_batches
-        total = int(total) if total != float("inf") else None
+        batches = trainer.num_training_batches
+        total = int(batches) if batches != float("inf") else None
         description = self._epoch_description(trainer)
         if self._train_task is not None and not self.leave:
             self._progress.reset(self._train_task, total=total, description=description, metrics="")
         else:
             self._train_task = self._progress.add_task(description, total=total, metrics="")
 
-    def on_train_batch_end(self, trainer, module, outputs: Any, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_end(self, trainer: Trainer, module: TrainModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
         if not self._train_active:
             return
         self._count += 1
@@ -109,7 +117,7 @@ class RichProgressBar(Callback):
             self._next_refresh = now + self.refresh_interval
             self._update(self._train_task, self._count, trainer)
 
-    def on_train_epoch_end(self, trainer, module) -> None:
+    def on_train_epoch_end(self, trainer: Trainer, module: TrainModule) -> None:
         if not self._train_active:
             return
         self._train_active = False
@@ -121,14 +129,14 @@ class RichProgressBar(Callback):
                   f"{_format_metrics(trainer.progress_bar_metrics)}".rstrip(), flush=True)
 
     @staticmethod
-    def _epoch_description(trainer) -> str:
+    def _epoch_description(trainer: Trainer) -> str:
         max_epochs = trainer.max_epochs
         if max_epochs is None or max_epochs < 0:
             return f"Epoch {trainer.current_epoch}"
         return f"Epoch {trainer.current_epoch}/{max_epochs - 1}"
 
     # -- evaluation (validation inside fit, validate, test, predict) ----------------------
-    def _eval_start(self, trainer, description: str) -> None:
+    def _eval_start(self, trainer: Trainer, description: str) -> None:
         if not self._start(trainer):
             return
         self._eval_active = True
@@ -139,7 +147,7 @@ class RichProgressBar(Callback):
             total = int(total) if isinstance(total, (int, float)) and total != float("inf") else None
             self._eval_task = self._progress.add_task(description, total=total, metrics="")
 
-    def _eval_batch_end(self, trainer) -> None:
+    def _eval_batch_end(self, trainer: Trainer) -> None:
         if not self._eval_active:
             return
         self._eval_count += 1
@@ -150,12 +158,13 @@ class RichProgressBar(Callback):
             self._next_refresh = now + self.refresh_interval
             self._update(self._eval_task, self._eval_count, trainer, metrics=False)
 
-    def _eval_end(self, trainer, description: str, transient: bool) -> None:
+    def _eval_end(self, trainer: Trainer, description: str, transient: bool) -> None:
         if not self._eval_active:
             return
         self._eval_active = False
         if self._eval_task is not None:
             if transient:  # validation inside fit: its metrics appear on the training bar
+                assert self._progress is not None, "a task is only drawn while the display is up"
                 self._progress.remove_task(self._eval_task)
             else:
                 self._update(self._eval_task, self._eval_count, trainer)
@@ -166,53 +175,54 @@ class RichProgressBar(Callback):
             print(f"{description}: {self._eval_count} batches "
                   f"{_format_metrics(trainer.progress_bar_metrics)}".rstrip(), flush=True)
 
-    def on_sanity_check_start(self, trainer, module) -> None:
+    def on_sanity_check_start(self, trainer: Trainer, module: TrainModule) -> None:
         self._eval_start(trainer, "Sanity check")
 
-    def on_sanity_check_end(self, trainer, module) -> None:
+    def on_sanity_check_end(self, trainer: Trainer, module: TrainModule) -> None:
         self._eval_end(trainer, "Sanity check", transient=True)
 
-    def on_validation_start(self, trainer, module) -> None:
+    def on_validation_start(self, trainer: Trainer, module: TrainModule) -> None:
         if not trainer.sanity_checking:  # the sanity check has its own bar
             self._eval_start(trainer, "Validation")
 
-    def on_validation_batch_end(self, trainer, module, outputs: Any,
+    def on_validation_batch_end(self, trainer: Trainer, module: TrainModule, outputs: Any,
                                 batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
         self._eval_batch_end(trainer)
 
-    def on_validation_end(self, trainer, module) -> None:
+    def on_validation_end(self, trainer: Trainer, module: TrainModule) -> None:
         if not trainer.sanity_checking:
             # Inside fit the metrics show on the training bar (or in the epoch's line).
             self._eval_end(trainer, "Validation", transient=self._in_fit)
 
-    def on_test_start(self, trainer, module) -> None:
+    def on_test_start(self, trainer: Trainer, module: TrainModule) -> None:
         self._eval_start(trainer, "Testing")
 
-    def on_test_batch_end(self, trainer, module, outputs: Any,
+    def on_test_batch_end(self, trainer: Trainer, module: TrainModule, outputs: Any,
                           batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
         self._eval_batch_end(trainer)
 
-    def on_test_end(self, trainer, module) -> None:
+    def on_test_end(self, trainer: Trainer, module: TrainModule) -> None:
         self._eval_end(trainer, "Testing", transient=False)
 
-    def on_predict_start(self, trainer, module) -> None:
+    def on_predict_start(self, trainer: Trainer, module: TrainModule) -> None:
         self._eval_start(trainer, "Predicting")
 
-    def on_predict_batch_end(self, trainer, module, outputs: Any,
+    def on_predict_batch_end(self, trainer: Trainer, module: TrainModule, outputs: Any,
                              batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
         self._eval_batch_end(trainer)
 
-    def on_predict_end(self, trainer, module) -> None:
+    def on_predict_end(self, trainer: Trainer, module: TrainModule) -> None:
         self._eval_end(trainer, "Predicting", transient=False)
 
     # -- drawing ----------------------------------------------------------------------------
-    def _update(self, task, completed: int, trainer, metrics: bool = True) -> None:
-        fields = {"metrics": _format_metrics(trainer.progress_bar_metrics)} if metrics else {}
+    def _update(self, task: TaskID, completed: int, trainer: Trainer, metrics: bool = True) -> None:
+        assert self._progress is not None, "a task is only drawn while the display is up"
+        fields: dict[str, Any] = {"metrics": _format_metrics(trainer.progress_bar_metrics)} if metrics else {}
         self._progress.update(task, completed=completed, **fields)
         self._progress.refresh()
 
 
-def _make_progress(console):
+def _make_progress(console: Console) -> Progress:
     """A rich ``Progress`` that only redraws when asked (``auto_refresh=False``)."""
     from rich.progress import (
         BarColumn,
@@ -226,7 +236,7 @@ def _make_progress(console):
     from rich.text import Text
 
     class SpeedColumn(ProgressColumn):
-        def render(self, task) -> Text:
+        def render(self, task: Task) -> Text:
             speed = task.finished_speed or task.speed
             return Text(f"{speed:.2f}it/s" if speed else "-- it/s", style="progress.data.speed")
 

@@ -37,11 +37,15 @@ from __future__ import annotations
 import statistics
 import time
 from collections import deque
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from framework.callbacks.base import Callback
+
+if TYPE_CHECKING:
+    from framework.module import TrainModule
+    from framework.trainer import Trainer
 
 #: the parts of a step, in the order they are reported
 PARTS = ("data_wait", "forward_backward", "optimizer", "comm_unhidden", "other")
@@ -80,7 +84,7 @@ class CommTimer:
 
     def take(self, backward_end: float) -> tuple[float, float]:
         """(unhidden, span) of the all-reduces since the last call, seconds; then reset."""
-        if self.last_return is None:  # no all-reduce (one process, or no_sync)
+        if self.last_return is None or self.first_launch is None:  # no all-reduce (one process, or no_sync)
             return 0.0, 0.0
         unhidden = self.blocked + max(0.0, backward_end - self.last_return)
         span = max(self.last_done, backward_end) - self.first_launch
@@ -99,7 +103,8 @@ class StepTimeBreakdown(Callback):
         keep: how many recent steps ``steps`` keeps for ``summary()``.
     """
 
-    def __init__(self, comm: bool = True, synchronize: bool | None = None, log: bool = True, keep: int = 100_000) -> None:
+    def __init__(self, comm: bool = True, synchronize: bool | None = None, log: bool = True,
+                 keep: int = 100_000) -> None:
         self.comm, self.synchronize, self.log = comm, synchronize, log
         self.steps: deque[dict[str, float]] = deque(maxlen=keep)
         self.timer: CommTimer | None = None
@@ -112,7 +117,7 @@ class StepTimeBreakdown(Callback):
         self._start = self._backward_start = self._backward_end = 0.0
 
     # -- hooks ----------------------------------------------------------------------------
-    def on_train_start(self, trainer, module) -> None:
+    def on_train_start(self, trainer: Trainer, module: TrainModule) -> None:
         device = getattr(getattr(trainer, "strategy", None), "root_device", None) or getattr(module, "device", None)
         sync = self.synchronize if self.synchronize is not None else getattr(device, "type", "cpu") == "cuda"
         self._sync = torch.cuda.synchronize if sync and torch.cuda.is_available() else _no_sync
@@ -129,19 +134,20 @@ class StepTimeBreakdown(Callback):
         model.register_comm_hook(getattr(model, "process_group", None), self.timer.hook)
         return True
 
-    def on_train_epoch_start(self, trainer, module) -> None:
+    def on_train_epoch_start(self, trainer: Trainer, module: TrainModule) -> None:
         self.mark_epoch_start()
 
-    def on_train_batch_start(self, trainer, module, batch, batch_idx) -> None:
+    def on_train_batch_start(self, trainer: Trainer, module: TrainModule, batch: Any, batch_idx: int) -> None:
         self.mark_batch_start()
 
-    def on_before_backward(self, trainer, module, loss) -> None:
+    def on_before_backward(self, trainer: Trainer, module: TrainModule, loss: torch.Tensor) -> None:
         self.mark_backward_start()
 
-    def on_after_backward(self, trainer, module) -> None:
+    def on_after_backward(self, trainer: Trainer, module: TrainModule) -> None:
         self.mark_backward_end()
 
-    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
+    def on_train_batch_end(self, trainer: Trainer, module: TrainModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
         self.mark_batch_end()
         if not self.log or not hasattr(trainer, "log_metrics"):
             return
@@ -171,6 +177,7 @@ class StepTimeBreakdown(Callback):
     def mark_batch_end(self) -> None:
         self._sync()
         end = time.perf_counter()
+        assert self._previous_end is not None, "mark_batch_start comes first"
         unhidden, span = self.timer.take(self._backward_end) if self.timer is not None else (0.0, 0.0)
         total = end - self._previous_end
         step = {

@@ -11,13 +11,17 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from framework.callbacks.base import Callback
 from framework.counting import every
 from framework.errors import ConfigError
+
+if TYPE_CHECKING:
+    from framework.module import TrainModule
+    from framework.trainer import Trainer
 
 
 def default_batch_size(batch: Any) -> int:
@@ -51,14 +55,15 @@ class ThroughputMonitor(Callback):
         self._samples: deque[int] = deque(maxlen=window + 1)
         self._last_step_logged = -1
 
-    def on_train_epoch_start(self, trainer, module) -> None:
+    def on_train_epoch_start(self, trainer: Trainer, module: TrainModule) -> None:
         # The gap between epochs (validation, checkpointing) is not training time.
         self._times.clear()
         self._samples.clear()
         self._times.append(time.perf_counter())
         self._samples.append(0)
 
-    def on_train_batch_end(self, trainer, module, outputs: Any, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_end(self, trainer: Trainer, module: TrainModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
         self._times.append(time.perf_counter())
         self._samples.append(self.batch_size_fn(batch))
         step = trainer.global_step

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from framework.callbacks.base import Callback
 from framework.config import instantiate
+
+if TYPE_CHECKING:
+    from framework.module import TrainModule
+    from framework.trainer import Trainer
 
 
 class SaveRecipe(Callback):
@@ -16,7 +20,7 @@ class SaveRecipe(Callback):
     def __init__(self, text: str) -> None:
         self.text = text
 
-    def setup(self, trainer, module, stage: str) -> None:
+    def setup(self, trainer: Trainer, module: TrainModule, stage: str) -> None:
         if trainer.is_global_zero:
             where = Path(trainer.log_dir or trainer.default_root_dir)
             where.mkdir(parents=True, exist_ok=True)
@@ -47,7 +51,8 @@ def run_recipe(stage: str, recipe: dict, recipe_text: str) -> Any:
         rank_zero_warn(f"fw {stage} without ckpt_path scores freshly initialised weights; give "
                        "ckpt_path=last (this run's newest) or ckpt_path=PATH, or ckpt_path=none if that is intended")
     if stage == "fit":
-        result = trainer.fit(module, datamodule=data, ckpt_path=ckpt_path)
+        trainer.fit(module, datamodule=data, ckpt_path=ckpt_path)
+        result = None
     else:
         result = getattr(trainer, stage)(module, datamodule=data, ckpt_path=ckpt_path)
     if stage != "predict":

@@ -7,19 +7,23 @@ file, and says how to fix it.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from framework.config.schema import RecipeConfig, TrainerConfig
 from framework.errors import ConfigError, did_you_mean
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
 
 _SECTIONS = {f.name for f in dataclasses.fields(RecipeConfig)}
 _TRAINER_KEYS = {f.name for f in dataclasses.fields(TrainerConfig)}
 
 
-def load_recipe(path: str | Path, overrides: list[str] = ()) -> tuple[dict, str]:
+def load_recipe(path: str | Path, overrides: Sequence[str] = ()) -> tuple[dict, str]:
     """Return the merged, checked recipe as plain containers, and its YAML text."""
-    from omegaconf import OmegaConf
+    from omegaconf import DictConfig, OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
     raw = _read_yaml(Path(path))
@@ -30,12 +34,14 @@ def load_recipe(path: str | Path, overrides: list[str] = ()) -> tuple[dict, str]
     schema = OmegaConf.structured(RecipeConfig)
     try:
         merged = OmegaConf.merge(schema, raw)
+        assert isinstance(merged, DictConfig), "a structured config merged with a mapping is one"
         for key, value in pairs:  # in order: later overrides win
             _strategy_as_mapping(merged, key)
             OmegaConf.update(merged, key, value, merge=False, force_add=_free_form(key))
         plain = OmegaConf.to_container(merged, resolve=True)
     except OmegaConfBaseException as err:
         raise ConfigError(_explain(err)) from None
+    assert isinstance(plain, dict), "a merged DictConfig becomes a dict"
     if not plain.get("module"):
         raise ConfigError(f"{path}: the recipe has no 'module' section; add module: {{_target_: pkg.Class, ...}}")
     for section in ("module", "data"):
@@ -45,7 +51,7 @@ def load_recipe(path: str | Path, overrides: list[str] = ()) -> tuple[dict, str]
     return plain, OmegaConf.to_yaml(merged)
 
 
-def _read_yaml(path: Path):
+def _read_yaml(path: Path) -> DictConfig:
     from omegaconf import DictConfig, OmegaConf
     from yaml import YAMLError
 
@@ -106,8 +112,8 @@ def _parse_override(item: str) -> tuple[str, Any]:
         raise ConfigError(f"override '{item}': the value is not valid YAML ({_first_line(err)})") from None
 
 
-def _nest(key: str) -> dict:
-    tree: dict = {}
+def _nest(key: str) -> dict[str, Any]:
+    tree: dict[str, Any] = {}
     node = tree
     for part in key.split(".")[:-1]:
         node = node.setdefault(part, {})
@@ -115,7 +121,7 @@ def _nest(key: str) -> dict:
     return tree
 
 
-def _strategy_as_mapping(merged, key: str) -> None:
+def _strategy_as_mapping(merged: DictConfig, key: str) -> None:
     """``trainer.strategy=ddp_gloo trainer.strategy.timeout=60``: a named strategy that gets
     options becomes ``{name: ddp_gloo, timeout: 60}`` instead of losing its name."""
     if key.startswith("trainer.strategy.") and isinstance(merged.trainer.strategy, str):
@@ -127,7 +133,7 @@ def _free_form(key: str) -> bool:
     return key.split(".")[0] in ("module", "data", "callbacks", "logger") or key.startswith("trainer.strategy.")
 
 
-def _explain(err) -> str:
+def _explain(err: Exception) -> str:
     key = getattr(err, "full_key", None) or ""
     text = _first_line(err)
     if "could not be converted" in text or "Invalid type" in text or "is not a subclass" in text:

@@ -14,7 +14,7 @@ from the seed.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Sized
 from typing import Any
 
 import torch
@@ -39,7 +39,7 @@ class EvalShardSampler(Sampler[int]):
     a custom sampler drawn identically on every rank.
     """
 
-    def __init__(self, base: Sampler | None, data_len: int, num_replicas: int, rank: int, seed: int = 0) -> None:
+    def __init__(self, base: Iterable[int] | None, data_len: int, num_replicas: int, rank: int, seed: int = 0) -> None:
         self.base, self.data_len = base, data_len
         self.num_replicas, self.rank, self.seed, self.epoch = num_replicas, rank, seed, 0
 
@@ -48,12 +48,12 @@ class EvalShardSampler(Sampler[int]):
         return iter(order[self.rank :: self.num_replicas])
 
     def __len__(self) -> int:
-        total = len(self.base) if self.base is not None else self.data_len
+        total = len(_sized(self.base)) if self.base is not None else self.data_len
         return len(range(self.rank, total, self.num_replicas))
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
-        if hasattr(self.base, "set_epoch"):
+        if self.base is not None and hasattr(self.base, "set_epoch"):
             self.base.set_epoch(epoch)
 
 
@@ -62,7 +62,7 @@ class ShardedSampler(Sampler[int]):
     pads to a multiple of N by repeating from the start (as DistributedSampler does), and takes
     every N-th from rank r."""
 
-    def __init__(self, base: Sampler, num_replicas: int, rank: int, seed: int = 0) -> None:
+    def __init__(self, base: Iterable[int], num_replicas: int, rank: int, seed: int = 0) -> None:
         self.base, self.num_replicas, self.rank, self.seed, self.epoch = base, num_replicas, rank, seed, 0
 
     def __iter__(self) -> Iterator[int]:
@@ -72,7 +72,7 @@ class ShardedSampler(Sampler[int]):
         return iter(order[self.rank : total : self.num_replicas])
 
     def __len__(self) -> int:
-        return math.ceil(len(self.base) / self.num_replicas)
+        return math.ceil(len(_sized(self.base)) / self.num_replicas)
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
@@ -80,7 +80,14 @@ class ShardedSampler(Sampler[int]):
             self.base.set_epoch(epoch)
 
 
-def _draw(sampler: Sampler, seed: int) -> list[int]:
+def _sized(obj: object) -> Sized:
+    """``obj``, which must have a length (raises the TypeError ``len`` would)."""
+    if not isinstance(obj, Sized):
+        raise TypeError(f"object of type '{type(obj).__name__}' has no len()")
+    return obj
+
+
+def _draw(sampler: Iterable[int], seed: int) -> list[int]:
     """The sampler's indices, drawn from torch's RNG seeded alike on every rank (a random
     sampler would otherwise give each rank its own order), leaving the global RNG untouched."""
     with torch.random.fork_rng(devices=[]):
@@ -110,7 +117,7 @@ def shard_dataloader(loader: DataLoader, num_replicas: int, rank: int, train: bo
             new_sampler = ShardedSampler(sampler, num_replicas, rank, seed)
     else:
         base = None if isinstance(sampler, (SequentialSampler, RandomSampler)) else sampler
-        new_sampler = EvalShardSampler(base, len(loader.dataset), num_replicas, rank, seed)
+        new_sampler = EvalShardSampler(base, len(_sized(loader.dataset)), num_replicas, rank, seed)
     return _rebuild(loader, new_sampler)
 
 
@@ -197,5 +204,5 @@ def without_shuffle(loader: Any) -> Any:
     if isinstance(loader, DataLoader) and isinstance(loader.sampler, RandomSampler) and loader.batch_size is not None:
         rank_zero_warn("overfit_batches: the training DataLoader's shuffling is turned off, so that every epoch "
                        "sees the same batches")
-        return _rebuild(loader, SequentialSampler(loader.dataset))
+        return _rebuild(loader, SequentialSampler(_sized(loader.dataset)))
     return loader

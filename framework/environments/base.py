@@ -13,6 +13,7 @@ import os
 import sys
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
+from typing import overload
 
 from framework.environments.info import DistInfo
 from framework.errors import ConfigError, DistributedSetupError
@@ -91,6 +92,14 @@ class ClusterEnvironment(ABC):
         return f"{type(self).__name__}(name={self.name!r})"
 
 
+@overload
+def env_int(env: Mapping[str, str], *keys: str, default: int) -> int: ...
+
+
+@overload
+def env_int(env: Mapping[str, str], *keys: str, default: None = None) -> int | None: ...
+
+
 def env_int(env: Mapping[str, str], *keys: str, default: int | None = None) -> int | None:
     """Return the first of ``keys`` set in ``env`` as an int, or ``default``.
 
@@ -108,6 +117,14 @@ def env_int(env: Mapping[str, str], *keys: str, default: int | None = None) -> i
                 f"environment variable {key}={raw!r} is not an integer"
             ) from None
     return default
+
+
+@overload
+def env_str(env: Mapping[str, str], *keys: str, default: str) -> str: ...
+
+
+@overload
+def env_str(env: Mapping[str, str], *keys: str, default: None = None) -> str | None: ...
 
 
 def env_str(env: Mapping[str, str], *keys: str, default: str | None = None) -> str | None:

@@ -68,7 +68,9 @@ def parse_hostlist(hostlist: str) -> list[str]:
 
 def _split_top_level(hostlist: str) -> list[str]:
     """Split at commas and whitespace that are outside brackets."""
-    parts, current, depth = [], [], 0
+    parts: list[str] = []
+    current: list[str] = []
+    depth = 0
     for char in hostlist:
         if char == "[":
             depth += 1

@@ -70,7 +70,7 @@ class MPIEnvironment(ClusterEnvironment):
         size = env_int(env, *_SIZE_KEYS)
         local_rank = env_int(env, *_LOCAL_RANK_KEYS)
         local_size = env_int(env, *_LOCAL_SIZE_KEYS)
-        if None in (rank, size, local_rank, local_size):
+        if rank is None or size is None or local_rank is None or local_size is None:
             world = self._query_mpi()
             if world is None:
                 if rank is None or size is None:

@@ -9,9 +9,12 @@ from __future__ import annotations
 import argparse
 import os
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from framework.loggers.base import Logger, flatten, save_hparams_yaml, to_float, to_plain
+
+if TYPE_CHECKING:
+    from torch.utils.tensorboard import SummaryWriter
 
 
 class TensorBoardLogger(Logger):
@@ -36,11 +39,11 @@ class TensorBoardLogger(Logger):
         self.default_hp_metric = default_hp_metric
         self.flush_secs = flush_secs
         self.hparams: dict[str, Any] = {}
-        self._experiment = None
+        self._experiment: SummaryWriter | None = None
         self._hp_metric_logged = False
 
     @property
-    def experiment(self):
+    def experiment(self) -> SummaryWriter:
         """The ``SummaryWriter``, created (with the log folder) on first use."""
         if self._experiment is None:
             from torch.utils.tensorboard import SummaryWriter

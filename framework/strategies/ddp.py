@@ -44,6 +44,9 @@ class DDPStrategy(DistributedStrategy):
             NCCL_SOCKET_IFNAME after checking that it exists on this host).
         find_unused_parameters, bucket_cap_mb, static_graph, gradient_as_bucket_view: passed
             to ``DistributedDataParallel``.
+        process_group: the group DDP all-reduces gradients over instead of the default group
+            (e.g. one of another backend beside it; made in this process, so not for ddp_spawn).
+            The run's other collectives stay on the default group.
     """
 
     def __init__(
@@ -56,8 +59,11 @@ class DDPStrategy(DistributedStrategy):
         bucket_cap_mb: float | None = None,
         static_graph: bool = False,
         gradient_as_bucket_view: bool = False,
+        process_group: dist.ProcessGroup | None = None,
     ) -> None:
         super().__init__(timeout, find_unused_parameters, bucket_cap_mb, static_graph, gradient_as_bucket_view)
+        if process_group is not None:
+            self.ddp_kwargs["process_group"] = process_group
         if backend not in ("gloo", "nccl"):
             raise ConfigError(f"trainer.strategy.backend: unknown backend '{backend}'; use gloo or nccl")
         self.backend = backend

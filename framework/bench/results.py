@@ -1,0 +1,92 @@
+"""The numbers of ``fw bench``'s report: every job's runs pooled into one row per setting, with
+scaling, overhead over the hand-written loop and (GPU, bf16) model FLOPs utilisation; the
+all-reduce ratio of fw's MPI process group to raw mpi4py.
+
+A row pools the repeats of one (workload, strategy, world size, side, precision, DDP settings,
+device); its step time is the median over every timed step of them.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+
+from framework.bench.common import iqr, median
+
+#: dense bf16 peak FLOP/s of one GPU (the vendors' data sheets), for MFU: the first pattern
+#: that matches the device's name wins, so a variant comes before its family
+PEAK_BF16 = (
+    (r"\bMIG\b", None),  # a slice of a GPU: its share of the peak is not known here
+    (r"\bH100\b.*\bPCIe\b", 756e12), (r"\bH100 NVL\b", 835e12), (r"\bH100\b", 989e12),
+    (r"\bH200 NVL\b", 835e12), (r"\bG?H200\b", 989e12),
+    (r"\bA100\b", 312e12), (r"\bL40S\b", 362e12), (r"\bL4\b", 121e12), (r"\bA10\b", 125e12),
+)  # fmt: skip
+
+
+def peak_for(name: str) -> float | None:
+    """The bf16 peak of the GPU called ``name`` (as CUDA names it), None for one not in the table."""
+    return next((peak for pattern, peak in PEAK_BF16 if re.search(pattern, name, re.IGNORECASE)), None)
+
+
+def peak_flops(device: str) -> float | None:
+    """The bf16 peak of the GPU this process sees, when it is in ``PEAK_BF16``."""
+    import torch
+
+    if not device.startswith("cuda") or not torch.cuda.is_available():
+        return None
+    return peak_for(torch.cuda.get_device_name(0))
+
+
+# -- the rows ---------------------------------------------------------------------------------
+def train_rows(parts: list[dict], key: str = "train") -> list[dict]:
+    """One row per (workload, strategy, world, side, precision, knobs), repeats pooled."""
+    groups: dict[tuple, list[dict]] = defaultdict(list)
+    for part in parts:
+        for run in (part.get(key) or {}).get("runs", []):
+            knobs = tuple(sorted(run["ddp_kwargs"].items()))
+            groups[(run["workload"], run["strategy"], run["world_size"], run["side"], run["precision"], knobs, run.get("device", "cpu"))].append(run)
+    rows = []
+    for (workload, strategy, world, side, precision, knobs, device), runs in groups.items():
+        steps = [s for r in runs for s in r["samples_step_s"]]
+        step = median(steps)
+        batch = runs[0]["global_batch"]
+        low, high = iqr(steps)
+        parts_s = {p: median(r["parts_s"][p] for r in runs) for p in runs[0]["parts_s"]}
+        row = {"workload": workload, "strategy": strategy, "world_size": world, "side": side, "precision": precision,
+               "ddp_kwargs": dict(knobs), "device": device, "global_batch": batch, "step_s": step,
+               "samples_per_s": batch / step, "samples_per_s_iqr": [batch / high, batch / low], "step_iqr_s": [low, high],
+               "parts_s": parts_s, "peak_memory_MB": max(r["peak_memory_bytes"] for r in runs) / 2**20,
+               "call_s": median(r["call_s"] for r in runs), "repeats": len(runs), "steps_timed": len(steps),
+               "repeat_samples_per_s": [batch / r["step_s"] for r in runs]}  # fmt: skip
+        # the spread shown: over the repeats when there are several, else over the timed steps
+        per_repeat = row["repeat_samples_per_s"]
+        row["spread_samples_per_s"] = [min(per_repeat), max(per_repeat)] if len(runs) > 1 else row["samples_per_s_iqr"]
+        if "flops_per_sample" in runs[0]:
+            row["model_flops_per_s"] = runs[0]["flops_per_sample"] * row["samples_per_s"]
+            peak = peak_flops(device) if precision == "bf16-mixed" else None
+            if peak:  # model FLOPs utilisation over the GPUs the run used (bf16 runs, bf16 peak)
+                gpus = world if strategy != "dp" else __import__("torch").cuda.device_count()
+                row["mfu"] = row["model_flops_per_s"] / (peak * gpus)
+        rows.append(row)
+    by_key = {(r["workload"], r["strategy"], r["world_size"], r["side"], r["precision"], r["device"]): r for r in rows if key == "train"}
+    for r in rows:
+        base = by_key.get((r["workload"], "single", 1, r["side"], r["precision"], r["device"]))
+        if base and r["world_size"] > 1:
+            # on GPUs each process adds a device: efficiency against n single devices; on a CPU the
+            # processes share the cores one process had: the speed-up over that process
+            per_device = 1 if r["device"] == "cpu" else r["world_size"]
+            r["scaling_efficiency"] = r["samples_per_s"] / (per_device * base["samples_per_s"])
+        raw = by_key.get((r["workload"], r["strategy"], r["world_size"], "raw", r["precision"], r["device"]))
+        if raw and r["side"] != "raw":
+            r["step_over_raw"] = r["step_s"] / raw["step_s"]
+    return rows
+
+
+def comm_parts(parts: list[dict]) -> list[tuple[str, dict]]:
+    return [(p["job"], p["comm"]) for p in parts if p.get("comm")]
+
+
+def mpi_ratios(result: dict) -> list[tuple[int, float]]:
+    """(bytes, fw_mpi time / raw mpi4py time) of all-reduce at each size."""
+    cells = {(r["backend"], r["bytes"]): r["median_s"] for r in result["collectives"] if r["op"] == "all_reduce"}
+    return [(b, cells[("fw_mpi", b)] / cells[("mpi4py", b)]) for b in result["sizes"] if ("fw_mpi", b) in cells and ("mpi4py", b) in cells]

@@ -1,0 +1,75 @@
+"""``ModelCheckpoint``'s files: the folder, the name a save point gets, which files it may delete.
+
+The folder is ``<trainer.log_dir>/checkpoints`` (``<default_root_dir>/checkpoints`` without a
+logger) unless ``dirpath`` names one; every rank uses rank 0's, checked writable before a fit.
+
+A name comes from the ``filename`` template: ``"{epoch}-{val/acc:.3f}"`` with
+``{"epoch": 3, "val/acc": 0.95123}`` gives ``epoch=3-val_acc=0.951`` ("/" in a metric name
+becomes "_"; a key missing from the metrics formats as 0). A name whose file exists already gets
+``-v1``, ``-v2``, ... A file is deleted only by rank 0, and only inside the run's own
+checkpoint folder: a file elsewhere (the ``best_model_path`` a resume kept) is another run's.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
+
+from framework.checkpoint import check_writable_on_every_rank, remove_stale_temp_files
+
+if TYPE_CHECKING:
+    from framework.trainer import Trainer
+
+
+def run_folder(trainer: Trainer) -> str:
+    """The run's checkpoint folder, rank 0's on every rank (all of them write to and prune it)."""
+    root = trainer.log_dir or trainer.default_root_dir
+    return trainer.strategy.broadcast(os.path.realpath(os.path.join(root, "checkpoints")))
+
+
+def prepare_folder(folder: str, trainer: Trainer) -> None:
+    """Before a fit: every rank can write to ``folder`` (checked now, not at the first save),
+    and rank 0 removes what killed writes left there."""
+    check_writable_on_every_rank(folder, "ModelCheckpoint dirpath", trainer.strategy)
+    if trainer.is_global_zero:
+        remove_stale_temp_files(folder)
+
+
+def format_name(template: str, metrics: Mapping[str, float], auto_insert_metric_name: bool,
+                equals: str = "=") -> str:
+    """``template`` filled in from ``metrics``; ``auto_insert_metric_name`` writes
+    ``{epoch}`` as ``epoch=3`` (with ``equals``) rather than ``3``."""
+    values = dict(metrics)
+    # Longest first, so that "{val/acc}" is not rewritten inside "{val/acc_top5}".
+    for group in sorted(set(re.findall(r"(\{.*?)[:}]", template)), key=len, reverse=True):
+        key = group[1:]
+        label = key.replace("/", "_") + equals if auto_insert_metric_name else ""
+        # "{0[key]}" lets keys hold "/" and "." which plain format fields cannot.
+        template = template.replace(group, f"{label}{{0[{key}]")
+        values.setdefault(key, 0)
+    return template.format(values)
+
+
+def unused_path(path_for: Callable[[int | None], str], reuse: str | None, first_version: int) -> str:
+    """``path_for(None)``, or, while that file exists (and is not ``reuse``), the path of the
+    next version from ``first_version`` on."""
+    filepath = path_for(None)
+    version = first_version
+    while os.path.exists(filepath) and filepath != reuse:
+        filepath = path_for(version)
+        version += 1
+    return filepath
+
+
+def remove_if_ours(filepath: str, folder: str, is_global_zero: bool) -> None:
+    """Delete ``filepath`` on rank 0 if it lies inside ``folder`` (as Lightning does, a file of
+    another run is not ours to delete); a file already gone is no error."""
+    if not os.path.realpath(filepath).startswith(os.path.join(os.path.realpath(folder), "")):
+        return
+    if is_global_zero:
+        try:
+            os.remove(filepath)
+        except FileNotFoundError:
+            pass

@@ -1,0 +1,66 @@
+"""When ``ModelCheckpoint`` saves, and what a save point sees.
+
+Save points come every ``every_n_epochs`` epochs and every ``every_n_train_steps`` optimizer
+steps (0: never; neither given: every epoch, as in Lightning). Epoch save points come at the end
+of the training epoch, or, as in Lightning, at the end of each validation run when validation
+does not simply run once at the end of every epoch (``val_check_interval`` other than 1.0, or
+``check_val_every_n_epoch`` other than 1): the checkpoint then holds the weights that validation
+scored (after the epoch's last steps, none was run). ``save_on_train_epoch_end`` decides it
+instead when given.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from framework.errors import ConfigError, did_you_mean
+
+if TYPE_CHECKING:
+    from framework.trainer import Trainer
+
+
+def save_intervals(every_n_epochs: int | None, every_n_train_steps: int | None) -> tuple[int, int]:
+    """``(every_n_epochs, every_n_train_steps)`` as given, 0 for never.
+
+    Raises:
+        ConfigError: a value that is not an int >= 0.
+    """
+    for arg, value in (("every_n_epochs", every_n_epochs), ("every_n_train_steps", every_n_train_steps)):
+        if value is not None and (not isinstance(value, int) or value < 0):
+            raise ConfigError(f"ModelCheckpoint({arg}={value!r}) must be an int >= 0")
+    if every_n_epochs is None and every_n_train_steps is None:
+        return 1, 0
+    return every_n_epochs or 0, every_n_train_steps or 0
+
+
+def saves_on_train_epoch_end(setting: bool | None, trainer: Trainer) -> bool:
+    """Lightning's rule (``_should_save_on_train_epoch_end``), unless ``setting`` says."""
+    if setting is not None:
+        return setting
+    if trainer.check_val_every_n_epoch != 1:
+        return False
+    if trainer.val_dataloaders is None:
+        return True
+    return trainer.val_check_interval is None or trainer.val_check_interval == 1.0  # 1 too, as in Lightning
+
+
+def monitor_candidates(trainer: Trainer) -> dict[str, float]:
+    """What a save point can rank by and name its file with: every scalar of
+    ``trainer.callback_metrics``, and ``epoch`` and ``step``."""
+    candidates: dict[str, float] = {}
+    for key, value in trainer.callback_metrics.items():
+        try:
+            candidates[key] = float(value.item() if hasattr(value, "item") else value)
+        except (TypeError, ValueError, RuntimeError):
+            continue  # not a scalar: cannot be monitored or formatted
+    candidates["epoch"] = trainer.current_epoch
+    candidates["step"] = trainer.global_step
+    return candidates
+
+
+def missing_monitor_message(monitor: str, trainer: Trainer) -> str:
+    """What to say when ``monitor`` is not among a save point's metrics, and how to fix it."""
+    available = sorted(trainer.callback_metrics)
+    return (f"ModelCheckpoint(monitor={monitor!r}) found no metric {monitor!r} in "
+            f"trainer.callback_metrics{did_you_mean(monitor, available)}; available: {available}. "
+            f"HINT: log it with self.log({monitor!r}, value) in your TrainModule.")
