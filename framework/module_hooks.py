@@ -137,21 +137,26 @@ class ModuleHooks(nn.Module):
         """Before validation inside fit: free the gradients (``zero_grad``)."""
         self.zero_grad()
 
+    def _wrapped_model(self) -> nn.Module:
+        model = self.trainer.model
+        assert model is not None, "the model hooks run during a call, while the strategy holds the model"
+        return model
+
     def on_validation_model_eval(self) -> None:
-        self.trainer.model.eval()
+        self._wrapped_model().eval()
 
     def on_validation_model_train(self) -> None:
         """After validation: the default puts back each submodule's own mode from before."""
-        self.trainer.model.train()
+        self._wrapped_model().train()
 
     def on_test_model_eval(self) -> None:
-        self.trainer.model.eval()
+        self._wrapped_model().eval()
 
     def on_test_model_train(self) -> None:
-        self.trainer.model.train()
+        self._wrapped_model().train()
 
     def on_predict_model_eval(self) -> None:
-        self.trainer.model.eval()
+        self._wrapped_model().eval()
 
     def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         """Change a batch before it moves to the device (on the CPU)."""

@@ -4,16 +4,16 @@ A run's loaders are the ones passed to the call (``fit(model, train_dataloaders=
 else the DataModule's (or the module's own, as in Lightning) ``*_dataloader()``. Each is
 sharded for this rank when the strategy asks for it (``use_distributed_sampler``), and the
 training loader keeps the same first batches under ``overfit_batches``. With
-``reload_dataloaders_every_n_epochs`` the loop asks again; loaders passed directly stay.
+``reload_dataloaders_every_n_epochs`` the loop asks again; loaders passed directly stay. (A
+resumed epoch's iterator, which skips what was trained: ``sampler_injection.iterate_after``.)
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from framework.data.sampler_injection import shard_dataloader, skipping_first_batches, without_shuffle
+from framework.data.sampler_injection import shard_dataloader, without_shuffle
 from framework.errors import ConfigError
 
 #: the method asked for each stage's loaders
@@ -67,18 +67,3 @@ class LoaderSource:
             if self.given.get(key) is None and loaders.get(key):
                 loaders[key] = self.loaders(key)
 
-
-def iterate_after(loader: Any, batches: int) -> Iterator:
-    """An iterator over ``loader`` without its first ``batches`` batches. A DataLoader skips
-    them by their indices alone (``skipping_first_batches``: no sample of them is loaded), with
-    the sampler's random draw made now, where it came in the run that was stopped; anything
-    else draws and drops them."""
-    skipping = skipping_first_batches(loader, batches)
-    if skipping is None:
-        iterator = iter(loader)
-        for _ in range(batches):
-            next(iterator)
-        return iterator
-    iterator = iter(skipping)
-    skipping.batch_sampler.started.skip()  # the sampler draws now, as it did then
-    return iterator

@@ -206,3 +206,21 @@ def without_shuffle(loader: Any) -> Any:
                        "sees the same batches")
         return _rebuild(loader, SequentialSampler(_sized(loader.dataset)))
     return loader
+
+
+def iterate_after(loader: Any, batches: int) -> Iterator:
+    """An iterator over ``loader`` without its first ``batches`` batches. A DataLoader skips
+    them by their indices alone (``skipping_first_batches``: no sample of them is loaded), with
+    the sampler's random draw made now, where it came in the run that was stopped; anything
+    else draws and drops them."""
+    skipping = skipping_first_batches(loader, batches)
+    if skipping is None:
+        iterator = iter(loader)
+        for _ in range(batches):
+            next(iterator)
+        return iterator
+    iterator = iter(skipping)
+    sampler = skipping.batch_sampler
+    assert isinstance(sampler, _SkipFirst) and sampler.started is not None  # iter() started it
+    sampler.started.skip()  # the sampler draws now, as it did then
+    return iterator

@@ -27,7 +27,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from framework.data.run_loaders import iterate_after
+from framework.data.sampler_injection import iterate_after
 from framework.errors import CheckpointError
 from framework.rank_zero import rank_zero_warn
 from framework.seed import get_rng_state, set_rng_state
