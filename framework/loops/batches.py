@@ -9,6 +9,7 @@ import sys
 def num_batches(loader, limit: int | float | None) -> float:
     """Batches to run: the loader's length (``inf`` without one), cut by ``limit`` (a count, or
     a fraction of the length)."""
+    total: int | float
     try:
         total = len(loader)
     except TypeError:

@@ -191,7 +191,7 @@ def _step_fn(run: Run, optimizer: torch.optim.Optimizer, zero_after_step: bool) 
                 after_closure()
                 return out
 
-            result = optimizer.step(closure=again, **kwargs)
+            result: Any = optimizer.step(closure=again, **kwargs)
         else:
             result = loss
             if scaler is None or loss is not None:  # 16-mixed without a backward: nothing to step (Lightning)
