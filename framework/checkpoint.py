@@ -16,11 +16,14 @@ import os
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from framework.errors import CheckpointError, ConfigError
+
+if TYPE_CHECKING:
+    from framework.strategies import Strategy
 
 FORMAT_VERSION = 1
 
@@ -91,7 +94,7 @@ def writable_error(path: str | os.PathLike, what: str) -> str | None:
     return None
 
 
-def check_writable_on_every_rank(path: str | os.PathLike, what: str, strategy) -> None:
+def check_writable_on_every_rank(path: str | os.PathLike, what: str, strategy: Strategy) -> None:
     """Rank 0 checks ``writable_error``; every rank raises the same ConfigError (a rank that
     raised alone would leave the others waiting in the next collective)."""
     error = writable_error(path, what) if strategy.is_global_zero else None

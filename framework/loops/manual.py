@@ -34,7 +34,7 @@ What fw does for the module, per ``ManualOptimizer.step``:
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -188,7 +188,7 @@ class ManualOptimizer:
         self.optimizer.zero_grad(set_to_none=set_to_none)
 
     @contextlib.contextmanager
-    def toggle_model(self, sync_grad: bool = True):
+    def toggle_model(self, sync_grad: bool = True) -> Iterator[None]:
         """Only this optimizer's parameters get gradients inside (``toggle_optimizer``).
         ``sync_grad`` is accepted for Lightning's sake: fw averages at the step anyway."""
         module = self._trainer.lightning_module
