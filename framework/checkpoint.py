@@ -14,12 +14,16 @@ import glob
 import inspect
 import os
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from framework.errors import CheckpointError, ConfigError
+
+if TYPE_CHECKING:
+    from framework.strategies import Strategy
 
 FORMAT_VERSION = 1
 
@@ -90,7 +94,7 @@ def writable_error(path: str | os.PathLike, what: str) -> str | None:
     return None
 
 
-def check_writable_on_every_rank(path: str | os.PathLike, what: str, strategy) -> None:
+def check_writable_on_every_rank(path: str | os.PathLike, what: str, strategy: Strategy) -> None:
     """Rank 0 checks ``writable_error``; every rank raises the same ConfigError (a rank that
     raised alone would leave the others waiting in the next collective)."""
     error = writable_error(path, what) if strategy.is_global_zero else None
@@ -113,10 +117,10 @@ def remove_stale_temp_files(directory: str | os.PathLike) -> list[str]:
     return removed
 
 
-def find_last_checkpoint(dirs: list[str], root: str) -> str | None:
-    """``ckpt_path="last"``: the newest ``last*.ckpt`` in the checkpoint dirs, else under root;
-    without any (``save_last`` off, ModelCheckpoint's default), the newest checkpoint under
-    root: the one the latest run wrote last."""
+def find_last_checkpoint(dirs: Sequence[str | None], root: str) -> str | None:
+    """``ckpt_path="last"``: the newest ``last*.ckpt`` in the checkpoint dirs (a None among them
+    is skipped), else under root; without any (``save_last`` off, ModelCheckpoint's default), the
+    newest checkpoint under root: the one the latest run wrote last."""
     for pattern in ("last*.ckpt", "*.ckpt"):
         candidates = [p for d in dirs if d for p in glob.glob(os.path.join(d, pattern))]
         if not candidates:
@@ -126,7 +130,7 @@ def find_last_checkpoint(dirs: list[str], root: str) -> str | None:
     return None
 
 
-def newest_checkpoint_of_run(dirs: list[str], match: dict[str, Any]) -> str | None:
+def newest_checkpoint_of_run(dirs: Sequence[str | None], match: dict[str, Any]) -> str | None:
     """The newest complete checkpoint (``*.ckpt``, newest first by modification time) under
     ``dirs`` whose entries equal ``match`` (the run's id and which fit of the program it is)."""
     found = {p for d in dirs if d and os.path.isdir(d) for p in glob.glob(os.path.join(d, "**", "*.ckpt"), recursive=True)}

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import math
 import sys
+from collections.abc import Callable, Iterator
+from typing import Any
 
 
 def num_batches(loader, limit: int | float | None) -> float:
     """Batches to run: the loader's length (``inf`` without one), cut by ``limit`` (a count, or
     a fraction of the length)."""
+    total: int | float
     try:
         total = len(loader)
     except TypeError:
@@ -26,14 +29,14 @@ class LookAhead:
 
     _END = object()
 
-    def __init__(self, iterator) -> None:
+    def __init__(self, iterator: Iterator[Any]) -> None:
         self._iterator, self.last = iterator, False
         self._next = next(iterator, self._END)
 
-    def __iter__(self):
+    def __iter__(self) -> LookAhead:
         return self
 
-    def __next__(self):
+    def __next__(self) -> Any:
         item = self._next
         if item is self._END:
             raise StopIteration
@@ -46,7 +49,7 @@ class LookAhead:
 ANY_NUMBER = sys.maxsize
 
 
-def positional_arity(fn) -> int:
+def positional_arity(fn: Callable[..., Any]) -> int:
     """How many positional arguments ``fn`` takes (``ANY_NUMBER`` with ``*args``): a step written
     as ``training_step(self, batch)`` is called without ``batch_idx``, as Lightning does."""
     import inspect

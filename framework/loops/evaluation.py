@@ -17,6 +17,7 @@ from framework.loops.batches import num_batches, positional_arity
 from framework.loops.transfer import batch_transfer_fn
 
 if TYPE_CHECKING:
+    from framework.trainer.metric_collector import MetricCollector
     from framework.trainer.run import Run
 
 _LOADER_NAMES = {"validate": "val_dataloader", "test": "test_dataloader"}
@@ -83,7 +84,7 @@ def run_evaluation(run: Run, stage: str, limit: int | None = None, log: bool = T
     return values
 
 
-def _end_evaluation_epoch(run: Run, collector, prefix: str, log: bool) -> dict:
+def _end_evaluation_epoch(run: Run, collector: MetricCollector, prefix: str, log: bool) -> dict:
     """The epoch's values first, so that ``on_*_epoch_end`` (callbacks, then the module) sees
     them in ``callback_metrics``; then what those hooks logged. The sanity check's values are
     seen by its hooks and dropped after it, as in Lightning."""
@@ -113,7 +114,7 @@ class ModuleModes:
                 m.training = self.modes[name]
 
 
-def log_epoch_metrics(run: Run, collector) -> None:
+def log_epoch_metrics(run: Run, collector: MetricCollector) -> None:
     """Send ``collector``'s scalar epoch values that may be logged to the loggers."""
     metrics = {k: float(v) for k, v in collector.epoch_values.items()   # the ``x_epoch`` names, not the
                if v.numel() == 1 and collector.epoch_flags.get(k, (False, False))[1]}  # plain ``x`` alias

@@ -7,6 +7,7 @@ run. Why it ended is kept in ``trainer.state.stop_reason``.
 
 from __future__ import annotations
 
+from collections.abc import Sized
 from typing import TYPE_CHECKING
 
 from framework.counting import every
@@ -19,6 +20,7 @@ from framework.rank_zero import rank_zero_warn
 from framework.seed import get_rng_state, set_rng_state
 
 if TYPE_CHECKING:
+    from framework.module import TrainModule
     from framework.trainer.run import Run
 
 
@@ -47,12 +49,13 @@ def run_fit(run: Run) -> None:
     state.stage = "train"
     _warn_if_modules_in_eval_mode(run.module)
     hooks("on_train_start")
-    stops = run.stop_check
+    stops, source = run.stop_check, run.loader_source
+    assert stops is not None and source is not None, "a fit's Run has both (Trainer._run_here, setup.setup)"
     stops.start_clock()
     reload_every = run.settings.reload_dataloaders_every_n_epochs
     while not _fit_done(run):
         if state.epoch > 0 and every(reload_every, state.epoch):
-            run.loader_source.reload(run.loaders)
+            source.reload(run.loaders)
             loader = run.loaders["train"][0]
             run.num_training_batches = num_batches(loader, run.settings.limits["train"])
         run_train_epoch(run, loader, stops)
@@ -62,7 +65,7 @@ def run_fit(run: Run) -> None:
     hooks("on_fit_end")
 
 
-def _warn_if_modules_in_eval_mode(module) -> None:
+def _warn_if_modules_in_eval_mode(module: TrainModule) -> None:
     """fw, as Lightning, trains the module in the modes it has (a frozen part may stay in eval
     mode), and says so once, as Lightning does, when some part is in eval mode at the start."""
     in_eval = [name or type(module).__name__ for name, m in module.named_modules() if not m.training]
@@ -75,7 +78,7 @@ def _warn_if_modules_in_eval_mode(module) -> None:
 def _check_there_is_something_to_train(run: Run, loader) -> None:
     if num_batches(loader, None) == 0:
         dataset = getattr(loader, "dataset", None)
-        size = f" ({len(dataset)} samples" if hasattr(dataset, "__len__") else " ("
+        size = f" ({len(dataset)} samples" if isinstance(dataset, Sized) else " ("
         raise TrainingError(
             f"the training data has no batches{size}, batch_size {getattr(loader, 'batch_size', '?')}"
             f"{', drop_last' if getattr(loader, 'drop_last', False) else ''} on {run.strategy.world_size} rank(s)): "

@@ -22,15 +22,19 @@ neither the module nor any callback overrides, so the loop skips it without a ca
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from framework.callbacks.base import Callback
+
+if TYPE_CHECKING:
+    from framework.module import TrainModule
+    from framework.trainer import Trainer
 
 _CALLBACK_HOOKS = [name for name in vars(Callback) if name.startswith(("on_", "setup", "teardown"))]
 
 
 class HookDispatcher:
-    def __init__(self, callbacks: Sequence[Callback], trainer: Any, module: Any) -> None:
+    def __init__(self, callbacks: Sequence[Callback], trainer: Trainer, module: TrainModule) -> None:
         from framework.callbacks import EarlyStopping, ModelCheckpoint
 
         self.trainer, self.module = trainer, module

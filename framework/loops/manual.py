@@ -34,7 +34,7 @@ What fw does for the module, per ``ManualOptimizer.step``:
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -43,6 +43,7 @@ from framework.errors import ConfigError
 from framework.loops.batches import positional_arity
 
 if TYPE_CHECKING:
+    from framework.loops.nonfinite import NonfiniteGuard
     from framework.trainer import Trainer
     from framework.trainer.run import Run
 
@@ -72,10 +73,10 @@ class ManualOptimization:
         self._synced: dict[int, int] = {}  # id(optimizer) -> backwards when last averaged
         self._unscaled: set[int] = set()  # optimizers unscaled since their last step
         self.batch_idx = 0
-        self._guard: Callable | None = None
+        self._guard: NonfiniteGuard | None = None
 
     # -- per epoch / per batch ----------------------------------------------------------------
-    def step_fn(self, guard) -> Callable[[Any, int, bool], Any]:
+    def step_fn(self, guard: NonfiniteGuard) -> Callable[[Any, int, bool], Any]:
         """``(batch, batch_idx, _) -> outputs``: ``training_step`` under autocast, outside DDP's
         reducer; the loop does nothing else with the outputs."""
         run = self.run
@@ -187,7 +188,7 @@ class ManualOptimizer:
         self.optimizer.zero_grad(set_to_none=set_to_none)
 
     @contextlib.contextmanager
-    def toggle_model(self, sync_grad: bool = True):
+    def toggle_model(self, sync_grad: bool = True) -> Iterator[None]:
         """Only this optimizer's parameters get gradients inside (``toggle_optimizer``).
         ``sync_grad`` is accepted for Lightning's sake: fw averages at the step anyway."""
         module = self._trainer.lightning_module

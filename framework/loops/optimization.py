@@ -28,7 +28,7 @@ import torch
 from framework.counting import every
 from framework.errors import ConfigError, TrainingError
 from framework.loops.batches import positional_arity
-from framework.loops.nonfinite import nonfinite_guard
+from framework.loops.nonfinite import NonfiniteGuard, nonfinite_guard
 
 if TYPE_CHECKING:
     from framework.trainer.run import Run
@@ -104,7 +104,7 @@ class Closure:
         return self.body(self)
 
 
-def _closure_fn(run: Run, optimizer: torch.optim.Optimizer, guard: Callable, zero_in_closure: bool
+def _closure_fn(run: Run, optimizer: torch.optim.Optimizer, guard: NonfiniteGuard, zero_in_closure: bool
                 ) -> Callable[[Any, int], Closure]:
     """``(batch, batch_idx) -> closure`` (``Closure``)."""
     module, state, hooks, strategy, precision = (run.module, run.state, run.hooks,
@@ -191,7 +191,7 @@ def _step_fn(run: Run, optimizer: torch.optim.Optimizer, zero_after_step: bool) 
                 after_closure()
                 return out
 
-            result = optimizer.step(closure=again, **kwargs)
+            result: Any = optimizer.step(closure=again, **kwargs)
         else:
             result = loss
             if scaler is None or loss is not None:  # 16-mixed without a backward: nothing to step (Lightning)

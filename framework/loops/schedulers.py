@@ -21,6 +21,7 @@ from framework.errors import ConfigError
 from framework.rank_zero import rank_zero_warn
 
 if TYPE_CHECKING:
+    from framework.optim import LRSchedulerConfig
     from framework.trainer.run import Run
 
 
@@ -40,7 +41,7 @@ def step_schedulers(run: Run, interval: str, plateau: bool, batch_idx: int = 0) 
         run.module.lr_scheduler_step(cfg.scheduler, metric)
 
 
-def _monitored(run: Run, cfg):
+def _monitored(run: Run, cfg: LRSchedulerConfig) -> torch.Tensor | None:
     monitor = cfg.monitor or "val_loss"
     metrics = run.metrics.callback_metrics
     if monitor in metrics:

@@ -33,8 +33,10 @@ from framework.loops.schedulers import step_schedulers
 from framework.loops.transfer import batch_transfer_fn
 
 if TYPE_CHECKING:
+    from framework.trainer.metric_collector import MetricCollector
     from framework.trainer.preemption import StopCheck
     from framework.trainer.run import Run
+    from framework.trainer.state import RunState
 
 
 def run_train_epoch(run: Run, loader, stops: StopCheck) -> None:
@@ -107,7 +109,7 @@ def _batch_step(run: Run) -> tuple[Callable[[Any, int, bool], Any], Callable[[],
     return automatic_step_fn(run)
 
 
-def _refuse_an_epoch_that_trained_nothing(state, start: int) -> None:
+def _refuse_an_epoch_that_trained_nothing(state: RunState, start: int) -> None:
     """An epoch whose batches all returned None from training_step trained nothing: an error."""
     if state.position.batches > start:
         raise TrainingError(
@@ -116,7 +118,7 @@ def _refuse_an_epoch_that_trained_nothing(state, start: int) -> None:
         )
 
 
-def _count_the_step(run: Run, collector, batch_idx: int, manual: bool, schedulers: bool) -> None:
+def _count_the_step(run: Run, collector: MetricCollector, batch_idx: int, manual: bool, schedulers: bool) -> None:
     """A batch that stepped: the step count, step-interval schedulers, and every
     ``log_every_n_steps`` a row of step values."""
     state = run.state
@@ -145,7 +147,7 @@ def _handed_on(outputs, accumulate: int) -> dict:
     return outputs
 
 
-def _end_train_epoch(run: Run, collector, validate: bool) -> None:
+def _end_train_epoch(run: Run, collector: MetricCollector, validate: bool) -> None:
     """Validation, then the epoch-end hooks (``hooks.train_epoch_end``'s order), each seeing this
     epoch's values in ``callback_metrics``; ReduceLROnPlateau steps before the monitoring
     callbacks (ModelCheckpoint), so a checkpoint written there resumes exactly."""
@@ -189,7 +191,7 @@ def _val_due(run: Run, batch_idx: int, limit: float, interval: int) -> bool:
     validate."""
     n = run.settings.check_val_every_n_epoch
     if n is None:
-        done = run.state.epoch * limit + batch_idx + 1 if not math.isinf(limit) else batch_idx + 1
+        done = run.state.epoch * int(limit) + batch_idx + 1 if not math.isinf(limit) else batch_idx + 1
         return every(interval, done)
     return every(interval, batch_idx + 1) and every(n, run.state.epoch + 1)
 
@@ -205,7 +207,7 @@ def _val_due_at_epoch_end(run: Run) -> bool:
     return _val_due(run, done - 1, limit, interval)
 
 
-def _log_step_metrics(run: Run, collector) -> None:
+def _log_step_metrics(run: Run, collector: MetricCollector) -> None:
     metrics = {k: float(v) for k, v in collector.step_values_for("logger").items()}
     collector.step_dirty = False
     if metrics:

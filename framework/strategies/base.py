@@ -20,6 +20,8 @@ from framework.environments import ClusterEnvironment, DistInfo
 from framework.errors import ConfigError
 
 if TYPE_CHECKING:
+    from framework.module import TrainModule
+    from framework.strategies.launchers import Launcher
     from framework.trainer.parts import CheckpointParts
 
 
@@ -27,7 +29,7 @@ class StepModule(nn.Module):
     """Routes ``forward`` to ``training_step`` so that wrappers (DDP, DataParallel), which only
     intercept ``forward``, see the training step and synchronise its gradients."""
 
-    def __init__(self, module: nn.Module) -> None:
+    def __init__(self, module: TrainModule) -> None:
         super().__init__()
         self.module = module
 
@@ -54,6 +56,8 @@ class Strategy(ABC):
         self.devices: list[int] = [0]
         self.root_device = torch.device("cpu")
         self.model: nn.Module | None = None
+        #: set by the Trainer (``trainer.sync_batchnorm``): DDP then converts BatchNorm layers to SyncBatchNorm
+        self.sync_batchnorm = False
 
     # -- decisions made when the Trainer is built ------------------------------------------
     accelerator_name = "cpu"  # set by create_strategy: the accelerator the strategy will run on
@@ -81,7 +85,7 @@ class Strategy(ABC):
             )
 
     def launcher(self, environment: ClusterEnvironment, num_nodes: int, max_restarts: int,
-                 rdzv_endpoint: str | None) -> Any:
+                 rdzv_endpoint: str | None) -> Launcher | None:
         """How this strategy's processes are started: a ``Launcher`` that fw runs before the
         first stage (see ``framework/strategies/launchers.py``), or None when this process is
         the whole job or a launcher already started the workers."""
@@ -97,13 +101,13 @@ class Strategy(ABC):
         assert self.accelerator is not None, "connect() first"
         self.accelerator.setup_device(self.root_device)
 
-    def setup_module(self, module: nn.Module) -> nn.Module:
+    def setup_module(self, module: TrainModule) -> nn.Module:
         """Move the module to the device; return the model that runs training steps."""
         module.to(self.root_device)
         self.model = module
         return module
 
-    def training_step_fn(self, module: nn.Module) -> Callable[..., Any]:
+    def training_step_fn(self, module: TrainModule) -> Callable[..., Any]:
         """What the loop calls with ``(batch, batch_idx)``: the module's step, or the wrapper
         (DDP, DataParallel) whose forward runs it. Looked up once per epoch, not per batch."""
         return module.training_step

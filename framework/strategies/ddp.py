@@ -18,14 +18,16 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlparse
 
 import torch
 import torch.distributed as dist
 
+from framework.environments import ClusterEnvironment
 from framework.errors import ConfigError, DistributedSetupError, did_you_mean
 from framework.strategies.distributed import DEFAULT_TIMEOUT_S, DistributedStrategy
-from framework.strategies.launchers import ElasticLauncher
+from framework.strategies.launchers import ElasticLauncher, Launcher
 from framework.strategies.processes import beside
 from framework.strategies.rendezvous import attempt_store, prefixed_by_init
 
@@ -75,7 +77,8 @@ class DDPStrategy(DistributedStrategy):
             _check_interface(socket_ifname, backend)  # here, before any worker is started
         self._environ_before: dict[str, str | None] = {}
 
-    def launcher(self, environment, num_nodes: int, max_restarts: int, rdzv_endpoint: str | None):
+    def launcher(self, environment: ClusterEnvironment, num_nodes: int, max_restarts: int,
+                 rdzv_endpoint: str | None) -> Launcher | None:
         nproc = len(self.devices)
         if environment.launched_externally or nproc * num_nodes <= 1:
             return None
@@ -153,14 +156,15 @@ class DDPStrategy(DistributedStrategy):
         rank, world_size = self.dist.rank, self.dist.world_size
         if self.init_method.startswith("tcp://"):
             url = urlparse(self.init_method)
+            assert url.hostname is not None and url.port is not None, "checked by _check_init_method"
             if str(url.port) != os.environ.get("MASTER_PORT"):  # not the agent's: rank 0 hosts it
-                store = dist.TCPStore(url.hostname, url.port, world_size, is_master=rank == 0,
-                                      timeout=timeout, multi_tenant=True)
-                return prefixed_by_init(store, rank)
+                hosted = dist.TCPStore(url.hostname, url.port, world_size, is_master=rank == 0,
+                                       timeout=timeout, multi_tenant=True)
+                return prefixed_by_init(hosted, rank)
         store = attempt_store(rank, world_size, timeout, self.socket_ifname)
         return prefixed_by_init(store, rank)
 
-    def describe(self) -> dict:
+    def describe(self) -> dict[str, Any]:
         return {**super().describe(), "init_method": self.init_method}
 
     # -- collectives ----------------------------------------------------------------------

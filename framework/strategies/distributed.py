@@ -14,14 +14,17 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from framework.strategies.base import StepModule, Strategy
+
+if TYPE_CHECKING:
+    from framework.module import TrainModule
 
 #: seconds to wait for every rank at start-up and in each collective: long enough for a slow
 #: start, short enough that a first run with a missing or stopped rank ends with an error
@@ -81,14 +84,16 @@ class DistributedStrategy(Strategy):
     def _init_process_group(self) -> None:
         raise NotImplementedError
 
-    def setup_module(self, module: nn.Module) -> nn.Module:
-        if getattr(self, "sync_batchnorm", False):
+    def setup_module(self, module: TrainModule) -> nn.Module:
+        if self.sync_batchnorm:
             if self.root_device.type != "cuda":
                 from framework.errors import ConfigError
 
                 raise ConfigError("trainer.sync_batchnorm=true needs GPUs (torch's SyncBatchNorm runs on CUDA only); "
                                   "on the CPU leave it off: BatchNorm statistics then stay per rank")
-            module = nn.SyncBatchNorm.convert_sync_batchnorm(module)
+            # swaps the BatchNorm layers inside ``module`` for SyncBatchNorm ones; what it returns
+            # is ``module`` itself (it returns another object only for a BatchNorm layer)
+            nn.SyncBatchNorm.convert_sync_batchnorm(module)
         module.to(self.root_device)
         device_ids = [self.root_device.index] if self.root_device.type == "cuda" else None
         self.model = nn.parallel.DistributedDataParallel(
@@ -96,11 +101,13 @@ class DistributedStrategy(Strategy):
         )
         return self.model
 
-    def training_step_fn(self, module: nn.Module):
+    def training_step_fn(self, module: TrainModule) -> Callable[..., Any]:
+        assert self.model is not None, "setup_module() first"
         return self.model  # DDP's forward prepares the gradient all-reduce, then runs the step
 
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:
+        assert isinstance(self.model, nn.parallel.DistributedDataParallel), "setup_module() first"
         with self.model.no_sync():
             yield
 
@@ -169,7 +176,10 @@ class DistributedStrategy(Strategy):
         first, as DDP's reducer does. Every rank must pass the same parameters."""
         groups: dict[tuple, list[torch.Tensor]] = {}
         for p in params:
-            groups.setdefault((p.grad.dtype, p.grad.device), []).append(p.grad)
+            grad = p.grad
+            if grad is None:
+                raise ValueError("average_gradients: a parameter has no gradient; pass only those that have one")
+            groups.setdefault((grad.dtype, grad.device), []).append(grad)
         for grads in groups.values():
             flat = torch._utils._flatten_dense_tensors(grads).div_(self.world_size)
             dist.all_reduce(flat)

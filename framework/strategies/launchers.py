@@ -32,9 +32,12 @@ import sys
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from framework.errors import ConfigError, ProgramEnds
+
+if TYPE_CHECKING:
+    from torch.distributed.launcher.api import LaunchConfig
 
 _LAUNCHER_PID = "FW_LAUNCHER_PID"
 #: signals a worker turns into a clean stop with a checkpoint (trainer/preemption.py, default setup)
@@ -147,7 +150,7 @@ def launch_workers(nproc_per_node: int, num_nodes: int = 1, max_restarts: int = 
 
 
 def _launch_config(nproc_per_node: int, num_nodes: int, max_restarts: int, rdzv_endpoint: str | None,
-                   socket_ifname: str | None) -> Any:
+                   socket_ifname: str | None) -> LaunchConfig:
     """torch's ``LaunchConfig`` for this node. On one node the agent binds a free rendezvous port
     itself and holds it (torchrun's ``--standalone``): no other job can take it in between. With
     several nodes, the node whose interfaces carry the endpoint's address hosts the rendezvous,
@@ -185,7 +188,7 @@ def _launch_config(nproc_per_node: int, num_nodes: int, max_restarts: int, rdzv_
     )
 
 
-def _launch_hosting_once(config) -> None:
+def _launch_hosting_once(config: LaunchConfig) -> None:
     """Run the agent. Two nodes' launchers on one host (a test, or the README's two-node command
     tried on one machine) both own the endpoint's address: the one that loses the race to bind
     the rendezvous port joins as a client instead of failing with EADDRINUSE."""
@@ -226,7 +229,7 @@ def _rendezvous_role(endpoint: str, socket_ifname: str | None) -> tuple[dict, st
     except OSError:
         host_ip = None
     configs = {"is_host": host_ip in mine or host == socket.gethostname()} if host_ip else {}
-    if configs.get("is_host") and _port_taken(host_ip, int(endpoint.rsplit(":", 1)[1])):
+    if host_ip and configs.get("is_host") and _port_taken(host_ip, int(endpoint.rsplit(":", 1)[1])):
         configs["is_host"] = False  # another node's launcher on this host hosts it already
     local_addr = addresses.get(socket_ifname) if socket_ifname else None
     if local_addr is None and configs.get("is_host") and host_ip not in ("127.0.0.1", None):

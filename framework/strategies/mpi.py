@@ -20,12 +20,16 @@ import datetime
 import sys
 import time
 import traceback
+from collections.abc import Callable
+from types import TracebackType
+from typing import Any
 
 import torch
 
+from framework.environments import ClusterEnvironment
 from framework.errors import ConfigError, DistributedSetupError
 from framework.strategies.distributed import DEFAULT_TIMEOUT_S, DistributedStrategy
-from framework.strategies.launchers import MPIExecLauncher
+from framework.strategies.launchers import Launcher, MPIExecLauncher
 
 
 class MPIStrategy(DistributedStrategy):
@@ -60,7 +64,8 @@ class MPIStrategy(DistributedStrategy):
         super().__init__(timeout, find_unused_parameters, bucket_cap_mb, static_graph, gradient_as_bucket_view)
         self.backend = "mpi"  # until the group exists: then fw_mpi, or mpi when torch has it
 
-    def launcher(self, environment, num_nodes: int, max_restarts: int, rdzv_endpoint: str | None):
+    def launcher(self, environment: ClusterEnvironment, num_nodes: int, max_restarts: int,
+                 rdzv_endpoint: str | None) -> Launcher | None:
         world = len(self.devices) * num_nodes
         if environment.launched_externally or world <= 1:
             return None
@@ -82,7 +87,7 @@ class MPIStrategy(DistributedStrategy):
         if self.world_size > 1:
             _abort_on_uncaught_errors()  # for the MPI job's life, not only this run (see there)
 
-    def describe(self) -> dict:
+    def describe(self) -> dict[str, Any]:
         return {**super().describe(), "init_method": "mpi"}
 
     def on_exception(self, exc: BaseException) -> None:
@@ -97,8 +102,8 @@ def abort_mpi_job(exc: BaseException) -> None:
     from framework.errors import FwError
 
     # the real stderr: torch's excepthook swaps sys.stderr for a buffer while ours runs, and the
-    # abort would lose the buffer
-    stream = sys.__stderr__
+    # abort would lose the buffer (a process started without one has only sys.stderr)
+    stream = sys.__stderr__ or sys.stderr
     if isinstance(exc, FwError):
         stream.write(f"fw: error: {exc}\n")
     else:
@@ -120,14 +125,24 @@ def _abort_on_uncaught_errors() -> None:
     previous = sys.excepthook
     if getattr(previous, "_fw_mpi_abort", False):
         return
+    sys.excepthook = _AbortingExcepthook(previous)
 
-    def hook(exc_type, exc, tb):
+
+class _AbortingExcepthook:
+    """The excepthook ``_abort_on_uncaught_errors`` installs: it aborts the MPI job, or calls
+    the hook it replaced (``previous``) once MPI is finalised, for one-rank jobs, and for
+    KeyboardInterrupt and SystemExit."""
+
+    _fw_mpi_abort = True  # fw's hook is there already: install it once
+
+    def __init__(self, previous: Callable[[type[BaseException], BaseException, TracebackType | None], Any]) -> None:
+        self.previous = previous
+
+    def __call__(self, exc_type: type[BaseException], exc: BaseException, tb: TracebackType | None) -> Any:
         from mpi4py import MPI
 
         live = MPI.Is_initialized() and not MPI.Is_finalized() and MPI.COMM_WORLD.Get_size() > 1
         if not live or issubclass(exc_type, (KeyboardInterrupt, SystemExit)):
-            return previous(exc_type, exc, tb)
+            return self.previous(exc_type, exc, tb)
         abort_mpi_job(exc.with_traceback(tb))
-
-    hook._fw_mpi_abort = True
-    sys.excepthook = hook
+        return None

@@ -44,6 +44,8 @@ Other things to know:
 from __future__ import annotations
 
 import datetime
+from types import ModuleType
+from typing import Any
 
 import torch.distributed as dist
 
@@ -54,7 +56,7 @@ BACKEND_NAME = "fw_mpi"
 _INSTALL_HINT = "HINT: pip install 'fw[mpi]' (mpi4py and mpich), then launch with that environment's mpiexec"
 
 
-def _import_mpi():
+def _import_mpi() -> ModuleType:
     """Import ``mpi4py.MPI`` (which initialises MPI) or say how to install it."""
     try:
         from mpi4py import MPI
@@ -63,8 +65,12 @@ def _import_mpi():
     return MPI
 
 
-def _create_backend(backend_opts, _pg_options) -> dist.ProcessGroup:
-    """c10d creator (``extended_api=True``): a group over the MPI ranks of this group."""
+def _create_backend(backend_opts: Any, _pg_options: Any) -> dist.ProcessGroup:
+    """c10d creator (``extended_api=True``): a group over the MPI ranks of this group.
+
+    ``backend_opts`` is c10d's private ``_DistributedBackendOptions``, whose stub lacks
+    ``global_ranks_in_group``; ``_pg_options`` the backend options given to ``new_group``.
+    """
     from framework.strategies.mpi_pg import MPIProcessGroup
 
     MPI = _import_mpi()
@@ -106,7 +112,7 @@ def init_mpi_process_group(timeout: datetime.timedelta | None = None) -> tuple[i
     """
     if dist.is_initialized():
         raise DistributedSetupError("a torch.distributed process group is already initialised in this process")
-    kwargs = {} if timeout is None else {"timeout": timeout}
+    kwargs: dict[str, Any] = {} if timeout is None else {"timeout": timeout}
     if dist.is_mpi_available():
         dist.init_process_group("mpi", **kwargs)
         return dist.get_rank(), dist.get_world_size()

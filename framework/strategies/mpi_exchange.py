@@ -3,26 +3,37 @@ gather, scatter and all-to-all (mixed into the group; the rules are ``mpi_pg.py`
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 
 from framework.strategies.mpi_staging import _done, _staged, _synchronous
 
+if TYPE_CHECKING:
+    from torch._C._distributed_c10d import AllgatherOptions, AllToAllOptions, GatherOptions, ScatterOptions
+
+    from framework.strategies.mpi_threads import CommThread
+
 
 class ExchangeCollectives:
-    """Mixed into ``MPIProcessGroup``: uses its ``comm``, ``_rank``, ``_size`` and ``_buf``."""
+    """Mixed into ``MPIProcessGroup``: uses its ``comm``, ``_rank``, ``_size`` and ``_buf`` (and,
+    through ``_synchronous``, its ``_thread`` and ``_run``). The collectives take c10d's
+    ``(tensors, opts)`` form (see ``MPIProcessGroup``)."""
 
     comm: Any
     _rank: int
     _size: int
+    _thread: CommThread | None
+    _run: Callable[..., Any]
 
     def _buf(self, t: torch.Tensor) -> list:
         raise NotImplementedError
 
     @_synchronous("all-gather")
-    def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts=None) -> dist.Work:
+    def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: AllgatherOptions | None = None
+                          ) -> dist.Work:
         if output.numel() != input.numel() * self._size:
             raise ValueError("all_gather_into_tensor: output must hold world_size * input.numel()")
         send, buf = _staged(input.detach()), _staged(output, copy_in=False)  # names keep them alive
@@ -34,7 +45,8 @@ class ExchangeCollectives:
     _allgather_base = all_gather_single
 
     @_synchronous("all-gather")
-    def allgather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts=None):
+    def allgather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor],
+                  opts: AllgatherOptions | None = None) -> dist.Work:
         for outs, inp in zip(outputs, inputs, strict=True):
             flat = torch.empty((self._size, inp.numel()), dtype=inp.dtype)
             self.all_gather_single(flat, inp)
@@ -43,31 +55,34 @@ class ExchangeCollectives:
         return _done(outputs)
 
     @_synchronous("gather")
-    def gather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts) -> dist.Work:
+    def gather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: GatherOptions
+               ) -> dist.Work:
         # Python-level hook only, like ``reduce``; ``outputs`` is empty except on the root.
         (inp,) = inputs
         is_root = self._rank == opts.rootRank
         flat = torch.empty((self._size, inp.numel()), dtype=inp.dtype) if is_root else None
         send = _staged(inp.detach())
-        self.comm.Gather(self._buf(send), self._buf(flat) if is_root else None, root=opts.rootRank)
-        if is_root:
+        self.comm.Gather(self._buf(send), self._buf(flat) if flat is not None else None, root=opts.rootRank)
+        if flat is not None:  # the root
             for out, row in zip(outputs[0], flat, strict=True):
                 out.copy_(row.view(out.shape))
         return _done(outputs[0] if outputs else [])
 
     @_synchronous("scatter")
-    def scatter(self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], opts) -> dist.Work:
+    def scatter(self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], opts: ScatterOptions
+                ) -> dist.Work:
         (out,) = outputs
         is_root = self._rank == opts.rootRank
         flat = _staged(torch.stack([t.detach().reshape(-1) for t in inputs[0]])) if is_root else None
         buf = _staged(out, copy_in=False)
-        self.comm.Scatter(self._buf(flat) if is_root else None, self._buf(buf), root=opts.rootRank)
+        self.comm.Scatter(self._buf(flat) if flat is not None else None, self._buf(buf), root=opts.rootRank)
         if buf is not out:
             out.copy_(buf)
         return _done(outputs)
 
     @_synchronous("all-to-all")
-    def alltoall(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts=None) -> dist.Work:
+    def alltoall(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: AllToAllOptions | None = None
+                 ) -> dist.Work:
         flat_out = torch.empty(sum(t.numel() for t in outputs), dtype=outputs[0].dtype)
         flat_in = torch.cat([t.detach().reshape(-1) for t in inputs])
         self.alltoall_base(flat_out, flat_in, [t.numel() for t in outputs], [t.numel() for t in inputs])
@@ -76,12 +91,13 @@ class ExchangeCollectives:
         return _done(outputs)
 
     @_synchronous("all-to-all")
-    def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
+    def alltoall_base(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: list[int],
+                      input_split_sizes: list[int], opts: AllToAllOptions | None = None) -> dist.Work:
         n = self._size
         send, row_in = _staged(input.detach()), input[0].numel() if input.dim() else 1
         row_out = output[0].numel() if output.dim() else 1
 
-        def layout(splits, total_rows, row):
+        def layout(splits: list[int], total_rows: int, row: int) -> tuple[list[int], list[int]]:
             counts = [s * row for s in splits] if splits else [total_rows // n * row] * n
             displs = [sum(counts[:i]) for i in range(n)]
             return counts, displs

@@ -43,7 +43,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -53,10 +53,24 @@ from framework.strategies.mpi_exchange import ExchangeCollectives
 from framework.strategies.mpi_staging import _REDUCE_AS, _done, _staged, _synchronous
 from framework.strategies.mpi_threads import CommThread, Watchdog, call_unwatched
 
+if TYPE_CHECKING:
+    from torch._C._distributed_c10d import (
+        AllreduceCoalescedOptions,
+        AllreduceOptions,
+        BarrierOptions,
+        BroadcastOptions,
+        ReduceOptions,
+        ReduceScatterOptions,
+    )
+
 _RedOp = dist.ReduceOp.RedOpType
 
 
-class MPIProcessGroup(ExchangeCollectives, dist.ProcessGroup):
+# The collectives take the form c10d's Python trampoline calls, ``(tensors, opts)``; torch's stubs
+# list the Python-side overloads too (``allreduce(tensor, op, timeout)``, ...), which a Python
+# ProcessGroup does not offer: those overrides are marked ``type: ignore[override]``, and those of
+# the mixin (allgather, gather, scatter, the all-to-alls) ``type: ignore[misc]`` here.
+class MPIProcessGroup(ExchangeCollectives, dist.ProcessGroup):  # type: ignore[misc]  # see above
     """A c10d process group over an mpi4py communicator (CPU tensors).
 
     Args:
@@ -74,8 +88,9 @@ class MPIProcessGroup(ExchangeCollectives, dist.ProcessGroup):
             communication thread is inside a collective).
     """
 
-    def __init__(self, comm, timeout: timedelta | None = None, overlap: bool | None = None) -> None:
-        super().__init__(comm.Get_rank(), comm.Get_size())
+    def __init__(self, comm: Any, timeout: timedelta | None = None, overlap: bool | None = None) -> None:
+        # the stub knows ProcessGroup(store, rank, size) only; c10d also takes (rank, size)
+        super().__init__(comm.Get_rank(), comm.Get_size())  # type: ignore[call-arg]
         from mpi4py import MPI
 
         threads = MPI.Query_thread() >= MPI.THREAD_MULTIPLE
@@ -94,15 +109,17 @@ class MPIProcessGroup(ExchangeCollectives, dist.ProcessGroup):
             torch.bfloat16: MPI.INT16_T, torch.float16: MPI.INT16_T,  # moved as bits; reduced as _REDUCE_AS
         }  # fmt: skip
         # c10d's op (its int value: hashing the enum itself costs a microsecond) -> (MPI op, average)
-        self._ops = {op.value: (mpi_op, op == _RedOp.AVG) for op, mpi_op in (
-            (_RedOp.SUM, MPI.SUM), (_RedOp.AVG, MPI.SUM), (_RedOp.PRODUCT, MPI.PROD),
-            (_RedOp.MIN, MPI.MIN), (_RedOp.MAX, MPI.MAX),
-            (_RedOp.BAND, MPI.BAND), (_RedOp.BOR, MPI.BOR), (_RedOp.BXOR, MPI.BXOR),
+        ops = dist.ReduceOp  # its members are RedOpType's (which the stub declares without them)
+        self._ops = {op.value: (mpi_op, op == ops.AVG) for op, mpi_op in (
+            (ops.SUM, MPI.SUM), (ops.AVG, MPI.SUM), (ops.PRODUCT, MPI.PROD),
+            (ops.MIN, MPI.MIN), (ops.MAX, MPI.MAX),
+            (ops.BAND, MPI.BAND), (ops.BOR, MPI.BOR), (ops.BXOR, MPI.BXOR),
         )}  # fmt: skip
         self._rank = comm.Get_rank()  # self.rank() is a C++ round trip
-        bounded = timeout is not None and self._size > 1
-        self._watchdog = Watchdog(self._rank, self._size, timeout.total_seconds()) if bounded else None
-        self._run = self._watchdog.watching if self._watchdog is not None else call_unwatched
+        self._watchdog: Watchdog | None = None
+        if timeout is not None and self._size > 1:
+            self._watchdog = Watchdog(self._rank, self._size, timeout.total_seconds())
+        self._run: Callable[..., Any] = self._watchdog.watching if self._watchdog is not None else call_unwatched
         self._thread: CommThread | None = None  # started by the first asynchronous call
         self._starting = threading.Lock()
         self._completed = _done([])  # returned by every synchronous all-reduce: nobody reads it
@@ -139,15 +156,16 @@ class MPIProcessGroup(ExchangeCollectives, dist.ProcessGroup):
 
     # ---- reductions -------------------------------------------------------------------
 
-    def _mpi_op(self, opts) -> tuple[Any, bool]:
+    def _mpi_op(self, opts: AllreduceOptions | ReduceOptions | ReduceScatterOptions | None) -> tuple[Any, bool]:
         """(MPI op, whether to divide by the size afterwards) for c10d's ``opts.reduceOp``."""
-        op = opts.reduceOp.op.value if opts is not None else _RedOp.SUM.value  # ReduceOp object -> enum -> int
+        # ReduceOp object -> enum -> int (the stub's ReduceOp lacks .op, the enum)
+        op = opts.reduceOp.op.value if opts is not None else dist.ReduceOp.SUM.value  # type: ignore[attr-defined]
         found = self._ops.get(op)
         if found is None:
             raise NotImplementedError(f"the fw_mpi backend does not support ReduceOp {_RedOp(op)}")
         return found
 
-    def _reduce_into(self, out: torch.Tensor, src: torch.Tensor | None, mpi_op, average: bool,
+    def _reduce_into(self, out: torch.Tensor, src: torch.Tensor | None, mpi_op: Any, average: bool,
                      root: int | None = None) -> None:
         """All-reduce (``src`` and ``root`` None), reduce to ``root``, or reduce-scatter ``src``, into ``out``."""
         buf = _staged(out, _REDUCE_AS.get(out.dtype, out.dtype), copy_in=src is None)
@@ -157,8 +175,8 @@ class MPIProcessGroup(ExchangeCollectives, dist.ProcessGroup):
         elif root is None:
             self.comm.Allreduce(self._in_place, self._buf(buf), op=mpi_op)
         else:  # only the root's tensor is defined afterwards
-            send = self._in_place if self._rank == root else self._buf(buf)
-            self.comm.Reduce(send, self._buf(buf), op=mpi_op, root=root)
+            sendbuf = self._in_place if self._rank == root else self._buf(buf)
+            self.comm.Reduce(sendbuf, self._buf(buf), op=mpi_op, root=root)
         if average:
             if buf.is_floating_point() or buf.is_complex():
                 buf.div_(self._size)
@@ -167,14 +185,15 @@ class MPIProcessGroup(ExchangeCollectives, dist.ProcessGroup):
         if buf is not out:
             out.copy_(buf)
 
-    def _allreduce(self, tensors: list[torch.Tensor], mpi_op, average: bool) -> None:
+    def _allreduce(self, tensors: list[torch.Tensor], mpi_op: Any, average: bool) -> None:
         for t in tensors:
             if average or t.dtype in _REDUCE_AS or not (t.is_contiguous() and t.is_cpu):
                 self._reduce_into(t, None, mpi_op, average)
             else:  # the common case, without the staging checks (a microsecond counts at 1 KB)
                 self.comm.Allreduce(self._in_place, self._buf(t), op=mpi_op)
 
-    def allreduce(self, tensors: list[torch.Tensor], opts=None) -> dist.Work:
+    def allreduce(self, tensors: list[torch.Tensor],  # type: ignore[override]  # c10d's (tensors, opts) only
+                  opts: AllreduceOptions | None = None) -> dist.Work:
         mpi_op, average = self._mpi_op(opts)
         wait_later = opts is None or opts.asyncOp  # dist.all_reduce(async_op=False) waits at once
         if wait_later and self.overlap:
@@ -186,11 +205,12 @@ class MPIProcessGroup(ExchangeCollectives, dist.ProcessGroup):
         self._run("all-reduce", self._allreduce, tensors, mpi_op, average)
         return _done(tensors) if wait_later else self._completed
 
-    def allreduce_coalesced(self, tensors: list[torch.Tensor], opts=None) -> dist.Work:
+    def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: AllreduceCoalescedOptions | None = None
+                            ) -> dist.Work:
         return self.allreduce(tensors, opts)
 
     @_synchronous("reduce")
-    def reduce(self, tensors: list[torch.Tensor], opts) -> dist.Work:
+    def reduce(self, tensors: list[torch.Tensor], opts: ReduceOptions) -> dist.Work:  # type: ignore[override]  # c10d's (tensors, opts) only
         # Called by torch.distributed's Python functions only (no C++ trampoline hook).
         mpi_op, average = self._mpi_op(opts)
         for t in tensors:
@@ -198,14 +218,17 @@ class MPIProcessGroup(ExchangeCollectives, dist.ProcessGroup):
         return _done(tensors)
 
     @_synchronous("reduce-scatter")
-    def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts=None):
+    def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor,
+                              opts: ReduceScatterOptions | None = None) -> dist.Work:
         self._reduce_into(output, input, *self._mpi_op(opts))
         return _done(output)
 
-    _reduce_scatter_base = reduce_scatter_single
+    # c10d passes the arguments by position; the stub names them outputTensor, inputTensor
+    _reduce_scatter_base = reduce_scatter_single  # type: ignore[assignment]
 
     @_synchronous("reduce-scatter")
-    def reduce_scatter(self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], opts=None):
+    def reduce_scatter(self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]],  # type: ignore[override]  # c10d's (tensors, opts) only
+                       opts: ReduceScatterOptions | None = None) -> dist.Work:
         for out, chunks in zip(outputs, inputs, strict=True):
             self.reduce_scatter_single(out, torch.cat([c.reshape(-1) for c in chunks]), opts)
         return _done(outputs)
@@ -213,7 +236,8 @@ class MPIProcessGroup(ExchangeCollectives, dist.ProcessGroup):
     # ---- data movement ----------------------------------------------------------------
 
     @_synchronous("broadcast")
-    def broadcast(self, tensors: list[torch.Tensor], opts=None) -> dist.Work:
+    def broadcast(self, tensors: list[torch.Tensor],  # type: ignore[override]  # c10d's (tensors, opts) only
+                  opts: BroadcastOptions | None = None) -> dist.Work:
         root = opts.rootRank if opts is not None else 0
         for t in tensors:
             buf = _staged(t)
@@ -223,17 +247,17 @@ class MPIProcessGroup(ExchangeCollectives, dist.ProcessGroup):
         return _done(tensors)
 
     @_synchronous("barrier")
-    def barrier(self, opts=None) -> dist.Work:
+    def barrier(self, opts: BarrierOptions | None = None) -> dist.Work:  # type: ignore[override]  # c10d's (opts) only
         self.comm.Barrier()
         return _done([])
 
     # ---- point to point: non-blocking, completed by Work.wait() -------------------------
 
-    def _p2p(self, start, t: torch.Tensor, receive: bool, what: str) -> dist.Work:
+    def _p2p(self, start: Callable[[list], Any], t: torch.Tensor, receive: bool, what: str) -> dist.Work:
         buf = _staged(t, copy_in=not receive)
         request = start(self._buf(buf))  # the closure below keeps ``buf`` alive until the wait
 
-        def wait(_timeout) -> bool:
+        def wait(_timeout: timedelta | None) -> bool:
             self._run(what, request.Wait)
             if receive and buf is not t:
                 t.copy_(buf)  # a staged receive

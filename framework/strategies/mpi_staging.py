@@ -5,11 +5,15 @@ complete, and the rule that a synchronous call first waits for the group's queue
 from __future__ import annotations
 
 import functools
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, Protocol, TypeVar
 
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import _create_work_from_future
+from torch._C._distributed_c10d import _create_work_from_future  # type: ignore[attr-defined]  # private torch API, not in its stubs
+
+if TYPE_CHECKING:
+    from framework.strategies.mpi_threads import CommThread
 
 # dtypes that MPI cannot reduce directly (MPI has no bfloat16, no half arithmetic and no
 # logical-as-arithmetic bool), mapped to the dtype the reduction runs in.
@@ -35,12 +39,24 @@ def _staged(t: torch.Tensor, dtype: torch.dtype | None = None, copy_in: bool = T
     return t.to(dtype).contiguous() if copy_in else torch.empty(t.shape, dtype=dtype)
 
 
-def _synchronous(what: str):
+class _Group(Protocol):
+    """What ``_synchronous`` uses of the group: its communication thread and its watched call."""
+
+    _thread: CommThread | None
+    _run: Callable[..., Any]
+
+
+_G = TypeVar("_G", bound=_Group)
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def _synchronous(what: str) -> Callable[[Callable[Concatenate[_G, _P], _R]], Callable[Concatenate[_G, _P], _R]]:
     """Run the decorated method after the group's queued calls, under its watchdog, named ``what``."""
 
-    def wrap(method):
+    def wrap(method: Callable[Concatenate[_G, _P], _R]) -> Callable[Concatenate[_G, _P], _R]:
         @functools.wraps(method)
-        def run(self, *args, **kwargs):
+        def run(self: _G, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
             if self._thread is not None:
                 self._thread.drain()
             return self._run(what, method, self, *args, **kwargs)

@@ -12,7 +12,7 @@ import threading
 import time
 from collections.abc import Callable
 from datetime import timedelta
-from typing import Any
+from typing import Any, TextIO
 
 import torch
 import torch.distributed as dist
@@ -64,18 +64,25 @@ class Watchdog:
                                 "stopped answering; aborting the MPI job")
                 if waited >= at:
                     next_report[tid, what, since] = at + self.report_every
-                    sys.__stderr__.write(f"fw: {self.where} has waited {waited:.0f} s in MPI {what} for the "
-                                         f"other ranks (aborting after {self.timeout_s:g} s, "
-                                         "trainer.strategy.timeout)\n")
-                    sys.__stderr__.flush()
+                    stream = _real_stderr()
+                    stream.write(f"fw: {self.where} has waited {waited:.0f} s in MPI {what} for the other "
+                                 f"ranks (aborting after {self.timeout_s:g} s, trainer.strategy.timeout)\n")
+                    stream.flush()
 
     def _abort(self, message: str) -> None:
         from mpi4py import MPI
 
-        sys.__stderr__.write(message + "\n")
-        sys.__stderr__.flush()
+        stream = _real_stderr()
+        stream.write(message + "\n")
+        stream.flush()
         time.sleep(0.5)  # let the launcher forward the line before the abort tears it down
         MPI.COMM_WORLD.Abort(1)
+
+
+def _real_stderr() -> TextIO:
+    """The process's own stderr (``sys.__stderr__``: torch's excepthook may have swapped
+    ``sys.stderr`` for a buffer), or ``sys.stderr`` in a process started without one."""
+    return sys.__stderr__ or sys.stderr
 
 
 def _outcome(done: torch.futures.Future) -> Any:
@@ -163,6 +170,7 @@ class CommThread:
             if item is None:  # stop()
                 return
             done, result, what, call, args = item
+            outcome: tuple[BaseException | None, Any]
             try:
                 self._run(what, call, *args)
                 outcome = (None, result)

@@ -49,8 +49,7 @@ class StrategyRegistry:
     @staticmethod
     def _options(factory: Callable[..., Strategy]) -> set[str] | None:
         """The keyword options a factory takes (None when it forwards **kwargs we cannot see)."""
-        target = factory.__init__ if isinstance(factory, type) else factory
-        params = inspect.signature(target).parameters
+        params = inspect.signature(factory).parameters  # a class's: its __init__'s, without self
         names = {n for n, p in params.items() if n != "self" and p.kind is not p.VAR_KEYWORD}
         if any(p.kind is p.VAR_KEYWORD for p in params.values()):
             return None

@@ -36,6 +36,7 @@ def attempt_store(rank: int, world_size: int, timeout: datetime.timedelta, socke
     if _ATTEMPT is not None and _ATTEMPT[0] == key:
         return _ATTEMPT[1]
     agent = dist.TCPStore(master_addr, master_port, world_size, is_master=False, timeout=timeout)
+    store: dist.Store
     if rank == 0:
         store = dist.TCPStore("0.0.0.0", 0, world_size, is_master=True, timeout=timeout, wait_for_workers=False)
         nonce = uuid.uuid4().hex

@@ -31,6 +31,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from framework.environments import ClusterEnvironment
 from framework.errors import ConfigError
 from framework.strategies.ddp import DDPStrategy
 from framework.strategies.launchers import Launcher
@@ -44,7 +45,8 @@ class SpawnDDPStrategy(DDPStrategy):
         self.start_method = start_method
         self.name = "ddp_notebook" if start_method == "fork" else "ddp_spawn"
 
-    def launcher(self, environment, num_nodes: int, max_restarts: int, rdzv_endpoint: str | None):
+    def launcher(self, environment: ClusterEnvironment, num_nodes: int, max_restarts: int,
+                 rdzv_endpoint: str | None) -> Launcher | None:
         nproc = len(self.devices)
         if environment.launched_externally or nproc * num_nodes <= 1:
             return None

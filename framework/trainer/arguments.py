@@ -4,9 +4,13 @@ in ``Trainer.__init__``; the recipe schema is derived from that signature.)"""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from framework.errors import ConfigError, did_you_mean
+
+if TYPE_CHECKING:
+    from framework.accelerators import Accelerator
+    from framework.environments import ClusterEnvironment
 
 
 def as_list(value: Any) -> list:
@@ -30,7 +34,7 @@ def default_strategy(strategy: Any, world: int) -> Any:
     return strategy
 
 
-def devices_for(devices: Any, environment, accelerator) -> Any:
+def devices_for(devices: Any, environment: ClusterEnvironment, accelerator: Accelerator) -> Any:
     """Under torchrun/srun/mpiexec on CPU, ``devices=auto`` means one device per launched task."""
     if devices == "auto" and accelerator.name == "cpu" and environment.launched_externally:
         return environment.info().local_world_size
@@ -65,7 +69,7 @@ def clip_algorithm(value: str | None) -> str | None:
     return value
 
 
-def parse_devices(devices: Any, accelerator) -> list[int]:
+def parse_devices(devices: Any, accelerator: Accelerator) -> list[int]:
     """Local device indices this node uses, with Lightning's meanings: a count ``n`` (``"n"``),
     a list of GPU indices, ``"auto"`` (every visible GPU on CUDA, one process on the CPU), and
     ``-1`` (``"-1"``): every visible GPU. On the CPU ``-1`` is an error, as in Lightning: there is

@@ -104,7 +104,7 @@ def _load_weights(module: torch.nn.Module, weights: dict, path: str) -> None:
         raise CheckpointError(f"checkpoint '{path}' does not fit this model: {ckpt.state_dict_mismatch(err)}") from None
 
 
-def _refuse_nonfinite_weights(run: Run, path, live: bool) -> None:
+def _refuse_nonfinite_weights(run: Run, path: str | os.PathLike, live: bool) -> None:
     """Never write NaN or infinite weights (over a good checkpoint, say): every rank checks
     its own, and all refuse together."""
     finite = all(bool(torch.isfinite(p).all()) for p in run.module.parameters() if p.is_floating_point())

@@ -33,7 +33,7 @@ def _distributed_fit(run: Run, fn: str) -> bool:
     return fn == "fit" and run.strategy.is_distributed
 
 
-def _unshuffled_training_under_ddp(run: Run, fn, _) -> bool:
+def _unshuffled_training_under_ddp(run: Run, fn: str, _: str | None) -> bool:
     if not _distributed_fit(run, fn) or not run.settings.use_distributed_sampler:
         return False
     loaders = run.loaders.get("train") or []
@@ -41,7 +41,7 @@ def _unshuffled_training_under_ddp(run: Run, fn, _) -> bool:
     return shuffle is False  # a DistributedSampler that keeps the loader's order
 
 
-def _uneven_evaluation_shards(run: Run, fn, _) -> bool:
+def _uneven_evaluation_shards(run: Run, fn: str, _: str | None) -> bool:
     if not run.strategy.is_distributed:
         return False
     stages = ("validate",) if fn == "fit" else (fn,)
@@ -53,17 +53,17 @@ def _uneven_evaluation_shards(run: Run, fn, _) -> bool:
     return False
 
 
-def _manual_under_ddp(run: Run, fn, _) -> bool:
+def _manual_under_ddp(run: Run, fn: str, _: str | None) -> bool:
     return _distributed_fit(run, fn) and not run.module.automatic_optimization
 
 
-def _restore_after_configure_optimizers(run: Run, fn, ckpt_path) -> bool:
+def _restore_after_configure_optimizers(run: Run, fn: str, ckpt_path: str | None) -> bool:
     from framework.module import TrainModule
 
     return fn == "fit" and ckpt_path is not None and overrides(run.module, TrainModule, "on_load_checkpoint")
 
 
-def _loaders_before_fit_start(run: Run, fn, _) -> bool:
+def _loaders_before_fit_start(run: Run, fn: str, _: str | None) -> bool:
     """A module with its own fit-start hooks whose loaders come from methods (not passed in)."""
     from framework.data import DataModule
     from framework.module import TrainModule
@@ -75,7 +75,7 @@ def _loaders_before_fit_start(run: Run, fn, _) -> bool:
     return overrides(run.module, TrainModule, "train_dataloader")
 
 
-def _plateau_before_checkpoint(run: Run, fn, _) -> bool:
+def _plateau_before_checkpoint(run: Run, fn: str, _: str | None) -> bool:
     from torch.optim.lr_scheduler import ReduceLROnPlateau
 
     from framework.callbacks import EarlyStopping, ModelCheckpoint
@@ -85,14 +85,14 @@ def _plateau_before_checkpoint(run: Run, fn, _) -> bool:
             and any(isinstance(cb, (ModelCheckpoint, EarlyStopping)) for cb in run.callbacks))
 
 
-def _last_checkpoint_is_the_latest(run: Run, fn, _) -> bool:
+def _last_checkpoint_is_the_latest(run: Run, fn: str, _: str | None) -> bool:
     from framework.callbacks import ModelCheckpoint
 
     return fn == "fit" and any(isinstance(cb, ModelCheckpoint) and cb.save_last and cb.monitor
                                for cb in run.callbacks)
 
 
-_DIFFERENCES: list[tuple[str, Callable, str]] = [
+_DIFFERENCES: list[tuple[str, Callable[[Run, str, str | None], bool], str]] = [
     ("no forced shuffle", _unshuffled_training_under_ddp,
      "the training loader is not shuffled, and fw keeps its order on every rank (Lightning would shuffle it "
      "under DDP); give the DataLoader shuffle=True to shuffle"),

@@ -53,7 +53,7 @@ class Heartbeat:
         self._thread.start()
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
@@ -115,7 +115,7 @@ class Heartbeat:
         return "every rank is alive and at the same place (a slow step?)"
 
 
-def _read_beats(store, keys: list[str], rank: int, seen: dict, now: float) -> str | None:
+def _read_beats(store: dist.Store, keys: list[str], rank: int, seen: dict, now: float) -> str | None:
     """Update ``seen`` from the store; a message instead when the store does not answer."""
     others = [r for r in range(len(keys)) if r != rank]
     try:

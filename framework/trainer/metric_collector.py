@@ -9,14 +9,24 @@ from __future__ import annotations
 import dataclasses
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+from torch import nn
 
 from framework.errors import ConfigError
 from framework.rank_zero import rank_zero_warn
 
+if TYPE_CHECKING:
+    from framework.strategies import Strategy
+
 _REDUCE_FX = ("mean", "sum", "max", "min")
+#: an entry's flags, as ranks exchange them and checkpoints keep them: on_step, on_epoch,
+#: prog_bar, logger, sync_dist, reduce_fx, and "metric" or "tensor"
+_Flags = tuple[bool, bool, bool, bool, bool, str, str]
+#: an entry as ranks exchange it: its flags, and its metric's path in the module (None: a tensor,
+#: or a metric that is not part of the module)
+_Spec = tuple[_Flags, str | None]
 
 
 @dataclasses.dataclass
@@ -86,7 +96,8 @@ class MetricCollector:
             self._accumulate(entry, value, batch_size)
         return entry
 
-    def _new_entry(self, name, value, prog_bar, logger, on_step, on_epoch, reduce_fx, sync_dist) -> _Entry:
+    def _new_entry(self, name: str, value: Any, prog_bar: bool, logger: bool, on_step: bool | None,
+                   on_epoch: bool | None, reduce_fx: str, sync_dist: bool) -> _Entry:
         if reduce_fx not in _REDUCE_FX:
             raise ConfigError(f"self.log('{name}', reduce_fx='{reduce_fx}'): use one of {', '.join(_REDUCE_FX)}")
         training = self.stage == "train"
@@ -111,7 +122,7 @@ class MetricCollector:
             entry.weight = 1.0
 
     # -- checkpoints (a mid-epoch resume continues the epoch's aggregates) ----------------------
-    def state_dict(self, module) -> dict:
+    def state_dict(self, module: nn.Module | None) -> dict:
         """The running epoch aggregates: sums and weights, and torchmetrics states."""
         saved: dict[str, dict] = {}
         for name, entry in self.entries.items():
@@ -130,7 +141,7 @@ class MetricCollector:
                                "covers only the batches after the resume. Make it an attribute of the module")
         return saved
 
-    def load_state_dict(self, saved: dict, module) -> None:
+    def load_state_dict(self, saved: dict, module: nn.Module) -> None:
         for name, item in saved.items():
             entry = _Entry(name, *item["flags"][:6])
             if "metric_path" in item:
@@ -150,7 +161,8 @@ class MetricCollector:
         return {e.step_key: e.last for e in self.entries.values()
                 if e.on_step and e.last is not None and getattr(e, flag)}
 
-    def compute_epoch(self, strategy, module=None, final: bool = True) -> dict[str, torch.Tensor]:
+    def compute_epoch(self, strategy: Strategy, module: nn.Module | None = None, final: bool = True
+                      ) -> dict[str, torch.Tensor]:
         """Aggregate this epoch's values; with ``final``, reset every metric object after.
 
         The epoch end computes twice, as Lightning's lazily computed results amount to: once
@@ -180,7 +192,7 @@ class MetricCollector:
         self.epoch_values = values
         return values
 
-    def _changed_entries(self, strategy, module) -> set[str]:
+    def _changed_entries(self, strategy: Strategy, module: nn.Module | None) -> set[str]:
         """Epoch entries to compute now: all of them in a first pass, else those logged since
         (on any rank: every rank must join the same reductions)."""
         changed = {name for name, entry in self.entries.items()
@@ -189,7 +201,7 @@ class MetricCollector:
             changed |= self._adopt_entries_of_other_ranks(strategy, module, changed)
         return changed
 
-    def _epoch_value(self, entry: _Entry, strategy) -> torch.Tensor | None:
+    def _epoch_value(self, entry: _Entry, strategy: Strategy) -> torch.Tensor | None:
         if entry.metric is not None:
             return entry.metric.compute().detach()  # torchmetrics syncs its state across ranks
         if entry.sync_dist and strategy.is_distributed:
@@ -198,20 +210,22 @@ class MetricCollector:
             return None
         return entry.total / entry.weight if entry.reduce_fx == "mean" else entry.total
 
-    def _adopt_entries_of_other_ranks(self, strategy, module, changed: set[str]) -> set[str]:
+    def _adopt_entries_of_other_ranks(self, strategy: Strategy, module: nn.Module | None, changed: set[str]
+                                      ) -> set[str]:
         """Make every rank hold the same synced entries, in the same order, before reducing;
         returns the entries any rank has in ``changed`` (each rank passes its own), and those
         adopted here."""
         specs = {name: _spec(entry, module) for name, entry in self.entries.items()
                  if entry.on_epoch and (entry.sync_dist or entry.metric is not None)}
         changed_anywhere: set[str] = set()
-        for other, their_changed in strategy.all_gather_object((specs, sorted(changed))):
+        gathered: list[tuple[dict[str, _Spec], list[str]]] = strategy.all_gather_object((specs, sorted(changed)))
+        for other, their_changed in gathered:
             changed_anywhere.update(their_changed)
             for name, (flags, metric_path) in other.items():
                 if name in self.entries:
                     continue
                 metric = None
-                if metric_path is not None:
+                if metric_path is not None and module is not None:
                     metric = module.get_submodule(metric_path)
                 elif flags[-1] == "metric":
                     raise RuntimeError(
@@ -223,8 +237,8 @@ class MetricCollector:
         return changed_anywhere & {name for name, entry in self.entries.items() if entry.on_epoch}
 
 
-def _spec(entry: _Entry, module) -> tuple:
-    flags = (entry.on_step, entry.on_epoch, entry.prog_bar, entry.logger, entry.sync_dist, entry.reduce_fx,
+def _spec(entry: _Entry, module: nn.Module | None) -> _Spec:
+    flags: _Flags = (entry.on_step, entry.on_epoch, entry.prog_bar, entry.logger, entry.sync_dist, entry.reduce_fx,
              "metric" if entry.metric is not None else "tensor")
     path = None
     if entry.metric is not None and module is not None:
@@ -232,7 +246,7 @@ def _spec(entry: _Entry, module) -> tuple:
     return flags, path
 
 
-def _reduce_across_ranks(entry: _Entry, strategy) -> torch.Tensor:
+def _reduce_across_ranks(entry: _Entry, strategy: Strategy) -> torch.Tensor:
     """Sum (weighted mean), sum, max or min over ranks; a rank with no value adds nothing."""
     device = strategy.collective_device
     if entry.reduce_fx == "mean":

@@ -15,13 +15,16 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from framework.data import batch_size_of
 from framework.errors import ConfigError
 from framework.trainer.metric_collector import MetricCollector, _Entry
+
+if TYPE_CHECKING:
+    from framework.strategies import Strategy
 
 
 class LoggedMetrics:
@@ -31,7 +34,7 @@ class LoggedMetrics:
         self.current_batch: Any = None
         #: the strategy of a distributed run (set by set-up): ``sync_dist`` step values are
         #: reduced over its ranks when logged, as Lightning does
-        self.strategy: Any = None
+        self.strategy: Strategy | None = None
         self.collector = MetricCollector("train", self.current_batch_size)
         self.training = self.collector  # this training epoch's, also while an evaluation runs
         self.epoch_values: dict[str, torch.Tensor] = {}
@@ -45,10 +48,11 @@ class LoggedMetrics:
     def log(self, name: str, value: Any, **options: Any) -> None:
         """``self.log`` of the module: record in the collector of the stage that runs."""
         entry = self.collector.log(name, value, **options)
-        if entry.on_step and entry.sync_dist and entry.metric is None and self.strategy is not None:
-            entry.last = self._synced_step_value(entry)
+        strategy = self.strategy
+        if entry.on_step and entry.sync_dist and entry.metric is None and strategy is not None:
+            entry.last = self._synced_step_value(entry, strategy)
 
-    def _synced_step_value(self, entry: _Entry) -> torch.Tensor:
+    def _synced_step_value(self, entry: _Entry, strategy: Strategy) -> torch.Tensor:
         """A ``sync_dist=True`` step value reduced over the ranks now (a collective: every rank
         logs it at the same batch). Training shards are equal; evaluation shards are exact, so
         ranks may run different numbers of batches there, and a per-step collective would hang."""
@@ -58,9 +62,10 @@ class LoggedMetrics:
                 "distributed evaluation gives ranks unequal numbers of batches, so a per-step reduction over "
                 "ranks cannot be done; log it with on_step=False (the epoch value is reduced exactly)"
             )
-        strategy = self.strategy
-        value = strategy.all_reduce(entry.last.to(strategy.collective_device), entry.reduce_fx)
-        return value.to(entry.last.device)
+        last = entry.last
+        assert last is not None, "the collector has just set this step value"
+        value = strategy.all_reduce(last.to(strategy.collective_device), entry.reduce_fx)
+        return value.to(last.device)
 
     def new_epoch(self, stage: str) -> MetricCollector:
         """A fresh collector for a training epoch (its step values replace the last epoch's)."""

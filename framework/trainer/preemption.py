@@ -118,7 +118,8 @@ class StopCheck:
     TARGET_S, MOST = 5.0, 20
 
     def __init__(self, run: Run) -> None:
-        self.run, self.deadline = run, None
+        self.run = run
+        self.deadline: float | None = None  # when max_time is up (time.monotonic()); None without one
         self.distributed = run.strategy.is_distributed
         self.every = 1
         self._since = time.monotonic()
@@ -157,7 +158,7 @@ def save_after_signal(run: Run) -> None:
     and rank 0 says where the checkpoint is."""
     from framework.rank_zero import rank_zero_info
 
-    dirs = [cb.dirpath for cb in run.callbacks if getattr(cb, "dirpath", None)]
+    dirs = [path for cb in run.callbacks if (path := getattr(cb, "dirpath", None))]
     path = os.path.join(dirs[0] if dirs else run.settings.default_root_dir, "preempted.ckpt")
     save(run, path)
     requeued = requeue_slurm_job() if run.settings.requeue and run.strategy.is_global_zero else None

@@ -23,6 +23,7 @@ noise of the run that was never stopped).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -31,7 +32,7 @@ from framework.data.sampler_injection import iterate_after
 from framework.errors import CheckpointError
 from framework.rank_zero import rank_zero_warn
 from framework.seed import get_rng_state, set_rng_state
-from framework.trainer.parts import Value
+from framework.trainer.parts import Stateful, Value
 
 if TYPE_CHECKING:
     from framework.trainer.metric_collector import MetricCollector
@@ -161,7 +162,7 @@ def progress_part(state: RunState) -> Value:
     return Value(saved, load)
 
 
-def position_parts(run: Run, loaded: dict[str, Any]) -> dict[str, Value]:
+def position_parts(run: Run, loaded: dict[str, Any]) -> dict[str, Stateful]:
     """This rank's own pieces of the position: its RNG states, and mid-epoch the epoch's metric
     aggregates so far and a stateful loader's position. What a checkpoint holds of them for this
     rank goes into ``loaded`` (``resume_point`` makes the point to continue from)."""
@@ -182,7 +183,7 @@ def position_parts(run: Run, loaded: dict[str, Any]) -> dict[str, Value]:
             return None
         return loaders[0].state_dict()
 
-    return {key: Value(get, lambda value, key=key: loaded.__setitem__(key, value))
+    return {key: Value(get, functools.partial(loaded.__setitem__, key))
             for key, get in (("rng", rng), ("metrics", metrics), ("loader_states", loader_state))}
 
 

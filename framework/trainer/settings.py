@@ -93,7 +93,7 @@ class Settings:
         limits = {stage: args.limit_arg(name, value) for stage, name, value in (
             ("train", "limit_train_batches", limit_train_batches), ("validate", "limit_val_batches", limit_val_batches),
             ("test", "limit_test_batches", limit_test_batches), ("predict", "limit_predict_batches", limit_predict_batches))}
-        switched = dict(
+        switched: dict[str, Any] = dict(
             max_epochs=max_epochs if max_epochs is not None else -1,
             max_steps=int(max_steps),
             val_check_interval=args.check_val_check_interval(val_check_interval),

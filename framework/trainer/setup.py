@@ -132,7 +132,7 @@ _NOT_CALLED = {
 }
 
 
-def _refuse_hooks_fw_does_not_call(model) -> None:
+def _refuse_hooks_fw_does_not_call(model: TrainModule) -> None:
     for name, instead in _NOT_CALLED.items():
         if callable(getattr(type(model), name, None)):
             raise ConfigError(f"{type(model).__name__}.{name}() is overridden but fw does not call it: {instead}")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import os
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -260,7 +261,7 @@ class Trainer(TrainerProperties):
 
 
 #: what each call runs once its set-up is done
-_LOOPS = {"fit": loops.run_fit, "validate": loops.run_eval_stage, "test": loops.run_eval_stage,
+_LOOPS: dict[str, Callable[[Run], Any]] = {"fit": loops.run_fit, "validate": loops.run_eval_stage, "test": loops.run_eval_stage,
           "predict": loops.run_predict}
 #: the arguments that ``Settings`` resolves (the others build the Trainer's parts)
 _SETTINGS = set(inspect.signature(Settings.resolve).parameters) - {"cls"}
