@@ -24,8 +24,8 @@ _LOADER_NAMES = {"validate": "val_dataloader", "test": "test_dataloader"}
 
 
 def run_eval_stage(run: Run) -> list[dict]:
-    fn = run.fn
     """``trainer.validate()`` / ``trainer.test()``: one pass, its scalar results."""
+    fn = run.fn
     if not run.loaders.get(fn):
         raise ConfigError(f"{fn} needs data: pass dataloaders= or a datamodule with {_LOADER_NAMES[fn]}()")
     values = run_evaluation(run, fn)

@@ -65,7 +65,7 @@ def check_manual_settings(run: Run) -> None:
 
 
 class ManualOptimization:
-    """The run's side of manual optimization: ``trainer.manual`` while a manual fit runs."""
+    """The run's side of manual optimization: ``run.manual`` while a manual fit runs."""
 
     def __init__(self, run: Run) -> None:
         self.run = run
