@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+import zlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -217,6 +218,8 @@ class MetricCollector:
         adopted here."""
         specs = {name: _spec(entry, module) for name, entry in self.entries.items()
                  if entry.on_epoch and (entry.sync_dist or entry.metric is not None)}
+        if _the_same_on_every_rank(strategy, repr((sorted(specs.items()), sorted(changed)))):
+            return set(changed)  # nothing to adopt (the usual case): one small all-reduce, no gather
         changed_anywhere: set[str] = set()
         gathered: list[tuple[dict[str, _Spec], list[str]]] = strategy.all_gather_object((specs, sorted(changed)))
         for other, their_changed in gathered:
@@ -235,6 +238,16 @@ class MetricCollector:
                 self.entries[name] = _Entry(name, *flags[:6], metric=metric)
                 changed_anywhere.add(name)
         return changed_anywhere & {name for name, entry in self.entries.items() if entry.on_epoch}
+
+
+def _the_same_on_every_rank(strategy: Strategy, text: str) -> bool:
+    """Do all ranks hold the same ``text``? (Two checksums of it, each the same on every rank:
+    the largest and the smallest over the ranks agree.)"""
+    data = text.encode()
+    sums = [float(zlib.crc32(data)), float(zlib.adler32(data))]
+    both = strategy.all_reduce(torch.tensor(sums + [-x for x in sums], dtype=torch.float64,
+                                            device=strategy.collective_device), "max").tolist()
+    return both[0] == -both[2] and both[1] == -both[3]
 
 
 def _spec(entry: _Entry, module: nn.Module | None) -> _Spec:

@@ -179,7 +179,8 @@ def _setup_loggers(run: Run, resume_path: str | None) -> None:
     for lg in run.loggers:
         lg.set_default_root(root, resume_from=resume_path)
     log_dir = run.loggers[0].log_dir if run.loggers and strategy.is_global_zero else None
-    run.log_dir = strategy.broadcast(log_dir) if strategy.is_distributed else log_dir
+    # every rank has the same loggers (the same arguments): without any there is nothing to send
+    run.log_dir = strategy.broadcast(log_dir) if strategy.is_distributed and run.loggers else log_dir
     if strategy.is_global_zero:
         hparams = plain_hparams(getattr(run.module, "hparams", {}) or {})
         for lg in run.loggers:
