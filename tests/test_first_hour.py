@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from conftest import ROOT, subprocess_env
+from forked import fw_command
 
 import framework as fw
 from framework.errors import ConfigError
@@ -138,9 +139,8 @@ def test_a_version_pinned_in_the_recipe_keeps_every_run_in_one_folder(tmp_path):
 ])
 def test_newcomer_mistakes_are_one_line_with_the_fix(tmp_path, args, code, message):
     stage, *rest = args
-    proc = subprocess.run([FW, stage, str(ROOT / "conf" / "regression.yaml"), "trainer.enable_progress_bar=false",
-                           f"trainer.default_root_dir={tmp_path}", *rest],
-                          env=subprocess_env(), capture_output=True, text=True, timeout=100, cwd=ROOT)
+    proc = fw_command(stage, str(ROOT / "conf" / "regression.yaml"), "trainer.enable_progress_bar=false",
+                      f"trainer.default_root_dir={tmp_path}", *rest, cwd=ROOT, env=subprocess_env())
     assert proc.returncode == code, proc.stderr
     assert proc.stderr.strip().splitlines()[-1].startswith("fw: error: ") and message in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr
