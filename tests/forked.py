@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import importlib.util
 import io
 import os
 import runpy
@@ -57,9 +58,10 @@ def fw_command(*args: str, cwd: str | Path, env: dict[str, str], timeout: float 
     return done
 
 
-def run_script(script: Path, *args: str, nprocs: int = 1, timeout: float = 60, env: dict[str, str] | None = None):
-    """``python script ARGS`` from the repository's root in ``nprocs`` forked copies of this
-    process: one plain process, or the ranks of one job. These get what torchrun gives its
+def run_script(script: Path, *args: str, nprocs: int = 1, timeout: float = 60, env: dict[str, str] | None = None,
+               cwd: str | Path = REPO):
+    """``python script ARGS`` in ``cwd`` (the repository's root unless given) in ``nprocs`` forked
+    copies of this process: one plain process, or the ranks of one job. These get what torchrun gives its
     workers: the variables (``RANK``, ``MASTER_PORT``, ``TORCHELASTIC_USE_AGENT_STORE``, one
     thread each) and the agent's store, which this process hosts. Returns ``helpers.Result`` as
     ``helpers.run_script`` does, the ranks' output one after the other."""
@@ -79,10 +81,7 @@ def run_script(script: Path, *args: str, nprocs: int = 1, timeout: float = 60, e
     def rank(number: int) -> Callable[[], None]:
         def run() -> None:
             ranked = {"RANK": str(number), "LOCAL_RANK": str(number)} if job else {}
-            _enter(REPO, {**base, **job, **ranked}, [str(script), *args])
-            import torch
-
-            torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS") or os.cpu_count() or 1))
+            _enter(cwd, {**base, **job, **ranked}, [str(script), *args])
             sys.path.insert(0, str(Path(script).parent))  # as `python script.py` does
             runpy.run_path(str(script), run_name="__main__")
 
@@ -101,6 +100,8 @@ def run_script(script: Path, *args: str, nprocs: int = 1, timeout: float = 60, e
 def _import_what_commands_import() -> None:
     for name in WARM:
         importlib.import_module(name)
+    if importlib.util.find_spec("pytorch_lightning") is not None:  # the scripts that compare with it
+        importlib.import_module("pytorch_lightning")
 
 
 def _enter(cwd: str | Path, env: dict[str, str], argv: list[str]) -> None:
@@ -148,8 +149,14 @@ def _as_a_fresh_process(paths: list[str]) -> None:
     """What pytest set up for the test process is not the child's: its own stdout and stderr
     (pytest captures both, the file descriptors and ``sys.stdout``/``sys.stderr``; a logging
     handler made before the fork, fw's own, writes to the new ones too) and the default signal
-    handlers."""
+    handlers. One thread for torch: GNU OpenMP's thread pool does not survive a fork (a copy
+    that runs a parallel region on more threads hangs there), and torchrun's workers have one
+    each too."""
     import logging
+
+    import torch
+
+    torch.set_num_threads(1)
 
     old = {id(sys.stdout): 1, id(sys.stderr): 2, id(sys.__stdout__): 1, id(sys.__stderr__): 2}
     streams = {}
