@@ -66,7 +66,7 @@ def test_print_config_shows_the_merged_recipe():
     assert "max_epochs: 7" in proc.stdout and "_target_: recipes.digits.DigitsClassifier" in proc.stdout
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(60)
 def test_digits_recipe_reaches_the_accuracy_bar(tmp_path):
     proc = fw("fit", "conf/digits.yaml", f"trainer.default_root_dir={tmp_path}")
     assert proc.returncode == 0, proc.stderr

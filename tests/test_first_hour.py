@@ -18,7 +18,7 @@ from framework.errors import ConfigError
 FW = str(Path(sys.executable).parent / "fw")
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(45)
 def test_fw_fit_prints_its_results_on_stdout_and_everything_else_on_stderr(tmp_path):
     proc = subprocess.run([FW, "fit", str(ROOT / "conf" / "regression.yaml"), "trainer.enable_progress_bar=false",
                            "trainer.max_epochs=2", f"trainer.default_root_dir={tmp_path}"],
@@ -121,7 +121,7 @@ def test_a_missing_optional_package_is_one_line_naming_the_extra(tmp_path):
     assert "Traceback" not in proc.stderr
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(45)
 def test_a_version_pinned_in_the_recipe_keeps_every_run_in_one_folder(tmp_path):
     """``logger.version`` in the recipe: the README's paths hold for every run, not just the first."""
     for _ in range(2):

@@ -78,7 +78,7 @@ def test_two_ranks_predictions_are_gathered_in_the_datas_order(tmp_path):
     assert f"fw predict: wrote 10 predictions to {tmp_path}/predictions.pt" in result.output
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(60)
 def test_fw_predict_writes_into_the_run_directory_and_says_where(tmp_path):
     fw_bin = str(__import__("pathlib").Path(sys.executable).parent / "fw")
     common = [str(ROOT / "conf" / "digits.yaml"), "trainer.enable_progress_bar=false", "trainer.max_epochs=1",

@@ -71,7 +71,7 @@ def straight(tmp_path_factory) -> list[dict]:
     return [json.loads((out / f"straight_rank{r}.json").read_text()) for r in (0, 1)]
 
 
-@pytest.mark.timeout(60 + 60 * 10)
+@pytest.mark.timeout(30 + 30 * _repeats())  # ~10 s a kill
 @pytest.mark.parametrize("launcher", ["fw", "torchrun"])
 def test_a_worker_killed_at_a_random_step_restarts_and_resumes_bit_identically(tmp_path, launcher, straight):
     script = write_script(tmp_path, SCRIPT)
@@ -115,7 +115,7 @@ trainer.fit(Fails(), DataLoader(workload.regression_data(64), batch_size=4))
 """
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(45)
 def test_a_restart_that_cannot_succeed_ends_with_the_real_cause(tmp_path):
     result = run_script(write_script(tmp_path, ALWAYS_FAILS), timeout=100)
     assert result.returncode != 0

@@ -146,7 +146,7 @@ def test_manual_optimization_on_two_gloo_ranks_equals_one_process_on_the_full_ba
 
 
 @needs_mpi
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(60)
 def test_manual_gan_under_mpi_equals_one_process_on_the_full_batch(tmp_path):
     one = _run_ddp(tmp_path, "gan", "single", 1)
     two = _run_ddp(tmp_path, "gan", "mpi", 2, mpiexec=mpiexec())

@@ -81,7 +81,7 @@ STOPS = {
 }
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(30)
 @pytest.mark.parametrize("kind", list(STOPS))
 def test_a_run_stopped_mid_epoch_resumes_exactly(tmp_path, kind):
     spec = STOPS[kind]

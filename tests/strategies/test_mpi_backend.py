@@ -295,7 +295,7 @@ print("UNREACHABLE")
 
 def under_mpiexec(test):
     """A test that runs a script under ``mpiexec -n 2`` (skipped without MPI), bounded in time."""
-    return needs_mpi(pytest.mark.mpi(pytest.mark.timeout(120)(test)))
+    return needs_mpi(pytest.mark.mpi(pytest.mark.timeout(60)(test)))
 
 
 @pytest.fixture(scope="module")

@@ -99,7 +99,7 @@ def _check_resumes_exactly(script: Path, out: Path, devices: int, output: str, s
         assert resumed == straight[rank], f"rank {rank}"
 
 
-@pytest.mark.timeout(200)
+@pytest.mark.timeout(60)
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1, signal.SIGINT], ids=lambda s: s.name)
 def test_a_signal_to_a_single_process_stops_it_with_a_checkpoint(tmp_path, sig, straight):
     script = write_script(tmp_path, SCRIPT)
@@ -113,7 +113,7 @@ def test_a_signal_to_a_single_process_stops_it_with_a_checkpoint(tmp_path, sig, 
     _check_resumes_exactly(script, tmp_path, 1, output, straight[1])
 
 
-@pytest.mark.timeout(200)
+@pytest.mark.timeout(60)
 @pytest.mark.parametrize("target,sig", [("launcher", signal.SIGTERM), ("launcher", signal.SIGUSR1), ("launcher", signal.SIGINT),
                                         ("worker", signal.SIGUSR1)],
                          ids=lambda v: v if isinstance(v, str) else v.name)
@@ -129,7 +129,7 @@ def test_a_signal_to_the_launcher_or_a_worker_stops_every_rank_with_a_checkpoint
     _check_resumes_exactly(script, tmp_path, 2, output, straight[2])
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(45)
 def test_no_worker_outlives_its_launcher(tmp_path):
     script = write_script(tmp_path, SCRIPT)
     proc = _start(script, tmp_path, 2)
@@ -219,7 +219,7 @@ trainer.fit(Slow(), DataLoader(workload.regression_data(256), batch_size=4))
 """
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(45)
 def test_with_slow_steps_the_ranks_agree_to_stop_within_seconds_not_twenty_batches(tmp_path):
     """The joint stop check runs at least every ~5 s of training (StopCheck.TARGET_S), so a
     signal is acted on well within the 30 s a launcher waits before SIGKILL."""
