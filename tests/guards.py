@@ -32,9 +32,9 @@ import torch.distributed as dist
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP)
 #: variables that pytest, or a library once per process, sets for itself: torch at its first CUDA or
-#: inductor use, Lightning when it is first imported (a test that comes first would be blamed)
+#: inductor use, Lightning and scikit-learn when first imported (a test that comes first would be blamed)
 IGNORED_VARIABLES = {"PYTEST_CURRENT_TEST", "CUDA_MODULE_LOADING", "TORCHINDUCTOR_CACHE_DIR",
-                     "PYTORCH_NVML_BASED_CUDA_CHECK"}
+                     "PYTORCH_NVML_BASED_CUDA_CHECK", "KMP_DUPLICATE_LIB_OK", "KMP_INIT_AT_FORK"}
 THREAD_GRACE_S = 2.0
 #: commands that start a job on a cluster (or build one): they need the ``cluster`` mark
 CLUSTER_COMMANDS = {"srun", "sbatch", "salloc"}
@@ -154,8 +154,10 @@ def _argv(args: object) -> list[str]:
 
 
 def watch_process_starts() -> None:
-    """Route ``subprocess.Popen``, ``multiprocessing`` and ``os.system`` through ``STARTS.note``."""
+    """Route ``subprocess.Popen``, ``multiprocessing``, ``os.system`` and ``os.fork`` (tests/forked.py)
+    through ``STARTS.note``."""
     popen_init, process_start, system = subprocess.Popen.__init__, multiprocessing.process.BaseProcess.start, os.system
+    fork = os.fork
 
     @functools.wraps(popen_init)
     def init(self, *args, **kwargs):
@@ -172,6 +174,12 @@ def watch_process_starts() -> None:
         STARTS.note("os.system", _argv(command))
         return system(command)
 
+    @functools.wraps(fork)
+    def fork_a_copy():
+        STARTS.note("os.fork", ["fork"])
+        return fork()
+
     subprocess.Popen.__init__ = init  # type: ignore[method-assign]
     multiprocessing.process.BaseProcess.start = start  # type: ignore[method-assign]
     os.system = run_shell
+    os.fork = fork_a_copy

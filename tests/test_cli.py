@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from conftest import ROOT, subprocess_env
+from forked import fw_command
 
 FW = [sys.executable, "-m", "framework.cli"]
 
@@ -37,9 +38,9 @@ def fw(*args: str, cwd: Path = ROOT, timeout: int = 120) -> subprocess.Completed
     (["fit", "conf/digits.yaml", "ckpt_path=/nonexistent.ckpt", "trainer.default_root_dir=."], 1,
      "checkpoint '/nonexistent.ckpt' does not exist"),
 ])
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(20)
 def test_user_mistakes_are_one_line_errors(args, code, pattern, tmp_path):
-    proc = fw(*args)
+    proc = fw_command(*args, cwd=ROOT, env=subprocess_env())  # the command's main(), in a fork of this process
     assert proc.returncode == code, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert lines[-1].startswith("fw: error:"), proc.stderr
@@ -65,7 +66,7 @@ def test_print_config_shows_the_merged_recipe():
     assert "max_epochs: 7" in proc.stdout and "_target_: recipes.digits.DigitsClassifier" in proc.stdout
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(60)
 def test_digits_recipe_reaches_the_accuracy_bar(tmp_path):
     proc = fw("fit", "conf/digits.yaml", f"trainer.default_root_dir={tmp_path}")
     assert proc.returncode == 0, proc.stderr

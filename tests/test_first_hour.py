@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from conftest import ROOT, subprocess_env
+from forked import fw_command
 
 import framework as fw
 from framework.errors import ConfigError
@@ -17,7 +18,7 @@ from framework.errors import ConfigError
 FW = str(Path(sys.executable).parent / "fw")
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(45)
 def test_fw_fit_prints_its_results_on_stdout_and_everything_else_on_stderr(tmp_path):
     proc = subprocess.run([FW, "fit", str(ROOT / "conf" / "regression.yaml"), "trainer.enable_progress_bar=false",
                            "trainer.max_epochs=2", f"trainer.default_root_dir={tmp_path}"],
@@ -120,7 +121,7 @@ def test_a_missing_optional_package_is_one_line_naming_the_extra(tmp_path):
     assert "Traceback" not in proc.stderr
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(45)
 def test_a_version_pinned_in_the_recipe_keeps_every_run_in_one_folder(tmp_path):
     """``logger.version`` in the recipe: the README's paths hold for every run, not just the first."""
     for _ in range(2):
@@ -138,9 +139,8 @@ def test_a_version_pinned_in_the_recipe_keeps_every_run_in_one_folder(tmp_path):
 ])
 def test_newcomer_mistakes_are_one_line_with_the_fix(tmp_path, args, code, message):
     stage, *rest = args
-    proc = subprocess.run([FW, stage, str(ROOT / "conf" / "regression.yaml"), "trainer.enable_progress_bar=false",
-                           f"trainer.default_root_dir={tmp_path}", *rest],
-                          env=subprocess_env(), capture_output=True, text=True, timeout=100, cwd=ROOT)
+    proc = fw_command(stage, str(ROOT / "conf" / "regression.yaml"), "trainer.enable_progress_bar=false",
+                      f"trainer.default_root_dir={tmp_path}", *rest, cwd=ROOT, env=subprocess_env())
     assert proc.returncode == code, proc.stderr
     assert proc.stderr.strip().splitlines()[-1].startswith("fw: error: ") and message in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr

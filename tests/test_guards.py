@@ -96,6 +96,16 @@ def test_popen_is_watched_while_this_test_runs(monkeypatch):
     assert guards.STARTS.take() == ["process '/nonexistent/fw-guard-probe' started, but the test is not marked procs"]
 
 
+def test_fork_is_watched_while_this_test_runs(monkeypatch):
+    monkeypatch.setattr(guards, "STARTS", guards.Starts())
+    guards.STARTS.begin(_Item())
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)
+    assert guards.STARTS.take() == ["os.fork 'fork' started, but the test is not marked procs"]
+
+
 def _calls_popen():
     return subprocess.run(["true"], check=True)
 
@@ -110,12 +120,19 @@ def _imports_locally():
     return run_script
 
 
+def _forks_a_copy():
+    from forked import fw_command
+
+    return fw_command("env", cwd=".", env={})
+
+
 def _stays_in_process():
     return sum(range(3))
 
 
 @pytest.mark.parametrize("function, starts", [
-    (_calls_popen, True), (_calls_a_helper, True), (_imports_locally, True), (_stays_in_process, False),
+    (_calls_popen, True), (_calls_a_helper, True), (_imports_locally, True), (_forks_a_copy, True),
+    (_stays_in_process, False),
 ])  # fmt: skip
 def test_a_test_is_procs_when_it_or_a_helper_it_calls_starts_a_process(function, starts):
     assert tiers._refers_to_a_starter(function) is starts

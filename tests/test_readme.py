@@ -30,7 +30,7 @@ def test_the_readme_has_the_blocks_this_test_runs():
     assert kinds.count("runs") == 1 and kinds.count("file") == 2 and kinds.count("run") == 1, kinds
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(60)
 def test_the_trainmodule_example_runs_as_a_script(tmp_path):
     (body,) = [body for what, body in _blocks() if what.startswith("runs")]
     script = tmp_path / "example.py"
@@ -42,7 +42,7 @@ def test_the_trainmodule_example_runs_as_a_script(tmp_path):
     assert "fw fit: done at step" in proc.stderr and "world size 2" in proc.stderr
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(60)
 def test_the_own_project_example_runs_from_its_folder(tmp_path):
     for what, body in _blocks():
         if what.startswith("file "):

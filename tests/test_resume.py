@@ -55,7 +55,7 @@ def _assert_bit_identical(a: dict, b: dict) -> None:
         assert torch.equal(a["params"][key], b["params"][key]), key
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(60)
 def test_resume_after_epoch_k_in_new_process_is_bit_identical(tmp_path):
     straight = _run(tmp_path, "straight", max_epochs=4)
     _run(tmp_path, "first_half", max_epochs=2)
@@ -65,7 +65,7 @@ def test_resume_after_epoch_k_in_new_process_is_bit_identical(tmp_path):
     assert not torch.equal(straight["params"]["net.0.weight"], DropoutMLP().state_dict()["net.0.weight"])
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(60)
 def test_resume_mid_epoch_in_new_process_is_bit_identical(tmp_path):
     straight = _run(tmp_path, "straight", max_epochs=3)
     _run(tmp_path, "saver", max_epochs=3, every_n=7)  # 5 batches per epoch: step 7 is mid-epoch 1

@@ -1,14 +1,15 @@
 """The test tiers, marked at collection time (``pytest_collection_modifyitems`` in conftest.py).
 
 - ``procs``: the test starts processes (2-rank Gloo jobs, fw's launcher, torchrun, mpiexec, the
-  ``fw`` command, ``ddp_spawn``, any ``python -c``). Most of the suite's time goes here.
+  ``fw`` command, ``ddp_spawn``, any ``python -c``, copies forked by tests/forked.py). Most of
+  the suite's time goes here.
 - ``cluster``: it needs a SLURM cluster (every ``slurm`` test) or builds one of its own from
   network namespaces (``pytestmark = pytest.mark.cluster`` in its module).
 - the fast tier: ``pytest -m "not procs and not cluster"``, everything in one process.
 
 A test is marked ``procs`` when its function, one of its fixtures, or a helper they call refers to
 something that starts a process (``subprocess.run``, ``Popen``, ``multiprocessing.Process``,
-``torch.multiprocessing.spawn``, ...). Helpers are followed through the names their code refers to,
+``torch.multiprocessing.spawn``, ``os.fork``, ...). Helpers are followed through the names their code refers to,
 as far as they are defined under tests/ (``run_script`` in distributed/helpers.py, a module's own
 ``_run``); framework code is not followed. What this misses (a Trainer that launches workers from
 inside the test's process) the guard in guards.py catches the first time it runs: it fails a test

@@ -36,7 +36,7 @@ def finite(x: float) -> bool:
     return isinstance(x, (int, float)) and math.isfinite(x) and x > 0
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(180)  # the first runs `fw bench --quick` (~50 s)
 def test_the_command_runs_every_job_and_writes_its_files(quick):
     result, doc, out = quick
     assert result.returncode == 0, result.output
@@ -54,7 +54,7 @@ def test_the_command_runs_every_job_and_writes_its_files(quick):
     assert "files: " in result.output and "recommendation (from this run):" in result.output
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(180)  # the first runs `fw bench --quick` (~50 s)
 def test_every_backend_measured_every_collective_at_every_size(quick):
     _, doc, _ = quick
     (comm,) = [p["comm"] for p in doc["parts"] if p.get("comm")]
@@ -73,7 +73,7 @@ def test_every_backend_measured_every_collective_at_every_size(quick):
     assert all(finite(r["latency_s"]) for r in comm["ping_pong"])
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(180)  # the first runs `fw bench --quick` (~50 s)
 def test_every_strategy_trained_every_workload_beside_the_hand_written_loop(quick):
     _, doc, _ = quick
     strategies = {"single", "ddp_gloo", *(["mpi"] if HAS_MPI else [])}
@@ -96,7 +96,7 @@ def test_every_strategy_trained_every_workload_beside_the_hand_written_loop(quic
     assert len(knobs) == 8 and {w for w, _ in knobs} == {"cnn", "gpt"}
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(180)  # the first runs `fw bench --quick` (~50 s)
 def test_the_recommendation_follows_the_numbers(quick):
     _, doc, _ = quick
     fw_rows = [r for r in doc["train"] if r["side"] == "fw"]
@@ -108,7 +108,7 @@ def test_the_recommendation_follows_the_numbers(quick):
 
 
 @needs_mpi
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(60)
 def test_under_mpiexec_it_uses_the_processes_it_was_given(tmp_path):
     cmd = [mpiexec(), "-n", "2", PYTHON, "-m", "mpi4py", "-m", "framework.cli", "bench", "--quick", "--suite", "comm",
            "--out", str(tmp_path)]  # fmt: skip
@@ -120,7 +120,7 @@ def test_under_mpiexec_it_uses_the_processes_it_was_given(tmp_path):
 
 
 @pytest.mark.slurm
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(60)
 def test_under_srun_it_uses_the_tasks_it_was_given(tmp_path):
     from tests.environments.test_slurm_cluster import _slurm_up
 
@@ -134,7 +134,7 @@ def test_under_srun_it_uses_the_tasks_it_was_given(tmp_path):
     assert doc["parts"][0]["comm"]["backends"] == ["gloo"]
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(60)
 def test_under_torchrun_it_uses_the_processes_it_was_given(tmp_path):
     cmd = [PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "framework.cli",
            "bench", "--quick", "--suite", "comm", "--out", str(tmp_path)]  # fmt: skip
@@ -157,7 +157,7 @@ def _marked(mark: str) -> list[int]:
     return found
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(60)
 def test_sigterm_kills_the_running_job_and_reports_the_jobs_before_it(tmp_path):
     import signal
     import subprocess

@@ -14,7 +14,8 @@ import pytest
 import framework as fw
 from framework.callbacks import StepTimeBreakdown
 from framework.callbacks.step_breakdown import PARTS
-from tests.distributed.helpers import PYTHON, clean_env, run_cmd, write_script
+from tests.distributed.helpers import write_script
+from forked import run_script
 from tests.distributed.workload import FIT_ARGS, Regressor, regression_data
 
 SCRIPT = """
@@ -38,15 +39,15 @@ if trainer.is_global_zero:
 """
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(60)
 def test_ddp_weights_are_bitwise_the_same_with_the_breakdown_and_comm_is_measured(tmp_path):
     script = write_script(tmp_path, SCRIPT)
     results = {}
     for flag in ("0", "1"):
         out = tmp_path / f"result{flag}.json"
-        # 3 ranks: a world that does not divide evenly (DDP scales by 1/n, which x / n is not, bit for bit)
-        cmd = [PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "3", str(script), str(out), flag]
-        result = run_cmd(cmd, timeout=150, env=clean_env())
+        # 3 ranks (forked from this process, as torchrun's workers): a world that does not divide
+        # evenly (DDP scales by 1/n, which x / n is not, bit for bit)
+        result = run_script(script, str(out), flag, nprocs=3, timeout=45)
         assert result.returncode == 0, result.output
         results[flag] = json.loads(out.read_text())
     assert results["1"]["hooked"]

@@ -64,20 +64,21 @@ trainer.predict(Doubler(), _data())
 """
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(45)
 def test_two_ranks_predictions_are_gathered_in_the_datas_order(tmp_path):
+    from forked import run_script
+
     script = tmp_path / "ddp.py"
     script.write_text(DDP.format(tests=str(ROOT / "tests")))
-    proc = subprocess.run([sys.executable, str(script), str(tmp_path)], env=subprocess_env(), capture_output=True,
-                          text=True, timeout=100, cwd=tmp_path)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    result = run_script(script, str(tmp_path), nprocs=2, timeout=30, env=subprocess_env())
+    assert result.returncode == 0, result.output
     saved = torch.load(tmp_path / "predictions.pt")
     assert torch.equal(saved[:, 1], torch.arange(10, dtype=torch.float32))  # every sample once, in order
     assert torch.equal(saved[:, 0], 2 * saved[:, 1])
-    assert f"fw predict: wrote 10 predictions to {tmp_path}/predictions.pt" in proc.stderr
+    assert f"fw predict: wrote 10 predictions to {tmp_path}/predictions.pt" in result.output
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(60)
 def test_fw_predict_writes_into_the_run_directory_and_says_where(tmp_path):
     fw_bin = str(__import__("pathlib").Path(sys.executable).parent / "fw")
     common = [str(ROOT / "conf" / "digits.yaml"), "trainer.enable_progress_bar=false", "trainer.max_epochs=1",

@@ -7,7 +7,7 @@ import pytest
 from .helpers import FW, REPO, run_cmd
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(60)
 def test_fw_fit_digits_two_gloo_workers(tmp_path):
     cmd = [FW, "fit", "conf/digits.yaml", "trainer.devices=2", "trainer.strategy=ddp_gloo",
            "trainer.max_epochs=2", f"trainer.default_root_dir={tmp_path}"]
@@ -20,7 +20,7 @@ def test_fw_fit_digits_two_gloo_workers(tmp_path):
     assert (tmp_path / "fw_logs" / "version_0" / "checkpoints" / "last.ckpt").exists()
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(60)
 def test_under_torchrun_devices_auto_follows_the_launcher_and_a_single_strategy_is_refused(tmp_path):
     from .helpers import PYTHON, free_port
 

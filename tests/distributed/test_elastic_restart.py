@@ -14,6 +14,8 @@ import random
 
 import pytest
 
+import forked
+
 from .helpers import check_ok, run_script, write_script
 
 STEPS = 16  # 2 epochs of 8 steps
@@ -60,13 +62,19 @@ def _repeats() -> int:
     return int(os.environ.get("FW_RESTART_REPEATS", "3"))
 
 
-@pytest.mark.timeout(60 + 60 * 10)
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory) -> list[dict]:
+    """The run never interrupted, per rank: the same under either launcher, so it runs once, its
+    ranks forked from this process (tests/forked.py); the killed runs are real launches."""
+    out = tmp_path_factory.mktemp("straight")
+    check_ok(forked.run_script(write_script(out, SCRIPT), str(out), "straight", "-1", "-1", nprocs=2, timeout=30))
+    return [json.loads((out / f"straight_rank{r}.json").read_text()) for r in (0, 1)]
+
+
+@pytest.mark.timeout(30 + 30 * _repeats())  # ~10 s a kill
 @pytest.mark.parametrize("launcher", ["fw", "torchrun"])
-def test_a_worker_killed_at_a_random_step_restarts_and_resumes_bit_identically(tmp_path, launcher):
+def test_a_worker_killed_at_a_random_step_restarts_and_resumes_bit_identically(tmp_path, launcher, straight):
     script = write_script(tmp_path, SCRIPT)
-    extra = {} if launcher == "fw" else {"launcher": "torchrun"}
-    check_ok(run_script(script, str(tmp_path), "straight", "-1", "-1", timeout=60, **extra))
-    straight = [json.loads((tmp_path / f"straight_rank{r}.json").read_text()) for r in (0, 1)]
     rng = random.Random()
     for attempt in range(_repeats()):
         rank, step = rng.randrange(2), rng.randrange(1, STEPS)
@@ -107,7 +115,7 @@ trainer.fit(Fails(), DataLoader(workload.regression_data(64), batch_size=4))
 """
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(45)
 def test_a_restart_that_cannot_succeed_ends_with_the_real_cause(tmp_path):
     result = run_script(write_script(tmp_path, ALWAYS_FAILS), timeout=100)
     assert result.returncode != 0

@@ -52,7 +52,7 @@ def init_method(kind: str, tmp_path, tag: str) -> str:
 
 # Each job trains twice (accumulate 1, then 2) in the same worker processes: under the elastic
 # agent's store a second env:// init_process_group must not read the first one's keys.
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(60)
 @pytest.mark.parametrize(
     "kind, launcher, accumulates",
     [("env", "fw", (1, 2)), ("tcp", "torchrun", (1, 2)), ("file", "fw", (1, 2))],

@@ -10,8 +10,10 @@ import json
 import pytest
 from torch.utils.data import DataLoader
 
+from forked import run_script
+
 from . import workload
-from .helpers import check_ok, run_script, write_script
+from .helpers import check_ok, write_script
 
 SCRIPT = """
 import json, os, sys
@@ -30,11 +32,10 @@ sys.stdout.flush()
 """
 
 
-@pytest.mark.timeout(90)
+@pytest.mark.timeout(30)
 @pytest.mark.parametrize("n,order", [(101, "ordered"), (101, "shuffle"), (1, "shuffle")])
 def test_validation_metrics_equal_single_process(tmp_path, n, order):
-    check_ok(run_script(write_script(tmp_path, SCRIPT), str(tmp_path), str(n), order, launcher="torchrun",
-                        timeout=75))
+    check_ok(run_script(write_script(tmp_path, SCRIPT), str(tmp_path), str(n), order, nprocs=2, timeout=30))
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     assert [r["world_size"] for r in ranks] == [2, 2]
     seen = ranks[0]["seen"] + ranks[1]["seen"]

@@ -39,38 +39,43 @@ def test_crashing_rank_stops_the_job(launcher, tmp_path):
         assert "fw: error: worker rank 1" in result.output, result.output
 
 
-def _rank_0_without_its_peer(timeout: int):
-    """``fw fit`` as rank 0 of 2 on node 0, whose other node never comes."""
+PEER_TIMEOUT_S = 8
+
+
+@pytest.fixture(scope="module")
+def rank_0_without_its_peer():
+    """``fw fit`` as rank 0 of 2 on node 0, whose other node never comes: run once, with a timeout
+    (8 s) past the first "waiting" line (5 s), for both tests below."""
     env = clean_env(RANK="0", WORLD_SIZE="2", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", GROUP_RANK="0",
                     GROUP_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     cmd = [FW, "fit", "conf/digits.yaml", "trainer.devices=1", "trainer.num_nodes=2",
-           f"trainer.strategy={{name: ddp_gloo, timeout: {timeout}}}", "logger=false", "callbacks=[]"]
+           f"trainer.strategy={{name: ddp_gloo, timeout: {PEER_TIMEOUT_S}}}", "logger=false", "callbacks=[]"]
     return run_cmd(cmd, timeout=45, env=env)
 
 
 @pytest.mark.timeout(60)
-def test_missing_peer_times_out_with_clear_error():
-    result = _rank_0_without_its_peer(timeout=3)
+def test_missing_peer_times_out_with_clear_error(rank_0_without_its_peer):
+    result = rank_0_without_its_peer
     assert result.returncode == 1, result.output
     assert result.wall_s < 25, f"took {result.wall_s:.1f} s"
     error = [line for line in result.output.splitlines() if line.startswith("fw: error:")]
     assert error, result.output
-    assert "timed out after 3 s" in error[0] and "1 of 2 ranks arrived" in error[0], error[0]
+    assert f"timed out after {PEER_TIMEOUT_S} s" in error[0] and "1 of 2 ranks arrived" in error[0], error[0]
     assert "Check that all 2 ranks were started" in error[0]
     assert "Traceback" not in result.output
 
 
 @pytest.mark.timeout(60)
-def test_a_missing_peer_is_announced_while_waiting_and_the_default_timeout_suits_a_first_run():
+def test_a_missing_peer_is_announced_while_waiting_and_the_default_timeout_suits_a_first_run(rank_0_without_its_peer):
     from framework.strategies import DDPStrategy, MPIStrategy
 
     assert DDPStrategy().timeout == MPIStrategy().timeout == 300  # 5 minutes, not torch's 30
-    result = _rank_0_without_its_peer(timeout=8)
+    result = rank_0_without_its_peer
     assert result.returncode == 1, result.output
     waiting = [line for line in result.output.splitlines() if "is waiting for the other ranks" in line]
     assert waiting and waiting[0].startswith("fw: rank 0 of 2 is waiting for the other ranks at env:// (127.0.0.1:")
-    assert "of the 8 s timeout, trainer.strategy.timeout" in waiting[0]
-    assert "timed out after 8 s" in result.output
+    assert f"of the {PEER_TIMEOUT_S} s timeout, trainer.strategy.timeout" in waiting[0]
+    assert f"timed out after {PEER_TIMEOUT_S} s" in result.output
 
 
 STOPPED = """

@@ -9,7 +9,9 @@ import pytest
 
 from framework.checkpoint import load_checkpoint
 
-from .helpers import check_ok, run_script, write_script
+from forked import run_script
+
+from .helpers import check_ok, write_script
 
 SCRIPT = """
 import json, os, sys
@@ -56,11 +58,11 @@ sys.stdout.flush()
 """
 
 
-@pytest.mark.timeout(90)
+@pytest.mark.timeout(45)
 def test_only_rank_zero_writes_and_nobody_hangs(tmp_path):
     root = tmp_path / "run"
     root.mkdir()
-    check_ok(run_script(write_script(tmp_path, SCRIPT), str(root), launcher="fw", timeout=75))
+    check_ok(run_script(write_script(tmp_path, SCRIPT), str(root), nprocs=2, timeout=30))
     rank0 = json.loads((root / "writes_rank0.json").read_text())
     rank1 = json.loads((root / "writes_rank1.json").read_text())
     assert rank1["writes"] == [], f"rank 1 wrote: {rank1['writes']}"

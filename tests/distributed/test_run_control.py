@@ -9,7 +9,9 @@ import pytest
 
 from framework.checkpoint import load_checkpoint
 
-from .helpers import check_ok, run_script, write_script
+from forked import run_script
+
+from .helpers import check_ok, write_script
 
 SCRIPT = """
 import json, sys, time
@@ -37,9 +39,9 @@ with open(f"{out}/rank{trainer.global_rank}.json", "w") as f:
 """
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(60)
 def test_max_time_stops_every_rank_at_the_same_step_and_checkpoint_after_fit(tmp_path):
-    check_ok(run_script(write_script(tmp_path, SCRIPT), str(tmp_path), launcher="torchrun", timeout=100))
+    check_ok(run_script(write_script(tmp_path, SCRIPT), str(tmp_path), nprocs=2, timeout=45))
     r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2))
     assert r0["step"] == r1["step"] > 0 and r0["w"] == r1["w"]
     assert r0["epoch"] < 1000  # max_time, not max_epochs, ended it
@@ -69,10 +71,10 @@ trainer.fit(workload.Regressor(), DataLoader(workload.regression_data(16), batch
 """
 
 
-@pytest.mark.timeout(90)
+@pytest.mark.timeout(45)
 def test_a_failed_checkpoint_write_on_rank_0_is_reported_on_every_rank(tmp_path):
     (tmp_path / "not_a_dir.txt").write_text("a file, so nothing can be written under it")
-    check_ok(run_script(write_script(tmp_path, FAILED_WRITE), str(tmp_path), launcher="torchrun", timeout=60))
+    check_ok(run_script(write_script(tmp_path, FAILED_WRITE), str(tmp_path), nprocs=2, timeout=30))
     r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2))
     assert "NotADirectoryError" in r0["error"] or "FileExistsError" in r0["error"]
     assert r1["error"].startswith("CheckpointError: rank 0 failed to write the checkpoint")

@@ -1,7 +1,7 @@
 """Property 2: every epoch the 2 ranks see disjoint shards covering the data set; the order
 changes per epoch (``set_epoch``) and is a function of the seed given to ``fw.seed_everything``.
 
-One 2-rank job (fw's own launcher, ``file://`` init, one rendezvous file per run) trains three
+One 2-rank job (forked ranks, tests/forked.py; ``file://`` init, one rendezvous file per run) trains three
 times: seed 1, seed 1 again, seed 2. A training step records the sample indices it saw.
 """
 
@@ -11,7 +11,9 @@ import json
 
 import pytest
 
-from .helpers import check_ok, run_script, write_script
+from forked import run_script
+
+from .helpers import check_ok, write_script
 
 N, EPOCHS = 20, 3
 
@@ -35,9 +37,9 @@ sys.stdout.flush()
 """
 
 
-@pytest.mark.timeout(90)
+@pytest.mark.timeout(45)
 def test_shards_disjoint_cover_reshuffle_and_reproduce(tmp_path):
-    check_ok(run_script(write_script(tmp_path, SCRIPT), str(tmp_path), launcher="fw", timeout=75))
+    check_ok(run_script(write_script(tmp_path, SCRIPT), str(tmp_path), nprocs=2, timeout=30))
     runs = []
     for run in range(3):
         ranks = [json.loads((tmp_path / f"run{run}_rank{r}.json").read_text()) for r in range(2)]

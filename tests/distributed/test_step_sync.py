@@ -10,7 +10,9 @@ import json
 
 import pytest
 
-from .helpers import check_ok, run_script, write_script
+from forked import run_script
+
+from .helpers import check_ok, write_script
 
 SCRIPT = """
 import json, os, sys
@@ -81,9 +83,9 @@ with open(f"{sys.argv[1]}/rank{rank}.json", "w") as f:
 """
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(30)
 def test_step_values_with_sync_dist_are_reduced_over_the_ranks(tmp_path):
-    result = run_script(write_script(tmp_path, SCRIPT), str(tmp_path), launcher="torchrun", timeout=100)
+    result = run_script(write_script(tmp_path, SCRIPT), str(tmp_path), nprocs=2, timeout=60)
     check_ok(result)
     # fw says once, on rank 0, where it differs from Lightning and the script relies on it
     assert result.output.count("differs from Lightning here: the training loader is not shuffled") == 1

@@ -63,7 +63,7 @@ SCRIPT = textwrap.dedent(
 
 
 @needs_slurm
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(60)
 def test_srun_two_tasks_train_as_one_ddp_job(tmp_path):
     script = tmp_path / "job.py"
     script.write_text(SCRIPT)
@@ -87,7 +87,7 @@ def test_srun_two_tasks_train_as_one_ddp_job(tmp_path):
 
 
 @needs_slurm
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(60)
 def test_sbatch_without_srun_is_explained_not_a_hang(tmp_path):
     script = tmp_path / "job.py"
     script.write_text(SCRIPT)
@@ -108,7 +108,7 @@ def test_sbatch_without_srun_is_explained_not_a_hang(tmp_path):
 
 
 @needs_slurm
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(60)
 def test_a_rank_that_stops_answering_under_srun_ends_the_step(tmp_path):
     """Without --kill-on-bad-exit srun waits for every task: the rank that timed out ends the step."""
     script = tmp_path / "stopped.py"
@@ -137,7 +137,7 @@ THREADS = textwrap.dedent(
 
 
 @needs_slurm
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(60)
 @pytest.mark.parametrize("omp", [None, "2"])
 def test_under_srun_each_task_gets_its_share_of_the_cores_unless_the_user_chose(tmp_path, omp):
     """srun leaves every task with all cores' threads (4-40x slower per step on 2 cores): fw

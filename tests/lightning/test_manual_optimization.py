@@ -12,6 +12,7 @@ import sys
 import pytest
 import torch
 from conftest import ROOT, subprocess_env
+from forked import run_script
 
 from framework.errors import ConfigError
 from mpi_helpers import mpiexec, needs_mpi
@@ -47,14 +48,13 @@ def _run(tmp_path, which: str, model: str) -> dict:
     script = tmp_path / "run.py"
     script.write_text(RUN.format(tests=str(ROOT / "tests")))
     out = tmp_path / f"{which}_{model}.pt"
-    proc = subprocess.run([sys.executable, str(script), which, model, str(out)], env=subprocess_env(),
-                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    done = run_script(script, which, model, str(out), env=subprocess_env(), cwd=tmp_path)  # forked from this process
+    assert done.returncode == 0, done.output
     return torch.load(out)
 
 
 @needs_lightning
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(60)
 @pytest.mark.parametrize("model", ["gan", "accumulating"])
 def test_manual_optimization_gives_lightnings_parameters_bit_for_bit(tmp_path, model):
     ours, theirs = _run(tmp_path, "fw", model), _run(tmp_path, "lightning", model)
@@ -118,17 +118,23 @@ if trainer.is_global_zero:
 """
 
 
-def _run_ddp(tmp_path, model: str, strategy: str, devices: int, launcher: list[str] | None = None) -> dict:
+def _run_ddp(tmp_path, model: str, strategy: str, devices: int, mpiexec: str | None = None) -> dict:
+    """One process or 2 ranks forked from this one (tests/forked.py), or 2 ranks under ``mpiexec``."""
     script = tmp_path / "ddp.py"
     script.write_text(DDP.format(tests=str(ROOT / "tests")))
     out = tmp_path / f"{model}-{strategy}-{devices}.pt"
-    cmd = [*(launcher or []), sys.executable, str(script), model, strategy, str(devices), str(out)]
-    proc = subprocess.run(cmd, env=subprocess_env(), capture_output=True, text=True, timeout=150, cwd=tmp_path)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    args = [model, strategy, str(devices), str(out)]
+    if mpiexec is None:
+        done = run_script(script, *args, nprocs=devices, env=subprocess_env(), cwd=tmp_path)
+        assert done.returncode == 0, done.output
+    else:
+        proc = subprocess.run([mpiexec, "-n", str(devices), sys.executable, str(script), *args], env=subprocess_env(),
+                              capture_output=True, text=True, timeout=150, cwd=tmp_path)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
     return torch.load(out)
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(60)
 @pytest.mark.parametrize("model,steps", [("gan", 32), ("accumulating", 8)])
 def test_manual_optimization_on_two_gloo_ranks_equals_one_process_on_the_full_batch(tmp_path, model, steps):
     """A GAN (two optimizers, toggled, clipped) and manual accumulation (a backward every
@@ -140,10 +146,10 @@ def test_manual_optimization_on_two_gloo_ranks_equals_one_process_on_the_full_ba
 
 
 @needs_mpi
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(60)
 def test_manual_gan_under_mpi_equals_one_process_on_the_full_batch(tmp_path):
     one = _run_ddp(tmp_path, "gan", "single", 1)
-    two = _run_ddp(tmp_path, "gan", "mpi", 2, launcher=[mpiexec(), "-n", "2"])
+    two = _run_ddp(tmp_path, "gan", "mpi", 2, mpiexec=mpiexec())
     for key, value in one["state"].items():
         torch.testing.assert_close(two["state"][key], value, atol=1e-5, rtol=0, msg=key)
 

@@ -11,6 +11,7 @@ import sys
 import pytest
 import torch
 from conftest import ROOT, subprocess_env
+from forked import run_script
 from torch import nn
 from torch.utils.data import DataLoader
 
@@ -51,15 +52,14 @@ torch.save({{"state": model.state_dict(), "step": trainer.global_step, "fit": fi
 
 
 @needs_lightning
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(60)
 def test_the_bug_report_template_gives_lightnings_numbers(tmp_path):
     script = tmp_path / "compare.py"
     script.write_text(COMPARE.format(tests=str(ROOT / "tests")))
     got = {}
-    for which in ("fw", "lightning"):
-        proc = subprocess.run([sys.executable, str(script), which, str(tmp_path / f"{which}.pt")], env=subprocess_env(),
-                              capture_output=True, text=True, timeout=120, cwd=tmp_path)
-        assert proc.returncode == 0, proc.stdout + proc.stderr
+    for which in ("fw", "lightning"):  # each in a process of its own, forked from this one
+        done = run_script(script, which, str(tmp_path / f"{which}.pt"), env=subprocess_env(), cwd=tmp_path)
+        assert done.returncode == 0, done.output
         got[which] = torch.load(tmp_path / f"{which}.pt")
     ours, theirs = got["fw"], got["lightning"]
     assert ours["step"] == theirs["step"] == 48
@@ -343,7 +343,7 @@ if __name__ == "__main__":
 """
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(60)
 @pytest.mark.parametrize("strategy,stdin", [("ddp_spawn", False), ("ddp_notebook", True)])
 def test_spawned_workers_train_and_the_caller_gets_the_weights_and_metrics(tmp_path, strategy, stdin):
     """ddp_spawn from a script; ddp_notebook from ``python -`` (no file to re-run or import)."""
@@ -409,7 +409,7 @@ torch.save({{"rows": rows, "results": results}}, out)
 
 
 @needs_lightning
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(60)
 @pytest.mark.parametrize("model", ["boring", "gan"])
 def test_logged_rows_fall_on_lightnings_steps_with_lightnings_names(tmp_path, model):
     """``log_every_n_steps`` rows at the same steps (Lightning labels a row with the batches
@@ -418,11 +418,10 @@ def test_logged_rows_fall_on_lightnings_steps_with_lightnings_names(tmp_path, mo
     script = tmp_path / "rows.py"
     script.write_text(ROWS.format(tests=str(ROOT / "tests")))
     got = {}
-    for which in ("fw", "lightning"):
+    for which in ("fw", "lightning"):  # each in a process of its own, forked from this one
         out = tmp_path / f"{which}.pt"
-        proc = subprocess.run([sys.executable, str(script), which, model, str(out)], env=subprocess_env(),
-                              capture_output=True, text=True, timeout=120, cwd=tmp_path)
-        assert proc.returncode == 0, proc.stdout + proc.stderr
+        done = run_script(script, which, model, str(out), env=subprocess_env(), cwd=tmp_path)
+        assert done.returncode == 0, done.output
         got[which] = torch.load(out)
     assert got["fw"]["rows"] == got["lightning"]["rows"]
     assert got["fw"]["results"] == got["lightning"]["results"]

@@ -81,7 +81,7 @@ STOPS = {
 }
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(30)
 @pytest.mark.parametrize("kind", list(STOPS))
 def test_a_run_stopped_mid_epoch_resumes_exactly(tmp_path, kind):
     spec = STOPS[kind]
@@ -118,8 +118,7 @@ import framework as fw
 import framework.callbacks as fw_callbacks
 from framework.loggers import Logger
 
-out, name, kind, stop_at = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
-ckpt = sys.argv[5] if len(sys.argv) > 5 else None
+out, stop_at, kinds = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
 
 class Rows(Logger):
     def __init__(self):
@@ -131,12 +130,13 @@ class Rows(Logger):
         pass
 
 class Net(fw.TrainModule):
-    def __init__(self):
+    def __init__(self, kind):
         super().__init__()
         torch.manual_seed(0)
+        self.kind = kind
         self.net = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Dropout(0.3), nn.Linear(16, 1))
     def training_step(self, batch, batch_idx):
-        if kind == "max_time" and self.global_step + 1 == stop_at:
+        if self.kind == "max_time" and self.global_step + 1 == stop_at:
             time.sleep(2.5)
         x, y = batch
         loss = F.mse_loss(self.net(x), y)
@@ -147,52 +147,64 @@ class Net(fw.TrainModule):
         return {"optimizer": opt, "lr_scheduler": torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)}
 
 class StopAt(fw.Callback):
+    def __init__(self, kind):
+        self.kind = kind
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
-        if kind == "should_stop" and trainer.global_step == stop_at:
+        if self.kind == "should_stop" and trainer.global_step == stop_at:
             trainer.should_stop = True
 
-limits = {"max_epochs": 3}
-if name == "stopped":
-    limits = {"max_steps": stop_at} if kind == "max_steps" else {"max_epochs": 3, "max_time": 2.0} if kind == "max_time" else limits
-fw.seed_everything(5)
-g = torch.Generator().manual_seed(3)
-data = TensorDataset(torch.randn(200, 4, generator=g), torch.randn(200, 1, generator=g))
-rows = Rows()
-# the stopped run keeps last.ckpt, written at the end of the cut epoch with every rank's state
-callbacks = [StopAt(), fw_callbacks.ModelCheckpoint(dirpath=f"{out}/ck", save_top_k=0, save_last=True)]
-trainer = fw.Trainer(accelerator="cpu", devices=2, strategy="ddp_gloo", logger=rows, enable_progress_bar=False,
-                     log_every_n_steps=1, callbacks=callbacks if name == "stopped" else [],
-                     enable_checkpointing=name == "stopped", **limits)
-model = Net()
-trainer.fit(model, DataLoader(data, batch_size=4, shuffle=True), ckpt_path=ckpt)
-with open(f"{out}/{name}_rank{trainer.global_rank}.json", "w") as f:
-    json.dump({"step": trainer.global_step, "reason": trainer.state.stop_reason, "rows": rows.rows,
-               "w": [p.detach().flatten().tolist() for p in model.parameters()]}, f)
+def run(name, kind, ckpt=None):
+    limits = {"max_epochs": 3}
+    if name == "stopped":
+        limits = {"max_steps": stop_at} if kind == "max_steps" else {"max_epochs": 3, "max_time": 2.0} if kind == "max_time" else limits
+    fw.seed_everything(5)
+    g = torch.Generator().manual_seed(3)
+    data = TensorDataset(torch.randn(200, 4, generator=g), torch.randn(200, 1, generator=g))
+    rows = Rows()
+    # the stopped run keeps last.ckpt, written at the end of the cut epoch with every rank's state
+    callbacks = [StopAt(kind), fw_callbacks.ModelCheckpoint(dirpath=f"{out}/{kind}/ck", save_top_k=0, save_last=True)]
+    trainer = fw.Trainer(accelerator="cpu", devices=2, strategy="ddp_gloo", logger=rows, enable_progress_bar=False,
+                         log_every_n_steps=1, callbacks=callbacks if name == "stopped" else [],
+                         enable_checkpointing=name == "stopped", **limits)
+    model = Net(kind)
+    trainer.fit(model, DataLoader(data, batch_size=4, shuffle=True), ckpt_path=ckpt)
+    with open(f"{out}/{kind}_{name}_rank{trainer.global_rank}.json", "w") as f:
+        json.dump({"step": trainer.global_step, "reason": trainer.state.stop_reason, "rows": rows.rows,
+                   "w": [p.detach().flatten().tolist() for p in model.parameters()]}, f)
+
+# one job for every case: the uninterrupted run (it does not depend on the kind of stop:
+# max_time's slow step changes no number), then each kind's stopped and resumed runs
+run("straight", "none")
+for kind in kinds:
+    run("stopped", kind)
+    run("resumed", kind, f"{out}/{kind}/ck/last.ckpt")
 """
 
+DDP_STOP_AT = 25 + 20  # 25 batches per epoch; batch 20 of epoch 1 (max_time is read every 20 batches)
 
-_DDP_STRAIGHT: dict[str, list[dict]] = {}
 
-
-@pytest.mark.timeout(240)
-@pytest.mark.parametrize("kind", list(STOPS))
-def test_a_run_stopped_mid_epoch_on_two_gloo_ranks_resumes_exactly(tmp_path, kind):
+@pytest.fixture(scope="module")
+def ddp_runs(tmp_path_factory):
+    """Every kind of stop on 2 Gloo ranks, in one job: {(kind, name): [rank 0, rank 1]}."""
     import json
 
     from distributed.helpers import check_ok, run_script, write_script
 
-    script = write_script(tmp_path, DDP_SCRIPT)
-    stop_at = 25 + 20  # 25 batches per epoch; batch 20 of epoch 1 (max_time is read every 20 batches)
-    for name, extra in (("stopped", []), ("resumed", [str(tmp_path / "ck" / "last.ckpt")])):
-        check_ok(run_script(script, str(tmp_path), name, kind, str(stop_at), *extra, timeout=100))
-    result = {name: [json.loads((tmp_path / f"{name}_rank{r}.json").read_text()) for r in (0, 1)]
-              for name in ("stopped", "resumed")}
-    # the uninterrupted run does not depend on the kind of stop (max_time's slow step changes no
-    # number): run it once for all three
-    if "straight" not in _DDP_STRAIGHT:
-        check_ok(run_script(script, str(tmp_path), "straight", kind, str(stop_at), timeout=100))
-        _DDP_STRAIGHT["straight"] = [json.loads((tmp_path / f"straight_rank{r}.json").read_text()) for r in (0, 1)]
-    result["straight"] = _DDP_STRAIGHT["straight"]
+    out = tmp_path_factory.mktemp("ddp_stops")
+    check_ok(run_script(write_script(out, DDP_SCRIPT), str(out), str(DDP_STOP_AT), *STOPS, timeout=150))
+    runs = {("none", "straight"): [json.loads((out / f"none_straight_rank{r}.json").read_text()) for r in (0, 1)]}
+    for kind in STOPS:
+        for name in ("stopped", "resumed"):
+            runs[kind, name] = [json.loads((out / f"{kind}_{name}_rank{r}.json").read_text()) for r in (0, 1)]
+    return runs
+
+
+@pytest.mark.timeout(90)  # the first one runs the job (~20 s)
+@pytest.mark.parametrize("kind", list(STOPS))
+def test_a_run_stopped_mid_epoch_on_two_gloo_ranks_resumes_exactly(ddp_runs, kind):
+    stop_at = DDP_STOP_AT
+    result = {"stopped": ddp_runs[kind, "stopped"], "resumed": ddp_runs[kind, "resumed"],
+              "straight": ddp_runs["none", "straight"]}
     assert [r["step"] for r in result["stopped"]] == [stop_at, stop_at]
     assert result["stopped"][0]["reason"] == kind
     for rank in (0, 1):

@@ -295,27 +295,35 @@ print("UNREACHABLE")
 
 def under_mpiexec(test):
     """A test that runs a script under ``mpiexec -n 2`` (skipped without MPI), bounded in time."""
-    return needs_mpi(pytest.mark.mpi(pytest.mark.timeout(120)(test)))
+    return needs_mpi(pytest.mark.mpi(pytest.mark.timeout(60)(test)))
+
+
+@pytest.fixture(scope="module")
+def one_job(tmp_path_factory) -> subprocess.CompletedProcess:
+    """The four cases below in one ``mpiexec -n 2`` job, one after the other, each in a process
+    group of its own (each ends by destroying it; the next one's prelude makes a new one)."""
+    cases = (COLLECTIVES, DDP, OVERLAP, FAILING_THREAD)
+    return _run(tmp_path_factory.mktemp("mpi_backend"), PRELUDE.join(textwrap.dedent(case) for case in cases))
 
 
 @under_mpiexec
-def test_collectives_over_fw_mpi(tmp_path):
-    _assert_ok(_run(tmp_path, COLLECTIVES), "COLLECTIVES-OK")
+def test_collectives_over_fw_mpi(one_job):
+    _assert_ok(one_job, "COLLECTIVES-OK")
 
 
 @under_mpiexec
-def test_ddp_over_fw_mpi_matches_one_process_and_no_sync(tmp_path):
-    _assert_ok(_run(tmp_path, DDP), "DDP-OK")
+def test_ddp_over_fw_mpi_matches_one_process_and_no_sync(one_job):
+    _assert_ok(one_job, "DDP-OK")
 
 
 @under_mpiexec
-def test_overlapped_all_reduce_matches_the_synchronous_one_bit_for_bit(tmp_path):
-    _assert_ok(_run(tmp_path, OVERLAP), "OVERLAP-OK")
+def test_overlapped_all_reduce_matches_the_synchronous_one_bit_for_bit(one_job):
+    _assert_ok(one_job, "OVERLAP-OK")
 
 
 @under_mpiexec
-def test_an_error_on_the_communication_thread_surfaces_in_backward_and_wait(tmp_path):
-    _assert_ok(_run(tmp_path, FAILING_THREAD), "FAILING-THREAD-OK")
+def test_an_error_on_the_communication_thread_surfaces_in_backward_and_wait(one_job):
+    _assert_ok(one_job, "FAILING-THREAD-OK")
 
 
 @under_mpiexec

@@ -95,7 +95,7 @@ def _mpirun(script: Path, *args: str, n: int = 2, timeout: int = 120) -> subproc
     return subprocess.run(cmd, env=subprocess_env(), capture_output=True, text=True, timeout=timeout)
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(60)
 def test_mpi_equivalence_exact_eval_and_rank_zero_io(tmp_path):
     (tmp_path / "exact_eval.py").write_text(EXACT_EVAL)
     script = tmp_path / "run.py"
@@ -152,7 +152,7 @@ FAIL = textwrap.dedent(
 )
 
 
-@pytest.mark.timeout(90)
+@pytest.mark.timeout(45)
 def test_fw_env_reports_mpi_library_and_ranks(tmp_path):
     proc = subprocess.run([mpiexec(), "-n", "2", sys.executable, "-m", "framework.cli", "env"], cwd=ROOT,
                           env=subprocess_env(), capture_output=True, text=True, timeout=60)
@@ -180,7 +180,7 @@ OUTSIDE = textwrap.dedent(
 )
 
 
-@pytest.mark.timeout(90)
+@pytest.mark.timeout(45)
 @pytest.mark.parametrize("body,message", [
     (FAIL, "ValueError: rank 1 failed at batch 3"),  # inside the loop: the strategy aborts
     (OUTSIDE, "RuntimeError: rank 1 failed between fit and validate"),  # outside: the excepthook does
@@ -200,7 +200,7 @@ def test_a_failing_rank_ends_the_mpi_job_within_seconds(tmp_path, body, message)
 
 
 @needs_mpi
-@pytest.mark.timeout(90)
+@pytest.mark.timeout(45)
 def test_a_rank_that_stops_answering_ends_the_mpi_job_after_the_timeout(tmp_path):
     """MPI collectives have no timeout: the group's watchdog says what it waits for, then aborts."""
     script = tmp_path / "stopped.py"

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from distributed.helpers import PYTHON, _descendants, _kill_tree, check_ok, clean_env, run_script, write_script
+import forked
+from distributed.helpers import PYTHON, _descendants, _kill_tree, check_ok, clean_env, write_script
 
 SCRIPT = """
 import json, os, sys, time
@@ -73,32 +74,34 @@ def _finish(proc: subprocess.Popen, timeout: float = 60) -> str:
     return out
 
 
-#: the uninterrupted run is the same whichever signal stops the other: run once per world size
-_STRAIGHT: dict[int, list[dict]] = {}
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory) -> dict[int, list[dict]]:
+    """The uninterrupted run, per world size (1, 2): the same whichever signal stops the other.
+    No launcher is under test in it, nor in the resumed runs: their ranks are forked from this
+    process (tests/forked.py); the stopped runs are real, signals and launcher included."""
+    out = tmp_path_factory.mktemp("straight")
+    script = write_script(out, SCRIPT)
+    runs = {}
+    for devices in (1, 2):
+        check_ok(forked.run_script(script, str(out), "straight", str(devices), nprocs=devices, timeout=30))
+        runs[devices] = [json.loads((out / f"straight_rank{rank}.json").read_text()) for rank in range(devices)]
+    return runs
 
 
-def _straight(script: Path, out: Path, devices: int) -> list[dict]:
-    if devices not in _STRAIGHT:
-        check_ok(run_script(script, str(out), "straight", str(devices), launcher="python", timeout=90))
-        _STRAIGHT[devices] = [json.loads((out / f"straight_rank{rank}.json").read_text()) for rank in range(devices)]
-    return _STRAIGHT[devices]
-
-
-def _check_resumes_exactly(script: Path, out: Path, devices: int, output: str) -> None:
+def _check_resumes_exactly(script: Path, out: Path, devices: int, output: str, straight: list[dict]) -> None:
     checkpoint = out / "root" / "preempted.ckpt"
     assert checkpoint.is_file(), output
     assert f"resume with ckpt_path={checkpoint}" in output, output
     assert "Traceback" not in output, output
-    straight = _straight(script, out, devices)
-    check_ok(run_script(script, str(out), "resumed", str(devices), str(checkpoint), launcher="python", timeout=90))
+    check_ok(forked.run_script(script, str(out), "resumed", str(devices), str(checkpoint), nprocs=devices, timeout=30))
     for rank in range(devices):
         resumed = json.loads((out / f"resumed_rank{rank}.json").read_text())
         assert resumed == straight[rank], f"rank {rank}"
 
 
-@pytest.mark.timeout(200)
+@pytest.mark.timeout(60)
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1, signal.SIGINT], ids=lambda s: s.name)
-def test_a_signal_to_a_single_process_stops_it_with_a_checkpoint(tmp_path, sig):
+def test_a_signal_to_a_single_process_stops_it_with_a_checkpoint(tmp_path, sig, straight):
     script = write_script(tmp_path, SCRIPT)
     proc = _start(script, tmp_path, 1)
     _wait_for(tmp_path / "started", proc)
@@ -107,14 +110,14 @@ def test_a_signal_to_a_single_process_stops_it_with_a_checkpoint(tmp_path, sig):
     assert proc.returncode == 0, output
     assert f"fw: rank 0 received {sig.name}: stopping after this step" in output
     assert f"fw: stopped by {sig.name} at step" in output
-    _check_resumes_exactly(script, tmp_path, 1, output)
+    _check_resumes_exactly(script, tmp_path, 1, output, straight[1])
 
 
-@pytest.mark.timeout(200)
+@pytest.mark.timeout(60)
 @pytest.mark.parametrize("target,sig", [("launcher", signal.SIGTERM), ("launcher", signal.SIGUSR1), ("launcher", signal.SIGINT),
                                         ("worker", signal.SIGUSR1)],
                          ids=lambda v: v if isinstance(v, str) else v.name)
-def test_a_signal_to_the_launcher_or_a_worker_stops_every_rank_with_a_checkpoint(tmp_path, target, sig):
+def test_a_signal_to_the_launcher_or_a_worker_stops_every_rank_with_a_checkpoint(tmp_path, target, sig, straight):
     script = write_script(tmp_path, SCRIPT)
     proc = _start(script, tmp_path, 2)
     _wait_for(tmp_path / "started", proc)
@@ -123,10 +126,10 @@ def test_a_signal_to_the_launcher_or_a_worker_stops_every_rank_with_a_checkpoint
     output = _finish(proc)
     assert proc.returncode == 0, output
     assert f"received {sig.name}" in output, output
-    _check_resumes_exactly(script, tmp_path, 2, output)
+    _check_resumes_exactly(script, tmp_path, 2, output, straight[2])
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(45)
 def test_no_worker_outlives_its_launcher(tmp_path):
     script = write_script(tmp_path, SCRIPT)
     proc = _start(script, tmp_path, 2)
@@ -216,7 +219,7 @@ trainer.fit(Slow(), DataLoader(workload.regression_data(256), batch_size=4))
 """
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(45)
 def test_with_slow_steps_the_ranks_agree_to_stop_within_seconds_not_twenty_batches(tmp_path):
     """The joint stop check runs at least every ~5 s of training (StopCheck.TARGET_S), so a
     signal is acted on well within the 30 s a launcher waits before SIGKILL."""

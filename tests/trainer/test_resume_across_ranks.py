@@ -14,7 +14,8 @@ import re
 import pytest
 import torch
 from distributed import workload
-from distributed.helpers import check_ok, run_script, write_script
+from distributed.helpers import check_ok, write_script
+from forked import run_script
 from torch.utils.data import DataLoader
 
 import framework as fw
@@ -75,12 +76,12 @@ def _one_line_refusal(err: BaseException, saved: str, now: int) -> str:
     return text
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(60)
 def test_a_checkpoint_resumes_on_another_number_of_ranks_only_from_an_epoch_end(tmp_path, capsys):
     one_rank_mid = tmp_path / "one_rank_mid.ckpt"
     stopped, _ = _fit_one_process(max_steps=3)
     stopped.save_checkpoint(one_rank_mid)
-    check_ok(run_script(write_script(tmp_path, SCRIPT), str(tmp_path), str(one_rank_mid), str(B), timeout=120))
+    check_ok(run_script(write_script(tmp_path, SCRIPT), str(tmp_path), str(one_rank_mid), str(B), nprocs=2, timeout=60))
 
     # 1 rank's mid-epoch position refused on 2 ranks, by both
     for rank in (0, 1):

@@ -15,7 +15,8 @@ from toy import QUIET, DropoutMLP, LinearModel, loader, regression_data
 
 import framework as fw
 
-from distributed.helpers import check_ok, run_script, write_script
+from distributed.helpers import check_ok, write_script
+from forked import run_script
 
 
 def process_settings() -> dict:
@@ -103,11 +104,11 @@ with open(f"{out}/{which}_rank{rank}.json", "w") as f:
 """
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(60)
 def test_two_trainers_under_ddp_behave_as_if_each_ran_alone(tmp_path):
     script = write_script(tmp_path, SCRIPT)
-    check_ok(run_script(script, str(tmp_path), "alone", timeout=80))
-    check_ok(run_script(script, str(tmp_path), "both", timeout=80))
+    check_ok(run_script(script, str(tmp_path), "alone", nprocs=2, timeout=30))
+    check_ok(run_script(script, str(tmp_path), "both", nprocs=2, timeout=30))
     for rank in (0, 1):
         alone = json.loads((tmp_path / f"alone_rank{rank}.json").read_text())
         both = json.loads((tmp_path / f"both_rank{rank}.json").read_text())

@@ -69,7 +69,7 @@ def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 60) -> None:
         time.sleep(0.02)
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(45)
 @pytest.mark.parametrize("first, second", [(signal.SIGTERM, signal.SIGTERM), (signal.SIGUSR1, signal.SIGTERM),
                                            (signal.SIGINT, signal.SIGINT)], ids=lambda s: s.name)
 def test_a_second_signal_during_the_checkpoint_write(tmp_path, first, second):

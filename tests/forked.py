@@ -1,0 +1,207 @@
+"""Running a case in forked copies of the test process, where no launcher is under test.
+
+A fresh interpreter pays 2.5-4 s for ``import torch`` (more with scikit-learn or Lightning)
+before it does anything; a copy made with ``os.fork`` has all of that imported already and
+starts in milliseconds. The copy runs the real code in a process of its own, so nothing it
+changes reaches the test process or the next case:
+
+- ``fw_command``: ``fw ARGS`` as the installed command runs it (``framework.cli.main``);
+- ``run_script``: ``python script.py ARGS``, in one process or as the ranks of one job, which
+  find each other from the variables torchrun gives its workers (``RANK``, ``MASTER_PORT``, ...).
+
+What a launcher does (fw's, torchrun, mpiexec, srun, the signals sent to them) is still tested
+with real processes (tests/distributed/helpers.py), and so is what a warning looks like on
+stderr: a copy records warnings where pytest records them. A test that uses these starts
+processes: tests/tiers.py marks it ``procs`` (``os.fork`` below), guards.py watches the forks.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import importlib.util
+import io
+import os
+import runpy
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+
+FW = str(Path(sys.executable).parent / "fw")
+REPO = Path(__file__).resolve().parents[1]
+#: imported by a first ``fw fit`` (the digits recipe's data, torchmetrics, the torch.compile parts
+#: that an optimizer's constructor imports): seconds that every forked copy would pay again
+WARM = ("torch._dynamo", "torchmetrics", "sklearn.datasets", "recipes.digits", "framework.loggers.tensorboard")
+#: after the first rank fails, how long the others have to end before they are killed (a
+#: launcher stops them; in a collective they would wait for the strategy's timeout)
+GRACE_S = 10.0
+
+
+def fw_command(*args: str, cwd: str | Path, env: dict[str, str], timeout: float = 60) -> subprocess.CompletedProcess:
+    """``fw ARGS`` in ``cwd`` with the environment ``env``, as the installed command runs it
+    (``sys.exit(framework.cli.main())``), in a forked copy of this process: its return code,
+    stdout and stderr."""
+    _import_what_commands_import()
+
+    def command() -> int:
+        from framework.cli import main
+
+        _enter(cwd, env, [FW, *args])
+        return main()
+
+    (done,) = _run_forked([command], timeout)
+    return done
+
+
+def run_script(script: Path, *args: str, nprocs: int = 1, timeout: float = 60, env: dict[str, str] | None = None,
+               cwd: str | Path = REPO):
+    """``python script ARGS`` in ``cwd`` (the repository's root unless given) in ``nprocs`` forked
+    copies of this process: one plain process, or the ranks of one job. These get what torchrun gives its
+    workers: the variables (``RANK``, ``MASTER_PORT``, ``TORCHELASTIC_USE_AGENT_STORE``, one
+    thread each) and the agent's store, which this process hosts. Returns ``helpers.Result`` as
+    ``helpers.run_script`` does, the ranks' output one after the other."""
+    import torch.distributed as dist
+
+    from distributed.helpers import Result, clean_env
+
+    _import_what_commands_import()
+    base = clean_env() if env is None else env
+    agent = dist.TCPStore("127.0.0.1", 0, nprocs, is_master=True, wait_for_workers=False) if nprocs > 1 else None
+    job = {} if agent is None else {
+        "WORLD_SIZE": str(nprocs), "LOCAL_WORLD_SIZE": str(nprocs), "GROUP_RANK": "0", "GROUP_WORLD_SIZE": "1",
+        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(agent.port), "OMP_NUM_THREADS": "1",
+        "TORCHELASTIC_RUN_ID": "forked", "TORCHELASTIC_USE_AGENT_STORE": "True", "TORCHELASTIC_RESTART_COUNT": "0",
+        "TORCHELASTIC_MAX_RESTARTS": "0"}  # fmt: skip
+
+    def rank(number: int) -> Callable[[], None]:
+        def run() -> None:
+            ranked = {"RANK": str(number), "LOCAL_RANK": str(number)} if job else {}
+            _enter(cwd, {**base, **job, **ranked}, [str(script), *args])
+            sys.path.insert(0, str(Path(script).parent))  # as `python script.py` does
+            runpy.run_path(str(script), run_name="__main__")
+
+        return run
+
+    start = time.monotonic()
+    try:
+        done = _run_forked([rank(n) for n in range(nprocs)], timeout)
+    finally:
+        del agent  # the store's server stops with its last reference
+    code = next((d.returncode for d in done if d.returncode != 0), 0)
+    return Result(code, "".join(d.stdout + d.stderr for d in done), time.monotonic() - start)
+
+
+@functools.cache
+def _import_what_commands_import() -> None:
+    for name in WARM:
+        importlib.import_module(name)
+    if importlib.util.find_spec("pytorch_lightning") is not None:  # the scripts that compare with it
+        importlib.import_module("pytorch_lightning")
+
+
+def _enter(cwd: str | Path, env: dict[str, str], argv: list[str]) -> None:
+    os.chdir(cwd)
+    os.environ.clear()
+    os.environ.update(env)
+    sys.argv = argv
+
+
+def _run_forked(bodies: list[Callable[[], int | None]], timeout: float) -> list[subprocess.CompletedProcess]:
+    """Fork one child per body; each runs it with stdout and stderr going to files of its own,
+    as a fresh interpreter would (an uncaught exception prints its traceback and exits 1)."""
+    with tempfile.TemporaryDirectory(prefix="fw-forked-") as out:
+        paths = [[os.path.join(out, f"{i}.{name}") for name in ("stdout", "stderr")] for i in range(len(bodies))]
+        for path in (p for pair in paths for p in pair):
+            open(path, "w").close()
+        statuses: dict[int, int] = {}
+        pids = []
+        try:
+            for body, pair in zip(bodies, paths, strict=True):
+                pid = os.fork()
+                if pid == 0:  # the child: never returns into pytest
+                    code = 1
+                    try:
+                        _as_a_fresh_process(pair)
+                        code = _exit_code(body)
+                    finally:
+                        os._exit(code)
+                pids.append(pid)
+            _wait(pids, statuses, timeout)
+        finally:  # what is still running (a timeout, or pytest-timeout interrupting) is killed
+            running = [pid for pid in pids if pid not in statuses]
+            for pid in running:
+                os.kill(pid, signal.SIGKILL)
+                statuses[pid] = os.waitpid(pid, 0)[1]
+        outputs = [[Path(p).read_text() for p in pair] for pair in paths]
+    codes = [os.waitstatus_to_exitcode(statuses[pid]) for pid in pids]
+    if running and all(c in (0, -signal.SIGKILL) for c in codes):
+        text = "".join(o + e for o, e in outputs)
+        raise AssertionError(f"the forked process(es) did not finish within {timeout} s:\n{text}")
+    return [subprocess.CompletedProcess([], c, o, e) for c, (o, e) in zip(codes, outputs, strict=True)]
+
+
+def _as_a_fresh_process(paths: list[str]) -> None:
+    """What pytest set up for the test process is not the child's: its own stdout and stderr
+    (pytest captures both, the file descriptors and ``sys.stdout``/``sys.stderr``; a logging
+    handler made before the fork, fw's own, writes to the new ones too) and the default signal
+    handlers. One thread for torch: GNU OpenMP's thread pool does not survive a fork (a copy
+    that runs a parallel region on more threads hangs there), and torchrun's workers have one
+    each too."""
+    import logging
+
+    import torch
+
+    torch.set_num_threads(1)
+
+    old = {id(sys.stdout): 1, id(sys.stderr): 2, id(sys.__stdout__): 1, id(sys.__stderr__): 2}
+    streams = {}
+    for fd, path in zip((1, 2), paths, strict=True):
+        file = os.open(path, os.O_WRONLY | os.O_APPEND)
+        os.dup2(file, fd)
+        os.close(file)
+        streams[fd] = io.TextIOWrapper(io.FileIO(fd, "w", closefd=False), line_buffering=True)
+    sys.stdout = sys.__stdout__ = streams[1]
+    sys.stderr = sys.__stderr__ = streams[2]
+    loggers = [logging.getLogger(), *logging.Logger.manager.loggerDict.values()]
+    for handler in (h for log in loggers for h in getattr(log, "handlers", [])):
+        if isinstance(handler, logging.StreamHandler) and id(handler.stream) in old:
+            handler.setStream(streams[old[id(handler.stream)]])
+    for signum in (signal.SIGTERM, signal.SIGUSR1, signal.SIGALRM):
+        signal.signal(signum, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def _exit_code(body: Callable[[], int | None]) -> int:
+    try:
+        code = body()
+    except SystemExit as stop:
+        code = stop.code
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    if code is None or isinstance(code, int):
+        return code or 0
+    print(code, file=sys.stderr, flush=True)  # sys.exit("message"), as the interpreter does
+    return 1
+
+
+def _wait(pids: list[int], statuses: dict[int, int], timeout: float) -> None:
+    """Collect the children's wait statuses, for ``timeout`` s at most, or ``GRACE_S`` after one
+    of them failed."""
+    deadline = time.monotonic() + timeout
+    while len(statuses) < len(pids) and time.monotonic() < deadline:
+        for pid in (p for p in pids if p not in statuses):
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                statuses[pid] = status
+                if os.waitstatus_to_exitcode(status) != 0:
+                    deadline = min(deadline, time.monotonic() + GRACE_S)
+        time.sleep(0.01)
