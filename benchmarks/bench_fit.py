@@ -158,6 +158,7 @@ def profile(sides: dict, rank: int, world: int) -> None:
         stats = pstats.Stats(profiler, stream=sys.stdout)
         stats.sort_stats("cumulative").print_stats(40)
         stats.sort_stats("tottime").print_stats(25)
+        stats.print_callers("distributed_c10d.py.*(all_reduce|broadcast|barrier|all_gather|all_gather_object|broadcast_object_list)$")
 
 
 def report(times: dict[str, list[float]], args, world: int) -> None:

@@ -57,7 +57,7 @@ def _run(trainer_cls, base) -> tuple[dict, dict]:
     return after_fit, {k: float(v) for k, v in trainer.logged_metrics.items()}
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(30)
 def test_logged_metrics_are_what_lightning_logs():
     ours, theirs = _run(fw.Trainer, fw.TrainModule), _run(pl.Trainer, pl.LightningModule)
     for mine, lightning in zip(ours, theirs, strict=True):

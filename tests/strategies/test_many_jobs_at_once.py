@@ -29,7 +29,7 @@ if __name__ == "__main__":  # ddp_spawn's workers import this file
 
 
 @pytest.mark.procs
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(150)
 def test_four_two_rank_jobs_started_at_once_all_train(tmp_path):
     script = write_script(tmp_path, SCRIPT)
     strategies = ["ddp", "ddp", "ddp_spawn", "ddp_spawn"]
