@@ -61,10 +61,12 @@ class Heartbeat:
     # -- the thread ---------------------------------------------------------------------------
     def _run(self, address: tuple[str, int], run: str) -> None:
         rank, size = self.run.strategy.global_rank, self.run.strategy.world_size
-        try:
-            store = dist.TCPStore(*address, is_master=False, timeout=datetime.timedelta(seconds=self.beat_every))
+        try:  # a short connect: the run's teardown waits for this thread (a stalled connect held
+            # a 1-step fit for 5 s once in 20 under torchrun); then the beats' own timeout
+            store = dist.TCPStore(*address, is_master=False, timeout=datetime.timedelta(seconds=min(1.0, self.beat_every)))
+            store.set_timeout(datetime.timedelta(seconds=self.beat_every))
         except (RuntimeError, dist.DistError):
-            return  # the store is gone already: the run is over or failing on its own
+            return  # the store is gone already, or does not answer: the run is over or failing on its own
         keys = [f"fw/heartbeat/{run}/{r}" for r in range(size)]
         beats, last_progress, still_since, next_report = 0, None, time.monotonic(), self.report_every
         seen: dict[int, tuple[str, float]] = {}  # rank -> (its last beat, when that changed)
