@@ -78,21 +78,27 @@ def resolve_loggers(logger: Any) -> list:
 
 
 # -- set-up ---------------------------------------------------------------------------------------
-def setup(trainer: Trainer, fn: str, model: TrainModule, datamodule: DataModule | None, loaders: dict,
-          ckpt_path: Any) -> tuple[Run, str | None]:
-    """The call's ``Run``: process group, data, loggers, hooks, the wrapped model and (for fit)
-    the optimisers; and the checkpoint to start from (see ``checkpointing.resolve_path``): a
-    resumed run logs into the version folder its checkpoint came from."""
-    strategy, settings = trainer.strategy, trainer.settings
+def new_run(trainer: Trainer, fn: str, model: TrainModule, datamodule: DataModule | None) -> Run:
+    """The call's ``Run``, with the process settings it asks for applied: from here on
+    ``teardown`` releases what set-up takes, whatever fails."""
     _refuse_hooks_fw_does_not_call(model)
     callbacks = _with_model_callbacks(trainer.callbacks, model)
-    run = Run(fn=fn, trainer=trainer, settings=settings, strategy=strategy, accelerator=trainer.accelerator,
-              precision=trainer.precision, state=trainer.state, metrics=LoggedMetrics(), loggers=trainer.loggers,
-              callbacks=callbacks, module=model, hooks=HookDispatcher(callbacks, trainer, model),
-              datamodule=datamodule)
+    run = Run(fn=fn, trainer=trainer, settings=trainer.settings, strategy=trainer.strategy,
+              accelerator=trainer.accelerator, precision=trainer.precision, state=trainer.state,
+              metrics=LoggedMetrics(), loggers=trainer.loggers, callbacks=callbacks, module=model,
+              hooks=HookDispatcher(callbacks, trainer, model), datamodule=datamodule)
     trainer.callbacks = run.callbacks  # configure_callbacks() replaces them for good, as in Lightning
     trainer.run = run
-    run.process_settings = _apply_process_settings(settings)
+    run.process_settings = _apply_process_settings(trainer.settings)
+    return run
+
+
+def setup(run: Run, loaders: dict, ckpt_path: Any) -> str | None:
+    """Process group, data, loggers, the wrapped model and (for fit) the optimisers; returns the
+    checkpoint to start from (see ``checkpointing.resolve_path``): a resumed run logs into the
+    version folder its checkpoint came from."""
+    fn, trainer, model, datamodule = run.fn, run.trainer, run.module, run.datamodule
+    strategy, settings = run.strategy, run.settings
     strategy.setup_environment()
     model.trainer = trainer
     if strategy.local_rank == 0:  # downloads and files: once per node
@@ -123,7 +129,7 @@ def setup(trainer: Trainer, fn: str, model: TrainModule, datamodule: DataModule 
         if model.automatic_optimization:
             check_one_optimizer(run.optimizers)
     note_differences(run, resume_path)
-    return run, resume_path
+    return resume_path
 
 
 #: Lightning hooks fw does not call, with what to do instead: an override is refused, never ignored

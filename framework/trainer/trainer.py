@@ -207,7 +207,8 @@ class Trainer(TrainerProperties):
         failed = False
         signals = None  # the fit's stop-signal handlers (trainer/preemption.py), once the ranks are known
         try:
-            run, resume_path = setup.setup(self, fn, model, call.datamodule, call.loaders, call.ckpt_path)
+            run = setup.new_run(self, fn, model, call.datamodule)
+            resume_path = setup.setup(run, call.loaders, call.ckpt_path)
             run.return_predictions = call.return_predictions
             checkpointing.restore(run, resume_path)
             setup.print_summary(run)
@@ -233,8 +234,8 @@ class Trainer(TrainerProperties):
             state.status = "interrupted"
             if run is not None:
                 run.hooks.callbacks("on_exception", exc)
-            if run is not None and run.datamodule is not None:
-                run.datamodule.on_exception(exc)
+                if run.datamodule is not None:
+                    run.datamodule.on_exception(exc)
             record_worker_error(exc)
             self.strategy.on_exception(exc)
             raise

@@ -113,3 +113,17 @@ def test_two_trainers_under_ddp_behave_as_if_each_ran_alone(tmp_path):
         alone = json.loads((tmp_path / f"alone_rank{rank}.json").read_text())
         both = json.loads((tmp_path / f"both_rank{rank}.json").read_text())
         assert alone == both, f"rank {rank}: the second Trainer trained differently after the first"
+
+
+def test_a_run_whose_set_up_fails_still_puts_the_process_settings_back(tmp_path):
+    class FailsToPrepare(LinearModel):
+        def prepare_data(self):
+            raise RuntimeError("download failed")
+
+    data = loader(regression_data(8), batch_size=4)
+    fw.Trainer(**{**QUIET, "max_epochs": 1}).fit(LinearModel(), data)  # torch's once-per-process set-up
+    before = process_settings()
+    trainer = fw.Trainer(**{**QUIET, "deterministic": True, "default_root_dir": str(tmp_path)})
+    with pytest.raises(RuntimeError, match="download failed"):
+        trainer.fit(FailsToPrepare(), data)
+    assert process_settings() == before
