@@ -50,6 +50,11 @@ def atomic_save(obj: Any, path: str | os.PathLike) -> None:
         os.close(dir_fd)
 
 
+def ranks_that_wrote(checkpoint: dict) -> int:
+    """How many ranks wrote ``checkpoint`` (its ``world_size``; older files: one RNG state each)."""
+    return int(checkpoint.get("world_size") or len(checkpoint.get("rng") or ()) or 1)
+
+
 def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu") -> dict:
     """Read a checkpoint written by fw; a missing, corrupt or truncated file is a CheckpointError
     and the file is left untouched."""

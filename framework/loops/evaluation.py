@@ -119,4 +119,4 @@ def log_epoch_metrics(run: Run, collector: MetricCollector) -> None:
     metrics = {k: float(v) for k, v in collector.epoch_values.items()   # the ``x_epoch`` names, not the
                if v.numel() == 1 and collector.epoch_flags.get(k, (False, False))[1]}  # plain ``x`` alias
     if metrics:
-        run.log_metrics({**metrics, "epoch": run.state.epoch}, run.state.logger_step)
+        run.trainer.log_metrics({**metrics, "epoch": run.state.epoch}, run.state.logger_step)

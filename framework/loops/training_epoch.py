@@ -211,4 +211,4 @@ def _log_step_metrics(run: Run, collector: MetricCollector) -> None:
     metrics = {k: float(v) for k, v in collector.step_values_for("logger").items()}
     collector.step_dirty = False
     if metrics:
-        run.log_metrics({**metrics, "epoch": run.state.epoch}, run.state.logger_step)
+        run.trainer.log_metrics({**metrics, "epoch": run.state.epoch}, run.state.logger_step)

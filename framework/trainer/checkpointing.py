@@ -166,8 +166,7 @@ def restore(run: Run, ckpt_path: str | None) -> None:
     parts = parts_of(run, for_fit=fn == "fit", path=ckpt_path, on_read=on_read, resumed=mine)
     checkpoint = run.strategy.load_checkpoint(ckpt_path, parts)
     if fn == "fit":
-        ranks = int(checkpoint.get("world_size") or len(checkpoint["rng"]))
-        state.position.resume_from = resume_point(run, mine, ranks)
+        state.position.resume_from = resume_point(run, mine, ckpt.ranks_that_wrote(checkpoint))
 
 
 _fits_in_this_process = 0

@@ -70,8 +70,9 @@ class CheckpointParts:
         return checkpoint
 
     def load(self, checkpoint: dict[str, Any], rank: int) -> None:
-        """Every part from ``checkpoint``, in order; a per-rank part from ``rank``'s entry (rank
-        0's when the file has fewer ranks: the caller says so). A part the file lacks stays."""
+        """Every part from ``checkpoint``, in order; a per-rank part from ``rank``'s entry (the
+        caller passes 0 for a file written by another number of ranks, and says so). A part the
+        file lacks stays as it is."""
         for key, part in self.shared.items():
             if isinstance(part, OnLoad):
                 part(checkpoint)
@@ -80,7 +81,7 @@ class CheckpointParts:
         for key, part in self.per_rank.items():
             states = checkpoint.get(key) or []
             if states:
-                part.load_state_dict(states[rank] if rank < len(states) else states[0])
+                part.load_state_dict(states[rank])
 
 
 # -- fw's pieces as parts ------------------------------------------------------------------------

@@ -28,6 +28,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from framework.checkpoint import ranks_that_wrote
 from framework.data.sampler_injection import iterate_after
 from framework.errors import CheckpointError
 from framework.rank_zero import rank_zero_warn
@@ -225,7 +226,7 @@ def check_position_carries_over(run: Run, checkpoint: dict, path: str) -> None:
     batches, epoch = int(loop.get("batches_done") or 0), loop.get("epoch")
     if loop.get("epoch_finished", True) or batches == 0:
         return  # at an epoch boundary: the next epoch's order does not depend on the ranks
-    saved_ranks = int(checkpoint.get("world_size") or len(checkpoint.get("rng") or ()) or 1)
+    saved_ranks = ranks_that_wrote(checkpoint)
     where = f"ckpt_path '{path}': the checkpoint stopped mid-epoch (epoch {epoch}, after {batches} batches per rank)"
     why = "the data position cannot be mapped exactly (samples would be trained twice or skipped)"
     if saved_ranks != run.strategy.world_size:

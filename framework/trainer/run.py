@@ -86,13 +86,6 @@ class Run:
     process_settings: tuple[Any, ...] | None = None
     stop_check: StopCheck | None = None
 
-    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
-        """Send ``metrics`` to every logger (rank 0 only; other ranks do nothing)."""
-        if not self.strategy.is_global_zero or not metrics:
-            return
-        for lg in self.loggers:
-            lg.log_metrics(metrics, step)
-
 
 @dataclass(frozen=True)
 class Call:
