@@ -14,8 +14,6 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from framework.loops.hooks import HookDispatcher
-from framework.trainer.metrics import LoggedMetrics
 from framework.trainer.run import Run
 
 if TYPE_CHECKING:
@@ -69,9 +67,7 @@ class Outcome:
         state.stop_reason, state.status = self.stop_reason, self.status
         for cb, (best, score, last) in zip(trainer.checkpoint_callbacks, self.checkpoints, strict=True):
             cb.best_model_path, cb.best_model_score, cb.last_model_path = best, score, last
-        trainer.run = Run(fn=self.fn, trainer=trainer, settings=trainer.settings, strategy=trainer.strategy,
-                          accelerator=trainer.accelerator, precision=trainer.precision, state=state,
-                          metrics=LoggedMetrics(), loggers=trainer.loggers, callbacks=trainer.callbacks,
-                          module=model, hooks=HookDispatcher(trainer.callbacks, trainer, model), log_dir=self.log_dir)
+        trainer.run = Run.of(trainer, self.fn, model, trainer.callbacks)
+        trainer.run.log_dir = self.log_dir
         trainer.run.metrics.take_values(self.callback_metrics, self.progress_bar, self.logged)
         return self.output

@@ -17,19 +17,19 @@ from typing import TYPE_CHECKING, Any
 
 from framework.data import DataModule
 from framework.errors import ConfigError
+from framework.loops.hooks import HookDispatcher
+from framework.trainer.metrics import LoggedMetrics
 
 if TYPE_CHECKING:
     from framework.accelerators import Accelerator
     from framework.callbacks.base import Callback
     from framework.data.run_loaders import LoaderSource
     from framework.loggers.base import Logger
-    from framework.loops.hooks import HookDispatcher
     from framework.loops.manual import ManualOptimization
     from framework.module import TrainModule
     from framework.optim import LRSchedulerConfig
     from framework.precision import Precision
     from framework.strategies import Strategy
-    from framework.trainer.metrics import LoggedMetrics
     from framework.trainer.preemption import StopCheck
     from framework.trainer.settings import Settings
     from framework.trainer.state import RunState
@@ -85,6 +85,16 @@ class Run:
     log_dir: str | None = None
     process_settings: tuple[Any, ...] | None = None
     stop_check: StopCheck | None = None
+
+    @classmethod
+    def of(cls, trainer: Trainer, fn: str, module: TrainModule, callbacks: list[Callback],
+           datamodule: DataModule | None = None) -> Run:
+        """A new call's Run: the Trainer's shared parts, a hook dispatcher over ``callbacks``, no
+        metrics yet."""
+        return cls(fn=fn, trainer=trainer, settings=trainer.settings, strategy=trainer.strategy,
+                   accelerator=trainer.accelerator, precision=trainer.precision, state=trainer.state,
+                   metrics=LoggedMetrics(), loggers=trainer.loggers, callbacks=callbacks, module=module,
+                   hooks=HookDispatcher(callbacks, trainer, module), datamodule=datamodule)
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from framework.checkpoint import check_writable_on_every_rank, plain_hparams
 from framework.data import DataModule
 from framework.data.run_loaders import LOADER_METHODS, LoaderSource
 from framework.errors import ConfigError
-from framework.loops.hooks import HookDispatcher, overrides
+from framework.loops.hooks import overrides
 from framework.loops.optimization import check_one_optimizer
 from framework.module import TrainModule
 from framework.optim import parse_optimizers
@@ -28,7 +28,6 @@ from framework.seed import sampler_seed
 from framework.trainer import arguments as args
 from framework.trainer import checkpointing
 from framework.trainer.differences import note_differences
-from framework.trainer.metrics import LoggedMetrics
 from framework.trainer.run import Run
 
 if TYPE_CHECKING:
@@ -83,10 +82,7 @@ def new_run(trainer: Trainer, fn: str, model: TrainModule, datamodule: DataModul
     ``teardown`` releases what set-up takes, whatever fails."""
     _refuse_hooks_fw_does_not_call(model)
     callbacks = _with_model_callbacks(trainer.callbacks, model)
-    run = Run(fn=fn, trainer=trainer, settings=trainer.settings, strategy=trainer.strategy,
-              accelerator=trainer.accelerator, precision=trainer.precision, state=trainer.state,
-              metrics=LoggedMetrics(), loggers=trainer.loggers, callbacks=callbacks, module=model,
-              hooks=HookDispatcher(callbacks, trainer, model), datamodule=datamodule)
+    run = Run.of(trainer, fn, model, callbacks, datamodule)
     trainer.callbacks = run.callbacks  # configure_callbacks() replaces them for good, as in Lightning
     trainer.run = run
     run.process_settings = _apply_process_settings(trainer.settings)
