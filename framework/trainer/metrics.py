@@ -38,8 +38,7 @@ class LoggedMetrics:
         self.collector = MetricCollector("train", self.current_batch_size)
         self.training = self.collector  # this training epoch's, also while an evaluation runs
         self.epoch_values: dict[str, torch.Tensor] = {}
-        self.prog_bar_keys: dict[str, bool] = {}  # epoch metric -> shown in the progress bar
-        self.logger_keys: dict[str, bool] = {}  # epoch metric -> sent to the loggers
+        self.epoch_flags: dict[str, tuple[bool, bool]] = {}  # epoch metric -> (progress bar, loggers)
         self._callback_metrics: dict[str, torch.Tensor] = {}
 
     def current_batch_size(self) -> int:
@@ -90,19 +89,18 @@ class LoggedMetrics:
         if not keep:
             yield
             return
-        saved = dict(self.epoch_values), dict(self.prog_bar_keys), dict(self.logger_keys), dict(self._callback_metrics)
+        saved = dict(self.epoch_values), dict(self.epoch_flags), dict(self._callback_metrics)
         try:
             yield
         finally:
-            self.epoch_values, self.prog_bar_keys, self.logger_keys = saved[0], saved[1], saved[2]
+            self.epoch_values, self.epoch_flags = saved[0], saved[1]
             self._callback_metrics.clear()
-            self._callback_metrics.update(saved[3])
+            self._callback_metrics.update(saved[2])
 
     def record_epoch(self, collector: MetricCollector) -> None:
         """Keep ``collector``'s epoch aggregates as the run's latest values."""
         self.epoch_values.update(collector.epoch_values)
-        self.prog_bar_keys.update({k: flags[0] for k, flags in collector.epoch_flags.items()})
-        self.logger_keys.update({k: flags[1] for k, flags in collector.epoch_flags.items()})
+        self.epoch_flags.update(collector.epoch_flags)
 
     def take_values(self, values: dict[str, torch.Tensor], prog_bar: set[str], logged: set[str]) -> None:
         """Hold ``values`` as the latest metrics (the results of a run made in other
@@ -110,8 +108,7 @@ class LoggedMetrics:
         ``logged`` of them what the loggers were sent."""
         self.collector = self.training = MetricCollector("train", self.current_batch_size)
         self.epoch_values = dict(values)
-        self.prog_bar_keys = {k: k in prog_bar for k in values}
-        self.logger_keys = {k: k in logged for k in values}
+        self.epoch_flags = {k: (k in prog_bar, k in logged) for k in values}
         self._callback_metrics.clear()
 
     @property
@@ -130,11 +127,11 @@ class LoggedMetrics:
         """The latest values logged with ``logger=True`` (step values under ``x_step``, epoch
         values under ``x_epoch`` when both were asked for), as Lightning's ``logged_metrics``."""
         values = self.collector.step_values_for("logger")
-        values.update({k: v for k, v in self.epoch_values.items() if self.logger_keys.get(k)})
+        values.update({k: v for k, v in self.epoch_values.items() if self.epoch_flags.get(k, (False, False))[1]})
         return values
 
     @property
     def progress_bar_metrics(self) -> dict[str, float]:
         values = self.collector.step_values_for("prog_bar")
-        values.update({k: v for k, v in self.epoch_values.items() if self.prog_bar_keys.get(k)})
+        values.update({k: v for k, v in self.epoch_values.items() if self.epoch_flags.get(k, (False, False))[0]})
         return {k: float(v) for k, v in values.items() if v.numel() == 1}

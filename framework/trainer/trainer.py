@@ -110,7 +110,7 @@ class Trainer(TrainerProperties):
         self.strategy.connect(self.accelerator, self._dist_info(), self.devices)
         self.strategy.sync_batchnorm = self.settings.sync_batchnorm
         self.launcher = self.strategy.launcher(self.environment, self.num_nodes, self.settings.max_restarts,
-                                               rdzv_endpoint)
+                                               self.settings.rdzv_endpoint)
         die_with_launcher()
         self.precision = Precision(precision, self.accelerator.name)
 
