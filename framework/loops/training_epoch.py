@@ -132,19 +132,21 @@ def _count_the_step(run: Run, collector: MetricCollector, batch_idx: int, manual
         _log_step_metrics(run, collector)
 
 
-def _handed_on(outputs, accumulate: int) -> dict:
+def _handed_on(outputs: Any, accumulate: int) -> Any:
     """What ``on_train_batch_end`` gets, as in Lightning: a dict whose ``loss`` is detached (and
-    divided for accumulation, as it was for the backward); ``{}`` for a skipped batch."""
+    divided for accumulation, as it was for the backward); ``{}`` for a skipped batch; anything
+    else (a manual step's own outputs) as it is."""
     if outputs is None:
         return {}
-    if isinstance(outputs, dict):
-        handed = dict(outputs)
-        if isinstance(handed.get("loss"), torch.Tensor):
-            handed["loss"] = handed["loss"].detach() / accumulate if accumulate > 1 else handed["loss"].detach()
-        return handed
     if isinstance(outputs, torch.Tensor):
-        return {"loss": outputs.detach() / accumulate if accumulate > 1 else outputs.detach()}
-    return outputs
+        return {"loss": _as_backward_saw_it(outputs, accumulate)}
+    if isinstance(outputs, dict) and isinstance(outputs.get("loss"), torch.Tensor):
+        return {**outputs, "loss": _as_backward_saw_it(outputs["loss"], accumulate)}
+    return dict(outputs) if isinstance(outputs, dict) else outputs
+
+
+def _as_backward_saw_it(loss: torch.Tensor, accumulate: int) -> torch.Tensor:
+    return loss.detach() / accumulate if accumulate > 1 else loss.detach()
 
 
 def _end_train_epoch(run: Run, collector: MetricCollector, validate: bool) -> None:
