@@ -18,14 +18,15 @@ from torch.utils.data import DataLoader, TensorDataset
 import framework as fw
 
 class Model(fw.TrainModule):
-    def __init__(self):
+    def __init__(self, rank0_logs_more=True):
         super().__init__()
         self.layer = torch.nn.Linear(2, 1)
+        self.rank0_logs_more = rank0_logs_more
 
     def training_step(self, batch, batch_idx):
         loss = (self.layer(batch[0]) - batch[1]).pow(2).mean()
         self.log("everywhere", float(self.global_rank), on_step=False, on_epoch=True, sync_dist=True)
-        if self.global_rank == 0:
+        if self.global_rank == 0 and self.rank0_logs_more:
             self.log("only_rank0", 5.0, on_step=False, on_epoch=True, sync_dist=True, reduce_fx="max")
         return loss
 
@@ -34,12 +35,17 @@ class Model(fw.TrainModule):
 
 g = torch.Generator().manual_seed(0)
 data = TensorDataset(torch.randn(16, 2, generator=g), torch.randn(16, 1, generator=g))
-trainer = fw.Trainer(accelerator="cpu", devices=2, strategy="ddp_gloo", max_epochs=2, logger=False,
-                     enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
-trainer.fit(Model(), DataLoader(data, batch_size=4))
-values = {k: float(v) for k, v in trainer.callback_metrics.items()}
+result = {}
+for rank0_logs_more in (True, False):
+    trainer = fw.Trainer(accelerator="cpu", devices=2, strategy="ddp_gloo", max_epochs=2, logger=False,
+                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    gathers, gather = [], trainer.strategy.all_gather_object
+    trainer.strategy.all_gather_object = lambda obj: gathers.append(obj) or gather(obj)  # counts them
+    trainer.fit(Model(rank0_logs_more), DataLoader(data, batch_size=4))
+    result[str(rank0_logs_more)] = {"values": {k: float(v) for k, v in trainer.callback_metrics.items()},
+                                    "gathers": len(gathers)}
 with open(f"{sys.argv[1]}/rank{trainer.global_rank}.json", "w") as f:
-    json.dump(values, f)
+    json.dump(result, f)
 """
 
 
@@ -48,5 +54,8 @@ def test_a_value_logged_on_one_rank_is_reduced_on_both_and_they_agree(tmp_path):
     check_ok(run_script(write_script(tmp_path, SCRIPT), str(tmp_path), launcher="torchrun", timeout=35))
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     assert ranks[0] == ranks[1]
-    assert ranks[0]["everywhere"] == pytest.approx(0.5)  # the mean of rank 0's 0 and rank 1's 1
-    assert ranks[0]["only_rank0"] == 5.0
+    differing, same = ranks[0]["True"], ranks[0]["False"]
+    assert differing["values"]["everywhere"] == pytest.approx(0.5)  # the mean of rank 0's 0 and rank 1's 1
+    assert differing["values"]["only_rank0"] == 5.0
+    assert differing["gathers"] > 0  # the entries differed: gathered
+    assert same["gathers"] == 0 and same["values"]["everywhere"] == pytest.approx(0.5)  # agreed: no gather
