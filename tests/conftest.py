@@ -24,8 +24,9 @@ def pytest_configure(config: pytest.Config) -> None:
     guards.watch_process_starts()
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     tiers.mark_tiers(items)
+    tiers.heaviest_files_first(items, float(config.getini("timeout") or 60))
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -14,6 +14,11 @@ as far as they are defined under tests/ (``run_script`` in distributed/helpers.p
 ``_run``); framework code is not followed. What this misses (a Trainer that launches workers from
 inside the test's process) the guard in guards.py catches the first time it runs: it fails a test
 that starts a process unmarked, and the fix is ``@pytest.mark.procs`` on that test.
+
+The suite runs on 2 workers (pytest-xdist, ``-n 2 --dist loadfile`` in pyproject.toml): most
+multi-process tests wait (on a timeout, a restart, a peer), so a second one fits beside them on 2
+cores. Files go out heaviest first (``heaviest_files_first``), so that the last file to start is a
+short one and no worker finishes minutes before the other.
 """
 
 from __future__ import annotations
@@ -54,6 +59,23 @@ def mark_tiers(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.cluster)
         if not item.get_closest_marker("procs") and _starts_processes(item):
             item.add_marker(pytest.mark.procs)
+
+
+def heaviest_files_first(items: list[pytest.Item], default_timeout: float) -> None:
+    """Reorder ``items`` (in place) file by file, the heaviest file first; within a file, and
+    between files of equal weight, the order stays. A file's weight is the sum of its
+    multi-process tests' timeouts (each slow test carries one about 3x its time; the others get
+    ``default_timeout``): an estimate that needs no record of earlier runs. In-process tests
+    weigh nothing, so they come last and fill the gaps."""
+    weight: dict[str, float] = {}
+    for item in items:
+        if item.get_closest_marker("procs") or item.get_closest_marker("cluster"):
+            mark = item.get_closest_marker("timeout")
+            seconds = float(mark.args[0]) if mark and mark.args else default_timeout
+        else:
+            seconds = 0.0
+        weight[item.nodeid.partition("::")[0]] = weight.get(item.nodeid.partition("::")[0], 0.0) + seconds
+    items.sort(key=lambda item: -weight[item.nodeid.partition("::")[0]])
 
 
 def _starts_processes(item: pytest.Item) -> bool:

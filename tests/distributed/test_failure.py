@@ -100,9 +100,10 @@ trainer.fit(Freezes(), DataLoader(workload.regression_data(64), batch_size=4))
 def test_a_rank_that_stops_answering_ends_the_job_after_the_timeout(tmp_path, launcher):
     result = run_script(write_script(tmp_path, STOPPED), launcher=launcher, timeout=100)
     assert result.returncode != 0, result.output
-    # torchrun's agent SIGKILLs the stopped worker 30 s after its SIGTERM; fw's launcher resumes
-    # it at once (SIGCONT) so that it acts on the SIGTERM
-    assert result.wall_s < (30 if launcher == "fw" else 80), f"took {result.wall_s:.1f} s"
+    # torchrun's agent SIGKILLs the stopped worker 30 s after its SIGTERM (a fixed wait, not its
+    # --shutdown-timeout); fw's launcher resumes it at once (SIGCONT) so that it acts on the
+    # SIGTERM (asserted below from its output: a bound on the wall time alone fails under load)
+    assert result.wall_s < 80, f"took {result.wall_s:.1f} s"
     assert "fw: rank 0 of 2 waited 5 s for the other ranks in a collective (trainer.strategy.timeout)" \
         in result.output, result.output
     # while it waits, rank 0 says for whom: rank 1's heartbeat stood still
@@ -111,3 +112,4 @@ def test_a_rank_that_stops_answering_ends_the_job_after_the_timeout(tmp_path, la
     if launcher == "fw":
         assert "fw: error: worker rank 0" in result.output and "Timed out" in result.output, result.output
         assert "is stopped with SIGTERM pending: resumed it (SIGCONT)" in result.output, result.output
+        assert "fw: rank 1 received SIGTERM" in result.output, result.output
