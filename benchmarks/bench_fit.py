@@ -27,6 +27,7 @@ import datetime
 import io
 import os
 import pstats
+import random
 import sys
 import time
 from pathlib import Path
@@ -161,6 +162,13 @@ def profile(sides: dict, rank: int, world: int) -> None:
         stats.print_callers("distributed_c10d.py.*(all_reduce|broadcast|barrier|all_gather|all_gather_object|broadcast_object_list)$")
 
 
+def median_interval(ratios: list[float], draws: int = 2000) -> tuple[float, float]:
+    """A 95 % bootstrap interval of the median ratio: how far this run's noise leaves it open."""
+    rng = random.Random(0)
+    medians = sorted(median(rng.choices(ratios, k=len(ratios))) for _ in range(draws))
+    return medians[int(0.025 * draws)], medians[int(0.975 * draws) - 1]
+
+
 def report(times: dict[str, list[float]], args, world: int) -> None:
     if world > 1 and dist.get_rank() != 0:
         return
@@ -168,12 +176,13 @@ def report(times: dict[str, list[float]], args, world: int) -> None:
     rows = []
     for name, values in times.items():
         ratios = [t / r for t, r in zip(values, raw, strict=True)]
+        low, high = median_interval(ratios)
         rows.append({"side": name, "median_s": median(values), "min_s": min(values), "max_s": max(values),
-                     "ratio_to_raw": median(ratios), "ratios": ratios})
+                     "ratio_to_raw": median(ratios), "ratio_95ci": [low, high], "ratios": ratios})
     print_table(f"{args.steps}-step fit on {world} rank(s), whole call (set-up and teardown included), "
-                f"{args.rounds} rounds", ["side", "median s", "min s", "max s", "/raw (median of rounds)"],
+                f"{args.rounds} rounds", ["side", "median s", "min s", "max s", "/raw (median of rounds)", "95% interval"],
                 [[r["side"], f"{r['median_s']:.3f}", f"{r['min_s']:.3f}", f"{r['max_s']:.3f}",
-                  f"{r['ratio_to_raw']:.3f}"] for r in rows])
+                  f"{r['ratio_to_raw']:.3f}", "{:.3f}-{:.3f}".format(*r["ratio_95ci"])] for r in rows])
     doc = {"machine": machine_info(), "world_size": world, "steps": args.steps, "rounds": args.rounds,
            "sides": rows, "times": times}
     path = write_json(result_path(f"fit_{'single' if world == 1 else f'ddp{world}'}", out=Path(args.out)), doc)

@@ -83,10 +83,14 @@ def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu") -> dict:
 def writable_error(path: str | os.PathLike, what: str) -> str | None:
     """Why ``path`` cannot be created (if needed) and written, or None. A probe file in the
     nearest folder that exists answers without creating anything: a read-only file system, a
-    file in the way or a missing permission is named with ``what`` and the path."""
+    file in the way or a missing permission is named with ``what`` and the path. A folder that
+    ``os.access`` finds writable needs no probe (access(2) answers for read-only file systems
+    too); the probe names the reason when it does not."""
     existing = Path(os.path.abspath(path))
     while not existing.exists() and existing != existing.parent:
         existing = existing.parent
+    if existing.is_dir() and os.access(existing, os.W_OK | os.X_OK):
+        return None
     try:
         if not existing.is_dir():
             raise NotADirectoryError(20, f"'{existing}' is a file")

@@ -40,7 +40,7 @@ class NonfiniteGuard:
     checkpoint write keeps a bad state off the disk meanwhile.
     """
 
-    __slots__ = ("mode", "state", "strategy", "agree", "backward_anyway", "pending")
+    __slots__ = ("mode", "state", "strategy", "agree", "backward_anyway", "pending", "later")
 
     def __init__(self, run: Run) -> None:
         self.mode, self.state, self.strategy = run.settings.on_nonfinite, run.state, run.strategy
@@ -49,10 +49,13 @@ class NonfiniteGuard:
         # then throws its gradients away (``state.skip_step``); alone, the batch just stops here
         self.backward_anyway = self.strategy.multi_process
         self.pending: list[tuple[_Where, torch.Tensor, torch.Tensor]] = []  # (where, finite flag, loss)
+        self.later: bool | None = None  # checks_later for the losses' device, asked at the first loss
 
     def __call__(self, loss: torch.Tensor, batch_idx: int) -> torch.Tensor | None:
-        mode, state = self.mode, self.state
-        if mode != "skip" and checks_later(loss.device):
+        mode, state, later = self.mode, self.state, self.later
+        if later is None:
+            later = self.later = mode != "skip" and checks_later(loss.device)
+        if later:
             where = (state.global_step + 1, state.epoch, batch_idx)
             self.pending.append((where, torch.isfinite(loss.detach()).all(), loss.detach()))
             if len(self.pending) >= CHECK_EVERY_ON_ACCELERATORS:

@@ -3,6 +3,7 @@ known names when asked for an unknown one."""
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable
 from typing import Any
@@ -47,6 +48,7 @@ class StrategyRegistry:
         return factory(**options)
 
     @staticmethod
+    @functools.cache  # a signature is read once per factory, not at every Trainer
     def _options(factory: Callable[..., Strategy]) -> set[str] | None:
         """The keyword options a factory takes (None when it forwards **kwargs we cannot see)."""
         params = inspect.signature(factory).parameters  # a class's: its __init__'s, without self
