@@ -201,7 +201,7 @@ def load_from_checkpoint(cls, path: str | os.PathLike, map_location: Any = None,
     return module.to(device) if device is not None else module
 
 
-def state_dict_mismatch(err: RuntimeError) -> str:
+def state_dict_mismatch(err: Exception) -> str:
     """torch's 'Error(s) in loading state_dict' reduced to the parameters it names."""
     lines = [line.strip() for line in str(err).splitlines()[1:] if line.strip()]
     text = "; ".join(lines) if lines else str(err).strip()

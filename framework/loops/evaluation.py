@@ -38,8 +38,9 @@ def run_evaluation(run: Run, stage: str, limit: int | None = None, log: bool = T
     ``zero_grad``: inside fit, free the gradients first (``on_validation_model_zero_grad``)."""
     module, hooks, state = run.module, run.hooks, run.state
     loaders = run.loaders.get(stage) or []
-    step_fn = module.validation_step if stage == "validate" else module.test_step
-    arity = positional_arity(step_fn)
+    name = "validation_step" if stage == "validate" else "test_step"
+    arity = positional_arity(getattr(module, name))
+    step_fn = run.strategy.step_fn(module, name)
     prefix = "validation" if stage == "validate" else "test"
     sanity_check = state.stage == "sanity_check"
     outer_stage, state.stage = state.stage, state.stage if sanity_check else stage

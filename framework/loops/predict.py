@@ -27,6 +27,7 @@ def run_predict(run: Run) -> list | None:
     run.state.stage = "predict"
     keep = run.return_predictions
     arity = positional_arity(module.predict_step)
+    predict_step = run.strategy.step_fn(module, "predict_step")
     per_loader: list[list] = []
     try:
         hooks("on_predict_start")
@@ -49,7 +50,7 @@ def run_predict(run: Run) -> list | None:
                         batch_start(batch, *where)
                     with run.precision.autocast():
                         args = (batch, batch_idx) if len(loaders) == 1 else (batch, batch_idx, dl_idx)
-                        out = module.predict_step(*args[:arity])
+                        out = predict_step(*args[:arity])
                     if batch_end is not None:
                         batch_end(out, batch, *where)
                     if keep:

@@ -57,8 +57,7 @@ def run_train_epoch(run: Run, loader, stops: StopCheck) -> None:
     batch_start, batch_end = hooks.per_batch("on_train_batch_start"), hooks.per_batch("on_train_batch_end")
     to_device = batch_transfer_fn(run, 0)
     accumulate, val_every = run.settings.accumulate_grad_batches, _val_check_batches(run, limit)
-    schedulers, metrics = bool(run.lr_scheduler_configs), run.metrics
-    max_steps, min_epochs = run.settings.max_steps, run.settings.min_epochs
+    schedulers, metrics, settings = bool(run.lr_scheduler_configs), run.metrics, run.settings
 
     trained, rest_skipped = 0, False  # batches whose training_step returned a loss; on_train_batch_start gave -1
     for batch_idx, batch in enumerate(iterator, start):
@@ -87,9 +86,9 @@ def run_train_epoch(run: Run, loader, stops: StopCheck) -> None:
             run_evaluation(run, "validate", zero_grad=steps_now)
         if schedulers and steps_now:
             step_schedulers(run, "step", plateau=True, batch_idx=batch_idx)
-        if state.should_stop and state.epoch + 1 >= min_epochs:
+        if state.should_stop and state.epoch + 1 >= settings.min_epochs:
             break
-        if max_steps >= 0 and state.global_step >= max_steps:
+        if settings.max_steps >= 0 and state.global_step >= settings.max_steps:
             break
         if every(stops.every, batch_idx + 1) and stops():
             break

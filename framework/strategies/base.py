@@ -26,15 +26,16 @@ if TYPE_CHECKING:
 
 
 class StepModule(nn.Module):
-    """Routes ``forward`` to ``training_step`` so that wrappers (DDP, DataParallel), which only
-    intercept ``forward``, see the training step and synchronise its gradients."""
+    """Routes ``forward`` to ``training_step`` (or the step ``step`` names) so that wrappers (DDP,
+    DataParallel, FSDP), which only intercept ``forward``, see the step: DDP synchronises its
+    gradients, FSDP gathers the parameters it shards."""
 
     def __init__(self, module: TrainModule) -> None:
         super().__init__()
         self.module = module
 
-    def forward(self, *args: Any, **kwargs: Any) -> Any:
-        return self.module.training_step(*args, **kwargs)
+    def forward(self, *args: Any, step: str = "training_step", **kwargs: Any) -> Any:
+        return getattr(self.module, step)(*args, **kwargs)
 
 
 class Strategy(ABC):
@@ -111,6 +112,15 @@ class Strategy(ABC):
         """What the loop calls with ``(batch, batch_idx)``: the module's step, or the wrapper
         (DDP, DataParallel) whose forward runs it. Looked up once per epoch, not per batch."""
         return module.training_step
+
+    def step_fn(self, module: TrainModule, name: str) -> Callable[..., Any]:
+        """What an evaluation or predict loop calls for the step ``name`` (``validation_step``,
+        ``test_step``, ``predict_step``): the module's own method, except where the parameters
+        exist only inside a wrapper's forward (FSDP)."""
+        return getattr(module, name)
+
+    def check_optimizers(self, optimizers: list[torch.optim.Optimizer]) -> None:
+        """Refuse optimizers this strategy cannot train with (FSDP: over unsharded parameters)."""
 
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:

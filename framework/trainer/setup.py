@@ -122,6 +122,7 @@ def setup(run: Run, loaders: dict, ckpt_path: Any) -> str | None:
     strategy.setup_module(model)
     if fn == "fit":
         run.optimizers, run.lr_scheduler_configs = parse_optimizers(model.configure_optimizers())
+        strategy.check_optimizers(run.optimizers)
         if model.automatic_optimization:
             check_one_optimizer(run.optimizers)
     note_differences(run, resume_path)

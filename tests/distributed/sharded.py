@@ -1,0 +1,98 @@
+"""A model with blocks to shard, and one fit of it, for the FSDP tests: the test process runs the
+one-process reference with it, the ranks of a job run the FSDP side (``fit`` below, either way)."""
+
+from __future__ import annotations
+
+import io
+from contextlib import redirect_stderr
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+import framework as fw
+
+STEPS = 20  # AdamW steps per fit
+GLOBAL_BATCH = 16
+QUIET = dict(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False,
+             num_sanity_val_steps=0, max_epochs=-1)
+
+
+class Block(nn.Module):
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.linear = nn.Linear(width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + torch.tanh(self.linear(x))
+
+
+class Blocks(fw.TrainModule):
+    """Parameters at the root (``inp``, ``head``) and in two ``Block`` units."""
+
+    def __init__(self, width: int = 16) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.inp = nn.Linear(8, width)
+        self.blocks = nn.Sequential(Block(width), Block(width))
+        self.head = nn.Linear(width, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.blocks(self.inp(x))).squeeze(-1)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        loss = F.mse_loss(self(x), y)
+        self.log("train_loss", loss, sync_dist=True)
+        return loss
+
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        self.log("val_loss", F.mse_loss(self(x), y), sync_dist=True)
+
+    def configure_optimizers(self):
+        return torch.optim.AdamW(self.parameters(), lr=1e-2)
+
+
+def data(n: int = STEPS * GLOBAL_BATCH) -> TensorDataset:
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(n, 8, generator=g)
+    return TensorDataset(x, x.sum(dim=1).sin() + 0.1 * torch.randn(n, generator=g))
+
+
+class FullWeights(fw.Callback):
+    """At the fit's end, while the group is up: every rank gathers the full parameters."""
+
+    def __init__(self) -> None:
+        self.weights: dict[str, torch.Tensor] = {}
+        self.local_numel = 0  # the parameter elements this rank holds
+        self.sharded = False  # every parameter a DTensor
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if batch_idx == 0:  # after a backward FSDP holds only the shards (a forward gathers them)
+            params = list(pl_module.parameters())
+            self.local_numel = sum((p.to_local() if hasattr(p, "to_local") else p).numel() for p in params)
+            self.sharded = all(hasattr(p, "to_local") for p in params)
+
+    def on_fit_end(self, trainer, pl_module) -> None:
+        self.weights = {name: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()
+                        for name, p in pl_module.named_parameters()}
+
+
+def fit(strategy: Any, devices: int, max_steps: int = STEPS, callbacks: list | None = None,
+        ckpt_path: str | None = None, root: str = ".", **trainer_args: Any) -> dict:
+    """One fit on ``devices`` ranks with the global batch split over them; the full weights,
+    the epoch's validation loss and the trainer's step."""
+    weights = FullWeights()
+    trainer = fw.Trainer(**{**QUIET, "enable_checkpointing": bool(callbacks)}, strategy=strategy, devices=devices,
+                         max_steps=max_steps, callbacks=[weights, *(callbacks or [])], default_root_dir=root,
+                         **trainer_args)
+    per_rank = GLOBAL_BATCH // devices
+    with redirect_stderr(io.StringIO()):
+        trainer.fit(Blocks(), DataLoader(data(), batch_size=per_rank),
+                    DataLoader(data(64), batch_size=per_rank), ckpt_path=ckpt_path)
+    return {"weights": weights.weights, "val_loss": float(trainer.callback_metrics.get("val_loss", torch.nan)),
+            "global_step": trainer.global_step, "rank": trainer.global_rank,
+            "local_numel": weights.local_numel, "sharded": weights.sharded}

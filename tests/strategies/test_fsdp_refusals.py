@@ -1,0 +1,66 @@
+"""What FSDP cannot train with is refused before training, in one line that says what to do
+(one process: a world of one shards nothing, but runs every check)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "distributed"))
+import sharded  # noqa: E402
+
+from framework.errors import CheckpointError, ConfigError  # noqa: E402
+from framework.strategies import create_strategy  # noqa: E402
+
+FSDP = {"name": "fsdp", "auto_wrap_policy": ["Block"]}
+
+
+class BuiltTooEarly(sharded.Blocks):
+    def __init__(self) -> None:
+        super().__init__()
+        self.optimizer = torch.optim.AdamW(self.parameters(), lr=1e-2)
+
+    def configure_optimizers(self):
+        return self.optimizer
+
+
+def test_an_optimizer_built_before_sharding_is_refused(monkeypatch):
+    monkeypatch.setattr(sharded, "Blocks", BuiltTooEarly)
+    with pytest.raises(ConfigError, match=r"optimizer 0 \(AdamW\) holds 8 parameter\(s\) that FSDP did not shard.*"
+                                          r"Build it in configure_optimizers\(\)"):
+        sharded.fit(FSDP, devices=1, max_steps=1)
+
+
+def test_a_wrap_class_the_model_lacks_is_named_with_the_classes_it_has():
+    with pytest.raises(ConfigError, match=r"auto_wrap_policy: Blocks has no submodule of class Layer; "
+                                          r"its submodules' classes: Block, Linear, Sequential"):
+        sharded.fit({**FSDP, "auto_wrap_policy": ["Layer"]}, devices=1, max_steps=1)
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"sharding_strategy": "HYBRID"}, r"sharding_strategy: 'HYBRID' is not one fw runs; use FULL_SHARD or SHARD_GRAD_OP"),
+    ({"state_dict_type": "sharded"}, r"state_dict_type: 'sharded' is not one fw writes yet"),
+    ({"auto_wrap_policy": [3]}, r"auto_wrap_policy: 3 is not a module class or its name"),
+])
+def test_options_fsdp_does_not_run_are_refused(options, message):
+    with pytest.raises(ConfigError, match=message):
+        create_strategy({**FSDP, **options}, "cpu")
+
+
+def test_mixed_precision_is_refused_not_run_in_another_precision():
+    with pytest.raises(ConfigError, match=r"trainer.precision=bf16-mixed with strategy fsdp: .*32-true only"):
+        sharded.fit(FSDP, devices=1, max_steps=1, precision="bf16-mixed")
+
+
+def test_a_checkpoint_of_another_strategy_is_not_resumed_under_fsdp(tmp_path):
+    from framework.callbacks import ModelCheckpoint
+
+    ckpt = ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=2, save_top_k=-1)
+    sharded.fit("single", devices=1, max_steps=2, callbacks=[ckpt], root=str(tmp_path))
+    with pytest.raises(CheckpointError, match=r"was written by another strategy .*resuming it under fsdp is not "
+                                              r"supported yet"):
+        sharded.fit(FSDP, devices=1, max_steps=4, ckpt_path=str(tmp_path / "epoch=0-step=2.ckpt"),
+                    root=str(tmp_path))
