@@ -49,7 +49,7 @@ def run_evaluation(run: Run, stage: str, limit: int | None = None, log: bool = T
     modes = ModuleModes(module)
     hooks.module_hook(f"on_{prefix}_model_eval")
     try:
-        no_grad = torch.inference_mode() if run.settings.inference_mode else torch.no_grad()  # Lightning's switch
+        no_grad = run.strategy.no_grad(run.settings.inference_mode)  # Lightning's switch
         with run.metrics.evaluating(stage) as collector, no_grad:
             hooks(f"on_{prefix}_start")
             hooks(f"on_{prefix}_epoch_start")

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import torch
-
 from framework.errors import ConfigError
 from framework.loops.batches import num_batches, positional_arity
 from framework.loops.evaluation import ModuleModes
@@ -34,7 +32,7 @@ def run_predict(run: Run) -> list | None:
         hooks("on_predict_epoch_start")
         batch_start = hooks.per_batch("on_predict_batch_start")
         batch_end = hooks.per_batch("on_predict_batch_end")
-        with torch.inference_mode() if run.settings.inference_mode else torch.no_grad():
+        with run.strategy.no_grad(run.settings.inference_mode):
             for dl_idx, loader in enumerate(loaders):
                 predictions: list = []
                 per_loader.append(predictions)

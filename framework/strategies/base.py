@@ -119,6 +119,15 @@ class Strategy(ABC):
         exist only inside a wrapper's forward (FSDP)."""
         return getattr(module, name)
 
+    #: May evaluation run under ``torch.inference_mode`` (``trainer.inference_mode``)? Not under
+    #: FSDP, whose buffers made there could not be written by the training steps after it
+    #: (Lightning switches to ``no_grad`` there too).
+    allows_inference_mode = True
+
+    def no_grad(self, inference_mode: bool) -> contextlib.AbstractContextManager:
+        """The context evaluation and predict run in: ``inference_mode`` where allowed, else ``no_grad``."""
+        return torch.inference_mode() if inference_mode and self.allows_inference_mode else torch.no_grad()
+
     def check_optimizers(self, optimizers: list[torch.optim.Optimizer]) -> None:
         """Refuse optimizers this strategy cannot train with (FSDP: over unsharded parameters)."""
 

@@ -54,6 +54,8 @@ class FSDPStrategy(DDPStrategy):
         backend, init_method, timeout, socket_ifname: as for ``ddp``.
     """
 
+    allows_inference_mode = False  # the all-gather buffers made in evaluation are reused by training
+
     def __init__(
         self,
         auto_wrap_policy: Iterable[type[nn.Module] | str] | None = None,

@@ -17,7 +17,7 @@ import framework as fw
 STEPS = 20  # AdamW steps per fit
 GLOBAL_BATCH = 16
 QUIET = dict(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False,
-             num_sanity_val_steps=0, max_epochs=-1)
+             num_sanity_val_steps=1, max_epochs=-1)  # the sanity check: evaluation before training
 
 
 class Block(nn.Module):

@@ -35,3 +35,28 @@ def test_under_torchrun_devices_auto_follows_the_launcher_and_a_single_strategy_
     result = run_cmd([*torchrun, "trainer.devices=1"], timeout=100, cwd=REPO)
     assert result.returncode != 0
     assert "torchrun started 2 processes but trainer.strategy=single" in result.output
+
+
+@pytest.mark.timeout(120)
+def test_fw_fit_digits_under_fsdp_and_torchrun_gives_ddp_s_numbers(tmp_path):
+    """The recipe with torchmetrics, validation every epoch, checkpoints and an LR schedule: FSDP on
+    2 ranks under torchrun ends with the metrics DDP ends with under fw's launcher."""
+    from .helpers import PYTHON, free_port
+
+    common = ["fit", "conf/digits.yaml", "trainer.max_epochs=3", "trainer.enable_progress_bar=false"]
+    ddp = run_cmd([FW, *common, "trainer.devices=2", "trainer.strategy=ddp_gloo",
+                   f"trainer.default_root_dir={tmp_path / 'ddp'}"], timeout=100, cwd=REPO)
+    fsdp = run_cmd([PYTHON, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+                    "--master-port", str(free_port()), "-m", "framework.cli", *common, "trainer.devices=2", "trainer.strategy=fsdp",
+                    f"trainer.default_root_dir={tmp_path / 'fsdp'}"], timeout=100, cwd=REPO)
+    assert ddp.returncode == 0 and fsdp.returncode == 0, ddp.output + fsdp.output
+    assert "strategy fsdp" in fsdp.output and "world size 2" in fsdp.output, fsdp.output
+
+    def final(output: str) -> dict[str, float]:
+        (line,) = [line for line in output.splitlines() if line.startswith("fw: final metrics:")]
+        return {k: float(v) for k, v in (item.split("=") for item in line.split(": ", 2)[2].split(", "))}
+
+    ours, theirs = final(fsdp.output), final(ddp.output)
+    assert ours.keys() == theirs.keys() and "val/acc" in ours
+    assert all(abs(ours[k] - theirs[k]) <= 1e-3 for k in ours), (ours, theirs)
+    assert (tmp_path / "fsdp" / "fw_logs" / "version_0" / "checkpoints" / "last.ckpt").exists()
