@@ -8,7 +8,10 @@ TrainModule, so every step (training, validation, test, predict) runs inside the
 and parameters owned by no smaller unit are gathered for it too. ``configure_model()`` has run
 before sharding; ``configure_optimizers()`` runs after it, so the optimizers see the sharded
 parameters (an optimizer over the unsharded ones would step tensors that no longer train: it is
-refused).
+refused). ``HYBRID_SHARD`` shards over one dimension of a 2-D mesh and replicates over the other
+(HSDP); ``bf16-mixed`` gathers and computes in bfloat16 and reduces in float32 into float32
+shards. Evaluation runs under ``no_grad``, never ``inference_mode`` (FSDP's buffers made there
+could not be written by the training step after it).
 
 Checkpoints (this step): ``state_dict_type="full"``, Lightning's FSDP default. Every rank takes
 part in gathering the full model and optimizer state, rank 0 writes the one file fw writes for
@@ -34,10 +37,8 @@ if TYPE_CHECKING:
     from framework.module import TrainModule
     from framework.trainer.parts import CheckpointParts
 
-#: Lightning's sharding strategies that this step runs, and whether each reshards after forward
-SHARDING = {"FULL_SHARD": True, "SHARD_GRAD_OP": False}
-#: the precisions FSDP runs here (the others need a mixed-precision policy: a later step)
-PRECISIONS = ("32", "32-true")
+#: Lightning's sharding strategies that fw runs, and whether each reshards after forward
+SHARDING = {"FULL_SHARD": True, "SHARD_GRAD_OP": False, "HYBRID_SHARD": True}
 
 
 class FSDPStrategy(DDPStrategy):
@@ -50,6 +51,9 @@ class FSDPStrategy(DDPStrategy):
         sharding_strategy: ``FULL_SHARD`` (parameters resharded after each unit's forward) or
             ``SHARD_GRAD_OP`` (kept gathered from forward to backward: more memory, fewer
             all-gathers).
+            ``HYBRID_SHARD``: full shard within groups of ``device_mesh[1]`` ranks, replicated
+            over ``device_mesh[0]`` such groups (default: shard within a node, replicate across).
+        device_mesh: ``[replicas, shard size]`` for ``HYBRID_SHARD``.
         state_dict_type: ``full`` (one file, as for DDP).
         backend, init_method, timeout, socket_ifname: as for ``ddp``.
     """
@@ -60,6 +64,7 @@ class FSDPStrategy(DDPStrategy):
         self,
         auto_wrap_policy: Iterable[type[nn.Module] | str] | None = None,
         sharding_strategy: str = "FULL_SHARD",
+        device_mesh: list[int] | tuple[int, int] | None = None,
         state_dict_type: str = "full",
         backend: str = "gloo",
         init_method: str = "env://",
@@ -72,7 +77,9 @@ class FSDPStrategy(DDPStrategy):
         if str(sharding_strategy).upper() not in SHARDING:
             raise ConfigError(f"trainer.strategy.sharding_strategy: '{sharding_strategy}' is not one fw runs; "
                               f"use {' or '.join(SHARDING)}")
-        self.reshard_after_forward = SHARDING[str(sharding_strategy).upper()]
+        self.sharding_strategy = str(sharding_strategy).upper()
+        self.reshard_after_forward = SHARDING[self.sharding_strategy]
+        self.mesh_shape = _mesh_shape(device_mesh, self.sharding_strategy)
         if state_dict_type != "full":
             raise ConfigError(f"trainer.strategy.state_dict_type: '{state_dict_type}' is not one fw writes yet; "
                               "use full (one file, gathered on rank 0 through the CPU)")
@@ -83,19 +90,35 @@ class FSDPStrategy(DDPStrategy):
         from torch.distributed.fsdp import fully_shard
 
         trainer_precision = getattr(getattr(module, "trainer", None), "precision", None)
-        precision = getattr(trainer_precision, "precision", "32-true")
-        if precision not in PRECISIONS:
-            raise ConfigError(f"trainer.precision={precision} with strategy fsdp: this fw runs FSDP in 32-true "
-                              "only; use trainer.precision=32-true, or strategy ddp for mixed precision")
+        policy = _precision_policy(getattr(trainer_precision, "precision", "32"))
+        if self.sync_batchnorm:
+            raise ConfigError("trainer.sync_batchnorm=true with strategy fsdp: not supported; leave it off "
+                              "(BatchNorm statistics then stay per rank) or use strategy ddp")
         module.to(self.root_device)
         units = _units(module, self.wrap_classes)
-        mesh = init_device_mesh(self.root_device.type, (self.world_size,))
+        if self.mesh_shape is None:
+            mesh = init_device_mesh(self.root_device.type, (self.world_size,))
+        else:
+            mesh = init_device_mesh(self.root_device.type, self._hybrid_shape(), mesh_dim_names=("replicate", "shard"))
+        shard = {"mesh": mesh, "reshard_after_forward": self.reshard_after_forward, "mp_policy": policy}
         for unit in units:
-            fully_shard(unit, mesh=mesh, reshard_after_forward=self.reshard_after_forward)
+            fully_shard(unit, **shard)
         root = StepModule(module)
-        fully_shard(root, mesh=mesh, reshard_after_forward=self.reshard_after_forward)
+        fully_shard(root, **shard)
         self.model, self.module = root, module
         return root
+
+    def _hybrid_shape(self) -> tuple[int, int]:
+        """``(replicas, shard size)``: as given, or one shard group per node."""
+        assert self.mesh_shape is not None, "HYBRID_SHARD only"
+        replicas, size = self.mesh_shape
+        if replicas == 0:  # not given: shard within a node, replicate across the nodes
+            size = self.dist.local_world_size
+            replicas = self.world_size // size
+        if replicas * size != self.world_size:
+            raise ConfigError(f"trainer.strategy.device_mesh=[{replicas}, {size}]: {replicas} x {size} ranks is not the "
+                              f"world size {self.world_size}; give two numbers whose product is {self.world_size}")
+        return replicas, size
 
     def training_step_fn(self, module: TrainModule) -> Callable[..., Any]:
         assert self.model is not None, "setup_module() first"
@@ -129,88 +152,55 @@ class FSDPStrategy(DDPStrategy):
         self.module = None
 
     def describe(self) -> dict[str, Any]:
-        return {**super().describe(), "sharding": "full shard" if self.reshard_after_forward else "shard grad op"}
+        return {**super().describe(), "sharding": self.sharding_strategy}
 
-    # -- checkpoints ----------------------------------------------------------------------
+    # -- checkpoints (fsdp_checkpoint.py) ----------------------------------------------------
     def save_checkpoint(self, path: str, parts: CheckpointParts) -> None:
         """Every rank gathers the full state (rank 0 keeps it, on the CPU); rank 0 writes it."""
-        from dataclasses import replace
+        from framework.strategies.fsdp_checkpoint import save_full
 
-        from torch.distributed.checkpoint.state_dict import (
-            StateDictOptions,
-            get_model_state_dict,
-            get_optimizer_state_dict,
-        )
-
-        from framework.strategies.checkpoint_io import save_from_rank_zero
-        from framework.trainer.parts import Value
-
-        module = self._sharded_module()
-        full = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        shared = dict(parts.shared)
-        weights = get_model_state_dict(module, options=full)
-        shared["state_dict"] = Value(lambda: weights, _no_put)
-        if "optimizer_states" in shared:
-            optimizers = list(getattr(shared["optimizer_states"], "items", []))
-            states = [get_optimizer_state_dict(module, opt, options=full) for opt in optimizers]
-            shared["optimizer_states"] = Value(lambda: states, _no_put)
-        save_from_rank_zero(self, path, replace(parts, shared=shared,
-                                                values={**parts.values, "fw_optimizer_keys": "names"}))
+        save_full(self, self._sharded_module(), path, parts)
 
     def load_checkpoint(self, path: str, parts: CheckpointParts) -> dict[str, Any]:
         """Every rank reads the file and shards its full state onto this rank's parameters."""
-        from dataclasses import replace
+        from framework.strategies.fsdp_checkpoint import load_full
 
-        from torch.distributed.checkpoint.state_dict import (
-            StateDictOptions,
-            set_model_state_dict,
-            set_optimizer_state_dict,
-        )
-
-        from framework import checkpoint as ckpt
-        from framework.strategies.checkpoint_io import load_on_every_rank
-        from framework.trainer.parts import OnLoad, Value
-
-        module = self._sharded_module()
-        full = StateDictOptions(full_state_dict=True)
-
-        def put_weights(weights: dict) -> None:
-            try:
-                set_model_state_dict(module, weights, options=full)
-            except (RuntimeError, KeyError, ValueError) as err:
-                raise CheckpointError(f"checkpoint '{path}' does not fit this model: "
-                                      f"{ckpt.state_dict_mismatch(err)}") from None
-
-        shared = dict(parts.shared)
-        shared["state_dict"] = Value(_no_get, put_weights)
-        if "optimizer_states" in shared:
-            optimizers = list(getattr(shared["optimizer_states"], "items", []))
-
-            def put_optimizers(states: list) -> None:
-                _refuse_other_optimizer_keys(path, checkpoint_keys[0])
-                if len(states) != len(optimizers):
-                    raise CheckpointError(f"checkpoint '{path}' holds {len(states)} optimizer state(s) and "
-                                          f"configure_optimizers() returned {len(optimizers)}: resume with the "
-                                          "configure_optimizers() it was written with")
-                for opt, state in zip(optimizers, states, strict=True):
-                    set_optimizer_state_dict(module, opt, state, options=full)
-
-            shared["optimizer_states"] = Value(_no_get, put_optimizers)
-        checkpoint_keys: list[str | None] = [None]
-        first = shared.pop("fw/on_read", None)
-
-        def read_keys(checkpoint: dict) -> None:
-            checkpoint_keys[0] = checkpoint.get("fw_optimizer_keys")
-            if isinstance(first, OnLoad):
-                first(checkpoint)
-
-        return load_on_every_rank(self, path, replace(parts, shared={"fw/on_read": OnLoad(read_keys), **shared}))
+        return load_full(self, self._sharded_module(), path, parts)
 
     def _sharded_module(self) -> TrainModule:
         if self.module is None:
             raise CheckpointError("an FSDP checkpoint is written and read while the run's process group is up "
                                   "(inside fit, validate, test or predict)")
         return self.module
+
+
+def _mesh_shape(device_mesh: Any, sharding_strategy: str) -> tuple[int, int] | None:
+    """The hybrid mesh asked for (``(0, 0)``: the default, found at set-up), or None (one dimension)."""
+    if sharding_strategy != "HYBRID_SHARD":
+        if device_mesh is not None:
+            raise ConfigError(f"trainer.strategy.device_mesh is for sharding_strategy HYBRID_SHARD, not "
+                              f"{sharding_strategy}; drop it, or set sharding_strategy: HYBRID_SHARD")
+        return None
+    if device_mesh is None:
+        return (0, 0)
+    shape = tuple(device_mesh)
+    if len(shape) != 2 or not all(isinstance(n, int) and n > 0 for n in shape):
+        raise ConfigError(f"trainer.strategy.device_mesh={list(shape)}: give [replicas, shard size], two positive "
+                          "whole numbers whose product is the world size (e.g. [2, 4] for 8 ranks)")
+    return shape[0], shape[1]
+
+
+def _precision_policy(precision: str) -> Any:
+    """The mixed-precision policy for ``trainer.precision``: ``bf16-mixed`` gathers and computes
+    in bfloat16 and reduces gradients in float32 into float32 shards (the master weights)."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    if precision == "32":
+        return MixedPrecisionPolicy()
+    if precision == "bf16-mixed":
+        return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    raise ConfigError(f"trainer.precision={precision} with strategy fsdp: not supported (16-mixed needs a sharded "
+                      "gradient scaler); use trainer.precision=bf16-mixed or 32-true")
 
 
 def _class_names(policy: Iterable[type[nn.Module] | str] | None) -> set[str]:
@@ -240,19 +230,3 @@ def _units(module: nn.Module, names: set[str]) -> list[nn.Module]:
         raise ConfigError(f"trainer.strategy.auto_wrap_policy: {type(module).__name__} has no submodule of class "
                           f"{', '.join(sorted(missing))}; its submodules' classes: {', '.join(have) or 'none'}")
     return list(reversed(found))  # modules() lists parents first: shard the children before them
-
-
-def _refuse_other_optimizer_keys(path: str, keys: str | None) -> None:
-    if keys != "names":
-        raise CheckpointError(f"checkpoint '{path}' was written by another strategy (its optimizer state is keyed by "
-                              "position): resuming it under fsdp is not supported yet; load its weights alone "
-                              "(validate/test/predict, or Model.load_from_checkpoint) or resume with the strategy "
-                              "that wrote it")
-
-
-def _no_put(_: Any) -> None:
-    raise AssertionError("a saving part is not loaded")
-
-
-def _no_get() -> Any:
-    raise AssertionError("a loading part is not saved")

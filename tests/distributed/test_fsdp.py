@@ -45,6 +45,7 @@ CASES = [
     {"tag": "grad_op", "strategy": {"sharding_strategy": "SHARD_GRAD_OP"}},
     {"tag": "accumulate", "trainer": {"accumulate_grad_batches": 2}},
     {"tag": "clip", "trainer": {"gradient_clip_val": 0.05}},
+    {"tag": "bf16", "trainer": {"precision": "bf16-mixed"}},
 ]
 
 
@@ -62,7 +63,7 @@ def close(a: dict, b: dict) -> float:
 
 
 @pytest.mark.timeout(200)
-@pytest.mark.parametrize("case", CASES, ids=[c["tag"] for c in CASES])
+@pytest.mark.parametrize("case", CASES[:-1], ids=[c["tag"] for c in CASES[:-1]])
 def test_two_fsdp_ranks_end_where_one_process_ends(job, case):
     result, out = job
     check_ok(result)
@@ -98,3 +99,31 @@ def test_clipping_and_accumulation_change_the_run_so_their_equality_means_someth
     plain = torch.load(out / "full_shard.pt")["weights"]
     for tag in ("clip", "accumulate"):
         assert close(torch.load(out / f"{tag}.pt")["weights"], plain) > 1e-3, tag
+
+
+@pytest.mark.timeout(200)
+def test_bf16_mixed_stays_within_bf16_rounding_of_one_process(job):
+    result, out = job
+    check_ok(result)
+    run = torch.load(out / "bf16.pt")
+    single = sharded.fit("single", devices=1, precision="bf16-mixed")
+    fp32 = torch.load(out / "full_shard.pt")["weights"]
+    # bf16 rounding moves a run this far (one process, bf16-mixed against 32: 1.9e-3 measured);
+    # FSDP's bf16 gathers and compute stay that close to one process's bf16 autocast (1.8e-3)
+    assert close(run["weights"], single["weights"]) < 5e-3
+    assert close(run["weights"], fp32) > 1e-4  # the policy was applied: not the float32 run
+    assert run["val_loss"] == pytest.approx(single["val_loss"], abs=5e-3)
+
+
+@pytest.mark.timeout(200)
+def test_hybrid_sharding_on_four_ranks_ends_where_one_process_ends(tmp_path):
+    """HSDP, a 2 x 2 mesh: shards over 2 ranks, replicated twice; the data split four ways."""
+    cases = [{"tag": "hybrid", "strategy": {"sharding_strategy": "HYBRID_SHARD", "device_mesh": [2, 2]}}]
+    script = write_script(tmp_path, SCRIPT.replace("devices=2", "devices=4"))
+    check_ok(forked.run_script(script, json.dumps({"cases": cases, "out": str(tmp_path)}), nprocs=4, timeout=150))
+    run = torch.load(tmp_path / "hybrid.pt")
+    single = sharded.fit("single", devices=1)
+    full = sum(w.numel() for w in single["weights"].values())
+    assert run["sharded"] and full / 2 <= run["local_numel"] <= full / 2 + 16 * 4  # half: 2 shards, not 4
+    assert close(run["weights"], single["weights"]) < TOLERANCE
+    assert run["val_loss"] == pytest.approx(single["val_loss"], abs=TOLERANCE)

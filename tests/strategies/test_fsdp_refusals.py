@@ -41,7 +41,10 @@ def test_a_wrap_class_the_model_lacks_is_named_with_the_classes_it_has():
 
 
 @pytest.mark.parametrize("options, message", [
-    ({"sharding_strategy": "HYBRID"}, r"sharding_strategy: 'HYBRID' is not one fw runs; use FULL_SHARD or SHARD_GRAD_OP"),
+    ({"sharding_strategy": "HYBRID"}, r"sharding_strategy: 'HYBRID' is not one fw runs; use FULL_SHARD or "
+                                      r"SHARD_GRAD_OP or HYBRID_SHARD"),
+    ({"device_mesh": [2, 2]}, r"device_mesh is for sharding_strategy HYBRID_SHARD, not FULL_SHARD"),
+    ({"sharding_strategy": "HYBRID_SHARD", "device_mesh": [2]}, r"device_mesh=\[2\]: give \[replicas, shard size\]"),
     ({"state_dict_type": "sharded"}, r"state_dict_type: 'sharded' is not one fw writes yet"),
     ({"auto_wrap_policy": [3]}, r"auto_wrap_policy: 3 is not a module class or its name"),
 ])
@@ -50,9 +53,15 @@ def test_options_fsdp_does_not_run_are_refused(options, message):
         create_strategy({**FSDP, **options}, "cpu")
 
 
-def test_mixed_precision_is_refused_not_run_in_another_precision():
-    with pytest.raises(ConfigError, match=r"trainer.precision=bf16-mixed with strategy fsdp: .*32-true only"):
-        sharded.fit(FSDP, devices=1, max_steps=1, precision="bf16-mixed")
+def test_16_mixed_is_refused_not_run_in_another_precision():
+    with pytest.raises(ConfigError, match=r"trainer.precision=16-mixed with strategy fsdp: not supported \(16-mixed "
+                                          r"needs a sharded gradient scaler\)"):
+        sharded.fit(FSDP, devices=1, max_steps=1, precision="16-mixed")
+
+
+def test_a_hybrid_mesh_that_is_not_the_world_size_is_refused():
+    with pytest.raises(ConfigError, match=r"device_mesh=\[2, 2\]: 2 x 2 ranks is not the world size 1"):
+        sharded.fit({**FSDP, "sharding_strategy": "HYBRID_SHARD", "device_mesh": [2, 2]}, devices=1, max_steps=1)
 
 
 def test_a_checkpoint_of_another_strategy_is_not_resumed_under_fsdp(tmp_path):

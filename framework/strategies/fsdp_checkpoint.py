@@ -1,0 +1,95 @@
+"""FSDP's full-state checkpoints (``state_dict_type="full"``): the one file fw writes for DDP,
+with the model and optimizer state gathered from the shards.
+
+Saving: every rank takes part in ``get_model_state_dict``/``get_optimizer_state_dict`` with
+``full_state_dict=True, cpu_offload=True`` (a collective: only rank 0 keeps the result, in CPU
+memory), then rank 0 writes as for DDP (``checkpoint_io.save_from_rank_zero``). The optimizer
+state is keyed by parameter name (``fw_optimizer_keys: names`` in the file). Loading: every rank
+reads the file and ``set_*_state_dict`` shards its full state onto this rank's parameters.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from framework import checkpoint as ckpt
+from framework.errors import CheckpointError
+from framework.strategies.checkpoint_io import load_on_every_rank, save_from_rank_zero
+from framework.trainer.parts import OnLoad, Value
+
+if TYPE_CHECKING:
+    from framework.module import TrainModule
+    from framework.strategies.base import Strategy
+    from framework.trainer.parts import CheckpointParts
+
+
+def save_full(strategy: Strategy, module: TrainModule, path: str, parts: CheckpointParts) -> None:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
+
+    full = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    shared = dict(parts.shared)
+    weights = get_model_state_dict(module, options=full)
+    shared["state_dict"] = Value(lambda: weights, _no_put)
+    if "optimizer_states" in shared:
+        states = [get_optimizer_state_dict(module, opt, options=full) for opt in _optimizers(shared)]
+        shared["optimizer_states"] = Value(lambda: states, _no_put)
+    values = {**parts.values, "fw_optimizer_keys": "names"}
+    save_from_rank_zero(strategy, path, replace(parts, shared=shared, values=values))
+
+
+def load_full(strategy: Strategy, module: TrainModule, path: str, parts: CheckpointParts) -> dict[str, Any]:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
+
+    full = StateDictOptions(full_state_dict=True)
+    keys: list[str | None] = [None]  # the file's fw_optimizer_keys, read before any part loads
+
+    def put_weights(weights: dict) -> None:
+        try:
+            set_model_state_dict(module, weights, options=full)
+        except (RuntimeError, KeyError, ValueError) as err:
+            raise CheckpointError(f"checkpoint '{path}' does not fit this model: {ckpt.state_dict_mismatch(err)}") from None
+
+    shared = dict(parts.shared)
+    shared["state_dict"] = Value(_no_get, put_weights)
+    if "optimizer_states" in shared:
+        optimizers = _optimizers(shared)
+
+        def put_optimizers(states: list) -> None:
+            _refuse_other_optimizer_keys(path, keys[0])
+            if len(states) != len(optimizers):
+                raise CheckpointError(f"checkpoint '{path}' holds {len(states)} optimizer state(s) and "
+                                      f"configure_optimizers() returned {len(optimizers)}: resume with the "
+                                      "configure_optimizers() it was written with")
+            for opt, state in zip(optimizers, states, strict=True):
+                set_optimizer_state_dict(module, opt, state, options=full)
+
+        shared["optimizer_states"] = Value(_no_get, put_optimizers)
+    first = shared.pop("fw/on_read", None)
+
+    def read_keys(checkpoint: dict) -> None:
+        keys[0] = checkpoint.get("fw_optimizer_keys")
+        if isinstance(first, OnLoad):
+            first(checkpoint)
+
+    return load_on_every_rank(strategy, path, replace(parts, shared={"fw/on_read": OnLoad(read_keys), **shared}))
+
+
+def _optimizers(shared: dict) -> list:
+    return list(getattr(shared["optimizer_states"], "items", []))
+
+
+def _refuse_other_optimizer_keys(path: str, keys: str | None) -> None:
+    if keys != "names":
+        raise CheckpointError(f"checkpoint '{path}' was written by another strategy (its optimizer state is keyed by "
+                              "position): resuming it under fsdp is not supported yet; load its weights alone "
+                              "(validate/test/predict, or Model.load_from_checkpoint) or resume with the strategy "
+                              "that wrote it")
+
+
+def _no_put(_: Any) -> None:
+    raise AssertionError("a saving part is not loaded")
+
+
+def _no_get() -> Any:
+    raise AssertionError("a loading part is not saved")
