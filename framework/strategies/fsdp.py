@@ -13,6 +13,10 @@ refused). ``HYBRID_SHARD`` shards over one dimension of a 2-D mesh and replicate
 shards. Evaluation runs under ``no_grad``, never ``inference_mode`` (FSDP's buffers made there
 could not be written by the training step after it).
 
+After a call the module stays sharded and its process group up (until the process ends): the
+next call on it (``fit`` then ``test`` or ``predict``) uses the same shards, as in Lightning; a
+call that would shard it another way is refused.
+
 Checkpoints (this step): ``state_dict_type="full"``, Lightning's FSDP default. Every rank takes
 part in gathering the full model and optimizer state, rank 0 writes the one file fw writes for
 DDP (offloaded to the CPU: no device holds the whole state), and loading shards the file's
@@ -22,6 +26,7 @@ full state onto every rank. The optimizer state is keyed by parameter name.
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -94,17 +99,20 @@ class FSDPStrategy(DDPStrategy):
         if self.sync_batchnorm:
             raise ConfigError("trainer.sync_batchnorm=true with strategy fsdp: not supported; leave it off "
                               "(BatchNorm statistics then stay per rank) or use strategy ddp")
-        module.to(self.root_device)
-        units = _units(module, self.wrap_classes)
-        if self.mesh_shape is None:
-            mesh = init_device_mesh(self.root_device.type, (self.world_size,))
-        else:
-            mesh = init_device_mesh(self.root_device.type, self._hybrid_shape(), mesh_dim_names=("replicate", "shard"))
-        shard = {"mesh": mesh, "reshard_after_forward": self.reshard_after_forward, "mp_policy": policy}
-        for unit in units:
-            fully_shard(unit, **shard)
-        root = StepModule(module)
-        fully_shard(root, **shard)
+        shape = (self.world_size,) if self.mesh_shape is None else self._hybrid_shape()
+        layout = (shape, self.reshard_after_forward, repr(policy), sorted(self.wrap_classes))
+        root = _sharded_before(module, layout)
+        if root is None:  # the first call on this module: shard it
+            module.to(self.root_device)
+            units = _units(module, self.wrap_classes)
+            names = ("replicate", "shard") if len(shape) == 2 else None
+            mesh = init_device_mesh(self.root_device.type, shape, mesh_dim_names=names)
+            shard = {"mesh": mesh, "reshard_after_forward": self.reshard_after_forward, "mp_policy": policy}
+            for unit in units:
+                fully_shard(unit, **shard)
+            root = StepModule(module)
+            fully_shard(root, **shard)
+            module.__dict__[_SHARDED] = (root, layout)  # not a submodule: the root holds the module
         self.model, self.module = root, module
         return root
 
@@ -148,6 +156,16 @@ class FSDPStrategy(DDPStrategy):
         """FSDP's backward already reduced the gradients (manual optimization too)."""
 
     def teardown(self) -> None:
+        """The module stays sharded, and so its process group stays up (until the process
+        ends) for the next call on it (``fit`` then ``test``), as under Lightning. After a
+        failure both go: the module cannot be used by another call."""
+        import torch.distributed as dist
+
+        if self.module is not None and self._failed:
+            self.module.__dict__.pop(_SHARDED, None)
+        elif self.module is not None and self._owns_group and dist.is_initialized():
+            self._owns_group = False
+            _destroy_the_group_at_exit()
         super().teardown()
         self.module = None
 
@@ -172,6 +190,36 @@ class FSDPStrategy(DDPStrategy):
             raise CheckpointError("an FSDP checkpoint is written and read while the run's process group is up "
                                   "(inside fit, validate, test or predict)")
         return self.module
+
+
+#: where a sharded module keeps its root and the layout it was sharded with
+_SHARDED = "_fw_fsdp_root"
+
+
+def _sharded_before(module: nn.Module, layout: tuple) -> StepModule | None:
+    """The root an earlier call sharded ``module`` into, if its layout and group still serve."""
+    import torch.distributed as dist
+    from torch.distributed.fsdp import FSDPModule
+
+    kept = module.__dict__.get(_SHARDED)
+    if kept is not None and kept[1] == layout and dist.is_initialized():
+        return kept[0]
+    if kept is not None or any(isinstance(m, FSDPModule) for m in module.modules()):
+        raise ConfigError(f"{type(module).__name__} was sharded by an earlier fsdp call "
+                          + ("with another layout (world size, mesh, sharding, precision or wrap classes)"
+                             if kept is not None else "that failed") +
+                          ": it cannot be sharded again; use the strategy and devices it was sharded with, or "
+                          "build a new model and load its checkpoint")
+    return None
+
+
+@functools.cache
+def _destroy_the_group_at_exit() -> None:
+    import atexit
+
+    import torch.distributed as dist
+
+    atexit.register(lambda: dist.destroy_process_group() if dist.is_initialized() else None)
 
 
 def _mesh_shape(device_mesh: Any, sharding_strategy: str) -> tuple[int, int] | None:

@@ -52,8 +52,29 @@ class Blocks(fw.TrainModule):
         x, y = batch
         self.log("val_loss", F.mse_loss(self(x), y), sync_dist=True)
 
+    def predict_step(self, batch, batch_idx):
+        x, _ = batch
+        return torch.cat([x, self(x)[:, None]], dim=1)  # the inputs beside the output: no index needed
+
     def configure_optimizers(self):
         return torch.optim.AdamW(self.parameters(), lr=1e-2)
+
+
+class ManualBlocks(Blocks):
+    """The same steps, written with manual optimization."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.automatic_optimization = False
+
+    def training_step(self, batch, batch_idx):
+        opt = self.optimizers()
+        x, y = batch
+        loss = F.mse_loss(self(x), y)
+        opt.zero_grad()
+        self.manual_backward(loss)
+        opt.step()
+        return loss
 
 
 def data(n: int = STEPS * GLOBAL_BATCH) -> TensorDataset:
@@ -82,17 +103,23 @@ class FullWeights(fw.Callback):
 
 
 def fit(strategy: Any, devices: int, max_steps: int = STEPS, callbacks: list | None = None,
-        ckpt_path: str | None = None, root: str = ".", **trainer_args: Any) -> dict:
-    """One fit on ``devices`` ranks with the global batch split over them; the full weights,
-    the epoch's validation loss and the trainer's step."""
+        ckpt_path: str | None = None, root: str = ".", manual: bool = False, predict: bool = False,
+        **trainer_args: Any) -> dict:
+    """One fit on ``devices`` ranks with the global batch split over them (``manual``: with
+    manual optimization); the full weights, the epoch's validation loss, the trainer's step, and
+    with ``predict`` this rank's predictions on the validation data (rows: inputs, output)."""
     weights = FullWeights()
     trainer = fw.Trainer(**{**QUIET, "enable_checkpointing": bool(callbacks)}, strategy=strategy, devices=devices,
                          max_steps=max_steps, callbacks=[weights, *(callbacks or [])], default_root_dir=root,
                          **trainer_args)
     per_rank = GLOBAL_BATCH // devices
+    model = ManualBlocks() if manual else Blocks()
     with redirect_stderr(io.StringIO()):
-        trainer.fit(Blocks(), DataLoader(data(), batch_size=per_rank),
+        trainer.fit(model, DataLoader(data(), batch_size=per_rank),
                     DataLoader(data(64), batch_size=per_rank), ckpt_path=ckpt_path)
-    return {"weights": weights.weights, "val_loss": float(trainer.callback_metrics.get("val_loss", torch.nan)),
+        val_loss = float(trainer.callback_metrics.get("val_loss", torch.nan))  # a call starts with none
+        predictions = trainer.predict(model, DataLoader(data(64), batch_size=per_rank)) if predict else None
+    return {"weights": weights.weights, "val_loss": val_loss,
             "global_step": trainer.global_step, "rank": trainer.global_rank,
-            "local_numel": weights.local_numel, "sharded": weights.sharded}
+            "local_numel": weights.local_numel, "sharded": weights.sharded,
+            "predictions": torch.cat(predictions) if predictions else None}

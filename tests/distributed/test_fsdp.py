@@ -45,6 +45,7 @@ CASES = [
     {"tag": "grad_op", "strategy": {"sharding_strategy": "SHARD_GRAD_OP"}},
     {"tag": "accumulate", "trainer": {"accumulate_grad_batches": 2}},
     {"tag": "clip", "trainer": {"gradient_clip_val": 0.05}},
+    {"tag": "manual", "trainer": {"manual": True, "predict": True}},
     {"tag": "bf16", "trainer": {"precision": "bf16-mixed"}},
 ]
 
@@ -127,3 +128,17 @@ def test_hybrid_sharding_on_four_ranks_ends_where_one_process_ends(tmp_path):
     assert run["sharded"] and full / 2 <= run["local_numel"] <= full / 2 + 16 * 4  # half: 2 shards, not 4
     assert close(run["weights"], single["weights"]) < TOLERANCE
     assert run["val_loss"] == pytest.approx(single["val_loss"], abs=TOLERANCE)
+
+
+@pytest.mark.timeout(200)
+def test_predict_under_fsdp_gives_each_rank_the_outputs_of_its_samples(job):
+    result, out = job
+    check_ok(result)
+    run = torch.load(out / "manual.pt")
+    rows = run["predictions"]
+    assert rows is not None and 0 < len(rows) < 64  # rank 0's share of the 64 samples
+    single = sharded.Blocks()
+    single.load_state_dict(run["weights"])
+    with torch.no_grad():
+        expected = single(rows[:, :-1])
+    assert float((rows[:, -1] - expected).abs().max()) < 1e-5

@@ -73,3 +73,26 @@ def test_a_checkpoint_of_another_strategy_is_not_resumed_under_fsdp(tmp_path):
                                               r"supported yet"):
         sharded.fit(FSDP, devices=1, max_steps=4, ckpt_path=str(tmp_path / "epoch=0-step=2.ckpt"),
                     root=str(tmp_path))
+
+
+def test_a_sharded_model_serves_the_next_call_and_refuses_another_layout(tmp_path):
+    """After fit the module stays sharded and its group up (fit, then predict, as in Lightning);
+    a call that would shard it another way is refused."""
+    import torch.distributed as dist
+    from torch.utils.data import DataLoader
+
+    import framework as fw
+
+    model = sharded.Blocks()
+    loader = DataLoader(sharded.data(32), batch_size=16)
+    quiet = {**sharded.QUIET, "enable_checkpointing": False, "default_root_dir": str(tmp_path)}
+    try:
+        fw.Trainer(**quiet, strategy=FSDP, devices=1, max_steps=2).fit(model, loader)
+        assert dist.is_initialized()
+        (rows,) = fw.Trainer(**quiet, strategy=FSDP, devices=1).predict(model, loader)[:1]
+        assert rows.shape == (16, 9)
+        with pytest.raises(ConfigError, match=r"Blocks was sharded by an earlier fsdp call with another layout"):
+            fw.Trainer(**quiet, strategy={**FSDP, "sharding_strategy": "SHARD_GRAD_OP"}, devices=1).predict(model, loader)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
