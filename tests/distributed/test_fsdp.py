@@ -69,14 +69,18 @@ def test_two_fsdp_ranks_end_where_one_process_ends(job, case):
     result, out = job
     check_ok(result)
     sharded_run = torch.load(out / f"{case['tag']}.pt")
-    single = sharded.fit("single", devices=1, **case.get("trainer", {}))
-    assert sharded_run["global_step"] == single["global_step"] == sharded.STEPS
-    # rank 0 held about half of the parameters, as DTensor shards (FSDP shards each one's rows)
+    assert_like_one_process(sharded_run, sharded.fit("single", devices=1, **case.get("trainer", {})))
+
+
+def assert_like_one_process(run: dict, single: dict) -> None:
+    """The same steps, weights and validation loss; rank 0 held about half of the parameters,
+    as DTensor shards (FSDP shards each one's rows; 2 shards, also on the 2 x 2 mesh)."""
+    assert run["global_step"] == single["global_step"] == sharded.STEPS
     full = sum(w.numel() for w in single["weights"].values())
-    assert sharded_run["sharded"] and not single["sharded"]
-    assert full / 2 <= sharded_run["local_numel"] <= full / 2 + 16 * 4, (sharded_run["local_numel"], full)
-    assert close(sharded_run["weights"], single["weights"]) < TOLERANCE
-    assert sharded_run["val_loss"] == pytest.approx(single["val_loss"], abs=TOLERANCE)
+    assert run["sharded"] and not single["sharded"]
+    assert full / 2 <= run["local_numel"] <= full / 2 + 16 * 4, (run["local_numel"], full)
+    assert close(run["weights"], single["weights"]) < TOLERANCE
+    assert run["val_loss"] == pytest.approx(single["val_loss"], abs=TOLERANCE)
 
 
 @pytest.mark.timeout(200)
@@ -122,12 +126,7 @@ def test_hybrid_sharding_on_four_ranks_ends_where_one_process_ends(tmp_path):
     cases = [{"tag": "hybrid", "strategy": {"sharding_strategy": "HYBRID_SHARD", "device_mesh": [2, 2]}}]
     script = write_script(tmp_path, SCRIPT.replace("devices=2", "devices=4"))
     check_ok(forked.run_script(script, json.dumps({"cases": cases, "out": str(tmp_path)}), nprocs=4, timeout=150))
-    run = torch.load(tmp_path / "hybrid.pt")
-    single = sharded.fit("single", devices=1)
-    full = sum(w.numel() for w in single["weights"].values())
-    assert run["sharded"] and full / 2 <= run["local_numel"] <= full / 2 + 16 * 4  # half: 2 shards, not 4
-    assert close(run["weights"], single["weights"]) < TOLERANCE
-    assert run["val_loss"] == pytest.approx(single["val_loss"], abs=TOLERANCE)
+    assert_like_one_process(torch.load(tmp_path / "hybrid.pt"), sharded.fit("single", devices=1))
 
 
 @pytest.mark.timeout(200)
