@@ -104,7 +104,7 @@ class FullWeights(fw.Callback):
 
 def fit(strategy: Any, devices: int, max_steps: int = STEPS, callbacks: list | None = None,
         ckpt_path: str | None = None, root: str = ".", manual: bool = False, predict: bool = False,
-        **trainer_args: Any) -> dict:
+        samples: int = STEPS * GLOBAL_BATCH, **trainer_args: Any) -> dict:
     """One fit on ``devices`` ranks with the global batch split over them (``manual``: with
     manual optimization); the full weights, the epoch's validation loss, the trainer's step, and
     with ``predict`` this rank's predictions on the validation data (rows: inputs, output)."""
@@ -115,7 +115,7 @@ def fit(strategy: Any, devices: int, max_steps: int = STEPS, callbacks: list | N
     per_rank = GLOBAL_BATCH // devices
     model = ManualBlocks() if manual else Blocks()
     with redirect_stderr(io.StringIO()):
-        trainer.fit(model, DataLoader(data(), batch_size=per_rank),
+        trainer.fit(model, DataLoader(data(samples), batch_size=per_rank),
                     DataLoader(data(64), batch_size=per_rank), ckpt_path=ckpt_path)
         val_loss = float(trainer.callback_metrics.get("val_loss", torch.nan))  # a call starts with none
         predictions = trainer.predict(model, DataLoader(data(64), batch_size=per_rank)) if predict else None

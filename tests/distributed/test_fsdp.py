@@ -141,3 +141,46 @@ def test_predict_under_fsdp_gives_each_rank_the_outputs_of_its_samples(job):
     with torch.no_grad():
         expected = single(rows[:, :-1])
     assert float((rows[:, -1] - expected).abs().max()) < 1e-5
+
+
+SIGNALLED = """
+import os, signal, sys
+import torch
+import framework as fw
+import sharded
+
+out, mode = sys.argv[1], sys.argv[2]
+strategy = {"name": "fsdp", "auto_wrap_policy": ["Block"]}
+
+
+class Preempt(fw.Callback):  # SIGTERM to rank 1 at step 3, as a scheduler would send it
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if mode == "signal" and trainer.global_rank == 1 and trainer.global_step == 3:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+if mode == "signal":
+    sharded.fit(strategy, devices=2, max_steps=40, callbacks=[Preempt()], root=out, samples=480)
+else:
+    resumed = sharded.fit(strategy, devices=2, max_steps=40, ckpt_path=out + "/checkpoints/preempted.ckpt", root=out,
+                          samples=480)
+    straight = sharded.fit(strategy, devices=2, max_steps=40, root=out, samples=480)
+    if resumed["rank"] == 0:
+        torch.save({"resumed": resumed, "straight": straight}, out + "/signalled.pt")
+"""
+
+
+@pytest.mark.timeout(200)
+def test_sigterm_under_fsdp_writes_a_checkpoint_that_resumes_bit_for_bit(tmp_path):
+    """SIGTERM to one rank mid-epoch: both stop at the same batch, write preempted.ckpt and exit
+    0; the resume ends where an uninterrupted run ends, bit for bit."""
+    script = write_script(tmp_path, SIGNALLED)
+    stopped = forked.run_script(script, str(tmp_path), "signal", nprocs=2, timeout=100)
+    assert stopped.returncode == 0, stopped.output  # a stop asked for ends the program with 0
+    preempted = torch.load(tmp_path / "checkpoints" / "preempted.ckpt", weights_only=True)
+    # the ranks stopped together mid-epoch (30 batches an epoch; measured: step 20)
+    assert 3 < preempted["global_step"] < 30 and preempted["fw_optimizer_keys"] == "names"
+    check_ok(forked.run_script(script, str(tmp_path), "resume", nprocs=2, timeout=100))
+    runs = torch.load(tmp_path / "signalled.pt")
+    assert runs["resumed"]["global_step"] == runs["straight"]["global_step"] == 40
+    assert close(runs["resumed"]["weights"], runs["straight"]["weights"]) == 0
