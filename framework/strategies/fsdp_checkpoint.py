@@ -62,7 +62,10 @@ def load_full(strategy: Strategy, module: TrainModule, path: str, parts: Checkpo
                                       f"configure_optimizers() returned {len(optimizers)}: resume with the "
                                       "configure_optimizers() it was written with")
             for opt, state in zip(optimizers, states, strict=True):
-                set_optimizer_state_dict(module, opt, state, options=full)
+                if state.get("state"):
+                    set_optimizer_state_dict(module, opt, state, options=full)
+                else:  # a stateless optimizer (SGD without momentum): torch's loader cannot place it
+                    _load_param_groups(opt, state.get("param_groups", []), path)
 
         shared["optimizer_states"] = Value(_no_get, put_optimizers)
     first = shared.pop("fw/on_read", None)
@@ -73,6 +76,16 @@ def load_full(strategy: Strategy, module: TrainModule, path: str, parts: Checkpo
             first(checkpoint)
 
     return load_on_every_rank(strategy, path, replace(parts, shared={"fw/on_read": OnLoad(read_keys), **shared}))
+
+
+def _load_param_groups(optimizer: Any, groups: list[dict], path: str) -> None:
+    """The hyperparameters of each group (a scheduler's learning rate, say); its parameters stay."""
+    if len(groups) != len(optimizer.param_groups):
+        raise CheckpointError(f"checkpoint '{path}' holds {len(groups)} parameter group(s) for {type(optimizer).__name__} "
+                              f"and configure_optimizers() made {len(optimizer.param_groups)}: resume with the "
+                              "configure_optimizers() it was written with")
+    for mine, saved in zip(optimizer.param_groups, groups, strict=True):
+        mine.update({key: value for key, value in saved.items() if key != "params"})
 
 
 def _optimizers(shared: dict) -> list:

@@ -2,7 +2,8 @@
 agent restart the group; the restarted workers find the newest checkpoint of this run on their
 own (no ckpt_path) and end bit-identical to a run that was never interrupted.
 
-CI runs ``FW_RESTART_REPEATS`` (default 2) random kills per launcher; the issue's full count is
+CI runs ``FW_RESTART_REPEATS`` (default 2) random kills per launcher, and half as many (at least
+one) under FSDP, whose full-state checkpoints go the same way; the issues' full count is
 ``FW_RESTART_REPEATS=10``.
 """
 
@@ -31,6 +32,7 @@ import workload
 
 out, name = sys.argv[1], sys.argv[2]
 kill_rank, kill_step = int(sys.argv[3]), int(sys.argv[4])
+strategy = sys.argv[5] if len(sys.argv) > 5 else "ddp_gloo"
 
 class Dropout(workload.Regressor):
     def __init__(self):
@@ -48,13 +50,14 @@ class KillOnce(fw.Callback):
 
 fw.seed_everything(0)
 model = Dropout()
-trainer = fw.Trainer(devices=2, strategy="ddp_gloo", max_epochs=2, accelerator="cpu", logger=False,
+trainer = fw.Trainer(devices=2, strategy=strategy, max_epochs=2, accelerator="cpu", logger=False,
                      enable_progress_bar=False, num_sanity_val_steps=0, default_root_dir=f"{out}/{name}",
                      max_restarts=1 if name != "straight" else 0,
                      callbacks=[KillOnce(), ModelCheckpoint(every_n_train_steps=1, save_top_k=-1)])
 trainer.fit(model, DataLoader(workload.regression_data(64), batch_size=4, shuffle=True))
 with open(f"{out}/{name}_rank{trainer.global_rank}.json", "w") as f:
-    json.dump({"step": trainer.global_step, "w": torch.cat([p.detach().flatten() for p in model.parameters()]).tolist()}, f)
+    full = [p.full_tensor() if hasattr(p, "full_tensor") else p for p in model.parameters()]  # fsdp: its shards
+    json.dump({"step": trainer.global_step, "w": torch.cat([p.detach().flatten() for p in full]).tolist()}, f)
 """
 
 
@@ -110,7 +113,7 @@ class Fails(workload.Regressor):
             raise ValueError("rank 1 cannot go past batch 3")
         return super().training_step(batch, batch_idx)
 
-trainer = fw.Trainer(devices=2, strategy="ddp_gloo", max_epochs=2, max_restarts=1, **workload.FIT_ARGS)
+trainer = fw.Trainer(devices=2, strategy=strategy, max_epochs=2, max_restarts=1, **workload.FIT_ARGS)
 trainer.fit(Fails(), DataLoader(workload.regression_data(64), batch_size=4))
 """
 
@@ -123,3 +126,20 @@ def test_a_restart_that_cannot_succeed_ends_with_the_real_cause(tmp_path):
     assert errors and "worker rank 1" in errors[-1] and "ValueError: rank 1 cannot go past batch 3" in errors[-1], \
         result.output
     assert "timed out" not in result.output.lower()
+
+
+@pytest.mark.timeout(30 + 30 * _repeats())
+def test_under_fsdp_a_killed_worker_restarts_and_resumes_bit_identically(tmp_path):
+    script = write_script(tmp_path, SCRIPT)
+    check_ok(forked.run_script(script, str(tmp_path), "straight", "-1", "-1", "fsdp", nprocs=2, timeout=30))
+    straight = [json.loads((tmp_path / f"straight_rank{r}.json").read_text()) for r in (0, 1)]
+    rng = random.Random()
+    for attempt in range(max(1, _repeats() // 2)):
+        rank, step = rng.randrange(2), rng.randrange(1, STEPS)
+        name = f"killed{attempt}"
+        result = run_script(script, str(tmp_path), name, str(rank), str(step), "fsdp", timeout=90)
+        check_ok(result)
+        assert "workers restarted by the elastic agent (restart 1): resuming from" in result.output, result.output
+        for r in (0, 1):
+            got = json.loads((tmp_path / f"{name}_rank{r}.json").read_text())
+            assert got["step"] == STEPS and got["w"] == straight[r]["w"], f"kill of rank {rank} at step {step}: rank {r}"
