@@ -113,7 +113,7 @@ class Fails(workload.Regressor):
             raise ValueError("rank 1 cannot go past batch 3")
         return super().training_step(batch, batch_idx)
 
-trainer = fw.Trainer(devices=2, strategy=strategy, max_epochs=2, max_restarts=1, **workload.FIT_ARGS)
+trainer = fw.Trainer(devices=2, strategy="ddp_gloo", max_epochs=2, max_restarts=1, **workload.FIT_ARGS)
 trainer.fit(Fails(), DataLoader(workload.regression_data(64), batch_size=4))
 """
 
