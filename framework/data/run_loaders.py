@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from framework.data.sampler_injection import shard_dataloader, without_shuffle
+from framework.data.sampler_injection import in_global_order, shard_dataloader, without_shuffle
 from framework.errors import ConfigError
 
 #: the method asked for each stage's loaders
@@ -30,9 +30,12 @@ class LoaderSource:
     """Args:
         given: per stage key, the loader(s) passed to the call, or None.
         source: the DataModule, or the module, asked for the others.
-        seed: the seed of the shuffling shards' order (the same on every rank).
-        shard: the strategy's ``distributed_sampler_kwargs()`` (None: each rank reads it all).
+        seed: the seed of the training data's order (the same on every rank).
+        shard: the strategy's ``distributed_sampler_kwargs()`` (None: evaluation loaders are
+            read whole, the training loader in its global order by one process).
         overfit: ``overfit_batches`` is set: the training loader does not shuffle.
+        ordered: ``use_distributed_sampler``: the training loader reads the global order (else
+            the loader's own sampler, and no shard).
     """
 
     given: dict[str, Any]
@@ -40,6 +43,7 @@ class LoaderSource:
     seed: int
     shard: dict[str, Any] | None
     overfit: bool
+    ordered: bool = True
 
     def loaders(self, key: str) -> list:
         """The stage's loaders, ready for this rank ([] when there are none)."""
@@ -56,8 +60,11 @@ class LoaderSource:
         loaders = list(loader) if isinstance(loader, (list, tuple)) else [loader]
         if key == "train" and self.overfit:
             loaders = [without_shuffle(dl) for dl in loaders]
-        if self.shard:
-            loaders = [shard_dataloader(dl, train=(key == "train"), seed=self.seed, **self.shard) for dl in loaders]
+        if key == "train" and self.ordered:
+            loaders = [in_global_order(dl, seed=self.seed, **(self.shard or {"num_replicas": 1, "rank": 0}))
+                       for dl in loaders]
+        elif key != "train" and self.shard:
+            loaders = [shard_dataloader(dl, seed=self.seed, **self.shard) for dl in loaders]
         return loaders
 
     def reload(self, loaders: dict[str, list]) -> None:

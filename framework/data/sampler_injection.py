@@ -1,19 +1,20 @@
 """Distributed sampler injection: each rank's loaders read that rank's shard.
 
-When the run is distributed, every loader gets a sampler that gives this rank its shard:
-- training: ``DistributedSampler`` (padded so every rank takes the same number of steps, which
-  DDP needs); an unshuffled loader keeps its order (rank r takes samples r, r+N, ...), so N ranks
-  with batch B see exactly what one process with batch N*B sees;
-- evaluation: ``EvalShardSampler``, the same interleaving **without padding**, so no sample is
-  counted twice and a metric over N ranks equals the single-process one.
-A custom sampler is wrapped: its indices are drawn, then sharded the same way. The epoch is
-passed to ``set_epoch`` every epoch, so shuffled orders change per epoch and are reproducible
-from the seed.
+Every loader gets a sampler that gives this rank its shard:
+- training, in every run (one process too): ``GlobalOrderSampler`` (``global_order.py``), one
+  order per epoch from the run's seed whatever the number of ranks, rank r taking positions r,
+  r+N, ... of it (padded so every rank takes as many steps, which DDP needs), so N ranks with
+  batch B see exactly what one process with batch N*B sees, shuffled or not;
+- evaluation, when the run is distributed: ``EvalShardSampler``, the same interleaving
+  **without padding**, so no sample is counted twice and a metric over N ranks equals the
+  single-process one.
+A custom sampler is wrapped: its indices are drawn (alike on every rank), then sharded the same
+way. The epoch is passed to ``set_epoch`` every epoch, so shuffled orders change per epoch and
+are reproducible from the seed.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Iterator, Sized
 from typing import Any
 
@@ -28,6 +29,7 @@ from torch.utils.data import (
     SequentialSampler,
 )
 
+from framework.data.global_order import GlobalOrderSampler
 from framework.rank_zero import rank_zero_warn
 
 
@@ -57,29 +59,6 @@ class EvalShardSampler(Sampler[int]):
             self.base.set_epoch(epoch)
 
 
-class ShardedSampler(Sampler[int]):
-    """Wraps a custom sampler for training: draws its indices (identically on every rank),
-    pads to a multiple of N by repeating from the start (as DistributedSampler does), and takes
-    every N-th from rank r."""
-
-    def __init__(self, base: Iterable[int], num_replicas: int, rank: int, seed: int = 0) -> None:
-        self.base, self.num_replicas, self.rank, self.seed, self.epoch = base, num_replicas, rank, seed, 0
-
-    def __iter__(self) -> Iterator[int]:
-        order = _draw(self.base, self.seed + self.epoch)
-        total = math.ceil(len(order) / self.num_replicas) * self.num_replicas
-        order += (order * math.ceil(total / max(len(order), 1)))[: total - len(order)]
-        return iter(order[self.rank : total : self.num_replicas])
-
-    def __len__(self) -> int:
-        return math.ceil(len(_sized(self.base)) / self.num_replicas)
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-        if hasattr(self.base, "set_epoch"):
-            self.base.set_epoch(epoch)
-
-
 def _sized(obj: object) -> Sized:
     """``obj``, which must have a length (raises the TypeError ``len`` would)."""
     if not isinstance(obj, Sized):
@@ -95,30 +74,47 @@ def _draw(sampler: Iterable[int], seed: int) -> list[int]:
         return list(sampler)
 
 
-def shard_dataloader(loader: DataLoader, num_replicas: int, rank: int, train: bool, seed: int) -> DataLoader:
-    """Return ``loader`` rebuilt with this rank's sampler (or unchanged when it must not be)."""
-    if not isinstance(loader, DataLoader) or isinstance(loader.dataset, IterableDataset):
-        return loader  # iterable data shard themselves
+def shard_dataloader(loader: DataLoader, num_replicas: int, rank: int, seed: int) -> DataLoader:
+    """An evaluation ``loader`` rebuilt with this rank's shard (or unchanged when it must not be)."""
+    if not _plain(loader, warn=True) or isinstance(loader.sampler, (DistributedSampler, EvalShardSampler)):
+        return loader
     sampler = loader.sampler
-    if isinstance(sampler, (DistributedSampler, EvalShardSampler, ShardedSampler)):
+    base = None if isinstance(sampler, (SequentialSampler, RandomSampler)) else sampler
+    return _rebuild(loader, EvalShardSampler(base, len(_sized(loader.dataset)), num_replicas, rank, seed))
+
+
+def in_global_order(loader: DataLoader, num_replicas: int, rank: int, seed: int) -> DataLoader:
+    """A training ``loader`` rebuilt to read this rank's positions of the run's global order
+    (``global_order.py``: the same order on any number of ranks, one process included), or
+    unchanged when it must not be (in one process, a DataLoader subclass keeps its own sampler:
+    rebuilding it as a DataLoader would lose what the subclass adds)."""
+    if not _plain(loader, warn=num_replicas > 1) or isinstance(loader.sampler, (DistributedSampler, GlobalOrderSampler)):
         return loader
+    if num_replicas == 1 and type(loader) is not DataLoader:
+        return loader  # a DataLoader subclass (a stateful one, say) keeps its own sampler where none is needed
+    sampler = loader.sampler
+    plain_shuffle = type(sampler) is RandomSampler and not sampler.replacement and sampler._num_samples is None
+    generator = getattr(sampler, "generator", None)
+    if plain_shuffle and generator is not None:
+        seed = generator.initial_seed()  # keep the loader's own seed
+    base = None if plain_shuffle or type(sampler) is SequentialSampler else sampler
+    size = len(_sized(base if base is not None else loader.dataset))
+    assert loader.batch_size is not None, "_plain: a loader with a batch size"
+    order = GlobalOrderSampler(size, num_replicas, rank, seed, shuffle=plain_shuffle, base=base,
+                               batch_size=loader.batch_size, drop_last=loader.drop_last)
+    return _rebuild(loader, order)
+
+
+def _plain(loader: Any, warn: bool) -> bool:
+    """A DataLoader over a map-style data set with torch's own batch sampler (what fw can shard);
+    a custom batch sampler is left alone (with a warning, when it would need a shard)."""
+    if not isinstance(loader, DataLoader) or isinstance(loader.dataset, IterableDataset):
+        return False  # iterable data shard themselves
     if loader.batch_size is None or type(loader.batch_sampler) is not BatchSampler:
-        rank_zero_warn("a DataLoader with a custom batch_sampler is not sharded; shard it yourself")
-        return loader
-    shuffle = isinstance(sampler, RandomSampler)
-    if loader.generator is not None and shuffle:
-        seed = loader.generator.initial_seed()  # keep the loader's own seed
-    if train:
-        if isinstance(sampler, (RandomSampler, SequentialSampler)):
-            new_sampler: Sampler = DistributedSampler(
-                loader.dataset, num_replicas=num_replicas, rank=rank, shuffle=shuffle, seed=seed
-            )
-        else:
-            new_sampler = ShardedSampler(sampler, num_replicas, rank, seed)
-    else:
-        base = None if isinstance(sampler, (SequentialSampler, RandomSampler)) else sampler
-        new_sampler = EvalShardSampler(base, len(_sized(loader.dataset)), num_replicas, rank, seed)
-    return _rebuild(loader, new_sampler)
+        if warn:
+            rank_zero_warn("a DataLoader with a custom batch_sampler is not sharded; shard it yourself")
+        return False
+    return True
 
 
 def skipping_first_batches(loader: Any, batches: int) -> DataLoader | None:

@@ -56,8 +56,7 @@ def save_from_rank_zero(strategy: Strategy, path: str, parts: CheckpointParts) -
 def load_on_every_rank(strategy: Strategy, path: str, parts: CheckpointParts) -> dict[str, Any]:
     """Read ``path`` (every rank reads the one file) and load ``parts`` from it; the contents."""
     checkpoint = ckpt.load_checkpoint(path)
-    same_ranks = ckpt.ranks_that_wrote(checkpoint) == strategy.world_size
-    parts.load(checkpoint, strategy.global_rank if same_ranks else 0)
+    parts.load(checkpoint, strategy.global_rank, strategy.world_size)
     return checkpoint
 
 

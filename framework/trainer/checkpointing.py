@@ -7,9 +7,8 @@ RNG states: the current ones and those at the start of the epoch. Resuming in th
 epoch rebuilds that epoch's data order from the epoch-start RNG, draws (and drops) the batches
 already trained on, then puts back the RNG state of the moment the checkpoint was written, so
 the resumed run is bit for bit the run that was never stopped. That position is counted in
-batches per rank, so a mid-epoch checkpoint resumes on the number of ranks (and with the batch
-size) it was written with; one written at an epoch end resumes on any number. The file format
-(atomic write, safe load) is ``framework/checkpoint.py``.
+batches per rank, and in samples of the global order on another number of ranks or batch size
+(``carry_over.py``). The file format (atomic write, safe load) is ``framework/checkpoint.py``.
 """
 
 from __future__ import annotations
@@ -24,14 +23,15 @@ from framework import checkpoint as ckpt
 from framework.errors import CheckpointError, TrainingError
 from framework.rank_zero import rank_zero_info, rank_zero_warn
 from framework.strategies.checkpoint_io import is_live
-from framework.trainer.parts import Callbacks, CheckpointParts, Each, OnLoad, Stateful, Value
-from framework.trainer.resume import (
+from framework.trainer.carry_over import (
+    Carry,
     check_position_carries_over,
-    position_parts,
-    progress_part,
-    resume_point,
+    continue_order,
     train_batch_size,
+    train_order,
 )
+from framework.trainer.parts import Callbacks, CheckpointParts, Each, OnLoad, Stateful, Value
+from framework.trainer.resume import position_parts, progress_part, resume_point
 
 if TYPE_CHECKING:
     from framework.trainer.run import Run
@@ -81,6 +81,7 @@ def _values(run: Run) -> dict[str, Any]:
         "hyper_parameters": ckpt.plain_hparams(getattr(run.module, "hparams", {}) or {}),
         "world_size": run.strategy.world_size,
         "train_batch_size": train_batch_size(run),  # the unit of a mid-epoch position ("loop")
+        "train_order": train_order(run),  # what that position means in samples (carry_over.py)
         # a restarted (elastic) or requeued (SLURM) job looks for its own checkpoints by these
         "run_id": os.environ.get("TORCHELASTIC_RUN_ID"),
         "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
@@ -156,9 +157,12 @@ def restore(run: Run, ckpt_path: str | None) -> None:
     if ckpt_path is None:
         return
 
+    carry: list[Carry | None] = [None]
+
     def on_read(checkpoint: dict) -> None:
         if fn == "fit":  # before anything is loaded: a refused resume leaves the model as it was
-            check_position_carries_over(run, checkpoint, ckpt_path)
+            carry[0] = check_position_carries_over(run, checkpoint, ckpt_path)
+            continue_order(run, checkpoint)
         rank_zero_info(f"fw {fn}: loaded {ckpt_path} (step {checkpoint.get('global_step')})")
         run.hooks.module_hook("on_load_checkpoint", checkpoint)
 
@@ -166,7 +170,7 @@ def restore(run: Run, ckpt_path: str | None) -> None:
     parts = parts_of(run, for_fit=fn == "fit", path=ckpt_path, on_read=on_read, resumed=mine)
     checkpoint = run.strategy.load_checkpoint(ckpt_path, parts)
     if fn == "fit":
-        state.position.resume_from = resume_point(run, mine, ckpt.ranks_that_wrote(checkpoint))
+        state.position.resume_from = resume_point(run, mine, ckpt.ranks_that_wrote(checkpoint), carry[0])
 
 
 _fits_in_this_process = 0

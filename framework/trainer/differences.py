@@ -41,6 +41,13 @@ def _unshuffled_training_under_ddp(run: Run, fn: str, _: str | None) -> bool:
     return shuffle is False  # a DistributedSampler that keeps the loader's order
 
 
+def _global_order_in_one_process(run: Run, fn: str, _: str | None) -> bool:
+    if fn != "fit" or run.strategy.is_distributed or not run.settings.use_distributed_sampler:
+        return False
+    loaders = run.loaders.get("train") or []
+    return bool(loaders) and getattr(getattr(loaders[0], "sampler", None), "shuffle", False) is True
+
+
 def _uneven_evaluation_shards(run: Run, fn: str, _: str | None) -> bool:
     if not run.strategy.is_distributed:
         return False
@@ -96,6 +103,10 @@ _DIFFERENCES: list[tuple[str, Callable[[Run, str, str | None], bool], str]] = [
     ("no forced shuffle", _unshuffled_training_under_ddp,
      "the training loader is not shuffled, and fw keeps its order on every rank (Lightning would shuffle it "
      "under DDP); give the DataLoader shuffle=True to shuffle"),
+    ("one order", _global_order_in_one_process,
+     "the shuffled training loader reads fw's one order for any number of ranks (DistributedSampler's "
+     "permutation of the seed and epoch), not its RandomSampler's draw, so a checkpoint resumes exactly on another "
+     "number of ranks; Trainer(use_distributed_sampler=False) keeps the loader's own order (Lightning's in one process)"),
     ("exact evaluation", _uneven_evaluation_shards,
      "evaluation shards are not padded, so no sample counts twice and the metric equals one process's "
      "(Lightning pads the last batch with repeated samples)"),

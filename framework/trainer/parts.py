@@ -69,10 +69,10 @@ class CheckpointParts:
             self.on_write(checkpoint)
         return checkpoint
 
-    def load(self, checkpoint: dict[str, Any], rank: int) -> None:
-        """Every part from ``checkpoint``, in order; a per-rank part from ``rank``'s entry (the
-        caller passes 0 for a file written by another number of ranks, and says so). A part the
-        file lacks stays as it is."""
+    def load(self, checkpoint: dict[str, Any], rank: int, world_size: int) -> None:
+        """Every part from ``checkpoint``, in order; a per-rank part from ``rank``'s entry, or,
+        in a file written by another number of ranks, a ``FromRanks`` of the entries this rank
+        takes over. A part the file lacks stays as it is."""
         for key, part in self.shared.items():
             if isinstance(part, OnLoad):
                 part(checkpoint)
@@ -80,8 +80,24 @@ class CheckpointParts:
                 part.load_state_dict(checkpoint[key])
         for key, part in self.per_rank.items():
             states = checkpoint.get(key) or []
-            if states:
+            if len(states) == world_size:
                 part.load_state_dict(states[rank])
+            elif states:
+                part.load_state_dict(FromRanks.regroup(states, rank, world_size))
+
+
+@dataclass(frozen=True)
+class FromRanks:
+    """What rank r of M takes over of a per-rank part written by N ranks (N != M): the entries of
+    the ranks k with k % M == r (``taken``: those to merge, none for r >= N), and ``own``, the
+    entry of rank r % N (a state that cannot be merged, as an RNG state)."""
+
+    taken: list[Any]
+    own: Any
+
+    @staticmethod
+    def regroup(states: Sequence[Any], rank: int, world_size: int) -> FromRanks:
+        return FromRanks([state for k, state in enumerate(states) if k % world_size == rank], states[rank % len(states)])
 
 
 # -- fw's pieces as parts ------------------------------------------------------------------------

@@ -11,14 +11,10 @@ its starting RNG state, skips the batches already done (``continue_epoch``), the
 RNG state of the moment the checkpoint was written, so the resumed run is bit for bit the run
 that was never stopped.
 
-That position is a count of batches per rank. It means the same samples only for the same
-number of ranks and the same per-rank batch size: resumed on another number of ranks, the
-skipped batches are other samples than the ones already trained on (2 ranks resumed on 1
-trained 12 of 64 samples twice in that epoch; 1 rank resumed on 2 skipped 12; a shuffled run
-also reads another order). Until the position is kept in samples of the global order, such a
-resume is refused (``check_position_carries_over``). At an epoch end there is no position to
-map: such a checkpoint resumes on any number of ranks (with the same global batch, within float
-noise of the run that was never stopped).
+That position is a count of batches per rank; on another number of ranks or another batch size
+it is read as samples of the global order (``carry_over.py``: a ``Carry``), and the epoch goes
+on from that sample. Each rank then takes over the per-rank parts of the ranks it replaces
+(``parts.FromRanks``): their metric aggregates merged, an RNG state of one of them.
 """
 
 from __future__ import annotations
@@ -28,24 +24,18 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from framework.checkpoint import ranks_that_wrote
+from framework.data.global_order import GlobalOrderSampler
 from framework.data.sampler_injection import iterate_after
-from framework.errors import CheckpointError
 from framework.rank_zero import rank_zero_warn
 from framework.seed import get_rng_state, set_rng_state
-from framework.trainer.parts import Stateful, Value
+from framework.trainer.metric_merge import merge_aggregates
+from framework.trainer.parts import FromRanks, Stateful, Value
 
 if TYPE_CHECKING:
+    from framework.trainer.carry_over import Carry
     from framework.trainer.metric_collector import MetricCollector
     from framework.trainer.run import Run
     from framework.trainer.state import RunState
-
-_AT_AN_EPOCH_END = ("resume from a checkpoint written at an epoch end (ModelCheckpoint's end-of-epoch "
-                    "checkpoint: its default, without every_n_train_steps)")
-
-
-def _ranks(n: int) -> str:
-    return f"{n} rank" if n == 1 else f"{n} ranks"
 
 
 @dataclass
@@ -105,11 +95,10 @@ class DataPosition:
         resume, self.resume_from = self.resume_from, None
         if resume is None or not resume.batches:
             return iter(loader), 0
-        iterator = resume.iterate_from_position(loader)
+        iterator, self.batches = resume.iterate_from_position(loader)
         if resume.metrics:
-            collector.load_state_dict(resume.metrics, module)
-        self.batches = resume.batches
-        return iterator, resume.batches
+            collector.load_state_dict(merge_aggregates(resume.metrics, module), module)
+        return iterator, self.batches
 
 
 @dataclass
@@ -120,24 +109,40 @@ class ResumePoint:
     rng: dict
     batches: int = 0
     rng_after_skip: dict | None = None
-    metrics: dict | None = None  # the epoch's running aggregates (see MetricCollector.state_dict)
+    metrics: list[dict] | None = None  # the epoch's running aggregates, of each rank taken over
     loader_state: dict | None = None  # a stateful training loader's own state_dict()
+    samples: int | None = None  # on another shape: the samples of the epoch's global order done
 
     def restore_rng(self) -> None:
         set_rng_state(self.rng)
 
-    def iterate_from_position(self, loader: Any) -> Iterator:
-        """An iterator over ``loader`` that starts after the batches already trained on, and
-        the RNG state the checkpoint had at that point. A loader with ``load_state_dict`` (such
-        as torchdata's StatefulDataLoader) resumes itself; others skip (``iterate_after``)."""
-        if self.loader_state is not None and callable(getattr(loader, "load_state_dict", None)):
+    def iterate_from_position(self, loader: Any) -> tuple[Iterator, int]:
+        """An iterator over ``loader`` that starts after the batches already trained on, its
+        first batch index, and the RNG state the checkpoint had at that point. A loader with
+        ``load_state_dict`` (such as torchdata's StatefulDataLoader) resumes itself; on another
+        shape the global order starts at the sample reached; others skip (``iterate_after``)."""
+        batches = self.batches
+        if self.samples is not None:
+            batches = start_at_sample(loader, self.samples)
+            iterator = iter(loader)
+        elif self.loader_state is not None and callable(getattr(loader, "load_state_dict", None)):
             loader.load_state_dict(self.loader_state)
             iterator = iter(loader)
         else:
-            iterator = iterate_after(loader, self.batches)
+            iterator = iterate_after(loader, batches)
         if self.rng_after_skip is not None:
             set_rng_state(self.rng_after_skip)
-        return iterator
+        return iterator, batches
+
+
+def start_at_sample(loader: Any, samples: int) -> int:
+    """Start ``loader``'s next pass at sample ``samples`` of its global order; the index of the
+    batch it begins with, counted so that the epoch's last batch keeps its index."""
+    sampler = loader.sampler
+    assert isinstance(sampler, GlobalOrderSampler), "carry_over: only the global order carries over in samples"
+    whole = len(loader)
+    sampler.start_at(samples)
+    return whole - len(loader)
 
 
 # -- as checkpoint parts --------------------------------------------------------------------------
@@ -188,57 +193,22 @@ def position_parts(run: Run, loaded: dict[str, Any]) -> dict[str, Stateful]:
             for key, get in (("rng", rng), ("metrics", metrics), ("loader_states", loader_state))}
 
 
-def resume_point(run: Run, mine: dict[str, Any], ranks: int) -> ResumePoint:
+def resume_point(run: Run, mine: dict[str, Any], ranks: int, carry: Carry | None) -> ResumePoint:
     """This rank's point to continue from (``mine``: its pieces from ``position_parts``, of a
-    file written by ``ranks`` ranks); mid-epoch, first the epoch-start RNG state (to rebuild the
-    same data order), and the saved state once the batches already done are skipped. (A
-    mid-epoch checkpoint from another number of ranks was refused before.)"""
-    if ranks != run.strategy.world_size:
-        rank_zero_warn(
-            f"checkpoint was written by {ranks} rank(s), this run has {run.strategy.world_size}: "
-            "RNG states are reused from rank 0, so the run will not be bit-identical; resume with "
-            f"{ranks} process(es) for an exact resume"
-        )
+    file written by ``ranks`` ranks; ``carry``: where another shape starts in the global order);
+    mid-epoch, first the epoch-start RNG state, and the saved state once the batches already
+    done are skipped."""
     rng, metrics, loader = mine["rng"], mine.get("metrics"), mine.get("loader_states")
+    if isinstance(rng, FromRanks):
+        rank_zero_warn(
+            f"checkpoint was written by {ranks} rank(s), this run has {run.strategy.world_size}: rank r takes "
+            f"the RNG states of rank r % {ranks}, so random draws (dropout) differ from the run that was never "
+            f"stopped; resume on {ranks} process(es) for a bit-exact resume"
+        )
+        rng, loader = rng.own, None
+    merged = metrics.taken if isinstance(metrics, FromRanks) else [metrics] if metrics else None
     batches = run.state.position.batches
+    samples = carry.samples if carry is not None else None
     if batches and rng["epoch_start"] is not None:
-        return ResumePoint(rng["epoch_start"], batches, rng["now"], metrics, loader)
-    return ResumePoint(rng["now"], batches, metrics=metrics, loader_state=loader)
-
-
-# -- what a fit refuses to continue ---------------------------------------------------------------
-def train_batch_size(run: Run) -> int | None:
-    """The per-rank batch size of the training loader, when it has one (what a mid-epoch
-    checkpoint's batch count is counted in)."""
-    loaders = run.loaders.get("train") or []
-    size = getattr(loaders[0], "batch_size", None) if loaders else None
-    return size if isinstance(size, int) else None
-
-
-def check_position_carries_over(run: Run, checkpoint: dict, path: str) -> None:
-    """Refuse a mid-epoch checkpoint whose data position means other samples in this run.
-
-    Raises:
-        CheckpointError: the checkpoint stopped mid-epoch on another number of ranks, or with
-            another per-rank training batch size, than this run has.
-    """
-    loop = checkpoint.get("loop") or {}
-    batches, epoch = int(loop.get("batches_done") or 0), loop.get("epoch")
-    if loop.get("epoch_finished", True) or batches == 0:
-        return  # at an epoch boundary: the next epoch's order does not depend on the ranks
-    saved_ranks = ranks_that_wrote(checkpoint)
-    where = f"ckpt_path '{path}': the checkpoint stopped mid-epoch (epoch {epoch}, after {batches} batches per rank)"
-    why = "the data position cannot be mapped exactly (samples would be trained twice or skipped)"
-    if saved_ranks != run.strategy.world_size:
-        raise CheckpointError(
-            f"{where} on {_ranks(saved_ranks)}, and this run has {run.strategy.world_size}: {why}. Resume on "
-            f"{_ranks(saved_ranks)} (trainer.devices * trainer.num_nodes = {saved_ranks}), or {_AT_AN_EPOCH_END}"
-        )
-    if run.settings.reload_dataloaders_every_n_epochs:
-        return  # the loader of the resumed epoch is built later (its batch size may differ per epoch)
-    saved_batch, batch = checkpoint.get("train_batch_size"), train_batch_size(run)
-    if saved_batch is not None and batch is not None and saved_batch != batch:
-        raise CheckpointError(
-            f"{where} with {saved_batch} samples per batch per rank, and this run's training batch size is {batch}: "
-            f"{why}. Resume with batch size {saved_batch}, or {_AT_AN_EPOCH_END}"
-        )
+        return ResumePoint(rng["epoch_start"], batches, rng["now"], merged, loader, samples)
+    return ResumePoint(rng["now"], batches, metrics=merged, loader_state=loader, samples=samples)

@@ -113,7 +113,8 @@ def setup(run: Run, loaders: dict, ckpt_path: Any) -> str | None:
     source = datamodule if datamodule is not None else model  # Lightning: the module's own *_dataloader()
     run.loader_source = LoaderSource(
         given=loaders, source=source, seed=sampler_seed(), overfit=bool(settings.overfit_batches),
-        shard=strategy.distributed_sampler_kwargs() if settings.use_distributed_sampler else None)
+        shard=strategy.distributed_sampler_kwargs() if settings.use_distributed_sampler else None,
+        ordered=settings.use_distributed_sampler)
     run.loaders = {
         key: run.loader_source.loaders(key) if _needs_loader(run, key, given, source) else []
         for key, given in loaders.items()

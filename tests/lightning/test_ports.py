@@ -31,8 +31,11 @@ import sys, torch
 sys.path.insert(0, {tests!r})
 from lightning.modules import make_boring
 which, out = sys.argv[1], sys.argv[2]
+# use_distributed_sampler=False: the template's shuffled loader in its own order, Lightning's in one
+# process (fw's default is the one order of any number of ranks: README, "Where fw deliberately differs")
 common = dict(max_epochs=3, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
-              enable_progress_bar=False, enable_model_summary=False, log_every_n_steps=1)
+              enable_progress_bar=False, enable_model_summary=False, log_every_n_steps=1,
+              use_distributed_sampler=False)
 if which == "lightning":
     import pytorch_lightning as pl
     pl.seed_everything(7)
@@ -401,7 +404,7 @@ else:
     model, data = Boring(), []
 trainer = Trainer(logger=Rows(), max_epochs=2, accelerator="cpu", devices=1, enable_checkpointing=False,
                   enable_progress_bar=False, enable_model_summary=False, log_every_n_steps=3, limit_train_batches=7,
-                  limit_val_batches=2)
+                  limit_val_batches=2, use_distributed_sampler=False)  # the loader's own order, as Lightning's
 trainer.fit(model, *data)
 results = trainer.validate(model, verbose=False) if model_name != "gan" else []
 torch.save({{"rows": rows, "results": results}}, out)

@@ -1,15 +1,15 @@
-"""Resuming on another number of ranks (DESIGN property 4): a checkpoint written at an epoch end
-resumes on any number of ranks and, with the same global batch, ends within float noise of the
-run that was never stopped; a mid-epoch checkpoint is refused on another number of ranks (its
-position, counted in batches per rank, would train some samples twice and skip others), with a
-one-line error that says why and what to do, before anything is loaded.
+"""Resuming on another number of ranks (issue 18 item 5): the training data have one order for
+any number of ranks (``data/global_order.py``), so a mid-epoch checkpoint's position, read in
+samples of that order, continues on another number of ranks with the same global batch (the
+per-rank batch adjusted) and ends within float noise of the run that was never stopped:
+parameters, AdamW state, scheduler, step and epoch, and the logged rows (``sync_dist=True``, the
+resumed epoch's aggregate included). Shuffled data, 20 AdamW steps: 2 ranks on 1, 1 on 2, 2 on 3.
 
-One 2-rank Gloo job serves every case: it trains the reference run (writing a mid-epoch and an
-end-of-epoch checkpoint) and then tries to resume a 1-rank mid-epoch checkpoint."""
+What cannot carry over is refused with the reason: a mid-epoch checkpoint whose run read the
+loader's own order (``use_distributed_sampler=False``) on another number of ranks or batch size.
+"""
 
 from __future__ import annotations
-
-import re
 
 import pytest
 import torch
@@ -23,119 +23,137 @@ from framework.checkpoint import load_checkpoint
 from framework.cli import main as fw_main
 from framework.errors import CheckpointError
 
-B = 4  # per-rank batch on 2 ranks; one process takes 2 * B: the same global batch
-SCRIPT = """
+GLOBAL, EPOCHS, SAVE_AT = 24, 5, 6  # 96 samples: 4 global batches an epoch; saved in epoch 1 after 2 batches
+
+FIT = """
 import sys
 from pathlib import Path
 import torch
 from torch.utils.data import DataLoader
 import framework as fw
-from framework.callbacks import ModelCheckpoint
-from framework.errors import CheckpointError
 import workload
 
-out, one_rank_mid = Path(sys.argv[1]), sys.argv[2]
-B = int(sys.argv[3])
+GLOBAL, EPOCHS, SAVE_AT = 24, 5, 6
 
-class SaveMidEpoch(fw.Callback):
+
+class Model(workload.Regressor):
+    def training_step(self, batch, batch_idx):
+        loss = super().training_step(batch, batch_idx)
+        self.log("loss", loss, on_step=True, on_epoch=True, sync_dist=True)
+        return loss
+
+    def configure_optimizers(self):
+        opt = torch.optim.AdamW(self.parameters(), lr=0.02)
+        return {"optimizer": opt, "lr_scheduler": torch.optim.lr_scheduler.StepLR(opt, 3, 0.5)}
+
+
+class Record(fw.Callback):
+    def __init__(self, save_to):
+        self.save_to, self.rows = save_to, []
+
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
-        if trainer.global_step == 3:  # 3 of epoch 0's 8 batches per rank
-            trainer.save_checkpoint(out / "mid_epoch.ckpt")
+        self.rows.append(("step", trainer.global_step, float(trainer.callback_metrics["loss_step"])))
+        if self.save_to and trainer.global_step == SAVE_AT:
+            trainer.save_checkpoint(self.save_to)
 
-fw.seed_everything(0)
-model = workload.Regressor()
-args = {**workload.FIT_ARGS, "enable_checkpointing": True}
-callbacks = [SaveMidEpoch(), ModelCheckpoint(dirpath=str(out / "ck"), save_top_k=-1)]  # epoch=0-step=8.ckpt, ...
-trainer = fw.Trainer(devices=2, strategy="ddp_gloo", max_epochs=2, callbacks=callbacks, **args)
-trainer.fit(model, DataLoader(workload.regression_data(64), batch_size=B))
-torch.save(model.state_dict(), out / f"straight_rank{trainer.global_rank}.pt")
+    def on_train_epoch_end(self, trainer, module):
+        self.rows.append(("epoch", trainer.current_epoch, float(trainer.callback_metrics["loss_epoch"])))
 
-# a checkpoint that 1 process wrote mid-epoch: every rank refuses it alike (none waits for another)
-again = fw.Trainer(devices=2, strategy="ddp_gloo", max_epochs=2, **workload.FIT_ARGS)
-try:
-    again.fit(workload.Regressor(), DataLoader(workload.regression_data(64), batch_size=B), ckpt_path=one_rank_mid)
-except CheckpointError as err:
-    (out / f"refused_rank{again.global_rank}.txt").write_text(str(err))
+
+def fit(devices, out, ckpt_path=None, save_to=None, **trainer_args):
+    fw.seed_everything(0)
+    model, record = Model(), Record(save_to)
+    strategy = "ddp_gloo" if devices > 1 else "single"
+    trainer = fw.Trainer(devices=devices, strategy=strategy, max_epochs=EPOCHS, callbacks=[record],
+                         **{**workload.FIT_ARGS, **trainer_args})
+    loader = DataLoader(workload.regression_data(96), batch_size=GLOBAL // devices, shuffle=True)
+    trainer.fit(model, loader, ckpt_path=ckpt_path)
+    if trainer.global_rank == 0:
+        torch.save({"weights": model.state_dict(), "optimizer": trainer.optimizers[0].state_dict(),
+                    "scheduler": trainer.lr_scheduler_configs[0].scheduler.state_dict(), "rows": record.rows,
+                    "step": trainer.global_step, "epoch": trainer.current_epoch}, out)
+
+
+if __name__ == "__main__":
+    out, devices = Path(sys.argv[1]), int(sys.argv[2])
+    for job in sys.argv[3:]:  # tag=ckpt: resume ckpt (or "-": a straight run that saves tag.ckpt)
+        tag, ckpt = job.split("=")
+        fit(devices, out / f"{tag}.pt", ckpt_path=None if ckpt == "-" else ckpt,
+            save_to=str(out / f"{tag}.ckpt") if ckpt == "-" else None)
 """
 
 
-def _fit_one_process(ckpt: str | None = None, batch_size: int = 2 * B, **limits) -> tuple[fw.Trainer, fw.TrainModule]:
+def _load(path) -> dict:
+    return torch.load(path, weights_only=False)
+
+
+def _resumed_rows(rows: list) -> list:
+    """The rows a run resumed at step SAVE_AT logs: the later steps', and the epoch ends from epoch 1 on."""
+    return [row for row in rows if (row[0] == "step" and row[1] > SAVE_AT) or (row[0] == "epoch" and row[1] >= 1)]
+
+
+def _assert_same_end(run: dict, straight: dict, rows: list, what: str) -> None:
+    assert (run["step"], run["epoch"]) == (straight["step"], straight["epoch"]) == (EPOCHS * 4, EPOCHS), what
+    for key, value in straight["weights"].items():
+        torch.testing.assert_close(run["weights"][key], value, rtol=0, atol=1e-5, msg=f"{what}: {key}")
+    for index, state in straight["optimizer"]["state"].items():
+        for name in ("exp_avg", "exp_avg_sq"):
+            torch.testing.assert_close(run["optimizer"]["state"][index][name], state[name], rtol=0, atol=1e-5,
+                                       msg=f"{what}: AdamW {name} of parameter {index}")
+    assert run["scheduler"] == straight["scheduler"], what
+    assert [row[:2] for row in run["rows"]] == [row[:2] for row in rows], what
+    for mine, theirs in zip(run["rows"], rows, strict=True):
+        assert mine[2] == pytest.approx(theirs[2], abs=1e-5), f"{what}: logged {mine}, the straight run {theirs}"
+
+
+@pytest.mark.timeout(120)
+def test_a_mid_epoch_checkpoint_resumes_on_another_number_of_ranks_and_ends_as_the_straight_run(tmp_path):
+    script = write_script(tmp_path, FIT, "fit.py")
+    check_ok(run_script(script, str(tmp_path), "1", "straight1=-", timeout=60))  # writes straight1.ckpt at step 6
+    saved = load_checkpoint(tmp_path / "straight1.ckpt")
+    assert saved["loop"]["epoch"] == 1 and saved["loop"]["batches_done"] == 2 and not saved["loop"]["epoch_finished"]
+    assert saved["train_order"] == {"kind": "shuffled", "seed": 0, "samples": 96, "drop_last": False}
+    check_ok(run_script(script, str(tmp_path), "2", "straight2=-", f"1on2={tmp_path / 'straight1.ckpt'}",
+                        nprocs=2, timeout=90))
+    three = run_script(script, str(tmp_path), "3", f"2on3={tmp_path / 'straight2.ckpt'}", nprocs=3, timeout=90)
+    check_ok(three)
+    assert ("resuming epoch 1 at sample 48 of its order on 3 ranks x 8 (written on 2 ranks x 12): the same "
+            "global batch") in three.output, three.output
+    check_ok(run_script(script, str(tmp_path), "1", f"2on1={tmp_path / 'straight2.ckpt'}", timeout=60))
+
+    straight = _load(tmp_path / "straight1.pt")
+    # one order for any number of ranks: 2 ranks x 12 on shuffled data train as 1 process x 24
+    _assert_same_end(_load(tmp_path / "straight2.pt"), straight, straight["rows"], "2 ranks, straight")
+    for tag in ("2on1", "1on2", "2on3"):
+        _assert_same_end(_load(tmp_path / f"{tag}.pt"), straight, _resumed_rows(straight["rows"]), tag)
+
+
+def _own_order_fit(root, batch: int, ckpt: str | None = None) -> fw.Trainer:
     fw.seed_everything(0)
-    model = workload.Regressor()
-    trainer = fw.Trainer(devices=1, strategy="single", **limits, **workload.FIT_ARGS)
-    trainer.fit(model, DataLoader(workload.regression_data(64), batch_size=batch_size), ckpt_path=ckpt)
-    return trainer, model
+    trainer = fw.Trainer(devices=1, max_steps=3 if ckpt is None else -1, max_epochs=1, use_distributed_sampler=False,
+                         default_root_dir=str(root), **workload.FIT_ARGS)
+    trainer.fit(workload.Regressor(), DataLoader(workload.regression_data(64), batch_size=batch, shuffle=True),
+                ckpt_path=ckpt)
+    return trainer
 
 
-def _one_line_refusal(err: BaseException, saved: str, now: int) -> str:
-    text = str(err)
-    assert "\n" not in text
-    assert re.search(rf"stopped mid-epoch \(epoch 0, after 3 batches per rank\) on {saved}, and this run has {now}",
-                     text), text
-    assert "cannot be mapped exactly" in text and f"Resume on {saved}" in text and "at an epoch end" in text, text
-    return text
+def test_a_checkpoint_of_the_loaders_own_order_is_refused_mid_epoch_on_another_shape(tmp_path, capsys):
+    own = tmp_path / "own.ckpt"
+    _own_order_fit(tmp_path, 8).save_checkpoint(own)
+    assert load_checkpoint(own)["train_order"] is None
+    with pytest.raises(CheckpointError, match=r"after 3 batches per rank\) with 8 samples per batch per rank, and "
+                                              r"this run's training batch size is 4: .* Resume with batch size 8"):
+        _own_order_fit(tmp_path, 4, str(own))
+    assert _own_order_fit(tmp_path, 8, str(own)).global_step == 8  # its own shape continues
 
-
-@pytest.mark.timeout(60)
-def test_a_checkpoint_resumes_on_another_number_of_ranks_only_from_an_epoch_end(tmp_path, capsys):
-    one_rank_mid = tmp_path / "one_rank_mid.ckpt"
-    stopped, _ = _fit_one_process(max_steps=3)
-    stopped.save_checkpoint(one_rank_mid)
-    check_ok(run_script(write_script(tmp_path, SCRIPT), str(tmp_path), str(one_rank_mid), str(B), nprocs=2, timeout=60))
-
-    # 1 rank's mid-epoch position refused on 2 ranks, by both
-    for rank in (0, 1):
-        _one_line_refusal((tmp_path / f"refused_rank{rank}.txt").read_text(), "1 rank", 2)
-
-    straight = [torch.load(tmp_path / f"straight_rank{rank}.pt") for rank in (0, 1)]
-    assert all(torch.equal(straight[0][k], straight[1][k]) for k in straight[0])
-
-    # 2 ranks' end-of-epoch checkpoint on 1 process with the same global batch: property 4
-    end_of_epoch = tmp_path / "ck" / "epoch=0-step=8.ckpt"
-    saved = load_checkpoint(end_of_epoch)
-    assert saved["world_size"] == 2 and saved["loop"]["epoch_finished"], saved["loop"]
-    resumed_trainer, resumed = _fit_one_process(str(end_of_epoch), max_epochs=2)
-    assert resumed_trainer.global_step == 16
-    for key, value in straight[0].items():
-        torch.testing.assert_close(resumed.state_dict()[key], value, rtol=0, atol=1e-5, msg=key)
-    # the resumed half trained: its end is not the checkpoint's start
-    assert any(not torch.allclose(resumed.state_dict()[k], saved["state_dict"][k], atol=1e-4) for k in straight[0])
-
-    # 2 ranks' mid-epoch position refused on 1 process, before anything is loaded
-    mid = tmp_path / "mid_epoch.ckpt"
-    assert load_checkpoint(mid)["loop"]["batches_done"] == 3
-    fw.seed_everything(0)
-    model = workload.Regressor()
-    fresh = {k: v.clone() for k, v in model.state_dict().items()}
-    trainer = fw.Trainer(devices=1, max_epochs=2, **workload.FIT_ARGS)
-    with pytest.raises(CheckpointError) as refused:
-        trainer.fit(model, DataLoader(workload.regression_data(64), batch_size=2 * B), ckpt_path=str(mid))
-    _one_line_refusal(refused.value, "2 ranks", 1)
-    assert all(torch.equal(model.state_dict()[k], fresh[k]) for k in fresh) and trainer.global_step == 0
-
-    # through the CLI: one line, exit 1, no traceback
+    # the global order (the default) cannot continue the loader's own: one line through the CLI, nothing loaded
     recipe = tmp_path / "r.yaml"
     recipe.write_text("module:\n  _target_: distributed.workload.Regressor\ndata:\n  _target_: toy.ToyData\n"
                       "  n: 64\n  batch_size: 8\ntrainer:\n  max_epochs: 2\n  accelerator: cpu\n  devices: 1\n"
                       f"  default_root_dir: {tmp_path / 'cli'}\nlogger: false\n")
     capsys.readouterr()
-    assert fw_main(["fit", str(recipe), f"ckpt_path={mid}"]) == 1
+    assert fw_main(["fit", str(recipe), f"ckpt_path={own}"]) == 1
     err = capsys.readouterr().err
-    assert err.strip().splitlines()[-1].startswith("fw: error: ckpt_path"), err
-    _one_line_refusal(err.strip().splitlines()[-1], "2 ranks", 1)
-    assert "Traceback" not in err
-
-
-def test_a_mid_epoch_checkpoint_is_refused_with_another_batch_size(tmp_path):
-    """The same count of batches is another number of samples: refused; at the epoch end the
-    batch size may change."""
-    stopped, _ = _fit_one_process(max_steps=3)
-    stopped.save_checkpoint(tmp_path / "mid.ckpt")
-    assert load_checkpoint(tmp_path / "mid.ckpt")["train_batch_size"] == 2 * B
-    with pytest.raises(CheckpointError, match=r"after 3 batches per rank\) with 8 samples per batch per rank, and "
-                                              r"this run's training batch size is 4: .* Resume with batch size 8"):
-        _fit_one_process(str(tmp_path / "mid.ckpt"), batch_size=4, max_epochs=1)
-    ended, _ = _fit_one_process(max_epochs=1)
-    ended.save_checkpoint(tmp_path / "end.ckpt")
-    resumed, _ = _fit_one_process(str(tmp_path / "end.ckpt"), batch_size=4, max_epochs=2)
-    assert resumed.global_step == 8 + 16
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("fw: error: ckpt_path") and "Traceback" not in err, err
+    assert "reading the training loader's own order" in last and "use_distributed_sampler=False" in last, last
