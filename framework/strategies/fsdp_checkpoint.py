@@ -5,7 +5,9 @@ Saving: every rank takes part in ``get_model_state_dict``/``get_optimizer_state_
 ``full_state_dict=True, cpu_offload=True`` (a collective: only rank 0 keeps the result, in CPU
 memory), then rank 0 writes as for DDP (``checkpoint_io.save_from_rank_zero``). The optimizer
 state is keyed by parameter name (``fw_optimizer_keys: names`` in the file). Loading: every rank
-reads the file and ``set_*_state_dict`` shards its full state onto this rank's parameters.
+reads the file and ``set_*_state_dict`` shards its full state onto this rank's parameters. A
+checkpoint of DDP or one process (optimizer state keyed by position) is renamed first, and one
+of FSDP resumes under DDP or in one process (``optimizer_keys.py``), on any number of ranks.
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ from typing import TYPE_CHECKING, Any
 from framework import checkpoint as ckpt
 from framework.errors import CheckpointError
 from framework.strategies.checkpoint_io import load_on_every_rank, save_from_rank_zero
-from framework.trainer.parts import OnLoad, Value
+from framework.strategies.optimizer_keys import keyed_by_name, to_names
+from framework.trainer.parts import Value
 
 if TYPE_CHECKING:
     from framework.module import TrainModule
@@ -42,7 +45,6 @@ def load_full(strategy: Strategy, module: TrainModule, path: str, parts: Checkpo
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
 
     full = StateDictOptions(full_state_dict=True)
-    keys: list[str | None] = [None]  # the file's fw_optimizer_keys, read before any part loads
 
     def put_weights(weights: dict) -> None:
         try:
@@ -56,26 +58,20 @@ def load_full(strategy: Strategy, module: TrainModule, path: str, parts: Checkpo
         optimizers = _optimizers(shared)
 
         def put_optimizers(states: list) -> None:
-            _refuse_other_optimizer_keys(path, keys[0])
             if len(states) != len(optimizers):
                 raise CheckpointError(f"checkpoint '{path}' holds {len(states)} optimizer state(s) and "
                                       f"configure_optimizers() returned {len(optimizers)}: resume with the "
                                       "configure_optimizers() it was written with")
             for opt, state in zip(optimizers, states, strict=True):
+                if not keyed_by_name(state):  # a DDP or one-process checkpoint
+                    state = to_names(state, opt, module, path)
                 if state.get("state"):
                     set_optimizer_state_dict(module, opt, state, options=full)
                 else:  # a stateless optimizer (SGD without momentum): torch's loader cannot place it
                     _load_param_groups(opt, state.get("param_groups", []), path)
 
         shared["optimizer_states"] = Value(_no_get, put_optimizers)
-    first = shared.pop("fw/on_read", None)
-
-    def read_keys(checkpoint: dict) -> None:
-        keys[0] = checkpoint.get("fw_optimizer_keys")
-        if isinstance(first, OnLoad):
-            first(checkpoint)
-
-    return load_on_every_rank(strategy, path, replace(parts, shared={"fw/on_read": OnLoad(read_keys), **shared}))
+    return load_on_every_rank(strategy, path, replace(parts, shared=shared))
 
 
 def _load_param_groups(optimizer: Any, groups: list[dict], path: str) -> None:
@@ -90,14 +86,6 @@ def _load_param_groups(optimizer: Any, groups: list[dict], path: str) -> None:
 
 def _optimizers(shared: dict) -> list:
     return list(getattr(shared["optimizer_states"], "items", []))
-
-
-def _refuse_other_optimizer_keys(path: str, keys: str | None) -> None:
-    if keys != "names":
-        raise CheckpointError(f"checkpoint '{path}' was written by another strategy (its optimizer state is keyed by "
-                              "position): resuming it under fsdp is not supported yet; load its weights alone "
-                              "(validate/test/predict, or Model.load_from_checkpoint) or resume with the strategy "
-                              "that wrote it")
 
 
 def _no_put(_: Any) -> None:

@@ -23,6 +23,7 @@ from framework import checkpoint as ckpt
 from framework.errors import CheckpointError, TrainingError
 from framework.rank_zero import rank_zero_info, rank_zero_warn
 from framework.strategies.checkpoint_io import is_live
+from framework.strategies.optimizer_keys import OptimizerStates
 from framework.trainer.carry_over import (
     Carry,
     check_position_carries_over,
@@ -60,7 +61,7 @@ def parts_of(run: Run, for_fit: bool, path: str = "", on_read: Callable[[dict], 
     parts = CheckpointParts(shared=shared, values=_values(run))
     if not for_fit:
         return parts
-    shared["optimizer_states"] = Each(run.optimizers, "optimizer", path)
+    shared["optimizer_states"] = OptimizerStates(run.optimizers, module, path)
     shared["lr_schedulers"] = Each([cfg.scheduler for cfg in run.lr_scheduler_configs], "LR scheduler", path)
     shared["precision"] = run.precision
     shared["fw/callback_hooks"] = OnLoad(lambda checkpoint: hooks.callbacks("on_load_checkpoint", checkpoint))

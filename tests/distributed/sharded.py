@@ -92,7 +92,7 @@ class FullWeights(fw.Callback):
         self.sharded = False  # every parameter a DTensor
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if batch_idx == 0:  # after a backward FSDP holds only the shards (a forward gathers them)
+        if not self.local_numel:  # the fit's first batch (after a backward FSDP holds only the shards)
             params = list(pl_module.parameters())
             self.local_numel = sum((p.to_local() if hasattr(p, "to_local") else p).numel() for p in params)
             self.sharded = all(hasattr(p, "to_local") for p in params)
@@ -104,10 +104,11 @@ class FullWeights(fw.Callback):
 
 def fit(strategy: Any, devices: int, max_steps: int = STEPS, callbacks: list | None = None,
         ckpt_path: str | None = None, root: str = ".", manual: bool = False, predict: bool = False,
-        samples: int = STEPS * GLOBAL_BATCH, **trainer_args: Any) -> dict:
+        samples: int = STEPS * GLOBAL_BATCH, shuffle: bool = False, **trainer_args: Any) -> dict:
     """One fit on ``devices`` ranks with the global batch split over them (``manual``: with
     manual optimization); the full weights, the epoch's validation loss, the trainer's step, and
-    with ``predict`` this rank's predictions on the validation data (rows: inputs, output)."""
+    with ``predict`` this rank's predictions on the validation data (rows: inputs, output).
+    ``shuffle``: the training loader shuffles (fw's one order: the same on any number of ranks)."""
     weights = FullWeights()
     trainer = fw.Trainer(**{**QUIET, "enable_checkpointing": bool(callbacks)}, strategy=strategy, devices=devices,
                          max_steps=max_steps, callbacks=[weights, *(callbacks or [])], default_root_dir=root,
@@ -115,7 +116,7 @@ def fit(strategy: Any, devices: int, max_steps: int = STEPS, callbacks: list | N
     per_rank = GLOBAL_BATCH // devices
     model = ManualBlocks() if manual else Blocks()
     with redirect_stderr(io.StringIO()):
-        trainer.fit(model, DataLoader(data(samples), batch_size=per_rank),
+        trainer.fit(model, DataLoader(data(samples), batch_size=per_rank, shuffle=shuffle),
                     DataLoader(data(64), batch_size=per_rank), ckpt_path=ckpt_path)
         val_loss = float(trainer.callback_metrics.get("val_loss", torch.nan))  # a call starts with none
         predictions = trainer.predict(model, DataLoader(data(64), batch_size=per_rank)) if predict else None

@@ -14,6 +14,8 @@ import torch
 
 import forked
 
+from framework.callbacks import ModelCheckpoint
+
 from . import sharded
 from .helpers import check_ok, write_script
 
@@ -31,7 +33,8 @@ for case in cfg["cases"]:
     callbacks = None
     if case.get("checkpoint"):
         callbacks = [ModelCheckpoint(dirpath=cfg["out"] + "/ck", every_n_train_steps=10, save_top_k=-1)]
-    out = sharded.fit(strategy, devices=2, callbacks=callbacks, root=cfg["out"], **case.get("trainer", {}))
+    out = sharded.fit(strategy, devices=2, callbacks=callbacks, root=cfg["out"], ckpt_path=case.get("resume"),
+                      **case.get("trainer", {}))
     if case.get("checkpoint"):
         resumed = sharded.fit(strategy, devices=2, ckpt_path=cfg["out"] + "/ck/epoch=0-step=10.ckpt",
                               root=cfg["out"], **case.get("trainer", {}))
@@ -41,7 +44,8 @@ for case in cfg["cases"]:
 """
 
 CASES = [
-    {"tag": "full_shard", "checkpoint": True},
+    {"tag": "full_shard", "checkpoint": True, "trainer": {"shuffle": True}},
+    {"tag": "from_single", "resume": "{out}/single/epoch=0-step=10.ckpt", "trainer": {"shuffle": True}},
     {"tag": "grad_op", "strategy": {"sharding_strategy": "SHARD_GRAD_OP"}},
     {"tag": "accumulate", "trainer": {"accumulate_grad_batches": 2}},
     {"tag": "clip", "trainer": {"gradient_clip_val": 0.05}},
@@ -52,9 +56,14 @@ CASES = [
 
 @pytest.fixture(scope="module")
 def job(tmp_path_factory):
+    """The 2-rank job of CASES, after one process wrote a mid-epoch checkpoint (step 10 of 20)."""
     out = tmp_path_factory.mktemp("fsdp")
+    single = sharded.fit("single", devices=1, shuffle=True, root=str(out),
+                         callbacks=[ModelCheckpoint(dirpath=str(out / "single"), every_n_train_steps=10, save_top_k=-1)])
+    torch.save(single, out / "single.pt")
+    cases = [{**case, "resume": case["resume"].format(out=out)} if "resume" in case else case for case in CASES]
     script = write_script(out, SCRIPT)
-    result = forked.run_script(script, json.dumps({"cases": CASES, "out": str(out)}), nprocs=2, timeout=150)
+    result = forked.run_script(script, json.dumps({"cases": cases, "out": str(out)}), nprocs=2, timeout=150)
     return result, out
 
 
@@ -64,7 +73,8 @@ def close(a: dict, b: dict) -> float:
 
 
 @pytest.mark.timeout(200)
-@pytest.mark.parametrize("case", CASES[:-1], ids=[c["tag"] for c in CASES[:-1]])
+@pytest.mark.parametrize("case", [c for c in CASES[:-1] if "resume" not in c],
+                         ids=[c["tag"] for c in CASES[:-1] if "resume" not in c])
 def test_two_fsdp_ranks_end_where_one_process_ends(job, case):
     result, out = job
     check_ok(result)
@@ -95,6 +105,27 @@ def test_a_full_state_checkpoint_resumes_to_the_same_weights(job):
     plain = sharded.Blocks()
     plain.load_state_dict(checkpoint["state_dict"])
     assert checkpoint["fw_optimizer_keys"] == "names"
+
+
+@pytest.mark.timeout(200)
+def test_checkpoints_cross_strategies_and_numbers_of_ranks_mid_epoch(job):
+    """One process's mid-epoch checkpoint (shuffled data, AdamW state keyed by position) resumes
+    under FSDP on 2 ranks, and FSDP's (keyed by name, 2 ranks) in one process: both end where the
+    one-process run that never stopped ends."""
+    result, out = job
+    check_ok(result)
+    straight = torch.load(out / "single.pt")
+    assert torch.load(out / "single" / "epoch=0-step=10.ckpt", weights_only=True)["loop"]["batches_done"] == 10
+    from_single = torch.load(out / "from_single.pt")
+    assert from_single["global_step"] == straight["global_step"] == sharded.STEPS and from_single["sharded"]
+    assert close(from_single["weights"], straight["weights"]) < TOLERANCE
+    fsdp_mid = out / "ck" / "epoch=0-step=10.ckpt"
+    assert torch.load(fsdp_mid, weights_only=True)["world_size"] == 2
+    in_one = sharded.fit("single", devices=1, shuffle=True, ckpt_path=str(fsdp_mid), root=str(out / "one"))
+    assert in_one["global_step"] == sharded.STEPS
+    assert close(in_one["weights"], straight["weights"]) < TOLERANCE
+    # the resumed halves trained: the ends are not the checkpoints' weights
+    assert close(in_one["weights"], torch.load(fsdp_mid, weights_only=True)["state_dict"]) > 1e-4
 
 
 @pytest.mark.timeout(200)

@@ -64,15 +64,35 @@ def test_a_hybrid_mesh_that_is_not_the_world_size_is_refused():
         sharded.fit({**FSDP, "sharding_strategy": "HYBRID_SHARD", "device_mesh": [2, 2]}, devices=1, max_steps=1)
 
 
-def test_a_checkpoint_of_another_strategy_is_not_resumed_under_fsdp(tmp_path):
+def test_a_one_process_checkpoint_resumes_under_fsdp_and_one_for_other_parameters_is_refused(tmp_path):
+    """Its AdamW state is keyed by position: renamed onto the sharded parameters, it ends where
+    one process ends; a state whose groups do not fit is refused, not loaded onto other
+    parameters."""
+    import torch
+
     from framework.callbacks import ModelCheckpoint
 
     ckpt = ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=2, save_top_k=-1)
     sharded.fit("single", devices=1, max_steps=2, callbacks=[ckpt], root=str(tmp_path))
-    with pytest.raises(CheckpointError, match=r"was written by another strategy .*resuming it under fsdp is not "
-                                              r"supported yet"):
-        sharded.fit(FSDP, devices=1, max_steps=4, ckpt_path=str(tmp_path / "epoch=0-step=2.ckpt"),
-                    root=str(tmp_path))
+    straight = sharded.fit("single", devices=1, max_steps=4, root=str(tmp_path))
+    saved = torch.load(tmp_path / "epoch=0-step=2.ckpt", weights_only=True)
+    params = saved["optimizer_states"][0]["param_groups"][0]["params"]
+    saved["optimizer_states"][0]["param_groups"][0]["params"] = params[:-1]
+    torch.save(saved, tmp_path / "other.ckpt")
+    try:
+        resumed = sharded.fit(FSDP, devices=1, max_steps=4, ckpt_path=str(tmp_path / "epoch=0-step=2.ckpt"),
+                              root=str(tmp_path))
+        assert resumed["global_step"] == 4 and resumed["sharded"]
+        weights = straight["weights"]
+        assert max(float((resumed["weights"][k] - weights[k]).abs().max()) for k in weights) < 1e-5
+        with pytest.raises(CheckpointError, match=rf"AdamW state has parameter groups of \[{len(params) - 1}\] "
+                                                  rf"parameters, and configure_optimizers\(\) made \[{len(params)}\]"):
+            sharded.fit(FSDP, devices=1, max_steps=4, ckpt_path=str(tmp_path / "other.ckpt"), root=str(tmp_path))
+    finally:
+        import torch.distributed as dist
+
+        if dist.is_initialized():  # a sharded module keeps its group until the program ends
+            dist.destroy_process_group()
 
 
 def test_a_sharded_model_serves_the_next_call_and_refuses_another_layout(tmp_path):

@@ -91,3 +91,27 @@ def test_nothing_is_said_when_the_run_does_not_rely_on_a_difference(said):
     data = loader(regression_data(16))
     fw.Trainer(max_epochs=1, callbacks=[ModelCheckpoint()], **QUIET).fit(LinearModel(), data, data)
     assert said() == []
+
+
+def test_the_one_order_is_said_for_a_shuffled_loader_in_one_process_unless_its_own_is_kept(said):
+    shuffled = loader(regression_data(16), 8, shuffle=True)
+    fw.Trainer(max_epochs=1, use_distributed_sampler=False, **QUIET).fit(LinearModel(), shuffled)
+    assert said() == []  # the loader's own order, as Lightning's
+    fw.Trainer(max_epochs=1, **QUIET).fit(LinearModel(), shuffled)
+    assert len(said()) == 1 and "reads fw's one order for any number of ranks" in said()[0], said()
+    assert "Trainer(use_distributed_sampler=False) keeps the loader's own order" in said()[0]
+
+
+def test_fws_lines_go_to_stderr_as_it_is_now_not_as_it_was_at_the_first_line(capfd):
+    """A first line logged inside redirect_stderr (a notebook cell's capture, a test's) does not
+    take the later lines with it."""
+    import contextlib
+    import io
+
+    from framework.rank_zero import rank_zero_info
+
+    with contextlib.redirect_stderr(io.StringIO()) as captured:
+        rank_zero_info("fw: inside the redirect")
+    rank_zero_info("fw: after it")
+    assert "inside the redirect" in captured.getvalue() and "after it" not in captured.getvalue()
+    assert "fw: after it" in capfd.readouterr().err
