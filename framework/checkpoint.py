@@ -59,6 +59,10 @@ def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu") -> dict:
     """Read a checkpoint written by fw; a missing, corrupt or truncated file is a CheckpointError
     and the file is left untouched."""
     path = Path(path)
+    if path.is_dir() and _sharded(path):
+        from framework.strategies.dcp_checkpoint import full_checkpoint
+
+        return full_checkpoint(path, map_location)
     if path.is_dir():
         inside = sorted(p.name for p in path.glob("*.ckpt"))
         hint = f"; it holds {', '.join(inside[:5])}" if inside else "; it holds no .ckpt file"
@@ -78,6 +82,21 @@ def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu") -> dict:
     if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:
         raise CheckpointError(f"'{path}' is not an fw checkpoint (no 'state_dict'); check ckpt_path")
     return checkpoint
+
+
+def _sharded(path: Path) -> bool:
+    """A folder a sharded (DCP) save wrote: ``strategies/dcp_checkpoint.py``."""
+    return (path / "fw_state.pt").exists() or (path / ".metadata").exists()
+
+
+def read_values(path: str | os.PathLike) -> dict:
+    """A checkpoint's entries without its sharded tensors (a sharded checkpoint's ``fw_state.pt``):
+    what finding a run's checkpoint needs to read."""
+    if Path(path).is_dir() and _sharded(Path(path)):
+        from framework.strategies.dcp_checkpoint import read_fw_file
+
+        return read_fw_file(path)
+    return load_checkpoint(path)
 
 
 def writable_error(path: str | os.PathLike, what: str) -> str | None:
@@ -115,14 +134,21 @@ def check_writable_on_every_rank(path: str | os.PathLike, what: str, strategy: S
 
 def remove_stale_temp_files(directory: str | os.PathLike) -> list[str]:
     """Remove what killed writes left in ``directory`` (``atomic_save``'s ``.NAME.*.tmp``
-    files); call it when no write can be under way there. Returns the removed paths."""
+    files, a sharded save's ``.NAME.partial`` and ``.NAME.old`` folders); call it when no write
+    can be under way there. Returns the removed paths."""
+    import shutil
+
     removed = []
-    for tmp in glob.glob(os.path.join(os.fspath(directory), ".*.ckpt.*.tmp")):
+    folder = os.fspath(directory)
+    for tmp in glob.glob(os.path.join(folder, ".*.ckpt.*.tmp")):
         try:
             os.remove(tmp)
             removed.append(tmp)
         except OSError:
             pass
+    for partial in glob.glob(os.path.join(folder, ".*.ckpt.partial")) + glob.glob(os.path.join(folder, ".*.ckpt.old")):
+        shutil.rmtree(partial, ignore_errors=True)
+        removed.append(partial)
     return removed
 
 
@@ -151,9 +177,9 @@ def newest_checkpoint_of_run(dirs: Sequence[str | None], match: dict[str, Any]) 
             continue
     for _, path in sorted(dated, reverse=True):
         try:
-            checkpoint = load_checkpoint(path)
+            checkpoint = read_values(path)
         except CheckpointError:
-            continue  # not one of ours, damaged, or removed meanwhile: an older one will do
+            continue  # not one of ours, damaged, incomplete or removed meanwhile: an older one will do
         if all(checkpoint.get(key) == value for key, value in match.items()):
             return path
     return None

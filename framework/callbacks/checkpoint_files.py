@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 from framework.checkpoint import check_writable_on_every_rank, remove_stale_temp_files
+from framework.rank_zero import rank_zero_info
 
 if TYPE_CHECKING:
     from framework.trainer import Trainer
@@ -34,7 +36,9 @@ def prepare_folder(folder: str, trainer: Trainer) -> None:
     and rank 0 removes what killed writes left there."""
     check_writable_on_every_rank(folder, "ModelCheckpoint dirpath", trainer.strategy)
     if trainer.is_global_zero:
-        remove_stale_temp_files(folder)
+        for removed in remove_stale_temp_files(folder):
+            if removed.endswith(".partial"):
+                rank_zero_info(f"fw: removed {removed}: a sharded checkpoint whose save did not finish")
 
 
 def format_name(template: str, metrics: Mapping[str, float], auto_insert_metric_name: bool,
@@ -70,6 +74,9 @@ def remove_if_ours(filepath: str, folder: str, is_global_zero: bool) -> None:
         return
     if is_global_zero:
         try:
-            os.remove(filepath)
+            if os.path.isdir(filepath):  # a sharded checkpoint
+                shutil.rmtree(filepath)
+            else:
+                os.remove(filepath)
         except FileNotFoundError:
             pass

@@ -1,4 +1,5 @@
-"""``fw``: run a recipe. ``fw fit conf/x.yaml key=value ...``; also validate, test, predict, env, bench.
+"""``fw``: run a recipe. ``fw fit conf/x.yaml key=value ...``; also validate, test, predict, env, bench,
+checkpoint export.
 
 Examples::
 
@@ -9,9 +10,11 @@ Examples::
     fw fit conf/digits.yaml --print-config                    # show the merged recipe
     fw env                                                    # what a hanging job needs to know
     fw bench --quick                                          # which backend and settings to use here
+    fw checkpoint export runs/ck/last.ckpt model.pt           # a sharded checkpoint as one file
 
 The package: this file (arguments, errors), ``run_recipe.py`` (build a run from a recipe and
-execute one stage), ``env_report.py`` (``fw env``), ``__main__.py`` (``python -m framework.cli``).
+execute one stage), ``env_report.py`` (``fw env``), ``checkpoint_export.py`` (``fw checkpoint
+export``), ``__main__.py`` (``python -m framework.cli``).
 
 User mistakes print one line ``fw: error: ...`` and exit with 2 (recipe, arguments) or 1
 (distributed set-up, checkpoints); errors in user code keep their traceback.
@@ -32,7 +35,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fw", description="Train PyTorch models from YAML recipes.")
     # torch.distributed.launch passes --local-rank=N; the torchrun environment reads it from argv
     parser.add_argument("--local-rank", "--local_rank", type=int, default=None, help=argparse.SUPPRESS)
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{fit,validate,test,predict,env,bench}")
+    sub = parser.add_subparsers(dest="command", required=True,
+                                metavar="{fit,validate,test,predict,env,bench,checkpoint}")
     for stage in STAGES:
         p = sub.add_parser(stage, help=f"{stage} the recipe's module")
         p.add_argument("config", help="recipe YAML file")
@@ -42,6 +46,9 @@ def build_parser() -> argparse.ArgumentParser:
     from framework.bench import add_arguments
 
     add_arguments(sub.add_parser("bench", help="measure backends, strategies and DDP settings on this machine"))
+    from framework.cli import checkpoint_export
+
+    checkpoint_export.add_arguments(sub.add_parser("checkpoint", help="export a checkpoint as one file plain torch loads"))
     return parser
 
 
@@ -55,6 +62,11 @@ def run(args: argparse.Namespace) -> int:
         from framework.bench import main as bench
 
         return bench(args)
+    if args.command == "checkpoint":
+        from framework.cli.checkpoint_export import export
+
+        sys.stderr.write(export(args) + "\n")
+        return 0
     from framework.cli.run_recipe import run_recipe
     from framework.config import load_recipe
 

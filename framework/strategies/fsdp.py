@@ -17,10 +17,11 @@ After a call the module stays sharded and its process group up (until the proces
 next call on it (``fit`` then ``test`` or ``predict``) uses the same shards, as in Lightning; a
 call that would shard it another way is refused.
 
-Checkpoints (this step): ``state_dict_type="full"``, Lightning's FSDP default. Every rank takes
-part in gathering the full model and optimizer state, rank 0 writes the one file fw writes for
-DDP (offloaded to the CPU: no device holds the whole state), and loading shards the file's
-full state onto every rank. The optimizer state is keyed by parameter name.
+Checkpoints: ``state_dict_type="sharded"`` (the default) writes a folder that every rank writes
+its own shards into (``dcp_checkpoint.py``: nothing is gathered); ``"full"`` (Lightning's FSDP
+default) gathers the full model and optimizer state through rank 0's CPU into the one file fw
+writes for DDP (``fsdp_checkpoint.py``). Either loads on any number of ranks, and under DDP or
+in one process; the optimizer state is keyed by parameter name.
 """
 
 from __future__ import annotations
@@ -59,7 +60,8 @@ class FSDPStrategy(DDPStrategy):
             ``HYBRID_SHARD``: full shard within groups of ``device_mesh[1]`` ranks, replicated
             over ``device_mesh[0]`` such groups (default: shard within a node, replicate across).
         device_mesh: ``[replicas, shard size]`` for ``HYBRID_SHARD``.
-        state_dict_type: ``full`` (one file, as for DDP).
+        state_dict_type: ``sharded`` (a folder every rank writes its shards into:
+            ``dcp_checkpoint.py``) or ``full`` (one file, as for DDP, gathered through rank 0's CPU).
         backend, init_method, timeout, socket_ifname: as for ``ddp``.
     """
 
@@ -70,7 +72,7 @@ class FSDPStrategy(DDPStrategy):
         auto_wrap_policy: Iterable[type[nn.Module] | str] | None = None,
         sharding_strategy: str = "FULL_SHARD",
         device_mesh: list[int] | tuple[int, int] | None = None,
-        state_dict_type: str = "full",
+        state_dict_type: str = "sharded",
         backend: str = "gloo",
         init_method: str = "env://",
         timeout: float = DEFAULT_TIMEOUT_S,
@@ -85,9 +87,10 @@ class FSDPStrategy(DDPStrategy):
         self.sharding_strategy = str(sharding_strategy).upper()
         self.reshard_after_forward = SHARDING[self.sharding_strategy]
         self.mesh_shape = _mesh_shape(device_mesh, self.sharding_strategy)
-        if state_dict_type != "full":
-            raise ConfigError(f"trainer.strategy.state_dict_type: '{state_dict_type}' is not one fw writes yet; "
-                              "use full (one file, gathered on rank 0 through the CPU)")
+        if state_dict_type not in ("sharded", "full"):
+            raise ConfigError(f"trainer.strategy.state_dict_type: '{state_dict_type}' is not one fw writes; use "
+                              "sharded (a folder of every rank's shards) or full (one file, gathered on rank 0)")
+        self.state_dict_type = state_dict_type
         self.module: TrainModule | None = None
 
     def setup_module(self, module: TrainModule) -> nn.Module:
@@ -174,16 +177,20 @@ class FSDPStrategy(DDPStrategy):
 
     # -- checkpoints (fsdp_checkpoint.py) ----------------------------------------------------
     def save_checkpoint(self, path: str, parts: CheckpointParts) -> None:
-        """Every rank gathers the full state (rank 0 keeps it, on the CPU); rank 0 writes it."""
-        from framework.strategies.fsdp_checkpoint import save_full
+        """``sharded``: every rank writes its shards into the folder ``path``; ``full``: every
+        rank gathers the full state (rank 0 keeps it, on the CPU), rank 0 writes it."""
+        from framework.strategies import dcp_checkpoint, fsdp_checkpoint
 
-        save_full(self, self._sharded_module(), path, parts)
+        save = dcp_checkpoint.save_sharded if self.state_dict_type == "sharded" else fsdp_checkpoint.save_full
+        save(self, self._sharded_module(), path, parts)
 
     def load_checkpoint(self, path: str, parts: CheckpointParts) -> dict[str, Any]:
-        """Every rank reads the file and shards its full state onto this rank's parameters."""
-        from framework.strategies.fsdp_checkpoint import load_full
+        """A sharded checkpoint: every rank reads its part of each tensor; one file: every rank
+        reads it and shards its full state onto this rank's parameters."""
+        from framework.strategies import dcp_checkpoint, fsdp_checkpoint
 
-        return load_full(self, self._sharded_module(), path, parts)
+        load = dcp_checkpoint.load_sharded if dcp_checkpoint.is_sharded(path) else fsdp_checkpoint.load_full
+        return load(self, self._sharded_module(), path, parts)
 
     def _sharded_module(self) -> TrainModule:
         if self.module is None:

@@ -15,6 +15,9 @@ import torch
 import forked
 
 from framework.callbacks import ModelCheckpoint
+from framework.checkpoint import load_checkpoint, read_values
+from framework.cli import main as fw_main
+from framework.errors import CheckpointError
 
 from . import sharded
 from .helpers import check_ok, write_script
@@ -26,17 +29,20 @@ import json, sys
 import torch
 import sharded
 from framework.callbacks import ModelCheckpoint
+from framework.checkpoint import load_checkpoint, read_values
+from framework.cli import main as fw_main
+from framework.errors import CheckpointError
 
 cfg = json.loads(sys.argv[1])
 for case in cfg["cases"]:
     strategy = {"name": "fsdp", "auto_wrap_policy": ["Block"], **case.get("strategy", {})}
     callbacks = None
     if case.get("checkpoint"):
-        callbacks = [ModelCheckpoint(dirpath=cfg["out"] + "/ck", every_n_train_steps=10, save_top_k=-1)]
+        callbacks = [ModelCheckpoint(dirpath=f"{cfg['out']}/ck_{case['tag']}", every_n_train_steps=10, save_top_k=-1)]
     out = sharded.fit(strategy, devices=2, callbacks=callbacks, root=cfg["out"], ckpt_path=case.get("resume"),
                       **case.get("trainer", {}))
     if case.get("checkpoint"):
-        resumed = sharded.fit(strategy, devices=2, ckpt_path=cfg["out"] + "/ck/epoch=0-step=10.ckpt",
+        resumed = sharded.fit(strategy, devices=2, ckpt_path=f"{cfg['out']}/ck_{case['tag']}/epoch=0-step=10.ckpt",
                               root=cfg["out"], **case.get("trainer", {}))
         out["resumed"] = resumed
     if out["rank"] == 0:
@@ -45,6 +51,7 @@ for case in cfg["cases"]:
 
 CASES = [
     {"tag": "full_shard", "checkpoint": True, "trainer": {"shuffle": True}},
+    {"tag": "full_state", "checkpoint": True, "strategy": {"state_dict_type": "full"}},
     {"tag": "from_single", "resume": "{out}/single/epoch=0-step=10.ckpt", "trainer": {"shuffle": True}},
     {"tag": "grad_op", "strategy": {"sharding_strategy": "SHARD_GRAD_OP"}},
     {"tag": "accumulate", "trainer": {"accumulate_grad_batches": 2}},
@@ -94,14 +101,38 @@ def assert_like_one_process(run: dict, single: dict) -> None:
 
 
 @pytest.mark.timeout(200)
-def test_a_full_state_checkpoint_resumes_to_the_same_weights(job):
+def test_a_sharded_checkpoint_is_each_ranks_shards_and_resumes_bit_for_bit(job, tmp_path):
+    """The default: a folder of each rank's shards (rank 0 wrote about half of the tensors:
+    nothing was gathered), committed; the resume ends where the run ends, bit for bit, and
+    ``fw checkpoint export`` writes one file a plain module loads."""
     result, out = job
     check_ok(result)
     run = torch.load(out / "full_shard.pt")
     assert run["resumed"]["global_step"] == sharded.STEPS
     assert close(run["resumed"]["weights"], run["weights"]) == 0  # bit for bit (measured: 0.0)
-    # the file holds full tensors: a plain module loads its weights
-    checkpoint = torch.load(out / "ck" / "epoch=0-step=10.ckpt", weights_only=True)
+    folder = out / "ck_full_shard" / "epoch=0-step=10.ckpt"
+    assert folder.is_dir() and (folder / "COMMITTED").exists() and (folder / ".metadata").exists()
+    shards = sorted(p.name for p in folder.glob("*.distcp"))
+    assert shards == ["__0_0.distcp", "__1_0.distcp"], shards
+    sizes = [(folder / name).stat().st_size for name in shards]
+    assert 0.3 < sizes[0] / sum(sizes) < 0.7, sizes  # each rank wrote its own half
+    values = read_values(folder)
+    assert values["fw_sharded"] == "dcp" and values["world_size"] == 2 and values["state_dict"] == {}
+    assert fw_main(["checkpoint", "export", str(folder), str(tmp_path / "model.pt")]) == 0
+    exported = torch.load(tmp_path / "model.pt", weights_only=True)
+    plain = sharded.Blocks()
+    plain.load_state_dict(exported["state_dict"])  # strict: every parameter, full size
+    assert exported["fw_optimizer_keys"] == "names" and exported["loop"]["batches_done"] == 10
+    assert close(plain.state_dict(), load_checkpoint(folder)["state_dict"]) == 0
+
+
+@pytest.mark.timeout(200)
+def test_a_full_state_checkpoint_is_one_file_and_resumes_bit_for_bit(job):
+    result, out = job
+    check_ok(result)
+    run = torch.load(out / "full_state.pt")
+    assert close(run["resumed"]["weights"], run["weights"]) == 0
+    checkpoint = torch.load(out / "ck_full_state" / "epoch=0-step=10.ckpt", weights_only=True)
     plain = sharded.Blocks()
     plain.load_state_dict(checkpoint["state_dict"])
     assert checkpoint["fw_optimizer_keys"] == "names"
@@ -119,13 +150,13 @@ def test_checkpoints_cross_strategies_and_numbers_of_ranks_mid_epoch(job):
     from_single = torch.load(out / "from_single.pt")
     assert from_single["global_step"] == straight["global_step"] == sharded.STEPS and from_single["sharded"]
     assert close(from_single["weights"], straight["weights"]) < TOLERANCE
-    fsdp_mid = out / "ck" / "epoch=0-step=10.ckpt"
-    assert torch.load(fsdp_mid, weights_only=True)["world_size"] == 2
+    fsdp_mid = out / "ck_full_shard" / "epoch=0-step=10.ckpt"  # a sharded folder
+    assert read_values(fsdp_mid)["world_size"] == 2
     in_one = sharded.fit("single", devices=1, shuffle=True, ckpt_path=str(fsdp_mid), root=str(out / "one"))
     assert in_one["global_step"] == sharded.STEPS
     assert close(in_one["weights"], straight["weights"]) < TOLERANCE
     # the resumed halves trained: the ends are not the checkpoints' weights
-    assert close(in_one["weights"], torch.load(fsdp_mid, weights_only=True)["state_dict"]) > 1e-4
+    assert close(in_one["weights"], load_checkpoint(fsdp_mid)["state_dict"]) > 1e-4
 
 
 @pytest.mark.timeout(200)
@@ -208,10 +239,64 @@ def test_sigterm_under_fsdp_writes_a_checkpoint_that_resumes_bit_for_bit(tmp_pat
     script = write_script(tmp_path, SIGNALLED)
     stopped = forked.run_script(script, str(tmp_path), "signal", nprocs=2, timeout=100)
     assert stopped.returncode == 0, stopped.output  # a stop asked for ends the program with 0
-    preempted = torch.load(tmp_path / "checkpoints" / "preempted.ckpt", weights_only=True)
+    preempted = read_values(tmp_path / "checkpoints" / "preempted.ckpt")  # a sharded folder
     # the ranks stopped together mid-epoch (30 batches an epoch; measured: step 20)
     assert 3 < preempted["global_step"] < 30 and preempted["fw_optimizer_keys"] == "names"
     check_ok(forked.run_script(script, str(tmp_path), "resume", nprocs=2, timeout=100))
     runs = torch.load(tmp_path / "signalled.pt")
     assert runs["resumed"]["global_step"] == runs["straight"]["global_step"] == 40
+    assert close(runs["resumed"]["weights"], runs["straight"]["weights"]) == 0
+
+
+KILLED_IN_SAVE = """
+import os, signal, sys
+import torch
+import torch.distributed.checkpoint as dcp
+from framework.callbacks import ModelCheckpoint
+import sharded
+
+out, mode = sys.argv[1], sys.argv[2]
+strategy = {"name": "fsdp", "auto_wrap_policy": ["Block"]}
+write_shards = dcp.save
+
+
+def save_then_die(state, checkpoint_id):  # rank 1 dies right after writing its shards of step 20
+    write_shards(state, checkpoint_id=checkpoint_id)
+    if "step=20" in str(checkpoint_id) and os.environ["RANK"] == "1":
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+if mode == "kill":
+    dcp.save = save_then_die
+every_10 = lambda: [ModelCheckpoint(dirpath=out + "/ck", every_n_train_steps=10, save_top_k=-1)]
+if mode == "kill":
+    sharded.fit(strategy, devices=2, max_steps=30, callbacks=every_10(), root=out, samples=480, shuffle=True)
+else:
+    resumed = sharded.fit(strategy, devices=2, max_steps=30, callbacks=every_10(), root=out, samples=480,
+                          shuffle=True, ckpt_path=out + "/ck/epoch=0-step=10.ckpt")
+    straight = sharded.fit(strategy, devices=2, max_steps=30, root=out, samples=480, shuffle=True)
+    if resumed["rank"] == 0:
+        torch.save({"resumed": resumed, "straight": straight}, out + "/after_kill.pt")
+"""
+
+
+@pytest.mark.timeout(200)
+def test_a_rank_killed_in_a_sharded_save_leaves_the_last_checkpoint_whole(tmp_path):
+    """SIGKILL to rank 1 right after it wrote its shards of the step-20 checkpoint: that one is
+    never committed, so it is not under its name; the step-10 one resumes bit for bit, and the
+    fit that resumes removes the partial folder."""
+    script = write_script(tmp_path, KILLED_IN_SAVE)
+    killed = forked.run_script(script, str(tmp_path), "kill", nprocs=2, timeout=100)
+    assert killed.returncode != 0, killed.output
+    folder = tmp_path / "ck"
+    partial = folder / ".epoch=0-step=20.ckpt.partial"
+    assert partial.is_dir() and (partial / "__1_0.distcp").exists() and not (partial / "COMMITTED").exists()
+    assert sorted(p.name for p in folder.iterdir() if not p.name.startswith(".")) == ["epoch=0-step=10.ckpt"]
+    with pytest.raises(CheckpointError, match=r"is incomplete \(no COMMITTED mark"):
+        read_values(partial)
+    resumed = forked.run_script(script, str(tmp_path), "resume", nprocs=2, timeout=100)
+    check_ok(resumed)
+    assert not partial.exists() and (folder / "epoch=0-step=20.ckpt" / "COMMITTED").exists()
+    runs = torch.load(tmp_path / "after_kill.pt")
+    assert runs["resumed"]["global_step"] == runs["straight"]["global_step"] == 30
     assert close(runs["resumed"]["weights"], runs["straight"]["weights"]) == 0

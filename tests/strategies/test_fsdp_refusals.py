@@ -45,7 +45,8 @@ def test_a_wrap_class_the_model_lacks_is_named_with_the_classes_it_has():
                                       r"SHARD_GRAD_OP or HYBRID_SHARD"),
     ({"device_mesh": [2, 2]}, r"device_mesh is for sharding_strategy HYBRID_SHARD, not FULL_SHARD"),
     ({"sharding_strategy": "HYBRID_SHARD", "device_mesh": [2]}, r"device_mesh=\[2\]: give \[replicas, shard size\]"),
-    ({"state_dict_type": "sharded"}, r"state_dict_type: 'sharded' is not one fw writes yet"),
+    ({"state_dict_type": "local"}, r"state_dict_type: 'local' is not one fw writes; use sharded \(a folder of every "
+                                   r"rank's shards\) or full"),
     ({"auto_wrap_policy": [3]}, r"auto_wrap_policy: 3 is not a module class or its name"),
 ])
 def test_options_fsdp_does_not_run_are_refused(options, message):

@@ -1,0 +1,267 @@
+"""Sharded checkpoints (FSDP's ``state_dict_type="sharded"``, its default): a directory that
+every rank writes its own shards into with ``torch.distributed.checkpoint`` (DCP). No rank ever
+holds the whole model or optimizer state to save it.
+
+``epoch=0-step=10.ckpt/`` holds:
+
+- ``.metadata`` and ``__<rank>_0.distcp``: DCP's, with the tensors of the model
+  (``model/<name>``) and of each optimizer (``optimizer<i>/<name>/<state>``), tensors only;
+- ``fw_state.pt``: the rest as fw's file holds it (progress, data position, every rank's RNG states
+  and metric aggregates, callbacks, schedulers, the scaler, hyperparameters, the optimizers'
+  hyperparameters and non-tensor state), written by rank 0 after gathering the per-rank parts;
+- ``COMMITTED``: written last, by rank 0, once every rank's shards and ``fw_state.pt`` are on disk.
+
+It is written as ``.<name>.partial`` and renamed to its name once committed (over an older
+checkpoint of that name: ``last.ckpt``), so a directory under a checkpoint's name is complete. A
+directory without the mark is never loaded; the next fit removes partial ones
+(``checkpoint.remove_stale_temp_files``). Loading under FSDP reads each rank's part of every
+tensor, on any number of ranks (DCP reshards); elsewhere (one process, DDP, ``fw checkpoint
+export``, ``load_from_checkpoint``) the full tensors are read into the CPU (``full_checkpoint``).
+
+DCP reads ``.metadata`` with ``pickle`` and non-tensor entries with ``torch.load(weights_only=
+False)``; fw writes tensors alone and reads the metadata with an unpickler that knows DCP's
+metadata classes and nothing else (``_metadata``), so a sharded checkpoint cannot run code,
+as ``weights_only`` keeps a file from running code.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import shutil
+import warnings
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from framework import checkpoint as ckpt
+from framework.errors import CheckpointError
+from framework.strategies.checkpoint_io import save_from_rank_zero
+from framework.trainer.parts import Value
+
+if TYPE_CHECKING:
+    from framework.module import TrainModule
+    from framework.strategies.base import Strategy
+    from framework.trainer.parts import CheckpointParts
+
+FW_FILE, COMMIT_MARK, PARTIAL = "fw_state.pt", "COMMITTED", ".partial"
+
+
+# -- writing --------------------------------------------------------------------------------------
+def save_sharded(strategy: Strategy, module: TrainModule, path: str, parts: CheckpointParts) -> None:
+    """Every rank writes its shards, rank 0 the rest and then the commit mark (call on every rank)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+
+    final = Path(path)
+    partial = final.parent / f".{final.name}{PARTIAL}"
+    if strategy.is_global_zero:
+        shutil.rmtree(partial, ignore_errors=True)  # a save of this name that was killed
+        partial.mkdir(parents=True)
+    strategy.barrier("sharded checkpoint folder")
+    optimizers = list(getattr(parts.shared.get("optimizer_states"), "items", []))
+    states = [get_optimizer_state_dict(module, opt) for opt in optimizers]
+    tensors, rest = _split(get_model_state_dict(module), states)
+    dcp.save(tensors, checkpoint_id=str(partial))
+    shared = {**parts.shared, "state_dict": Value(dict, _no_put)}
+    if optimizers:
+        shared["optimizer_states"] = Value(lambda: rest, _no_put)
+    values = {**parts.values, "fw_sharded": "dcp", "fw_optimizer_keys": "names"}
+    save_from_rank_zero(strategy, str(partial / FW_FILE), replace(parts, shared=shared, values=values))
+    if strategy.is_global_zero:
+        _commit(partial, final)
+    strategy.barrier("sharded checkpoint committed")
+
+
+def _split(model: dict, optimizers: list[dict]) -> tuple[dict[str, torch.Tensor], list[dict]]:
+    """The tensors under flat names for DCP, and each optimizer's hyperparameters and non-tensor
+    state for ``fw_state.pt``."""
+    tensors = {f"model/{name}": value for name, value in model.items() if isinstance(value, torch.Tensor)}
+    rest = []
+    for i, state in enumerate(optimizers):
+        others: dict[str, dict] = {}
+        for name, entries in state["state"].items():
+            for key, value in entries.items():
+                if isinstance(value, torch.Tensor):
+                    tensors[f"optimizer{i}/{name}/{key}"] = value
+                else:
+                    others.setdefault(name, {})[key] = value
+        rest.append({"param_groups": state["param_groups"], "state": others})
+    return tensors, rest
+
+
+def _commit(partial: Path, final: Path) -> None:
+    """The mark, then the folder under its name (an older one of that name goes after)."""
+    mark = partial / COMMIT_MARK
+    with open(mark, "w") as f:
+        f.write("every rank's shards and fw_state.pt are written\n")
+        f.flush()
+        os.fsync(f.fileno())
+    old = final.parent / f".{final.name}.old"
+    if final.exists():
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(final, old)
+    os.replace(partial, final)
+    shutil.rmtree(old, ignore_errors=True)
+    fd = os.open(final.parent, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _no_put(_: Any) -> None:
+    raise AssertionError("a saving part is not loaded")
+
+
+# -- reading --------------------------------------------------------------------------------------
+def is_sharded(path: str | os.PathLike) -> bool:
+    """Is ``path`` a folder that fw's sharded save wrote (or began to)?"""
+    folder = Path(path)
+    return folder.is_dir() and ((folder / FW_FILE).exists() or (folder / ".metadata").exists())
+
+
+def read_fw_file(path: str | os.PathLike) -> dict[str, Any]:
+    """The ``fw_state.pt`` of a complete sharded checkpoint (no tensor of the model read).
+
+    Raises:
+        CheckpointError: the folder has no commit mark (a save that did not finish) or no fw_state.pt.
+    """
+    folder = Path(path)
+    if not (folder / COMMIT_MARK).exists():
+        raise CheckpointError(f"checkpoint '{path}' is incomplete (no {COMMIT_MARK} mark: a save that did not finish "
+                              "writes none); it was not loaded. Resume from an earlier checkpoint")
+    return ckpt.load_checkpoint(folder / FW_FILE)
+
+
+def full_checkpoint(path: str | os.PathLike, map_location: Any = "cpu") -> dict[str, Any]:
+    """The sharded checkpoint at ``path`` as fw's one-file checkpoint: full tensors (read into
+    this process alone, no collective), the optimizer state keyed by parameter name."""
+    import torch.distributed.checkpoint as dcp
+
+    checkpoint = read_fw_file(path)
+    metadata = _metadata(path)
+    tensors = {key: torch.empty(meta.size, dtype=meta.properties.dtype)
+               for key, meta in metadata.state_dict_metadata.items()}
+    with warnings.catch_warnings():  # DCP's note that no process group is used: none is meant to be
+        warnings.filterwarnings("ignore", message=".*assuming the intent is to load in a single process")
+        dcp.load(tensors, storage_reader=_reader(path, metadata), no_dist=True)
+    if map_location not in (None, "cpu"):
+        tensors = {key: value.to(map_location) for key, value in tensors.items()}
+    checkpoint["state_dict"] = {key[len("model/"):]: value for key, value in tensors.items() if key.startswith("model/")}
+    if "optimizer_states" in checkpoint:
+        checkpoint["optimizer_states"] = [_optimizer_state(tensors, i, saved)
+                                          for i, saved in enumerate(checkpoint["optimizer_states"])]
+    return checkpoint
+
+
+def _optimizer_state(tensors: dict[str, torch.Tensor], index: int, saved: dict) -> dict:
+    state: dict[str, dict] = {name: dict(entries) for name, entries in saved["state"].items()}
+    prefix = f"optimizer{index}/"
+    for key, value in tensors.items():
+        if key.startswith(prefix):
+            name, _, entry = key[len(prefix):].rpartition("/")
+            state.setdefault(name, {})[entry] = value
+    return {"state": state, "param_groups": saved["param_groups"]}
+
+
+def load_sharded(strategy: Strategy, module: TrainModule, path: str, parts: CheckpointParts) -> dict[str, Any]:
+    """Every rank reads its part of every tensor into the sharded module and optimizers, and the
+    rest from ``fw_state.pt``; the contents of ``fw_state.pt``."""
+    checkpoint = read_fw_file(path)
+    shared = dict(parts.shared)
+    optimizers = list(getattr(shared.get("optimizer_states"), "items", []))
+    shared["state_dict"] = Value(_no_get, lambda _: _load_tensors(module, optimizers, checkpoint, path))
+    if optimizers:
+        shared["optimizer_states"] = Value(_no_get, lambda _: None)  # loaded with the model's tensors
+    replace(parts, shared=shared).load(checkpoint, strategy.global_rank, strategy.world_size)
+    return checkpoint
+
+
+def _load_tensors(module: TrainModule, optimizers: list, checkpoint: dict, path: str) -> None:
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import (
+        get_model_state_dict,
+        get_optimizer_state_dict,
+        set_model_state_dict,
+        set_optimizer_state_dict,
+    )
+
+    saved = checkpoint.get("optimizer_states") or []
+    if optimizers and len(saved) != len(optimizers):
+        raise CheckpointError(f"checkpoint '{path}' holds {len(saved)} optimizer state(s) and configure_optimizers() "
+                              f"returned {len(optimizers)}: resume with the configure_optimizers() it was written with")
+    model = get_model_state_dict(module)
+    states: list[dict[str, Any]] = [dict(get_optimizer_state_dict(module, opt)) for opt in optimizers]
+    tensors, _ = _split(model, states)
+    metadata = _metadata(path)
+    _refuse_other_tensors(path, tensors, metadata.state_dict_metadata)
+    dcp.load(tensors, storage_reader=_reader(path, metadata))
+    set_model_state_dict(module, model)
+    for opt, state, mine in zip(optimizers, saved, states, strict=True):
+        for name, entries in state["state"].items():
+            mine["state"].setdefault(name, {}).update(entries)
+        mine["param_groups"] = state["param_groups"]
+        set_optimizer_state_dict(module, opt, mine)
+
+
+def _refuse_other_tensors(path: str, tensors: dict[str, torch.Tensor], saved: dict[str, Any]) -> None:
+    """A checkpoint of another model (or optimizer) is named, not half loaded."""
+    missing = sorted(set(tensors) - set(saved))
+    extra = sorted(set(saved) - set(tensors))
+    shapes = sorted(key for key in set(tensors) & set(saved) if tuple(tensors[key].shape) != tuple(saved[key].size))
+    if missing or extra or shapes:
+        what = [f"{label}: {', '.join(keys[:4])}{' ...' if len(keys) > 4 else ''}"
+                for label, keys in (("missing", missing), ("not in this model", extra), ("other shapes", shapes)) if keys]
+        raise CheckpointError(f"checkpoint '{path}' does not fit this model and its optimizers ({'; '.join(what)}); "
+                              "resume with the model and configure_optimizers() it was written with")
+
+
+def _no_get() -> Any:
+    raise AssertionError("a loading part is not saved")
+
+
+# -- DCP's metadata, read safely ------------------------------------------------------------------
+_ALLOWED = {
+    ("pathlib", "PosixPath"), ("pathlib", "WindowsPath"), ("torch", "Size"), ("torch.serialization", "_get_layout"),
+    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+}
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) in _ALLOWED or module == "torch.distributed.checkpoint.metadata":
+            return super().find_class(module, name)
+        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
+            return getattr(torch, name)
+        raise pickle.UnpicklingError(f"{module}.{name}")
+
+
+def _metadata(path: str | os.PathLike) -> Any:
+    from torch.distributed.checkpoint.metadata import StorageMeta, TensorStorageMetadata
+
+    try:
+        with open(Path(path) / ".metadata", "rb") as f:
+            metadata = _MetadataUnpickler(f).load()
+    except (OSError, pickle.UnpicklingError, EOFError, AttributeError, ValueError) as err:
+        raise CheckpointError(f"checkpoint '{path}': its .metadata is missing or holds data that is not DCP's "
+                              f"({type(err).__name__}: {str(err)[:100]}); it was left as it is") from None
+    others = [key for key, meta in metadata.state_dict_metadata.items() if not isinstance(meta, TensorStorageMetadata)]
+    if others:
+        raise CheckpointError(f"checkpoint '{path}' holds non-tensor entries ({', '.join(others[:3])}), which fw never "
+                              "writes and does not unpickle; load it with torch.distributed.checkpoint if you trust it")
+    if getattr(metadata, "storage_meta", None) is None:
+        metadata.storage_meta = StorageMeta()
+    return metadata
+
+
+def _reader(path: str | os.PathLike, metadata: Any) -> Any:
+    """DCP's file reader, given the metadata read above (it never unpickles the file itself)."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    reader = FileSystemReader(os.fspath(path))
+    metadata.storage_meta.load_id = reader.load_id
+    reader.read_metadata = lambda *args, **kwargs: metadata  # type: ignore[method-assign]
+    return reader

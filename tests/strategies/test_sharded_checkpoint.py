@@ -1,0 +1,114 @@
+"""A sharded (DCP) checkpoint folder outside FSDP: ``load_from_checkpoint`` and ``validate``
+in one process accept it, ``fw checkpoint export`` makes one file of it; an incomplete folder,
+one of another model and one whose metadata would run code are refused in one line, with
+nothing loaded. (FSDP in one process writes the folder: a world of one has the same layout.)"""
+
+from __future__ import annotations
+
+import pickle
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "distributed"))
+import sharded  # noqa: E402
+
+import framework as fw  # noqa: E402
+from framework.callbacks import ModelCheckpoint  # noqa: E402
+from framework.checkpoint import load_checkpoint  # noqa: E402
+from framework.cli import main as fw_main  # noqa: E402
+from framework.errors import CheckpointError  # noqa: E402
+
+FSDP = {"name": "fsdp", "auto_wrap_policy": ["Block"]}
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory) -> Path:
+    import torch.distributed as dist
+
+    root = tmp_path_factory.mktemp("sharded")
+    try:
+        ckpt = ModelCheckpoint(dirpath=str(root / "ck"), every_n_train_steps=4, save_top_k=-1)
+        sharded.fit(FSDP, devices=1, max_steps=4, callbacks=[ckpt], root=str(root))
+    finally:
+        if dist.is_initialized():  # a sharded module keeps its group until the program ends
+            dist.destroy_process_group()
+    path = root / "ck" / "epoch=0-step=4.ckpt"
+    assert path.is_dir() and (path / "COMMITTED").exists()
+    return path
+
+
+def _copy(folder: Path, tmp_path: Path, name: str = "copy.ckpt") -> Path:
+    shutil.copytree(folder, tmp_path / name)
+    return tmp_path / name
+
+
+def test_load_from_checkpoint_and_validate_in_one_process_read_the_folder(folder, tmp_path):
+    weights = load_checkpoint(folder)["state_dict"]
+    model = sharded.Blocks.load_from_checkpoint(folder)
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in weights.items())
+    assert not all(torch.equal(sharded.Blocks().state_dict()[k], v) for k, v in weights.items())  # it trained
+    trainer = fw.Trainer(**{**sharded.QUIET, "default_root_dir": str(tmp_path)})
+    fresh = sharded.Blocks()
+    (scores,) = trainer.validate(fresh, DataLoader(sharded.data(32), batch_size=16), ckpt_path=str(folder))
+    assert all(torch.equal(fresh.state_dict()[k], v) for k, v in weights.items()) and "val_loss" in scores
+
+
+def test_export_writes_one_file_plain_torch_loads(folder, tmp_path):
+    assert fw_main(["checkpoint", "export", str(folder), str(tmp_path / "w.pt"), "--weights-only"]) == 0
+    plain = sharded.Blocks()
+    plain.load_state_dict(torch.load(tmp_path / "w.pt", weights_only=True))
+    assert all(torch.equal(plain.state_dict()[k], v) for k, v in load_checkpoint(folder)["state_dict"].items())
+
+
+def test_an_incomplete_folder_is_refused_and_nothing_is_loaded(folder, tmp_path, capsys):
+    broken = _copy(folder, tmp_path)
+    (broken / "COMMITTED").unlink()
+    with pytest.raises(CheckpointError, match=r"is incomplete \(no COMMITTED mark: a save that did not finish"):
+        sharded.Blocks.load_from_checkpoint(broken)
+    assert fw_main(["checkpoint", "export", str(broken), str(tmp_path / "x.pt")]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("fw: error: checkpoint") and "incomplete" in err[-1] and not (tmp_path / "x.pt").exists()
+
+
+def test_metadata_that_would_run_code_is_refused_unread(folder, tmp_path):
+    evil = _copy(folder, tmp_path)
+
+    class RunsCode:
+        def __reduce__(self):
+            return (Path.touch, (tmp_path / "ran",))
+
+    (evil / ".metadata").write_bytes(pickle.dumps(RunsCode()))
+    with pytest.raises(CheckpointError, match=r"its \.metadata is missing or holds data that is not DCP's"):
+        load_checkpoint(evil)
+    assert not (tmp_path / "ran").exists()
+
+
+def test_a_folder_of_another_model_is_refused_naming_the_parameters(folder, tmp_path):
+    class Wider(sharded.Blocks):
+        def __init__(self) -> None:
+            super().__init__(width=24)
+
+    with pytest.raises(CheckpointError, match=r"does not fit Wider: .*size mismatch for inp.weight"):
+        Wider.load_from_checkpoint(folder)
+
+
+def test_under_fsdp_a_folder_of_another_model_is_refused_before_any_tensor_loads(folder, tmp_path, monkeypatch):
+    import torch.distributed as dist
+
+    class Wider(sharded.Blocks):
+        def __init__(self) -> None:
+            super().__init__(width=24)
+
+    monkeypatch.setattr(sharded, "Blocks", Wider)
+    try:
+        with pytest.raises(CheckpointError, match=r"does not fit this model and its optimizers \(other shapes: "
+                                                  r"model/blocks.0.linear.bias, model/blocks.0.linear.weight"):
+            sharded.fit(FSDP, devices=1, max_steps=8, ckpt_path=str(folder), root=str(tmp_path))
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
