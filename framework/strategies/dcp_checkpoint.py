@@ -32,7 +32,7 @@ import shutil
 import warnings
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
@@ -42,6 +42,8 @@ from framework.strategies.checkpoint_io import save_from_rank_zero
 from framework.trainer.parts import Value
 
 if TYPE_CHECKING:
+    from concurrent.futures import Future
+
     from framework.module import TrainModule
     from framework.strategies.base import Strategy
     from framework.trainer.parts import CheckpointParts
@@ -50,11 +52,16 @@ FW_FILE, COMMIT_MARK, PARTIAL = "fw_state.pt", "COMMITTED", ".partial"
 
 
 # -- writing --------------------------------------------------------------------------------------
-def save_sharded(strategy: Strategy, module: TrainModule, path: str, parts: CheckpointParts) -> None:
-    """Every rank writes its shards, rank 0 the rest and then the commit mark (call on every rank)."""
+def save_sharded(strategy: Strategy, module: TrainModule, path: str, parts: CheckpointParts,
+                 asynchronous: bool = False) -> None:
+    """Every rank writes its shards, rank 0 the rest and then the commit mark (call on every
+    rank); ``asynchronous``: the shards are written while training goes on (``dcp_async.py``)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 
+    from framework.strategies.dcp_async import PendingSave, checkpoint_group, finish_pending
+
+    finish_pending(strategy)
     final = Path(path)
     partial = final.parent / f".{final.name}{PARTIAL}"
     if strategy.is_global_zero:
@@ -64,12 +71,21 @@ def save_sharded(strategy: Strategy, module: TrainModule, path: str, parts: Chec
     optimizers = list(getattr(parts.shared.get("optimizer_states"), "items", []))
     states = [get_optimizer_state_dict(module, opt) for opt in optimizers]
     tensors, rest = _split(get_model_state_dict(module), states)
-    dcp.save(tensors, checkpoint_id=str(partial))
+    if asynchronous:
+        future = cast("Future", dcp.async_save(tensors, checkpoint_id=str(partial),
+                                               process_group=checkpoint_group(strategy)))
+    else:
+        dcp.save(tensors, checkpoint_id=str(partial))
     shared = {**parts.shared, "state_dict": Value(dict, _no_put)}
     if optimizers:
         shared["optimizer_states"] = Value(lambda: rest, _no_put)
     values = {**parts.values, "fw_sharded": "dcp", "fw_optimizer_keys": "names"}
     save_from_rank_zero(strategy, str(partial / FW_FILE), replace(parts, shared=shared, values=values))
+    if asynchronous:
+        timeout = getattr(strategy, "timeout", 1800.0)
+        strategy._pending_save = PendingSave(  # type: ignore[attr-defined]
+            future, partial, strategy.global_rank, strategy.world_size, timeout, lambda: _commit(partial, final))
+        return
     if strategy.is_global_zero:
         _commit(partial, final)
     strategy.barrier("sharded checkpoint committed")

@@ -62,6 +62,7 @@ class FSDPStrategy(DDPStrategy):
         device_mesh: ``[replicas, shard size]`` for ``HYBRID_SHARD``.
         state_dict_type: ``sharded`` (a folder every rank writes its shards into:
             ``dcp_checkpoint.py``) or ``full`` (one file, as for DDP, gathered through rank 0's CPU).
+        async_save: write sharded checkpoints while training goes on (``dcp_async.py``).
         backend, init_method, timeout, socket_ifname: as for ``ddp``.
     """
 
@@ -73,6 +74,7 @@ class FSDPStrategy(DDPStrategy):
         sharding_strategy: str = "FULL_SHARD",
         device_mesh: list[int] | tuple[int, int] | None = None,
         state_dict_type: str = "sharded",
+        async_save: bool = False,
         backend: str = "gloo",
         init_method: str = "env://",
         timeout: float = DEFAULT_TIMEOUT_S,
@@ -91,6 +93,10 @@ class FSDPStrategy(DDPStrategy):
             raise ConfigError(f"trainer.strategy.state_dict_type: '{state_dict_type}' is not one fw writes; use "
                               "sharded (a folder of every rank's shards) or full (one file, gathered on rank 0)")
         self.state_dict_type = state_dict_type
+        if async_save and state_dict_type != "sharded":
+            raise ConfigError("trainer.strategy.async_save=true writes sharded checkpoints in the background; it "
+                              "needs state_dict_type: sharded (a full checkpoint is gathered on rank 0 first)")
+        self.async_save = bool(async_save)
         self.module: TrainModule | None = None
 
     def setup_module(self, module: TrainModule) -> nn.Module:
@@ -164,13 +170,18 @@ class FSDPStrategy(DDPStrategy):
         failure both go: the module cannot be used by another call."""
         import torch.distributed as dist
 
-        if self.module is not None and self._failed:
-            self.module.__dict__.pop(_SHARDED, None)
-        elif self.module is not None and self._owns_group and dist.is_initialized():
-            self._owns_group = False
-            _destroy_the_group_at_exit()
-        super().teardown()
-        self.module = None
+        from framework.strategies.dcp_async import finish_pending
+
+        try:
+            finish_pending(self, barrier=not self._failed)  # the call ends with its last checkpoint committed
+        finally:
+            if self.module is not None and self._failed:
+                self.module.__dict__.pop(_SHARDED, None)
+            elif self.module is not None and self._owns_group and dist.is_initialized():
+                self._owns_group = False
+                _destroy_the_group_at_exit()
+            super().teardown()
+            self.module = None
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "sharding": self.sharding_strategy}
@@ -181,8 +192,10 @@ class FSDPStrategy(DDPStrategy):
         rank gathers the full state (rank 0 keeps it, on the CPU), rank 0 writes it."""
         from framework.strategies import dcp_checkpoint, fsdp_checkpoint
 
-        save = dcp_checkpoint.save_sharded if self.state_dict_type == "sharded" else fsdp_checkpoint.save_full
-        save(self, self._sharded_module(), path, parts)
+        if self.state_dict_type == "sharded":
+            dcp_checkpoint.save_sharded(self, self._sharded_module(), path, parts, asynchronous=self.async_save)
+        else:
+            fsdp_checkpoint.save_full(self, self._sharded_module(), path, parts)
 
     def load_checkpoint(self, path: str, parts: CheckpointParts) -> dict[str, Any]:
         """A sharded checkpoint: every rank reads its part of each tensor; one file: every rank

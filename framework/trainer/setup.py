@@ -211,6 +211,10 @@ def print_summary(run: Run) -> None:
         replicas = info.get("replicas", 1)  # DataParallel splits one loader batch over its GPUs
         per_device = per_device_batch // replicas if replicas > 1 else per_device_batch
         parts.append(f"batch {per_device} per device, global {per_device * replicas * world}")
+    if fn == "fit":
+        from framework.trainer.summary import parameter_bytes
+
+        parts.append(parameter_bytes(run.module))
     rank_zero_info(" | ".join(parts))
     if fn == "fit" and run.settings.enable_model_summary and strategy.is_global_zero:
         from framework.trainer.summary import print_model_summary

@@ -106,3 +106,22 @@ def print_results(fn: str, results: list[dict[str, float]]) -> None:
     for name in names:
         table.add_row(name, *(f"{r[name]:.6g}" if name in r else "" for r in results))
     Console(stderr=True).print(table)
+
+
+def parameter_bytes(module: nn.Module) -> str:
+    """The bytes of parameters this rank holds, and of the whole model where it holds a shard
+    (FSDP: a parameter is a DTensor whose ``numel`` is the whole tensor's)."""
+    local = whole = 0
+    for p in module.parameters():
+        mine = p.to_local() if hasattr(p, "to_local") else p
+        local += mine.numel() * mine.element_size()
+        whole += p.numel() * p.element_size()
+    share = f" of {_bytes(whole)}" if local != whole else ""
+    return f"parameters {_bytes(local)} per rank{share}"
+
+
+def _bytes(n: int) -> str:
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} B"

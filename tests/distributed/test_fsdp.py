@@ -52,6 +52,7 @@ for case in cfg["cases"]:
 CASES = [
     {"tag": "full_shard", "checkpoint": True, "trainer": {"shuffle": True}},
     {"tag": "full_state", "checkpoint": True, "strategy": {"state_dict_type": "full"}},
+    {"tag": "async", "checkpoint": True, "strategy": {"async_save": True}, "trainer": {"shuffle": True}},
     {"tag": "from_single", "resume": "{out}/single/epoch=0-step=10.ckpt", "trainer": {"shuffle": True}},
     {"tag": "grad_op", "strategy": {"sharding_strategy": "SHARD_GRAD_OP"}},
     {"tag": "accumulate", "trainer": {"accumulate_grad_batches": 2}},
@@ -124,6 +125,20 @@ def test_a_sharded_checkpoint_is_each_ranks_shards_and_resumes_bit_for_bit(job, 
     plain.load_state_dict(exported["state_dict"])  # strict: every parameter, full size
     assert exported["fw_optimizer_keys"] == "names" and exported["loop"]["batches_done"] == 10
     assert close(plain.state_dict(), load_checkpoint(folder)["state_dict"]) == 0
+
+
+@pytest.mark.timeout(200)
+def test_an_asynchronous_save_changes_nothing_and_is_committed_when_the_fit_ends(job):
+    result, out = job
+    check_ok(result)
+    run, synchronous = torch.load(out / "async.pt"), torch.load(out / "full_shard.pt")
+    assert close(run["weights"], synchronous["weights"]) == 0  # the same run, checkpoints written aside
+    assert close(run["resumed"]["weights"], run["weights"]) == 0
+    folders = sorted((out / "ck_async").iterdir())
+    assert [f.name for f in folders] == ["epoch=0-step=10.ckpt", "epoch=0-step=20.ckpt"], folders
+    for folder in folders:  # the last one too: the fit's end waited for it
+        assert (folder / "COMMITTED").exists() and not list(folder.glob(".written-*"))
+        assert read_values(folder)["global_step"] == int(folder.name.split("=")[-1].split(".")[0])
 
 
 @pytest.mark.timeout(200)

@@ -48,6 +48,8 @@ def test_a_wrap_class_the_model_lacks_is_named_with_the_classes_it_has():
     ({"state_dict_type": "local"}, r"state_dict_type: 'local' is not one fw writes; use sharded \(a folder of every "
                                    r"rank's shards\) or full"),
     ({"auto_wrap_policy": [3]}, r"auto_wrap_policy: 3 is not a module class or its name"),
+    ({"async_save": True, "state_dict_type": "full"}, r"async_save=true writes sharded checkpoints in the background; "
+                                                      r"it needs state_dict_type: sharded"),
 ])
 def test_options_fsdp_does_not_run_are_refused(options, message):
     with pytest.raises(ConfigError, match=message):

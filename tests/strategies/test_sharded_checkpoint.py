@@ -112,3 +112,22 @@ def test_under_fsdp_a_folder_of_another_model_is_refused_before_any_tensor_loads
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def test_model_checkpoint_keeps_top_k_and_last_as_folders(tmp_path):
+    """save_top_k=2 with a monitor, and save_last: the two best epochs' folders and last.ckpt
+    (overwritten in place at each save) stay, each committed; nothing partial is left."""
+    import torch.distributed as dist
+
+    ckpt = ModelCheckpoint(dirpath=str(tmp_path / "ck"), monitor="val_loss", save_top_k=2, save_last=True)
+    try:
+        sharded.fit(FSDP, devices=1, max_steps=80, callbacks=[ckpt], root=str(tmp_path))  # 4 epochs of 20 steps
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    names = sorted(p.name for p in (tmp_path / "ck").iterdir())
+    assert len(names) == 3 and "last.ckpt" in names, names
+    assert all((tmp_path / "ck" / name / "COMMITTED").exists() for name in names)
+    assert load_checkpoint(tmp_path / "ck" / "last.ckpt")["global_step"] == 80
+    kept = sorted(load_checkpoint(tmp_path / "ck" / name)["global_step"] for name in names if name != "last.ckpt")
+    assert Path(ckpt.best_model_path).name in names and len(set(kept)) == 2
