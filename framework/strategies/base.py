@@ -163,6 +163,11 @@ class Strategy(ABC):
     def is_distributed(self) -> bool:
         return self.world_size > 1
 
+    def tensor_init_context(self, empty_init: bool | None = None) -> contextlib.AbstractContextManager:
+        """``trainer.init_module()``: where tensors made inside go (here: where they would; a
+        strategy that shards builds on the meta device). ``empty_init`` is a hint it may ignore."""
+        return contextlib.nullcontext()
+
     def distributed_sampler_kwargs(self) -> dict[str, int] | None:
         """``num_replicas`` and ``rank`` for samplers, or None when data need no sharding."""
         return None

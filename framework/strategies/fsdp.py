@@ -13,9 +13,9 @@ refused). ``HYBRID_SHARD`` shards over one dimension of a 2-D mesh and replicate
 shards. Evaluation runs under ``no_grad``, never ``inference_mode`` (FSDP's buffers made there
 could not be written by the training step after it).
 
-After a call the module stays sharded and its process group up (until the process ends): the
-next call on it (``fit`` then ``test`` or ``predict``) uses the same shards, as in Lightning; a
-call that would shard it another way is refused.
+After a call the module stays sharded and its group up (until the process ends) for the next
+call on it (``fit`` then ``test``), as in Lightning; sharding it another way is refused. A model
+built on the meta device (``trainer.init_module()``) is made real shard by shard (``fsdp_init.py``).
 
 Checkpoints: ``state_dict_type="sharded"`` (the default) writes a folder that every rank writes
 its own shards into (``dcp_checkpoint.py``: nothing is gathered); ``"full"`` (Lightning's FSDP
@@ -38,6 +38,7 @@ from framework.errors import CheckpointError, ConfigError
 from framework.strategies.base import StepModule
 from framework.strategies.ddp import DDPStrategy
 from framework.strategies.distributed import DEFAULT_TIMEOUT_S
+from framework.strategies.fsdp_options import class_names, mesh_shape, precision_policy, units
 
 if TYPE_CHECKING:
     from framework.module import TrainModule
@@ -63,6 +64,8 @@ class FSDPStrategy(DDPStrategy):
         state_dict_type: ``sharded`` (a folder every rank writes its shards into:
             ``dcp_checkpoint.py``) or ``full`` (one file, as for DDP, gathered through rank 0's CPU).
         async_save: write sharded checkpoints while training goes on (``dcp_async.py``).
+        cpu_offload: keep the shards (parameters, gradients, optimizer state) in CPU memory and
+            step the optimizer there; each unit's parameters go to the device for its compute.
         backend, init_method, timeout, socket_ifname: as for ``ddp``.
     """
 
@@ -75,6 +78,7 @@ class FSDPStrategy(DDPStrategy):
         device_mesh: list[int] | tuple[int, int] | None = None,
         state_dict_type: str = "sharded",
         async_save: bool = False,
+        cpu_offload: bool = False,
         backend: str = "gloo",
         init_method: str = "env://",
         timeout: float = DEFAULT_TIMEOUT_S,
@@ -82,13 +86,13 @@ class FSDPStrategy(DDPStrategy):
     ) -> None:
         super().__init__(backend=backend, init_method=init_method, timeout=timeout, socket_ifname=socket_ifname)
         self.name = "fsdp"
-        self.wrap_classes = _class_names(auto_wrap_policy)
+        self.wrap_classes = class_names(auto_wrap_policy)
         if str(sharding_strategy).upper() not in SHARDING:
             raise ConfigError(f"trainer.strategy.sharding_strategy: '{sharding_strategy}' is not one fw runs; "
                               f"use {' or '.join(SHARDING)}")
         self.sharding_strategy = str(sharding_strategy).upper()
         self.reshard_after_forward = SHARDING[self.sharding_strategy]
-        self.mesh_shape = _mesh_shape(device_mesh, self.sharding_strategy)
+        self.mesh_shape = mesh_shape(device_mesh, self.sharding_strategy)
         if state_dict_type not in ("sharded", "full"):
             raise ConfigError(f"trainer.strategy.state_dict_type: '{state_dict_type}' is not one fw writes; use "
                               "sharded (a folder of every rank's shards) or full (one file, gathered on rank 0)")
@@ -97,30 +101,37 @@ class FSDPStrategy(DDPStrategy):
             raise ConfigError("trainer.strategy.async_save=true writes sharded checkpoints in the background; it "
                               "needs state_dict_type: sharded (a full checkpoint is gathered on rank 0 first)")
         self.async_save = bool(async_save)
+        self.cpu_offload = bool(cpu_offload)
         self.module: TrainModule | None = None
 
     def setup_module(self, module: TrainModule) -> nn.Module:
         from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import fully_shard
+        from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
+
+        from framework.strategies.fsdp_init import has_meta_tensors, materialize
 
         trainer_precision = getattr(getattr(module, "trainer", None), "precision", None)
-        policy = _precision_policy(getattr(trainer_precision, "precision", "32"))
+        policy = precision_policy(getattr(trainer_precision, "precision", "32"))
         if self.sync_batchnorm:
             raise ConfigError("trainer.sync_batchnorm=true with strategy fsdp: not supported; leave it off "
                               "(BatchNorm statistics then stay per rank) or use strategy ddp")
         shape = (self.world_size,) if self.mesh_shape is None else self._hybrid_shape()
-        layout = (shape, self.reshard_after_forward, repr(policy), sorted(self.wrap_classes))
+        layout = (shape, self.reshard_after_forward, repr(policy), sorted(self.wrap_classes), self.cpu_offload)
         root = _sharded_before(module, layout)
         if root is None:  # the first call on this module: shard it
-            module.to(self.root_device)
-            units = _units(module, self.wrap_classes)
+            if not has_meta_tensors(module):  # meta tensors are allocated on the device after sharding
+                module.to(self.root_device)
+            blocks = units(module, self.wrap_classes)
             names = ("replicate", "shard") if len(shape) == 2 else None
             mesh = init_device_mesh(self.root_device.type, shape, mesh_dim_names=names)
             shard = {"mesh": mesh, "reshard_after_forward": self.reshard_after_forward, "mp_policy": policy}
-            for unit in units:
+            if self.cpu_offload:  # pinned host memory where there is a device to copy to
+                shard["offload_policy"] = CPUOffloadPolicy(pin_memory=self.root_device.type == "cuda")
+            for unit in blocks:
                 fully_shard(unit, **shard)
             root = StepModule(module)
             fully_shard(root, **shard)
+            materialize(module, self.root_device, getattr(self, "_init_rng", None))  # meta-built: shard by shard
             module.__dict__[_SHARDED] = (root, layout)  # not a submodule: the root holds the module
         self.model, self.module = root, module
         return root
@@ -186,6 +197,18 @@ class FSDPStrategy(DDPStrategy):
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "sharding": self.sharding_strategy}
 
+    @contextlib.contextmanager
+    def tensor_init_context(self, empty_init: bool | None = None) -> Iterator[None]:
+        """``trainer.init_module()``: the model is built on the meta device (no memory, no random
+        draw) unless ``empty_init=False``; its shards are allocated and initialised after sharding
+        from the RNG state at the end of this block, where building it would have drawn."""
+        if empty_init is False:
+            yield
+            return
+        with torch.device("meta"):
+            yield
+        self._init_rng = torch.get_rng_state()
+
     # -- checkpoints (fsdp_checkpoint.py) ----------------------------------------------------
     def save_checkpoint(self, path: str, parts: CheckpointParts) -> None:
         """``sharded``: every rank writes its shards into the folder ``path``; ``full``: every
@@ -240,61 +263,3 @@ def _destroy_the_group_at_exit() -> None:
     import torch.distributed as dist
 
     atexit.register(lambda: dist.destroy_process_group() if dist.is_initialized() else None)
-
-
-def _mesh_shape(device_mesh: Any, sharding_strategy: str) -> tuple[int, int] | None:
-    """The hybrid mesh asked for (``(0, 0)``: the default, found at set-up), or None (one dimension)."""
-    if sharding_strategy != "HYBRID_SHARD":
-        if device_mesh is not None:
-            raise ConfigError(f"trainer.strategy.device_mesh is for sharding_strategy HYBRID_SHARD, not "
-                              f"{sharding_strategy}; drop it, or set sharding_strategy: HYBRID_SHARD")
-        return None
-    if device_mesh is None:
-        return (0, 0)
-    shape = tuple(device_mesh)
-    if len(shape) != 2 or not all(isinstance(n, int) and n > 0 for n in shape):
-        raise ConfigError(f"trainer.strategy.device_mesh={list(shape)}: give [replicas, shard size], two positive "
-                          "whole numbers whose product is the world size (e.g. [2, 4] for 8 ranks)")
-    return shape[0], shape[1]
-
-
-def _precision_policy(precision: str) -> Any:
-    """The mixed-precision policy for ``trainer.precision``: ``bf16-mixed`` gathers and computes
-    in bfloat16 and reduces gradients in float32 into float32 shards (the master weights)."""
-    from torch.distributed.fsdp import MixedPrecisionPolicy
-
-    if precision == "32":
-        return MixedPrecisionPolicy()
-    if precision == "bf16-mixed":
-        return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-    raise ConfigError(f"trainer.precision={precision} with strategy fsdp: not supported (16-mixed needs a sharded "
-                      "gradient scaler); use trainer.precision=bf16-mixed or 32-true")
-
-
-def _class_names(policy: Iterable[type[nn.Module] | str] | None) -> set[str]:
-    """The names of the unit classes (a class's ``__name__``, or the name a recipe gave)."""
-    if policy is None:
-        return set()
-    if isinstance(policy, (str, type)):
-        policy = [policy]
-    names = set()
-    for item in policy:
-        if isinstance(item, type) and issubclass(item, nn.Module):
-            names.add(item.__name__)
-        elif isinstance(item, str) and item:
-            names.add(item.rsplit(".", 1)[-1])
-        else:
-            raise ConfigError(f"trainer.strategy.auto_wrap_policy: {item!r} is not a module class or its name; "
-                              "give the classes of the blocks to shard, e.g. {Block} or [Block]")
-    return names
-
-
-def _units(module: nn.Module, names: set[str]) -> list[nn.Module]:
-    """The submodules to shard as units, innermost first; a named class the model lacks is an error."""
-    found = [m for m in module.modules() if m is not module and type(m).__name__ in names]
-    missing = names - {type(m).__name__ for m in found}
-    if missing:
-        have = sorted({type(m).__name__ for m in module.modules() if m is not module})
-        raise ConfigError(f"trainer.strategy.auto_wrap_policy: {type(module).__name__} has no submodule of class "
-                          f"{', '.join(sorted(missing))}; its submodules' classes: {', '.join(have) or 'none'}")
-    return list(reversed(found))  # modules() lists parents first: shard the children before them

@@ -162,6 +162,12 @@ class Trainer(TrainerProperties):
         return self._call(Call("predict", model, datamodule, {"predict": dataloaders}, ckpt_path,
                                return_predictions=keep))
 
+    def init_module(self, empty_init: bool | None = None) -> contextlib.AbstractContextManager:
+        """Lightning's ``with trainer.init_module(): model = Model()``: under ``fsdp`` the model is
+        built on the meta device (no memory; ``empty_init=False`` builds it in memory) and made
+        real shard by shard once sharded; under other strategies it is built as without it."""
+        return self.strategy.tensor_init_context(empty_init)
+
     def save_checkpoint(self, path: str | os.PathLike) -> None:
         """Write a checkpoint (call on every rank: rank 0 writes, the others wait)."""
         if self.run is None:

@@ -3,6 +3,8 @@ one-process reference with it, the ranks of a job run the FSDP side (``fit`` bel
 
 from __future__ import annotations
 
+import contextlib
+
 import io
 from contextlib import redirect_stderr
 from typing import Any
@@ -104,17 +106,22 @@ class FullWeights(fw.Callback):
 
 def fit(strategy: Any, devices: int, max_steps: int = STEPS, callbacks: list | None = None,
         ckpt_path: str | None = None, root: str = ".", manual: bool = False, predict: bool = False,
-        samples: int = STEPS * GLOBAL_BATCH, shuffle: bool = False, **trainer_args: Any) -> dict:
+        samples: int = STEPS * GLOBAL_BATCH, shuffle: bool = False, meta: bool = False, **trainer_args: Any) -> dict:
     """One fit on ``devices`` ranks with the global batch split over them (``manual``: with
     manual optimization); the full weights, the epoch's validation loss, the trainer's step, and
     with ``predict`` this rank's predictions on the validation data (rows: inputs, output).
-    ``shuffle``: the training loader shuffles (fw's one order: the same on any number of ranks)."""
+    ``shuffle``: the training loader shuffles (fw's one order: the same on any number of ranks);
+    ``meta``: the model is built under ``trainer.init_module()``."""
     weights = FullWeights()
     trainer = fw.Trainer(**{**QUIET, "enable_checkpointing": bool(callbacks)}, strategy=strategy, devices=devices,
                          max_steps=max_steps, callbacks=[weights, *(callbacks or [])], default_root_dir=root,
                          **trainer_args)
     per_rank = GLOBAL_BATCH // devices
-    model = ManualBlocks() if manual else Blocks()
+    with trainer.init_module() if meta else contextlib.nullcontext():  # fsdp: on the meta device
+        model = ManualBlocks() if manual else Blocks()
+    built_on_meta = all(p.is_meta for p in model.parameters())
+    if meta:
+        torch.rand(3)  # a draw between building and fitting: the initialisation is not made from it
     with redirect_stderr(io.StringIO()):
         trainer.fit(model, DataLoader(data(samples), batch_size=per_rank, shuffle=shuffle),
                     DataLoader(data(64), batch_size=per_rank), ckpt_path=ckpt_path)
@@ -122,5 +129,5 @@ def fit(strategy: Any, devices: int, max_steps: int = STEPS, callbacks: list | N
         predictions = trainer.predict(model, DataLoader(data(64), batch_size=per_rank)) if predict else None
     return {"weights": weights.weights, "val_loss": val_loss,
             "global_step": trainer.global_step, "rank": trainer.global_rank,
-            "local_numel": weights.local_numel, "sharded": weights.sharded,
+            "local_numel": weights.local_numel, "sharded": weights.sharded, "built_on_meta": built_on_meta,
             "predictions": torch.cat(predictions) if predictions else None}

@@ -55,6 +55,8 @@ CASES = [
     {"tag": "async", "checkpoint": True, "strategy": {"async_save": True}, "trainer": {"shuffle": True}},
     {"tag": "from_single", "resume": "{out}/single/epoch=0-step=10.ckpt", "trainer": {"shuffle": True}},
     {"tag": "grad_op", "strategy": {"sharding_strategy": "SHARD_GRAD_OP"}},
+    {"tag": "meta", "trainer": {"meta": True, "shuffle": True}},
+    {"tag": "offload", "strategy": {"cpu_offload": True}},
     {"tag": "accumulate", "trainer": {"accumulate_grad_batches": 2}},
     {"tag": "clip", "trainer": {"gradient_clip_val": 0.05}},
     {"tag": "manual", "trainer": {"manual": True, "predict": True}},
@@ -172,6 +174,17 @@ def test_checkpoints_cross_strategies_and_numbers_of_ranks_mid_epoch(job):
     assert close(in_one["weights"], straight["weights"]) < TOLERANCE
     # the resumed halves trained: the ends are not the checkpoints' weights
     assert close(in_one["weights"], load_checkpoint(fsdp_mid)["state_dict"]) > 1e-4
+
+
+@pytest.mark.timeout(200)
+def test_a_model_built_on_the_meta_device_is_initialised_as_if_built_eagerly(job):
+    """trainer.init_module() under fsdp: no memory until sharded, then each rank initialises its
+    shards from the draws building the model would have made: the run is the eager one's."""
+    result, out = job
+    check_ok(result)
+    run = torch.load(out / "meta.pt")
+    assert run["built_on_meta"] and run["sharded"]
+    assert close(run["weights"], torch.load(out / "full_shard.pt")["weights"]) < TOLERANCE  # built eagerly
 
 
 @pytest.mark.timeout(200)

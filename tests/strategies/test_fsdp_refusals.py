@@ -119,3 +119,22 @@ def test_a_sharded_model_serves_the_next_call_and_refuses_another_layout(tmp_pat
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+class OwnParameter(sharded.Blocks):
+    def __init__(self) -> None:
+        super().__init__()
+        self.scale = torch.nn.Parameter(torch.ones(1))  # owned by the module itself: no reset_parameters
+
+
+def test_a_meta_built_module_that_cannot_initialise_itself_is_refused(monkeypatch):
+    import torch.distributed as dist
+
+    monkeypatch.setattr(sharded, "Blocks", OwnParameter)
+    try:
+        with pytest.raises(ConfigError, match=r"OwnParameter: parameters on the meta device and no reset_parameters\(\), "
+                                              r"so fsdp cannot initialise their shards"):
+            sharded.fit(FSDP, devices=1, max_steps=1, meta=True)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()

@@ -1,0 +1,81 @@
+"""A model built on the meta device, made real shard by shard after ``fully_shard``: no rank
+ever holds the whole model in memory.
+
+A module is built without memory under ``trainer.init_module()`` (Lightning's name; under
+``fsdp`` it is ``torch.device("meta")``) or by its own ``configure_model()``. After sharding,
+every rank allocates its shards (``to_empty``), and each module that owns meta tensors is
+initialised by its ``reset_parameters()``: on a replica holding that module's own tensors at full
+size, in CPU memory, one module at a time, with the RNG in the same state on every rank; each
+rank then keeps its shard of the result. Drawn from the RNG state ``init_module`` ended with, in
+module order, the initial weights are those the model would have had built eagerly (the draws of
+building it, when its ``__init__`` seeds once before them), and never each rank's own draw into
+its shard (DTensor's random ops on a CPU mesh draw the same numbers into every shard). A module with
+meta tensors and no ``reset_parameters`` cannot be initialised: it is refused by name (a
+checkpoint load after it would do, but fw cannot tell a load will follow).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+from torch import nn
+
+from framework.errors import ConfigError
+
+
+def _own(module: nn.Module) -> list[tuple[str, Any]]:
+    return [*module.named_parameters(recurse=False), *module.named_buffers(recurse=False)]
+
+
+def has_meta_tensors(module: nn.Module) -> bool:
+    return any(t.is_meta for m in module.modules() for _, t in _own(m))
+
+
+def materialize(root: nn.Module, device: torch.device, rng_state: torch.Tensor | None = None) -> None:
+    """Allocate the sharded ``root``'s meta tensors on ``device`` and initialise them (see the
+    module docstring) with the CPU RNG from ``rng_state`` (``trainer.init_module``'s, leaving
+    the RNG as it is) or as it is now (a model built in ``configure_model``); nothing to do for a
+    model built on a real device."""
+    metas = [m for m in root.modules() if any(t.is_meta for _, t in _own(m))]
+    if not metas:
+        return
+    lacking = sorted({type(m).__name__ for m in metas if not callable(getattr(m, "reset_parameters", None))})
+    if lacking:
+        raise ConfigError(f"{', '.join(lacking)}: parameters on the meta device and no reset_parameters(), so fsdp "
+                          "cannot initialise their shards; give the class a reset_parameters() that initialises its "
+                          "own tensors, or build it on a real device")
+    root.to_empty(device=device)
+    with torch.no_grad(), torch.random.fork_rng(devices=[], enabled=rng_state is not None):
+        if rng_state is not None:
+            torch.set_rng_state(rng_state)
+        for module in metas:
+            _initialise(module)
+
+
+def _initialise(module: nn.Module) -> None:
+    """``module.reset_parameters()`` on a full-size CPU replica of its own tensors; each real
+    tensor then takes its shard (or all of it, for an unsharded buffer)."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    replica = copy.copy(module)  # the same attributes; its own tensors replaced below, children shared
+    replica._parameters = {name: None if p is None else nn.Parameter(torch.empty(p.shape, dtype=p.dtype),
+                                                                      requires_grad=p.requires_grad)
+                           for name, p in module._parameters.items()}
+    replica._buffers = {name: None if b is None else torch.empty(b.shape, dtype=b.dtype)
+                        for name, b in module._buffers.items()}
+    try:
+        replica.reset_parameters()  # type: ignore[operator]
+    except Exception as err:
+        raise ConfigError(f"{type(module).__name__}.reset_parameters() on meta-built tensors failed "
+                          f"({type(err).__name__}: {err}); build it on a real device") from None
+    for name, real in _own(module):
+        full = replica._parameters.get(name) if name in module._parameters else replica._buffers.get(name)
+        if full is None or real is None:
+            continue
+        if isinstance(real, DTensor):
+            shard = distribute_tensor(full.detach(), real.device_mesh, real.placements, src_data_rank=None)
+            real.to_local().copy_(shard.to_local())
+        else:
+            real.copy_(full.detach())

@@ -1,0 +1,71 @@
+"""How ``fsdp``'s arguments (Lightning's names) become FSDP2's: the units to shard
+(``auto_wrap_policy``), the hybrid mesh (``device_mesh``) and the mixed-precision policy
+(``trainer.precision``). Each refuses what fw does not run, naming the key and the fix."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from torch import nn
+
+from framework.errors import ConfigError
+
+
+def mesh_shape(device_mesh: Any, sharding_strategy: str) -> tuple[int, int] | None:
+    """The hybrid mesh asked for (``(0, 0)``: the default, found at set-up), or None (one dimension)."""
+    if sharding_strategy != "HYBRID_SHARD":
+        if device_mesh is not None:
+            raise ConfigError(f"trainer.strategy.device_mesh is for sharding_strategy HYBRID_SHARD, not "
+                              f"{sharding_strategy}; drop it, or set sharding_strategy: HYBRID_SHARD")
+        return None
+    if device_mesh is None:
+        return (0, 0)
+    shape = tuple(device_mesh)
+    if len(shape) != 2 or not all(isinstance(n, int) and n > 0 for n in shape):
+        raise ConfigError(f"trainer.strategy.device_mesh={list(shape)}: give [replicas, shard size], two positive "
+                          "whole numbers whose product is the world size (e.g. [2, 4] for 8 ranks)")
+    return shape[0], shape[1]
+
+
+def precision_policy(precision: str) -> Any:
+    """The mixed-precision policy for ``trainer.precision``: ``bf16-mixed`` gathers and computes
+    in bfloat16 and reduces gradients in float32 into float32 shards (the master weights)."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    if precision == "32":
+        return MixedPrecisionPolicy()
+    if precision == "bf16-mixed":
+        return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    raise ConfigError(f"trainer.precision={precision} with strategy fsdp: not supported (16-mixed needs a sharded "
+                      "gradient scaler); use trainer.precision=bf16-mixed or 32-true")
+
+
+def class_names(policy: Iterable[type[nn.Module] | str] | None) -> set[str]:
+    """The names of the unit classes (a class's ``__name__``, or the name a recipe gave)."""
+    if policy is None:
+        return set()
+    if isinstance(policy, (str, type)):
+        policy = [policy]
+    names = set()
+    for item in policy:
+        if isinstance(item, type) and issubclass(item, nn.Module):
+            names.add(item.__name__)
+        elif isinstance(item, str) and item:
+            names.add(item.rsplit(".", 1)[-1])
+        else:
+            raise ConfigError(f"trainer.strategy.auto_wrap_policy: {item!r} is not a module class or its name; "
+                              "give the classes of the blocks to shard, e.g. {Block} or [Block]")
+    return names
+
+
+def units(module: nn.Module, names: set[str]) -> list[nn.Module]:
+    """The submodules to shard as units, innermost first; a named class the model lacks is an error."""
+    found = [m for m in module.modules() if m is not module and type(m).__name__ in names]
+    missing = names - {type(m).__name__ for m in found}
+    if missing:
+        have = sorted({type(m).__name__ for m in module.modules() if m is not module})
+        raise ConfigError(f"trainer.strategy.auto_wrap_policy: {type(module).__name__} has no submodule of class "
+                          f"{', '.join(sorted(missing))}; its submodules' classes: {', '.join(have) or 'none'}")
+    return list(reversed(found))  # modules() lists parents first: shard the children before them
