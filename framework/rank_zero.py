@@ -76,7 +76,8 @@ def library_logger() -> logging.Logger:
         handler = CurrentStderr()
         handler.setFormatter(logging.Formatter("%(message)s"))
         log.addHandler(handler)
-        log.setLevel(logging.INFO)
+        if log.level == logging.NOTSET:  # a level the program set before fw's first line stays
+            log.setLevel(logging.INFO)
         log.propagate = False
         log._fw_configured = True  # type: ignore[attr-defined]  # a mark on the process-wide logger: set up once
     return log

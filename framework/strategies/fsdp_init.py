@@ -8,8 +8,10 @@ initialised by its ``reset_parameters()``: on a replica holding that module's ow
 size, in CPU memory, one module at a time, with the RNG in the same state on every rank; each
 rank then keeps its shard of the result. Drawn from the RNG state ``init_module`` ended with, in
 module order, the initial weights are those the model would have had built eagerly (the draws of
-building it, when its ``__init__`` seeds once before them), and never each rank's own draw into
-its shard (DTensor's random ops on a CPU mesh draw the same numbers into every shard). A module with
+building it, when its ``__init__`` seeds once before them, and when ``reset_parameters`` is all of
+its initialisation: an ``nn.init`` its ``__init__`` applies afterwards was a no-op on the meta
+device, and fw says so), and never each rank's own draw into its shard (DTensor's random ops on
+a CPU mesh draw the same numbers into every shard). A module with
 meta tensors and no ``reset_parameters`` cannot be initialised: it is refused by name (a
 checkpoint load after it would do, but fw cannot tell a load will follow).
 """
@@ -23,6 +25,7 @@ import torch
 from torch import nn
 
 from framework.errors import ConfigError
+from framework.rank_zero import rank_zero_info
 
 
 def _own(module: nn.Module) -> list[tuple[str, Any]]:
@@ -46,6 +49,9 @@ def materialize(root: nn.Module, device: torch.device, rng_state: torch.Tensor |
         raise ConfigError(f"{', '.join(lacking)}: parameters on the meta device and no reset_parameters(), so fsdp "
                           "cannot initialise their shards; give the class a reset_parameters() that initialises its "
                           "own tensors, or build it on a real device")
+    rank_zero_info("fw: the model was built on the meta device: each module is initialised by its "
+                   "reset_parameters() after sharding (an initialisation its __init__ applied after building its "
+                   "layers, such as nn.init on self.parameters(), was a no-op there: put it in reset_parameters)")
     root.to_empty(device=device)
     with torch.no_grad(), torch.random.fork_rng(devices=[], enabled=rng_state is not None):
         if rng_state is not None:

@@ -115,3 +115,21 @@ def test_fws_lines_go_to_stderr_as_it_is_now_not_as_it_was_at_the_first_line(cap
     rank_zero_info("fw: after it")
     assert "inside the redirect" in captured.getvalue() and "after it" not in captured.getvalue()
     assert "fw: after it" in capfd.readouterr().err
+
+
+def test_a_level_set_before_fws_first_line_is_kept(capfd, monkeypatch):
+    """``logging.getLogger("framework").setLevel(logging.WARNING)`` before fw's first line
+    silences its notes (fw's set-up of its logger keeps a level a program chose)."""
+    from framework.rank_zero import rank_zero_info
+
+    log = logging.getLogger("framework")
+    monkeypatch.setattr(log, "handlers", [])
+    monkeypatch.delattr(log, "_fw_configured", raising=False)
+    level = log.level
+    log.setLevel(logging.WARNING)
+    try:
+        rank_zero_info("fw: a note")
+        assert "a note" not in capfd.readouterr().err
+        assert log.level == logging.WARNING
+    finally:
+        log.setLevel(level)

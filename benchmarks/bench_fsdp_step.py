@@ -1,0 +1,109 @@
+"""fw's ``fsdp`` against a hand-written FSDP2 loop: the same GPT, the same units and mesh, the
+same data and AdamW, whole calls as users make them, side by side in one run.
+
+Each round times one ``fit`` of ``--steps`` steps on each side, start-up included (building the
+model, sharding it, the optimizer, the loader; the process group exists already for both), in
+alternating order. The hand-written side is what a user writes without a framework:
+``fully_shard`` on each transformer block and then on the network, AdamW, a
+``DistributedSampler``, and forward / backward / step / zero_grad. The fw side is
+``Trainer(strategy={"name": "fsdp", "auto_wrap_policy": ["_TransformerBlock"]}).fit``. The
+ratio fw / hand-written is reported per round: its median and a 95 % bootstrap interval.
+
+Run::
+
+    .venv/bin/python -m torch.distributed.run --standalone --nproc-per-node 2 benchmarks/bench_fsdp_step.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset  # noqa: E402
+
+import framework as fw  # noqa: E402
+from bench_fit import median_interval  # noqa: E402
+from framework.bench.common import machine_info, median, print_table, result_path, write_json  # noqa: E402
+from recipes.bench import TinyGPT  # noqa: E402
+
+GPT = {"vocab": 256, "context": 64, "dim": 192, "layers": 3, "heads": 6}  # conf/bench/gpt.yaml
+
+
+def tokens(n: int) -> TensorDataset:
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(0, GPT["vocab"], (n, GPT["context"]), generator=g)
+    return TensorDataset(x, torch.roll(x, -1, dims=1))
+
+
+def hand_written(steps: int, batch: int) -> float:
+    from torch.distributed.fsdp import fully_shard
+
+    start = time.perf_counter()
+    torch.manual_seed(0)
+    model = TinyGPT(**GPT)
+    for block in model.net.blocks:
+        fully_shard(block)
+    fully_shard(model.net)
+    opt = torch.optim.AdamW(model.net.parameters(), lr=model.lr, weight_decay=model.weight_decay)
+    data = tokens(steps * batch * dist.get_world_size())
+    loader = DataLoader(data, batch_size=batch, sampler=DistributedSampler(data, shuffle=False))
+    for x, y in loader:
+        loss = TinyGPT.criterion(model.net(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    dist.barrier()
+    return time.perf_counter() - start
+
+
+def with_fw(steps: int, batch: int) -> float:
+    start = time.perf_counter()
+    torch.manual_seed(0)
+    model = TinyGPT(**GPT)
+    trainer = fw.Trainer(strategy={"name": "fsdp", "auto_wrap_policy": ["_TransformerBlock"]}, devices=2,
+                         accelerator="cpu", max_epochs=1, logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0)
+    trainer.fit(model, DataLoader(tokens(steps * batch * dist.get_world_size()), batch_size=batch))
+    dist.barrier()
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--batch", type=int, default=8, help="sequences per rank")
+    parser.add_argument("--rounds", type=int, default=15)
+    args = parser.parse_args()
+    dist.init_process_group("gloo")
+    import logging
+
+    logging.getLogger("framework").setLevel(logging.WARNING)  # fw's start-up lines, once per round
+    with_fw(5, args.batch), hand_written(5, args.batch)  # warm-up: first imports and allocations
+    times: dict[str, list[float]] = {"hand-written FSDP2": [], "fw fsdp": []}
+    for round_ in range(args.rounds):
+        sides = [("hand-written FSDP2", hand_written), ("fw fsdp", with_fw)]
+        for name, side in sides if round_ % 2 == 0 else reversed(sides):
+            times[name].append(side(args.steps, args.batch))
+    if dist.get_rank() == 0:
+        ratios = [f / h for f, h in zip(times["fw fsdp"], times["hand-written FSDP2"], strict=True)]
+        low, high = median_interval(ratios)
+        rows = [[name, f"{median(values):.3f} s", f"{min(values):.3f}-{max(values):.3f} s"] for name, values in times.items()]
+        rows.append(["fw / hand-written", f"{median(ratios):.3f}", f"95 % interval {low:.3f}-{high:.3f}"])
+        print_table(f"fit of {args.steps} steps, FSDP on 2 ranks, start-up included ({args.rounds} rounds)",
+                    ["side", "median", "range"], rows)
+        result = {**machine_info(), "args": vars(args), "times_s": times, "ratio_median": median(ratios),
+                  "ratio_interval": [low, high]}
+        print(f"wrote {write_json(result_path('fsdp_step'), result)}")
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
