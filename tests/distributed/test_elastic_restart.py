@@ -93,12 +93,12 @@ def test_a_worker_killed_at_a_random_step_restarts_and_resumes_bit_identically(t
             assert got["step"] == STEPS and got["w"] == straight[r]["w"], f"kill of rank {rank} at step {step}: rank {r}"
 
 
-def _torchrun_with_restarts(script, tmp_path, name, rank, step):
+def _torchrun_with_restarts(script, tmp_path, name, rank, step, strategy="ddp_gloo"):
     from .helpers import PYTHON, free_port, run_cmd
 
     cmd = [PYTHON, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--max-restarts", "1",
            "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}", str(script),
-           str(tmp_path), name, str(rank), str(step)]
+           str(tmp_path), name, str(rank), str(step), strategy]
     return run_cmd(cmd, timeout=90)
 
 
@@ -119,8 +119,10 @@ trainer.fit(Fails(), DataLoader(workload.regression_data(64), batch_size=4))
 
 
 @pytest.mark.timeout(45)
-def test_a_restart_that_cannot_succeed_ends_with_the_real_cause(tmp_path):
-    result = run_script(write_script(tmp_path, ALWAYS_FAILS), timeout=100)
+@pytest.mark.parametrize("strategy", ["ddp_gloo", "fsdp"])
+def test_a_restart_that_cannot_succeed_ends_with_the_real_cause(tmp_path, strategy):
+    script = ALWAYS_FAILS.replace('strategy="ddp_gloo"', f'strategy="{strategy}"')
+    result = run_script(write_script(tmp_path, script), timeout=100)
     assert result.returncode != 0
     errors = [line for line in result.output.splitlines() if line.startswith("fw: error:")]
     assert errors and "worker rank 1" in errors[-1] and "ValueError: rank 1 cannot go past batch 3" in errors[-1], \
@@ -134,10 +136,13 @@ def test_under_fsdp_a_killed_worker_restarts_and_resumes_bit_identically(tmp_pat
     check_ok(forked.run_script(script, str(tmp_path), "straight", "-1", "-1", "fsdp", nprocs=2, timeout=30))
     straight = [json.loads((tmp_path / f"straight_rank{r}.json").read_text()) for r in (0, 1)]
     rng = random.Random()
-    for attempt in range(max(1, _repeats() // 2)):
+    for attempt in range(max(2, _repeats() // 2)):  # at least one kill under each launcher
         rank, step = rng.randrange(2), rng.randrange(1, STEPS)
         name = f"killed{attempt}"
-        result = run_script(script, str(tmp_path), name, str(rank), str(step), "fsdp", timeout=90)
+        if attempt % 2:  # fw's launcher and torchrun in turn
+            result = _torchrun_with_restarts(script, tmp_path, name, rank, step, "fsdp")
+        else:
+            result = run_script(script, str(tmp_path), name, str(rank), str(step), "fsdp", timeout=90)
         check_ok(result)
         assert "workers restarted by the elastic agent (restart 1): resuming from" in result.output, result.output
         for r in (0, 1):

@@ -158,8 +158,8 @@ def test_a_full_state_checkpoint_is_one_file_and_resumes_bit_for_bit(job):
 @pytest.mark.timeout(200)
 def test_checkpoints_cross_strategies_and_numbers_of_ranks_mid_epoch(job):
     """One process's mid-epoch checkpoint (shuffled data, AdamW state keyed by position) resumes
-    under FSDP on 2 ranks, and FSDP's (keyed by name, 2 ranks) in one process: both end where the
-    one-process run that never stopped ends."""
+    under FSDP on 2 ranks, and FSDP's sharded folder (keyed by name, 2 ranks) in one process and
+    under FSDP on 1 rank: all end where the one-process run that never stopped ends."""
     result, out = job
     check_ok(result)
     straight = torch.load(out / "single.pt")
@@ -174,6 +174,17 @@ def test_checkpoints_cross_strategies_and_numbers_of_ranks_mid_epoch(job):
     assert close(in_one["weights"], straight["weights"]) < TOLERANCE
     # the resumed halves trained: the ends are not the checkpoints' weights
     assert close(in_one["weights"], load_checkpoint(fsdp_mid)["state_dict"]) > 1e-4
+    # and under fsdp on 1 rank: DCP reshards the 2 ranks' shards onto one
+    import torch.distributed as dist
+
+    try:
+        fsdp_one = sharded.fit({"name": "fsdp", "auto_wrap_policy": ["Block"]}, devices=1, shuffle=True,
+                               ckpt_path=str(fsdp_mid), root=str(out / "fsdp_one"))
+    finally:
+        if dist.is_initialized():  # a sharded module keeps its group until the program ends
+            dist.destroy_process_group()
+    assert fsdp_one["global_step"] == sharded.STEPS and fsdp_one["sharded"]
+    assert close(fsdp_one["weights"], straight["weights"]) < TOLERANCE
 
 
 @pytest.mark.timeout(200)
