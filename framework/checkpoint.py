@@ -43,11 +43,16 @@ def atomic_save(obj: Any, path: str | os.PathLike) -> None:
         if os.path.exists(tmp):
             os.remove(tmp)
         raise
-    dir_fd = os.open(path.parent, os.O_RDONLY)
+    fsync_dir(path.parent)
+
+
+def fsync_dir(folder: str | os.PathLike) -> None:
+    """Make a rename in ``folder`` durable (the folder's entry list reaches the disk)."""
+    fd = os.open(folder, os.O_RDONLY)
     try:
-        os.fsync(dir_fd)
+        os.fsync(fd)
     finally:
-        os.close(dir_fd)
+        os.close(fd)
 
 
 def ranks_that_wrote(checkpoint: dict) -> int:

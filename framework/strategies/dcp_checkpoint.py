@@ -121,11 +121,7 @@ def _commit(partial: Path, final: Path) -> None:
         os.replace(final, old)
     os.replace(partial, final)
     shutil.rmtree(old, ignore_errors=True)
-    fd = os.open(final.parent, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    ckpt.fsync_dir(final.parent)
 
 
 def _no_put(_: Any) -> None:

@@ -260,6 +260,29 @@ def _sharded_before(module: nn.Module, layout: tuple) -> StepModule | None:
 def _destroy_the_group_at_exit() -> None:
     import atexit
 
+    atexit.register(_destroy_at_exit)
+
+
+def _destroy_at_exit() -> None:
+    """The kept group goes as ``distributed.destroy_process_groups`` lets a group go: every rank
+    past its last collective first, then a moment for Gloo's threads to drop their work (one
+    that drops it while the interpreter shuts down aborts the process: seen here 1 exit in about
+    10 without it). A peer that is gone (30 s) is not waited for longer."""
+    import datetime
+    import time
+
     import torch.distributed as dist
 
-    atexit.register(lambda: dist.destroy_process_group() if dist.is_initialized() else None)
+    from framework.strategies.distributed import _GLOO_SETTLE_S
+
+    if not dist.is_initialized():
+        return
+    try:
+        if dist.get_backend() == "gloo":
+            dist.monitored_barrier(timeout=datetime.timedelta(seconds=30))
+        else:
+            dist.barrier()
+        time.sleep(_GLOO_SETTLE_S)
+    except Exception:  # a peer is gone: nothing to wait for
+        pass
+    dist.destroy_process_group()

@@ -42,6 +42,8 @@ def materialize(root: nn.Module, device: torch.device, rng_state: torch.Tensor |
     the RNG as it is) or as it is now (a model built in ``configure_model``); nothing to do for a
     model built on a real device."""
     metas = [m for m in root.modules() if any(t.is_meta for _, t in _own(m))]
+    built_on_meta = metas or has_meta_tensors(root)
+    _refuse_meta_metrics(root, bool(built_on_meta))
     if not metas:
         return
     lacking = sorted({type(m).__name__ for m in metas if not callable(getattr(m, "reset_parameters", None))})
@@ -52,7 +54,8 @@ def materialize(root: nn.Module, device: torch.device, rng_state: torch.Tensor |
     rank_zero_info("fw: the model was built on the meta device: each module is initialised by its "
                    "reset_parameters() after sharding (an initialisation its __init__ applied after building its "
                    "layers, such as nn.init on self.parameters(), was a no-op there: put it in reset_parameters)")
-    root.to_empty(device=device)
+    for module in metas:  # only what is on the meta device: a metric's real state must stay as it is
+        module.to_empty(device=device, recurse=False)
     with torch.no_grad(), torch.random.fork_rng(devices=[], enabled=rng_state is not None):
         if rng_state is not None:
             torch.set_rng_state(rng_state)
@@ -85,3 +88,17 @@ def _initialise(module: nn.Module) -> None:
             real.to_local().copy_(shard.to_local())
         else:
             real.copy_(full.detach())
+
+
+def _refuse_meta_metrics(root: nn.Module, built_on_meta: bool) -> None:
+    """A torchmetrics metric built on the meta device has no values for its states (their
+    defaults were never made): refused by name rather than filled with uninitialised memory."""
+    if not built_on_meta:
+        return
+    for name, module in root.named_modules():
+        defaults = getattr(module, "_defaults", None)
+        if isinstance(defaults, dict) and any(getattr(v, "is_meta", False) for v in defaults.values()):
+            raise ConfigError(f"{name or type(module).__name__} ({type(module).__name__}): a torchmetrics metric "
+                              "built on the meta device has no starting values; create it outside "
+                              "trainer.init_module() (in setup() or configure_model()), or build the model with "
+                              "init_module(empty_init=False)")

@@ -10,8 +10,6 @@ mapping it anyway would put one parameter's moments on another.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from torch import nn
@@ -71,23 +69,6 @@ def _paired_groups(state: dict, optimizer: Any, path: str) -> list[tuple[dict, d
     return list(zip(saved, mine, strict=True))
 
 
-@dataclass(frozen=True)
-class OptimizerStates:
-    """The optimizers as one checkpoint part (written keyed by position, as ``Optimizer.state_dict``
-    writes them); on load a state keyed by name (an FSDP checkpoint) is numbered first. Restored
-    one to one or not at all."""
-
-    items: Sequence[Any]
-    module: nn.Module
-    path: str = ""
-
-    def state_dict(self) -> list:
-        return [opt.state_dict() for opt in self.items]
-
-    def load_state_dict(self, states: list) -> None:
-        if len(states) != len(self.items):
-            raise CheckpointError(f"checkpoint '{self.path}' holds {len(states)} optimizer state(s) and "
-                                  f"configure_optimizers() returned {len(self.items)}: resume with the "
-                                  "configure_optimizers() it was written with")
-        for opt, state in zip(self.items, states, strict=True):
-            opt.load_state_dict(to_positions(state, opt, self.module, self.path) if keyed_by_name(state) else state)
+def numbered(state: dict, optimizer: Any, module: nn.Module, path: str) -> dict:
+    """``state`` as ``optimizer.load_state_dict`` takes it: numbered if it names its parameters."""
+    return to_positions(state, optimizer, module, path) if keyed_by_name(state) else state

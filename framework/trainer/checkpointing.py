@@ -13,6 +13,7 @@ batches per rank, and in samples of the global order on another number of ranks 
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -23,7 +24,7 @@ from framework import checkpoint as ckpt
 from framework.errors import CheckpointError, TrainingError
 from framework.rank_zero import rank_zero_info, rank_zero_warn
 from framework.strategies.checkpoint_io import is_live
-from framework.strategies.optimizer_keys import OptimizerStates
+from framework.strategies.optimizer_keys import numbered
 from framework.trainer.carry_over import (
     Carry,
     check_position_carries_over,
@@ -61,7 +62,8 @@ def parts_of(run: Run, for_fit: bool, path: str = "", on_read: Callable[[dict], 
     parts = CheckpointParts(shared=shared, values=_values(run))
     if not for_fit:
         return parts
-    shared["optimizer_states"] = OptimizerStates(run.optimizers, module, path)
+    renamed = functools.partial(numbered, module=module, path=path)  # an FSDP checkpoint's names
+    shared["optimizer_states"] = Each(run.optimizers, "optimizer", path, prepare=renamed)
     shared["lr_schedulers"] = Each([cfg.scheduler for cfg in run.lr_scheduler_configs], "LR scheduler", path)
     shared["precision"] = run.precision
     shared["fw/callback_hooks"] = OnLoad(lambda checkpoint: hooks.callbacks("on_load_checkpoint", checkpoint))

@@ -109,6 +109,7 @@ class Each:
     items: Sequence[Any]
     what: str
     path: str = ""
+    prepare: Callable[[Any, Any], Any] | None = None  # (state, item) -> the state to load (a renaming)
 
     def state_dict(self) -> list:
         return [item.state_dict() for item in self.items]
@@ -119,7 +120,7 @@ class Each:
                                   f"configure_optimizers() returned {len(self.items)}: resume with the "
                                   "configure_optimizers() it was written with")
         for item, state in zip(self.items, states, strict=True):
-            item.load_state_dict(state)
+            item.load_state_dict(state if self.prepare is None else self.prepare(state, item))
 
 
 @dataclass(frozen=True)

@@ -138,3 +138,59 @@ def test_a_meta_built_module_that_cannot_initialise_itself_is_refused(monkeypatc
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def _with_mae(build_metric_in: str):
+    import torch.nn.functional as F
+    import torchmetrics
+
+    class WithMAE(sharded.Blocks):
+        def __init__(self) -> None:
+            super().__init__()
+            if build_metric_in == "__init__":
+                self.val_mae = torchmetrics.MeanAbsoluteError()
+
+        def configure_model(self) -> None:
+            if build_metric_in == "configure_model":
+                self.val_mae = torchmetrics.MeanAbsoluteError()
+
+        def validation_step(self, batch, batch_idx):
+            x, y = batch
+            out = self(x)
+            self.val_mae(out, y)
+            self.log("val_mae", self.val_mae)
+            self.log("val_loss", F.mse_loss(out, y), sync_dist=True)
+
+    return WithMAE
+
+
+def _fit_mae(cls, strategy, meta: bool, tmp_path):
+    import contextlib
+
+    from torch.utils.data import DataLoader
+
+    import framework as fw
+
+    trainer = fw.Trainer(**{**sharded.QUIET, "enable_checkpointing": False, "default_root_dir": str(tmp_path)},
+                         strategy=strategy, devices=1, max_steps=4)
+    with trainer.init_module() if meta else contextlib.nullcontext():
+        model = cls()
+    trainer.fit(model, DataLoader(sharded.data(64), batch_size=16), DataLoader(sharded.data(32), batch_size=16))
+    return float(trainer.callback_metrics["val_mae"])
+
+
+def test_torchmetrics_under_a_meta_built_model(tmp_path):
+    """A metric built on the meta device has no starting values: refused by name. One built in
+    configure_model (a real device) keeps its state through the model's materialisation, and
+    its value is the one-process one."""
+    import torch.distributed as dist
+
+    try:
+        with pytest.raises(ConfigError, match=r"val_mae \(MeanAbsoluteError\): a torchmetrics metric built on the meta "
+                                              r"device has no starting values"):
+            _fit_mae(_with_mae("__init__"), FSDP, True, tmp_path)
+        sharded_mae = _fit_mae(_with_mae("configure_model"), FSDP, True, tmp_path)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    assert sharded_mae == pytest.approx(_fit_mae(_with_mae("configure_model"), "single", False, tmp_path), abs=1e-6)
