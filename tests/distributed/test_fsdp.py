@@ -8,6 +8,7 @@ The ranks are forked from the test process (tests/forked.py): no launcher is und
 from __future__ import annotations
 
 import json
+import signal
 
 import pytest
 import torch
@@ -250,14 +251,14 @@ import torch
 import framework as fw
 import sharded
 
-out, mode = sys.argv[1], sys.argv[2]
+out, mode, signum = sys.argv[1], sys.argv[2], int(sys.argv[3])
 strategy = {"name": "fsdp", "auto_wrap_policy": ["Block"]}
 
 
-class Preempt(fw.Callback):  # SIGTERM to rank 1 at step 3, as a scheduler would send it
+class Preempt(fw.Callback):  # SIGTERM (or SIGUSR1) to rank 1 at step 3, as a scheduler would send it
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         if mode == "signal" and trainer.global_rank == 1 and trainer.global_step == 3:
-            os.kill(os.getpid(), signal.SIGTERM)
+            os.kill(os.getpid(), signum)
 
 
 if mode == "signal":
@@ -272,16 +273,17 @@ else:
 
 
 @pytest.mark.timeout(200)
-def test_sigterm_under_fsdp_writes_a_checkpoint_that_resumes_bit_for_bit(tmp_path):
-    """SIGTERM to one rank mid-epoch: both stop at the same batch, write preempted.ckpt and exit
-    0; the resume ends where an uninterrupted run ends, bit for bit."""
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGUSR1], ids=["SIGTERM", "SIGUSR1"])
+def test_a_stop_signal_under_fsdp_writes_a_checkpoint_that_resumes_bit_for_bit(tmp_path, signum):
+    """SIGTERM or SIGUSR1 to one rank mid-epoch: both stop at the same batch, write a sharded
+    preempted.ckpt and exit 0; the resume ends where an uninterrupted run ends, bit for bit."""
     script = write_script(tmp_path, SIGNALLED)
-    stopped = forked.run_script(script, str(tmp_path), "signal", nprocs=2, timeout=100)
+    stopped = forked.run_script(script, str(tmp_path), "signal", str(int(signum)), nprocs=2, timeout=100)
     assert stopped.returncode == 0, stopped.output  # a stop asked for ends the program with 0
     preempted = read_values(tmp_path / "checkpoints" / "preempted.ckpt")  # a sharded folder
     # the ranks stopped together mid-epoch (30 batches an epoch; measured: step 20)
     assert 3 < preempted["global_step"] < 30 and preempted["fw_optimizer_keys"] == "names"
-    check_ok(forked.run_script(script, str(tmp_path), "resume", nprocs=2, timeout=100))
+    check_ok(forked.run_script(script, str(tmp_path), "resume", "0", nprocs=2, timeout=100))
     runs = torch.load(tmp_path / "signalled.pt")
     assert runs["resumed"]["global_step"] == runs["straight"]["global_step"] == 40
     assert close(runs["resumed"]["weights"], runs["straight"]["weights"]) == 0
