@@ -59,20 +59,20 @@ def library_logger() -> logging.Logger:
     import logging
     import sys
 
-    class CurrentStderr(logging.StreamHandler):
-        """Writes to ``sys.stderr`` as it is at each message, not as it was at fw's first one (a
-        ``redirect_stderr`` or a test's capture around that first message would keep the rest)."""
-
-        @property
-        def stream(self) -> Any:
-            return sys.stderr
-
-        @stream.setter
-        def stream(self, _: Any) -> None:
-            pass
-
     log = logging.getLogger("framework")
     if not getattr(log, "_fw_configured", False):
+        class CurrentStderr(logging.StreamHandler):
+            """Writes to ``sys.stderr`` as it is at each message, not as it was at fw's first one
+            (a ``redirect_stderr`` or a test's capture around that first message would keep the rest)."""
+
+            @property
+            def stream(self) -> Any:
+                return sys.stderr
+
+            @stream.setter
+            def stream(self, _: Any) -> None:
+                pass
+
         handler = CurrentStderr()
         handler.setFormatter(logging.Formatter("%(message)s"))
         log.addHandler(handler)

@@ -26,6 +26,14 @@ import torch
 from torch.utils.data import Sampler
 
 
+def draw(sampler: Iterable[int], seed: int) -> list[int]:
+    """The sampler's indices, drawn from torch's RNG seeded alike on every rank (a random
+    sampler would otherwise give each rank its own order), leaving the global RNG untouched."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return list(sampler)
+
+
 class GlobalOrderSampler(Sampler[int]):
     """Rank ``rank`` of ``num_replicas``'s positions of the epoch's global order.
 
@@ -51,9 +59,7 @@ class GlobalOrderSampler(Sampler[int]):
 
     def epoch_order(self) -> list[int]:
         if self.base is not None:
-            with torch.random.fork_rng(devices=[]):  # alike on every rank; the global RNG stays as it was
-                torch.manual_seed(self.seed + self.epoch)
-                return list(self.base)
+            return draw(self.base, self.seed + self.epoch)
         if self.shuffle:
             generator = torch.Generator()
             generator.manual_seed(self.seed + self.epoch)

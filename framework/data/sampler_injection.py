@@ -18,7 +18,6 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Sized
 from typing import Any
 
-import torch
 from torch.utils.data import (
     BatchSampler,
     DataLoader,
@@ -29,7 +28,7 @@ from torch.utils.data import (
     SequentialSampler,
 )
 
-from framework.data.global_order import GlobalOrderSampler
+from framework.data.global_order import GlobalOrderSampler, draw
 from framework.rank_zero import rank_zero_warn
 
 
@@ -46,7 +45,7 @@ class EvalShardSampler(Sampler[int]):
         self.num_replicas, self.rank, self.seed, self.epoch = num_replicas, rank, seed, 0
 
     def __iter__(self) -> Iterator[int]:
-        order = _draw(self.base, self.seed + self.epoch) if self.base is not None else range(self.data_len)
+        order = draw(self.base, self.seed + self.epoch) if self.base is not None else range(self.data_len)
         return iter(order[self.rank :: self.num_replicas])
 
     def __len__(self) -> int:
@@ -64,14 +63,6 @@ def _sized(obj: object) -> Sized:
     if not isinstance(obj, Sized):
         raise TypeError(f"object of type '{type(obj).__name__}' has no len()")
     return obj
-
-
-def _draw(sampler: Iterable[int], seed: int) -> list[int]:
-    """The sampler's indices, drawn from torch's RNG seeded alike on every rank (a random
-    sampler would otherwise give each rank its own order), leaving the global RNG untouched."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        return list(sampler)
 
 
 def shard_dataloader(loader: DataLoader, num_replicas: int, rank: int, seed: int) -> DataLoader:

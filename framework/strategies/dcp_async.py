@@ -26,7 +26,7 @@ from framework.errors import CheckpointError
 if TYPE_CHECKING:
     from concurrent.futures import Future
 
-    from framework.strategies.base import Strategy
+    from framework.strategies.fsdp import FSDPStrategy
 
 
 class PendingSave:
@@ -79,24 +79,21 @@ class PendingSave:
         return time.monotonic() - start
 
 
-def checkpoint_group(strategy: Strategy) -> Any:
+def checkpoint_group(strategy: FSDPStrategy) -> Any:
     """The Gloo group asynchronous saves coordinate over (made once, by every rank together)."""
     import torch.distributed as dist
 
-    group = getattr(strategy, "_checkpoint_group", None)
-    if group is None:
-        group = dist.new_group(backend="gloo")
-        strategy._checkpoint_group = group  # type: ignore[attr-defined]
-    return group
+    if strategy.checkpoint_group is None:
+        strategy.checkpoint_group = dist.new_group(backend="gloo")
+    return strategy.checkpoint_group
 
 
-def finish_pending(strategy: Strategy, barrier: bool = True) -> None:
+def finish_pending(strategy: FSDPStrategy, barrier: bool = True) -> None:
     """Wait for this rank's pending asynchronous save, if any (every rank, then a barrier, so
     that the next save or the end of the call sees it committed)."""
-    pending: PendingSave | None = getattr(strategy, "_pending_save", None)
+    pending, strategy.pending_save = strategy.pending_save, None
     if pending is None:
         return
-    strategy._pending_save = None  # type: ignore[attr-defined]
     pending.wait()
     if barrier:
         strategy.barrier("asynchronous checkpoint committed")

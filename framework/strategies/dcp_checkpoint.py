@@ -39,20 +39,20 @@ import torch
 from framework import checkpoint as ckpt
 from framework.errors import CheckpointError
 from framework.strategies.checkpoint_io import save_from_rank_zero
-from framework.trainer.parts import Value
+from framework.trainer.parts import Value, check_count, items_of
 
 if TYPE_CHECKING:
     from concurrent.futures import Future
 
     from framework.module import TrainModule
-    from framework.strategies.base import Strategy
+    from framework.strategies.fsdp import FSDPStrategy
     from framework.trainer.parts import CheckpointParts
 
 FW_FILE, COMMIT_MARK, PARTIAL = "fw_state.pt", "COMMITTED", ".partial"
 
 
 # -- writing --------------------------------------------------------------------------------------
-def save_sharded(strategy: Strategy, module: TrainModule, path: str, parts: CheckpointParts,
+def save_sharded(strategy: FSDPStrategy, module: TrainModule, path: str, parts: CheckpointParts,
                  asynchronous: bool = False) -> None:
     """Every rank writes its shards, rank 0 the rest and then the commit mark (call on every
     rank); ``asynchronous``: the shards are written while training goes on (``dcp_async.py``)."""
@@ -68,7 +68,7 @@ def save_sharded(strategy: Strategy, module: TrainModule, path: str, parts: Chec
         shutil.rmtree(partial, ignore_errors=True)  # a save of this name that was killed
         partial.mkdir(parents=True)
     strategy.barrier("sharded checkpoint folder")
-    optimizers = list(getattr(parts.shared.get("optimizer_states"), "items", []))
+    optimizers = items_of(parts.shared.get("optimizer_states"))
     states = [get_optimizer_state_dict(module, opt) for opt in optimizers]
     tensors, rest = _split(get_model_state_dict(module), states)
     if asynchronous:
@@ -76,15 +76,14 @@ def save_sharded(strategy: Strategy, module: TrainModule, path: str, parts: Chec
                                                process_group=checkpoint_group(strategy)))
     else:
         dcp.save(tensors, checkpoint_id=str(partial))
-    shared = {**parts.shared, "state_dict": Value(dict, _no_put)}
+    shared = {**parts.shared, "state_dict": Value.saved_only(dict)}
     if optimizers:
-        shared["optimizer_states"] = Value(lambda: rest, _no_put)
+        shared["optimizer_states"] = Value.saved_only(lambda: rest)
     values = {**parts.values, "fw_sharded": "dcp", "fw_optimizer_keys": "names"}
     save_from_rank_zero(strategy, str(partial / FW_FILE), replace(parts, shared=shared, values=values))
     if asynchronous:
-        timeout = getattr(strategy, "timeout", 1800.0)
-        strategy._pending_save = PendingSave(  # type: ignore[attr-defined]
-            future, partial, strategy.global_rank, strategy.world_size, timeout, lambda: _commit(partial, final))
+        strategy.pending_save = PendingSave(future, partial, strategy.global_rank, strategy.world_size,
+                                            strategy.timeout, lambda: _commit(partial, final))
         return
     if strategy.is_global_zero:
         _commit(partial, final)
@@ -122,10 +121,6 @@ def _commit(partial: Path, final: Path) -> None:
     os.replace(partial, final)
     shutil.rmtree(old, ignore_errors=True)
     ckpt.fsync_dir(final.parent)
-
-
-def _no_put(_: Any) -> None:
-    raise AssertionError("a saving part is not loaded")
 
 
 # -- reading --------------------------------------------------------------------------------------
@@ -179,15 +174,15 @@ def _optimizer_state(tensors: dict[str, torch.Tensor], index: int, saved: dict) 
     return {"state": state, "param_groups": saved["param_groups"]}
 
 
-def load_sharded(strategy: Strategy, module: TrainModule, path: str, parts: CheckpointParts) -> dict[str, Any]:
+def load_sharded(strategy: FSDPStrategy, module: TrainModule, path: str, parts: CheckpointParts) -> dict[str, Any]:
     """Every rank reads its part of every tensor into the sharded module and optimizers, and the
     rest from ``fw_state.pt``; the contents of ``fw_state.pt``."""
     checkpoint = read_fw_file(path)
     shared = dict(parts.shared)
-    optimizers = list(getattr(shared.get("optimizer_states"), "items", []))
-    shared["state_dict"] = Value(_no_get, lambda _: _load_tensors(module, optimizers, checkpoint, path))
+    optimizers = items_of(shared.get("optimizer_states"))
+    shared["state_dict"] = Value.loaded_only(lambda _: _load_tensors(module, optimizers, checkpoint, path))
     if optimizers:
-        shared["optimizer_states"] = Value(_no_get, lambda _: None)  # loaded with the model's tensors
+        shared["optimizer_states"] = Value.loaded_only(lambda _: None)  # loaded with the model's tensors
     replace(parts, shared=shared).load(checkpoint, strategy.global_rank, strategy.world_size)
     return checkpoint
 
@@ -202,9 +197,8 @@ def _load_tensors(module: TrainModule, optimizers: list, checkpoint: dict, path:
     )
 
     saved = checkpoint.get("optimizer_states") or []
-    if optimizers and len(saved) != len(optimizers):
-        raise CheckpointError(f"checkpoint '{path}' holds {len(saved)} optimizer state(s) and configure_optimizers() "
-                              f"returned {len(optimizers)}: resume with the configure_optimizers() it was written with")
+    if optimizers:
+        check_count(saved, optimizers, "optimizer", path)
     model = get_model_state_dict(module)
     states: list[dict[str, Any]] = [dict(get_optimizer_state_dict(module, opt)) for opt in optimizers]
     tensors, _ = _split(model, states)
@@ -229,10 +223,6 @@ def _refuse_other_tensors(path: str, tensors: dict[str, torch.Tensor], saved: di
                 for label, keys in (("missing", missing), ("not in this model", extra), ("other shapes", shapes)) if keys]
         raise CheckpointError(f"checkpoint '{path}' does not fit this model and its optimizers ({'; '.join(what)}); "
                               "resume with the model and configure_optimizers() it was written with")
-
-
-def _no_get() -> Any:
-    raise AssertionError("a loading part is not saved")
 
 
 # -- DCP's metadata, read safely ------------------------------------------------------------------

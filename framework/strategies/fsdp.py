@@ -42,6 +42,7 @@ from framework.strategies.fsdp_options import class_names, mesh_shape, precision
 
 if TYPE_CHECKING:
     from framework.module import TrainModule
+    from framework.strategies.dcp_async import PendingSave
     from framework.trainer.parts import CheckpointParts
 
 #: Lightning's sharding strategies that fw runs, and whether each reshards after forward
@@ -103,6 +104,9 @@ class FSDPStrategy(DDPStrategy):
         self.async_save = bool(async_save)
         self.cpu_offload = bool(cpu_offload)
         self.module: TrainModule | None = None
+        self._init_rng: torch.Tensor | None = None  # the RNG state trainer.init_module() ended with
+        self.pending_save: PendingSave | None = None  # an asynchronous save in flight (dcp_async.py)
+        self.checkpoint_group: Any = None  # the Gloo group asynchronous saves coordinate over
 
     def setup_module(self, module: TrainModule) -> nn.Module:
         from torch.distributed.device_mesh import init_device_mesh
@@ -131,7 +135,7 @@ class FSDPStrategy(DDPStrategy):
                 fully_shard(unit, **shard)
             root = StepModule(module)
             fully_shard(root, **shard)
-            materialize(module, self.root_device, getattr(self, "_init_rng", None))  # meta-built: shard by shard
+            materialize(module, self.root_device, self._init_rng)  # meta-built: shard by shard
             module.__dict__[_SHARDED] = (root, layout)  # not a submodule: the root holds the module
         self.model, self.module = root, module
         return root
@@ -264,25 +268,12 @@ def _destroy_the_group_at_exit() -> None:
 
 
 def _destroy_at_exit() -> None:
-    """The kept group goes as ``distributed.destroy_process_groups`` lets a group go: every rank
-    past its last collective first, then a moment for Gloo's threads to drop their work (one
-    that drops it while the interpreter shuts down aborts the process: seen here 1 exit in about
-    10 without it). A peer that is gone (30 s) is not waited for longer."""
-    import datetime
-    import time
-
+    """The kept group goes as a group goes after DDP (``destroy_process_groups``: a barrier, then a
+    moment for Gloo's threads; seen here aborting 1 exit in about 10 without them); a peer that
+    is gone is not waited for more than 30 s."""
     import torch.distributed as dist
 
-    from framework.strategies.distributed import _GLOO_SETTLE_S
+    from framework.strategies.distributed import destroy_process_groups
 
-    if not dist.is_initialized():
-        return
-    try:
-        if dist.get_backend() == "gloo":
-            dist.monitored_barrier(timeout=datetime.timedelta(seconds=30))
-        else:
-            dist.barrier()
-        time.sleep(_GLOO_SETTLE_S)
-    except Exception:  # a peer is gone: nothing to wait for
-        pass
-    dist.destroy_process_group()
+    if dist.is_initialized():
+        destroy_process_groups(timeout=30.0)

@@ -19,7 +19,7 @@ from framework import checkpoint as ckpt
 from framework.errors import CheckpointError
 from framework.strategies.checkpoint_io import load_on_every_rank, save_from_rank_zero
 from framework.strategies.optimizer_keys import keyed_by_name, to_names
-from framework.trainer.parts import Value
+from framework.trainer.parts import Value, check_count, items_of
 
 if TYPE_CHECKING:
     from framework.module import TrainModule
@@ -33,10 +33,10 @@ def save_full(strategy: Strategy, module: TrainModule, path: str, parts: Checkpo
     full = StateDictOptions(full_state_dict=True, cpu_offload=True)
     shared = dict(parts.shared)
     weights = get_model_state_dict(module, options=full)
-    shared["state_dict"] = Value(lambda: weights, _no_put)
+    shared["state_dict"] = Value.saved_only(lambda: weights)
     if "optimizer_states" in shared:
-        states = [get_optimizer_state_dict(module, opt, options=full) for opt in _optimizers(shared)]
-        shared["optimizer_states"] = Value(lambda: states, _no_put)
+        states = [get_optimizer_state_dict(module, opt, options=full) for opt in items_of(shared["optimizer_states"])]
+        shared["optimizer_states"] = Value.saved_only(lambda: states)
     values = {**parts.values, "fw_optimizer_keys": "names"}
     save_from_rank_zero(strategy, path, replace(parts, shared=shared, values=values))
 
@@ -53,15 +53,12 @@ def load_full(strategy: Strategy, module: TrainModule, path: str, parts: Checkpo
             raise CheckpointError(f"checkpoint '{path}' does not fit this model: {ckpt.state_dict_mismatch(err)}") from None
 
     shared = dict(parts.shared)
-    shared["state_dict"] = Value(_no_get, put_weights)
+    shared["state_dict"] = Value.loaded_only(put_weights)
     if "optimizer_states" in shared:
-        optimizers = _optimizers(shared)
+        optimizers = items_of(shared["optimizer_states"])
 
         def put_optimizers(states: list) -> None:
-            if len(states) != len(optimizers):
-                raise CheckpointError(f"checkpoint '{path}' holds {len(states)} optimizer state(s) and "
-                                      f"configure_optimizers() returned {len(optimizers)}: resume with the "
-                                      "configure_optimizers() it was written with")
+            check_count(states, optimizers, "optimizer", path)
             for opt, state in zip(optimizers, states, strict=True):
                 if not keyed_by_name(state):  # a DDP or one-process checkpoint
                     state = to_names(state, opt, module, path)
@@ -70,7 +67,7 @@ def load_full(strategy: Strategy, module: TrainModule, path: str, parts: Checkpo
                 else:  # a stateless optimizer (SGD without momentum): torch's loader cannot place it
                     _load_param_groups(opt, state.get("param_groups", []), path)
 
-        shared["optimizer_states"] = Value(_no_get, put_optimizers)
+        shared["optimizer_states"] = Value.loaded_only(put_optimizers)
     return load_on_every_rank(strategy, path, replace(parts, shared=shared))
 
 
@@ -82,15 +79,3 @@ def _load_param_groups(optimizer: Any, groups: list[dict], path: str) -> None:
                               "configure_optimizers() it was written with")
     for mine, saved in zip(optimizer.param_groups, groups, strict=True):
         mine.update({key: value for key, value in saved.items() if key != "params"})
-
-
-def _optimizers(shared: dict) -> list:
-    return list(getattr(shared["optimizer_states"], "items", []))
-
-
-def _no_put(_: Any) -> None:
-    raise AssertionError("a saving part is not loaded")
-
-
-def _no_get() -> Any:
-    raise AssertionError("a loading part is not saved")

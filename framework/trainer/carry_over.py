@@ -47,10 +47,15 @@ def _ranks(n: int) -> str:
     return f"{n} rank" if n == 1 else f"{n} ranks"
 
 
+def _train_loader(run: Run) -> Any:
+    """The (first) training loader, or None."""
+    loaders = run.loaders.get("train") or []
+    return loaders[0] if loaders else None
+
+
 def global_order(run: Run) -> GlobalOrderSampler | None:
     """The training loader's global order, when it reads one."""
-    loaders = run.loaders.get("train") or []
-    sampler = getattr(loaders[0], "sampler", None) if loaders else None
+    sampler = getattr(_train_loader(run), "sampler", None)
     return sampler if isinstance(sampler, GlobalOrderSampler) else None
 
 
@@ -64,8 +69,7 @@ def train_order(run: Run) -> dict[str, Any] | None:
 def train_batch_size(run: Run) -> int | None:
     """The per-rank batch size of the training loader, when it has one (what a mid-epoch
     checkpoint's batch count is counted in)."""
-    loaders = run.loaders.get("train") or []
-    size = getattr(loaders[0], "batch_size", None) if loaders else None
+    size = getattr(_train_loader(run), "batch_size", None)
     return size if isinstance(size, int) else None
 
 
@@ -104,7 +108,7 @@ def check_position_carries_over(run: Run, checkpoint: dict, path: str) -> Carry 
     if saved_ranks == ranks and same_batch:
         return None
     if order is None or saved_order is None or "before" in saved_order or saved_batch is None or batch is None:
-        _refuse_other_shape(where, saved_ranks, ranks, saved_batch, batch)
+        _refuse_other_shape(where, saved_ranks, ranks, saved_batch, batch)  # not kept in samples of the global order
     assert saved_batch is not None and batch is not None
     samples, before, now = batches * saved_batch * saved_ranks, saved_batch * saved_ranks, batch * ranks
     change = "the same global batch" if before == now else f"the global batch changes from {before} to {now} samples"
@@ -142,10 +146,11 @@ def _refuse_other_order(where: str, saved: dict | None, order: dict | None) -> N
 
 
 def _refuse_other_shape(where: str, saved_ranks: int, ranks: int, saved_batch: int | None, batch: int | None) -> None:
-    why = "the data position cannot be mapped exactly (samples would be trained twice or skipped)"
+    why = ("its position is not kept in samples of fw's global order, so it cannot be mapped exactly (samples "
+           "would be trained twice or skipped)")
     if saved_ranks != ranks:
         raise CheckpointError(
-            f"{where} on {_ranks(saved_ranks)} in the loader's own order, and this run has {ranks}: {why}. Resume on "
+            f"{where} on {_ranks(saved_ranks)}, and this run has {ranks}: {why}. Resume on "
             f"{_ranks(saved_ranks)} (trainer.devices * trainer.num_nodes = {saved_ranks}), or {_AT_AN_EPOCH_END}"
         )
     raise CheckpointError(

@@ -115,12 +115,22 @@ class Each:
         return [item.state_dict() for item in self.items]
 
     def load_state_dict(self, states: list) -> None:
-        if len(states) != len(self.items):
-            raise CheckpointError(f"checkpoint '{self.path}' holds {len(states)} {self.what} state(s) and "
-                                  f"configure_optimizers() returned {len(self.items)}: resume with the "
-                                  "configure_optimizers() it was written with")
+        check_count(states, self.items, self.what, self.path)
         for item, state in zip(self.items, states, strict=True):
             item.load_state_dict(state if self.prepare is None else self.prepare(state, item))
+
+
+def check_count(states: Sequence[Any], items: Sequence[Any], what: str, path: str) -> None:
+    """One saved state per item, or a CheckpointError (nothing is restored in part)."""
+    if len(states) != len(items):
+        raise CheckpointError(f"checkpoint '{path}' holds {len(states)} {what} state(s) and "
+                              f"configure_optimizers() returned {len(items)}: resume with the "
+                              "configure_optimizers() it was written with")
+
+
+def items_of(part: Any) -> list:
+    """The objects an ``Each`` part holds (the optimizers), or none."""
+    return list(getattr(part, "items", []))
 
 
 @dataclass(frozen=True)
@@ -150,3 +160,21 @@ class Value:
 
     def load_state_dict(self, state: Any) -> None:
         self.put(state)
+
+    @staticmethod
+    def saved_only(get: Callable[[], Any]) -> Value:
+        """A part a strategy writes its own way (its loading counterpart is another part)."""
+        return Value(get, _not_loaded)
+
+    @staticmethod
+    def loaded_only(put: Callable[[Any], None]) -> Value:
+        """A part a strategy reads its own way (its saving counterpart is another part)."""
+        return Value(_not_saved, put)
+
+
+def _not_loaded(_: Any) -> None:
+    raise AssertionError("a saving part is not loaded")
+
+
+def _not_saved() -> Any:
+    raise AssertionError("a loading part is not saved")

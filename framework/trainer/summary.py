@@ -62,11 +62,12 @@ def _shape(value: Any) -> str:
     return "?"
 
 
-def _count(n: int) -> str:
-    for unit, size in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+def _count(n: int, units: tuple[str, str, str] = ("B", "M", "K"), ones: str = "") -> str:
+    """``n`` with one decimal in the largest unit it reaches (billions, millions, thousands)."""
+    for unit, size in zip(units, (1e9, 1e6, 1e3), strict=True):
         if n >= size:
             return f"{n / size:.1f} {unit}"
-    return str(n)
+    return f"{n} {ones}" if ones else str(n)
 
 
 def print_model_summary(module: nn.Module) -> None:
@@ -121,7 +122,4 @@ def parameter_bytes(module: nn.Module) -> str:
 
 
 def _bytes(n: int) -> str:
-    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if n >= size:
-            return f"{n / size:.1f} {unit}"
-    return f"{n} B"
+    return _count(n, ("GB", "MB", "kB"), ones="B")
