@@ -17,6 +17,7 @@ processes: tests/tiers.py marks it ``procs`` (``os.fork`` below), guards.py watc
 
 from __future__ import annotations
 
+import faulthandler
 import functools
 import importlib
 import importlib.util
@@ -30,6 +31,7 @@ import tempfile
 import time
 import traceback
 from collections.abc import Callable
+from typing import Any
 from pathlib import Path
 
 FW = str(Path(sys.executable).parent / "fw")
@@ -94,6 +96,44 @@ def run_script(script: Path, *args: str, nprocs: int = 1, timeout: float = 60, e
         del agent  # the store's server stops with its last reference
     code = next((d.returncode for d in done if d.returncode != 0), 0)
     return Result(code, "".join(d.stdout + d.stderr for d in done), time.monotonic() - start)
+
+
+def call(fn: Callable[..., Any], *args: Any, timeout: float = 120, **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)`` in a forked copy of this process: what it returns (pickled back),
+    or the test fails with the copy's traceback. For an FSDP run in one process: its process
+    groups, with Gloo's threads, live as long as the process that ran it (DTensor's caches keep
+    its mesh), and a copy forked later from a process with those threads inherits the groups
+    without them (tests/guards.py fails a test that leaves them)."""
+    import pickle
+
+    import pytest
+
+    with tempfile.TemporaryDirectory(prefix="fw-call-") as out:
+        returned = os.path.join(out, "returned.pkl")
+
+        def body() -> int:
+            value = fn(*args, **kwargs)
+            with open(returned, "wb") as f:
+                pickle.dump(value, f)
+            return 0
+
+        (done,) = _run_forked([body], timeout)
+        if done.returncode != 0:
+            pytest.fail(f"in a forked copy (exit {done.returncode}):\n{done.stdout}{done.stderr}", pytrace=False)
+        with open(returned, "rb") as f:
+            return pickle.load(f)
+
+
+def in_a_copy(test: Callable[..., None]) -> Callable[..., None]:
+    """The test's body runs in a forked copy (``call``); its fixtures are the test process's. The
+    test is marked ``procs`` (tests/tiers.py reads the body, which starts none itself)."""
+    import pytest
+
+    @functools.wraps(test)
+    def run(*args: Any, **kwargs: Any) -> None:
+        call(test, *args, **kwargs)
+
+    return pytest.mark.procs(run)
 
 
 @functools.cache
@@ -171,6 +211,7 @@ def _as_a_fresh_process(paths: list[str]) -> None:
     for handler in (h for log in loggers for h in getattr(log, "handlers", [])):
         if isinstance(handler, logging.StreamHandler) and id(handler.stream) in old:
             handler.setStream(streams[old[id(handler.stream)]])
+    faulthandler.enable(file=streams[2], all_threads=True)  # a crash says where, in the copy's own stderr
     for signum in (signal.SIGTERM, signal.SIGUSR1, signal.SIGALRM):
         signal.signal(signum, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)

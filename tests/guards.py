@@ -8,7 +8,11 @@ it, naming what leaked, when it left behind
   MPI watchdog that outlives its run is a bug);
 - a handler of SIGTERM, SIGINT, SIGUSR1, SIGUSR2 or SIGHUP that it did not restore;
 - an environment variable added, changed or removed (``monkeypatch`` restores its own);
-- an initialized ``torch.distributed`` default process group;
+- an initialized ``torch.distributed`` default process group, or the native threads of one (Gloo's,
+  a TCPStore's) still running after it was destroyed: something still holds the group (DTensor's
+  caches hold a sharded run's mesh, and its groups, for the life of the process), and a copy
+  forked from this process later inherits the group without its threads (a forked rank that
+  crashed with exit -11 in CI, after such a test had run in the same pytest worker);
 - a process it started without the ``procs`` mark (which would make the fast tier slow), or a
   cluster job (``srun``, ``sbatch``, network namespaces) without the ``cluster`` mark.
 
@@ -18,6 +22,7 @@ the process group) so that one leak is reported once, not again by every test af
 
 from __future__ import annotations
 
+import collections
 import functools
 import multiprocessing.process
 import os
@@ -48,12 +53,13 @@ class Snapshot:
     threads: set[threading.Thread] = field(default_factory=lambda: set(threading.enumerate()))
     handlers: dict[int, object] = field(default_factory=lambda: {s: signal.getsignal(s) for s in SIGNALS})
     environ: dict[str, str] = field(default_factory=lambda: dict(os.environ))
+    native: collections.Counter[str] = field(default_factory=lambda: _native_group_threads())
 
 
 def leaks(before: Snapshot) -> list[str]:
     """What changed since ``before``, one line each; variables, handlers and the process group
     are put back."""
-    return [*_threads(before), *_handlers(before), *_environ(before), *_process_group()]
+    return [*_threads(before), *_handlers(before), *_environ(before), *_process_group(), *_native(before)]
 
 
 def _threads(before: Snapshot) -> list[str]:
@@ -101,6 +107,34 @@ def _process_group() -> list[str]:
     backend = dist.get_backend()
     dist.destroy_process_group()
     return [f"torch.distributed default process group ({backend}) still initialized"]
+
+
+#: the names (``/proc/self/task/*/comm``) of the threads that a Gloo process group and a TCPStore run
+NATIVE_GROUP_THREADS = ("gloo_", "pt_gloo", "pt_tcpstore")
+
+
+def _native_group_threads() -> collections.Counter[str]:
+    names: collections.Counter[str] = collections.Counter()
+    for task in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{task}/comm") as f:
+                name = f.read().strip()
+        except OSError:  # the thread ended meanwhile
+            continue
+        if name.startswith(NATIVE_GROUP_THREADS):
+            names[name] += 1
+    return names
+
+
+def _native(before: Snapshot) -> list[str]:
+    deadline = time.monotonic() + THREAD_GRACE_S
+    while (new := _native_group_threads() - before.native) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if not new:
+        return []
+    names = ", ".join(f"{name} x{count}" for name, count in sorted(new.items()))
+    return [f"native threads of a process group or store still running {THREAD_GRACE_S:g} s after the test "
+            f"({names}): something holds the group (a sharded run in this process: run it in a forked copy)"]
 
 
 # --- processes: a test that starts one must be marked for it ------------------------------------

@@ -50,6 +50,16 @@ for case in cfg["cases"]:
         torch.save(out, f"{cfg['out']}/{case['tag']}.pt")
 """
 
+ONE_RANK = """
+import sys
+import torch
+import sharded
+fsdp_mid, out = sys.argv[1:]
+fsdp_one = sharded.fit({"name": "fsdp", "auto_wrap_policy": ["Block"]}, devices=1, shuffle=True, ckpt_path=fsdp_mid,
+                       root=f"{out}/fsdp_one")
+torch.save(fsdp_one, f"{out}/fsdp_one.pt")
+"""
+
 CASES = [
     {"tag": "full_shard", "checkpoint": True, "trainer": {"shuffle": True}},
     {"tag": "full_state", "checkpoint": True, "strategy": {"state_dict_type": "full"}},
@@ -175,15 +185,10 @@ def test_checkpoints_cross_strategies_and_numbers_of_ranks_mid_epoch(job):
     assert close(in_one["weights"], straight["weights"]) < TOLERANCE
     # the resumed halves trained: the ends are not the checkpoints' weights
     assert close(in_one["weights"], load_checkpoint(fsdp_mid)["state_dict"]) > 1e-4
-    # and under fsdp on 1 rank: DCP reshards the 2 ranks' shards onto one
-    import torch.distributed as dist
-
-    try:
-        fsdp_one = sharded.fit({"name": "fsdp", "auto_wrap_policy": ["Block"]}, devices=1, shuffle=True,
-                               ckpt_path=str(fsdp_mid), root=str(out / "fsdp_one"))
-    finally:
-        if dist.is_initialized():  # a sharded module keeps its group until the program ends
-            dist.destroy_process_group()
+    # and under fsdp on 1 rank: DCP reshards the 2 ranks' shards onto one (in a forked copy: a
+    # sharded run's groups live as long as its process, see tests/guards.py)
+    check_ok(forked.run_script(write_script(out, ONE_RANK, name="one_rank.py"), str(fsdp_mid), str(out), timeout=60))
+    fsdp_one = torch.load(out / "fsdp_one.pt")
     assert fsdp_one["global_step"] == sharded.STEPS and fsdp_one["sharded"]
     assert close(fsdp_one["weights"], straight["weights"]) < TOLERANCE
 

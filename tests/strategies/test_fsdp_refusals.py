@@ -11,6 +11,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "distributed"))
 import sharded  # noqa: E402
+from forked import in_a_copy  # noqa: E402
 
 from framework.errors import CheckpointError, ConfigError  # noqa: E402
 from framework.strategies import create_strategy  # noqa: E402
@@ -27,6 +28,7 @@ class BuiltTooEarly(sharded.Blocks):
         return self.optimizer
 
 
+@in_a_copy
 def test_an_optimizer_built_before_sharding_is_refused(monkeypatch):
     monkeypatch.setattr(sharded, "Blocks", BuiltTooEarly)
     with pytest.raises(ConfigError, match=r"optimizer 0 \(AdamW\) holds 8 parameter\(s\) that FSDP did not shard.*"
@@ -67,6 +69,7 @@ def test_a_hybrid_mesh_that_is_not_the_world_size_is_refused():
         sharded.fit({**FSDP, "sharding_strategy": "HYBRID_SHARD", "device_mesh": [2, 2]}, devices=1, max_steps=1)
 
 
+@in_a_copy
 def test_a_one_process_checkpoint_resumes_under_fsdp_and_one_for_other_parameters_is_refused(tmp_path):
     """Its AdamW state is keyed by position: renamed onto the sharded parameters, it ends where
     one process ends; a state whose groups do not fit is refused, not loaded onto other
@@ -82,25 +85,20 @@ def test_a_one_process_checkpoint_resumes_under_fsdp_and_one_for_other_parameter
     params = saved["optimizer_states"][0]["param_groups"][0]["params"]
     saved["optimizer_states"][0]["param_groups"][0]["params"] = params[:-1]
     torch.save(saved, tmp_path / "other.ckpt")
-    try:
-        resumed = sharded.fit(FSDP, devices=1, max_steps=4, ckpt_path=str(tmp_path / "epoch=0-step=2.ckpt"),
-                              root=str(tmp_path))
-        assert resumed["global_step"] == 4 and resumed["sharded"]
-        weights = straight["weights"]
-        assert max(float((resumed["weights"][k] - weights[k]).abs().max()) for k in weights) < 1e-5
-        with pytest.raises(CheckpointError, match=rf"AdamW state has parameter groups of \[{len(params) - 1}\] "
-                                                  rf"parameters, and configure_optimizers\(\) made \[{len(params)}\]"):
-            sharded.fit(FSDP, devices=1, max_steps=4, ckpt_path=str(tmp_path / "other.ckpt"), root=str(tmp_path))
-    finally:
-        import torch.distributed as dist
+    resumed = sharded.fit(FSDP, devices=1, max_steps=4, ckpt_path=str(tmp_path / "epoch=0-step=2.ckpt"),
+                          root=str(tmp_path))
+    assert resumed["global_step"] == 4 and resumed["sharded"]
+    weights = straight["weights"]
+    assert max(float((resumed["weights"][k] - weights[k]).abs().max()) for k in weights) < 1e-5
+    with pytest.raises(CheckpointError, match=rf"AdamW state has parameter groups of \[{len(params) - 1}\] "
+                                              rf"parameters, and configure_optimizers\(\) made \[{len(params)}\]"):
+        sharded.fit(FSDP, devices=1, max_steps=4, ckpt_path=str(tmp_path / "other.ckpt"), root=str(tmp_path))
 
-        if dist.is_initialized():  # a sharded module keeps its group until the program ends
-            dist.destroy_process_group()
-
-
+@in_a_copy
 def test_a_sharded_model_serves_the_next_call_and_refuses_another_layout(tmp_path):
     """After fit the module stays sharded and its group up (fit, then predict, as in Lightning);
-    a call that would shard it another way is refused."""
+    a call that would shard it another way is refused. (Each FSDP run in one process runs in a
+    forked copy: its groups live as long as its process, see tests/forked.py's ``call``.)"""
     import torch.distributed as dist
     from torch.utils.data import DataLoader
 
@@ -109,17 +107,12 @@ def test_a_sharded_model_serves_the_next_call_and_refuses_another_layout(tmp_pat
     model = sharded.Blocks()
     loader = DataLoader(sharded.data(32), batch_size=16)
     quiet = {**sharded.QUIET, "enable_checkpointing": False, "default_root_dir": str(tmp_path)}
-    try:
-        fw.Trainer(**quiet, strategy=FSDP, devices=1, max_steps=2).fit(model, loader)
-        assert dist.is_initialized()
-        (rows,) = fw.Trainer(**quiet, strategy=FSDP, devices=1).predict(model, loader)[:1]
-        assert rows.shape == (16, 9)
-        with pytest.raises(ConfigError, match=r"Blocks was sharded by an earlier fsdp call with another layout"):
-            fw.Trainer(**quiet, strategy={**FSDP, "sharding_strategy": "SHARD_GRAD_OP"}, devices=1).predict(model, loader)
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
-
+    fw.Trainer(**quiet, strategy=FSDP, devices=1, max_steps=2).fit(model, loader)
+    assert dist.is_initialized()
+    (rows,) = fw.Trainer(**quiet, strategy=FSDP, devices=1).predict(model, loader)[:1]
+    assert rows.shape == (16, 9)
+    with pytest.raises(ConfigError, match=r"Blocks was sharded by an earlier fsdp call with another layout"):
+        fw.Trainer(**quiet, strategy={**FSDP, "sharding_strategy": "SHARD_GRAD_OP"}, devices=1).predict(model, loader)
 
 class OwnParameter(sharded.Blocks):
     def __init__(self) -> None:
@@ -127,18 +120,12 @@ class OwnParameter(sharded.Blocks):
         self.scale = torch.nn.Parameter(torch.ones(1))  # owned by the module itself: no reset_parameters
 
 
+@in_a_copy
 def test_a_meta_built_module_that_cannot_initialise_itself_is_refused(monkeypatch):
-    import torch.distributed as dist
-
     monkeypatch.setattr(sharded, "Blocks", OwnParameter)
-    try:
-        with pytest.raises(ConfigError, match=r"OwnParameter: parameters on the meta device and no reset_parameters\(\), "
-                                              r"so fsdp cannot initialise their shards"):
-            sharded.fit(FSDP, devices=1, max_steps=1, meta=True)
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
-
+    with pytest.raises(ConfigError, match=r"OwnParameter: parameters on the meta device and no reset_parameters\(\), "
+                                          r"so fsdp cannot initialise their shards"):
+        sharded.fit(FSDP, devices=1, max_steps=1, meta=True)
 
 def _with_mae(build_metric_in: str):
     import torch.nn.functional as F
@@ -179,18 +166,13 @@ def _fit_mae(cls, strategy, meta: bool, tmp_path):
     return float(trainer.callback_metrics["val_mae"])
 
 
+@in_a_copy
 def test_torchmetrics_under_a_meta_built_model(tmp_path):
     """A metric built on the meta device has no starting values: refused by name. One built in
     configure_model (a real device) keeps its state through the model's materialisation, and
     its value is the one-process one."""
-    import torch.distributed as dist
-
-    try:
-        with pytest.raises(ConfigError, match=r"val_mae \(MeanAbsoluteError\): a torchmetrics metric built on the meta "
-                                              r"device has no starting values"):
-            _fit_mae(_with_mae("__init__"), FSDP, True, tmp_path)
-        sharded_mae = _fit_mae(_with_mae("configure_model"), FSDP, True, tmp_path)
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+    with pytest.raises(ConfigError, match=r"val_mae \(MeanAbsoluteError\): a torchmetrics metric built on the meta "
+                                          r"device has no starting values"):
+        _fit_mae(_with_mae("__init__"), FSDP, True, tmp_path)
+    sharded_mae = _fit_mae(_with_mae("configure_model"), FSDP, True, tmp_path)
     assert sharded_mae == pytest.approx(_fit_mae(_with_mae("configure_model"), "single", False, tmp_path), abs=1e-6)

@@ -16,6 +16,7 @@ from torch.utils.data import DataLoader
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "distributed"))
 import sharded  # noqa: E402
+from forked import call, in_a_copy  # noqa: E402
 
 import framework as fw  # noqa: E402
 from framework.callbacks import ModelCheckpoint  # noqa: E402
@@ -26,21 +27,18 @@ from framework.errors import CheckpointError  # noqa: E402
 FSDP = {"name": "fsdp", "auto_wrap_policy": ["Block"]}
 
 
+def _write_folder(root: Path) -> None:
+    ckpt = ModelCheckpoint(dirpath=str(root / "ck"), every_n_train_steps=4, save_top_k=-1)
+    sharded.fit(FSDP, devices=1, max_steps=4, callbacks=[ckpt], root=str(root))
+
+
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory) -> Path:
-    import torch.distributed as dist
-
     root = tmp_path_factory.mktemp("sharded")
-    try:
-        ckpt = ModelCheckpoint(dirpath=str(root / "ck"), every_n_train_steps=4, save_top_k=-1)
-        sharded.fit(FSDP, devices=1, max_steps=4, callbacks=[ckpt], root=str(root))
-    finally:
-        if dist.is_initialized():  # a sharded module keeps its group until the program ends
-            dist.destroy_process_group()
+    call(_write_folder, root)  # in a forked copy: a sharded run's groups live as long as its process
     path = root / "ck" / "epoch=0-step=4.ckpt"
     assert path.is_dir() and (path / "COMMITTED").exists()
     return path
-
 
 def _copy(folder: Path, tmp_path: Path, name: str = "copy.ckpt") -> Path:
     shutil.copytree(folder, tmp_path / name)
@@ -97,34 +95,23 @@ def test_a_folder_of_another_model_is_refused_naming_the_parameters(folder, tmp_
         Wider.load_from_checkpoint(folder)
 
 
+@in_a_copy
 def test_under_fsdp_a_folder_of_another_model_is_refused_before_any_tensor_loads(folder, tmp_path, monkeypatch):
-    import torch.distributed as dist
-
     class Wider(sharded.Blocks):
         def __init__(self) -> None:
             super().__init__(width=24)
 
     monkeypatch.setattr(sharded, "Blocks", Wider)
-    try:
-        with pytest.raises(CheckpointError, match=r"does not fit this model and its optimizers \(other shapes: "
-                                                  r"model/blocks.0.linear.bias, model/blocks.0.linear.weight"):
-            sharded.fit(FSDP, devices=1, max_steps=8, ckpt_path=str(folder), root=str(tmp_path))
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+    with pytest.raises(CheckpointError, match=r"does not fit this model and its optimizers \(other shapes: "
+                                              r"model/blocks.0.linear.bias, model/blocks.0.linear.weight"):
+        sharded.fit(FSDP, devices=1, max_steps=8, ckpt_path=str(folder), root=str(tmp_path))
 
-
+@in_a_copy
 def test_model_checkpoint_keeps_top_k_and_last_as_folders(tmp_path):
     """save_top_k=2 with a monitor, and save_last: the two best epochs' folders and last.ckpt
     (overwritten in place at each save) stay, each committed; nothing partial is left."""
-    import torch.distributed as dist
-
     ckpt = ModelCheckpoint(dirpath=str(tmp_path / "ck"), monitor="val_loss", save_top_k=2, save_last=True)
-    try:
-        sharded.fit(FSDP, devices=1, max_steps=80, callbacks=[ckpt], root=str(tmp_path))  # 4 epochs of 20 steps
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+    sharded.fit(FSDP, devices=1, max_steps=80, callbacks=[ckpt], root=str(tmp_path))  # 4 epochs of 20 steps
     names = sorted(p.name for p in (tmp_path / "ck").iterdir())
     assert len(names) == 3 and "last.ckpt" in names, names
     assert all((tmp_path / "ck" / name / "COMMITTED").exists() for name in names)
