@@ -31,8 +31,8 @@ import tempfile
 import time
 import traceback
 from collections.abc import Callable
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 FW = str(Path(sys.executable).parent / "fw")
 REPO = Path(__file__).resolve().parents[1]
@@ -68,7 +68,6 @@ def run_script(script: Path, *args: str, nprocs: int = 1, timeout: float = 60, e
     thread each) and the agent's store, which this process hosts. Returns ``helpers.Result`` as
     ``helpers.run_script`` does, the ranks' output one after the other."""
     import torch.distributed as dist
-
     from distributed.helpers import Result, clean_env
 
     _import_what_commands_import()
