@@ -107,7 +107,7 @@ class DDPStrategy(DistributedStrategy):
 
     def _init_process_group(self) -> None:
         info = self.dist
-        alone = None
+        own_store: dist.Store | None = None
         if self.init_method.startswith("env://"):
             # torchrun sets these; under SLURM or MPI they come from the detected environment
             os.environ.setdefault("MASTER_ADDR", info.master_addr)
@@ -115,8 +115,13 @@ class DDPStrategy(DistributedStrategy):
                 os.environ.setdefault("MASTER_PORT", str(info.master_port))
             elif info.world_size == 1 and "MASTER_PORT" not in os.environ:
                 # a world of one talks only to itself: a store on a port it holds from bind to end
-                alone = dist.TCPStore("127.0.0.1", 0, 1, is_master=True, wait_for_workers=False)
-            if "MASTER_PORT" not in os.environ and alone is None:
+                own_store = dist.TCPStore("127.0.0.1", 0, 1, is_master=True, wait_for_workers=False)
+            elif info.source == "mpi" and "MASTER_PORT" not in os.environ:
+                from framework.strategies.rendezvous import mpi_store
+
+                own_store = mpi_store(info.rank, info.world_size, info.num_nodes == 1,
+                                  datetime.timedelta(seconds=self.timeout), self.socket_ifname)
+            if "MASTER_PORT" not in os.environ and own_store is None:
                 raise DistributedSetupError(
                     "init_method env:// needs MASTER_PORT; set it (e.g. export MASTER_PORT=29500) "
                     "or name one with trainer.strategy.init_method=tcp://HOST:PORT"
@@ -124,7 +129,7 @@ class DDPStrategy(DistributedStrategy):
         timeout = datetime.timedelta(seconds=self.timeout)
         try:
             with _say_while_waiting(self):
-                store = alone or self._elastic_store(timeout)
+                store = own_store or self._elastic_store(timeout)
                 rendezvous = {"store": store} if store is not None else {"init_method": self.init_method}
                 dist.init_process_group(
                     self.backend, world_size=info.world_size, rank=info.rank, timeout=timeout, **rendezvous

@@ -85,6 +85,11 @@ class FSDPStrategy(DDPStrategy):
         timeout: float = DEFAULT_TIMEOUT_S,
         socket_ifname: str | None = None,
     ) -> None:
+        if str(backend).lower() in ("mpi", "fw_mpi"):
+            raise ConfigError(
+                f"trainer.strategy.backend={backend} with strategy fsdp: not supported (DTensor's collectives, which "
+                "FSDP's state dicts and checkpoints use, need a C++ process group; fw's MPI group is a Python one); "
+                "under mpiexec use backend gloo: the ranks and the rendezvous come from MPI")
         super().__init__(backend=backend, init_method=init_method, timeout=timeout, socket_ifname=socket_ifname)
         self.name = "fsdp"
         self.wrap_classes = class_names(auto_wrap_policy)

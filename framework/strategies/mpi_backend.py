@@ -83,7 +83,9 @@ def _create_backend(backend_opts: Any, _pg_options: Any) -> dist.ProcessGroup:
             f"torch rank {backend_opts.group_rank}/{backend_opts.group_size} does not match MPI rank "
             f"{comm.Get_rank()}/{comm.Get_size()}: initialise the default group with rank=COMM_WORLD.rank"
         )
-    return MPIProcessGroup(comm, getattr(backend_opts, "timeout", None))
+    group = MPIProcessGroup(comm, getattr(backend_opts, "timeout", None))
+    group.name_as(backend_opts.group_id)
+    return group
 
 
 def register_mpi_backend(name: str = BACKEND_NAME) -> str:

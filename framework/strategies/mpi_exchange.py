@@ -28,6 +28,8 @@ class ExchangeCollectives:
     _thread: CommThread | None
     _run: Callable[..., Any]
 
+    _in_place: Any
+
     def _buf(self, t: torch.Tensor) -> list:
         raise NotImplementedError
 
@@ -36,6 +38,11 @@ class ExchangeCollectives:
                           ) -> dist.Work:
         if output.numel() != input.numel() * self._size:
             raise ValueError("all_gather_into_tensor: output must hold world_size * input.numel()")
+        if _is_own_slot(input, output, self._rank):  # FSDP gathers in place: MPI wants IN_PLACE then
+            self.comm.Allgather(self._in_place, self._buf(output))
+            return _done(output)
+        if input.untyped_storage().data_ptr() == output.untyped_storage().data_ptr():
+            input = input.clone()  # MPI refuses a send buffer inside the receive buffer
         send, buf = _staged(input.detach()), _staged(output, copy_in=False)  # names keep them alive
         self.comm.Allgather(self._buf(send), self._buf(buf))
         if buf is not output:
@@ -112,3 +119,9 @@ class ExchangeCollectives:
         return _done(output)
 
     all_to_all_single = alltoall_base
+
+
+def _is_own_slot(input: torch.Tensor, output: torch.Tensor, rank: int) -> bool:
+    """``input`` is ``output``'s rank-th slot (an all-gather in place), both contiguous on CPU."""
+    return (input.dtype == output.dtype and input.is_cpu and output.is_cpu and input.is_contiguous()
+            and output.is_contiguous() and input.data_ptr() == output.data_ptr() + rank * input.nbytes)

@@ -116,6 +116,7 @@ class MPIProcessGroup(ExchangeCollectives, dist.ProcessGroup):  # type: ignore[m
             (ops.BAND, MPI.BAND), (ops.BOR, MPI.BOR), (ops.BXOR, MPI.BXOR),
         )}  # fmt: skip
         self._rank = comm.Get_rank()  # self.rank() is a C++ round trip
+        self._group_name = ""  # until c10d names it (name_as)
         self._watchdog: Watchdog | None = None
         if timeout is not None and self._size > 1:
             self._watchdog = Watchdog(self._rank, self._size, timeout.total_seconds())
@@ -126,6 +127,16 @@ class MPIProcessGroup(ExchangeCollectives, dist.ProcessGroup):  # type: ignore[m
 
     def getBackendName(self) -> str:  # noqa: N802 (name set by the C++ trampoline)
         return "fw_mpi"
+
+    def name_as(self, group_name: str) -> None:
+        """c10d hands a Python group back as it is, without the name it gives every other group
+        (the C++ name lives on a backend, and this group has none); a DeviceMesh (FSDP's) looks
+        its groups up by that name."""
+        self._group_name = group_name
+
+    @property
+    def group_name(self) -> str:  # type: ignore[override]
+        return self._group_name
 
     def _buf(self, t: torch.Tensor) -> list:
         """The memory of a contiguous CPU tensor as an MPI buffer of its element type (no copy).

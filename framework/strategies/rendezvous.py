@@ -1,6 +1,7 @@
 """The stores DDP ranks meet through under torchrun or fw's launcher (``DDPStrategy._elastic_store``
 says why fw builds them): rank 0 of each attempt hosts a store of its own and publishes its
-address in the agent's store; each ``init_process_group`` gets its own key prefix in it."""
+address in the agent's store; each ``init_process_group`` gets its own key prefix in it. Under
+``mpiexec`` (no agent, no address given) rank 0's store address goes to the others over MPI."""
 
 from __future__ import annotations
 
@@ -80,3 +81,33 @@ def _reachable_address(master_addr: str, master_port: int, socket_ifname: str | 
         probe.connect(where)  # UDP: no packet is sent, only the route is chosen
         address = probe.getsockname()[0]
     return master_addr if ipaddress.ip_address(address).is_loopback else address
+
+
+def mpi_store(rank: int, world_size: int, one_node: bool, timeout: datetime.timedelta,
+              socket_ifname: str | None) -> dist.Store:
+    """Under ``mpiexec`` with no ``MASTER_PORT``: rank 0 hosts a store on a free port and tells
+    the other ranks where it is through MPI (as Lightning's MPIEnvironment does), so Gloo runs
+    under an MPI launch with no port to choose. The address is ``127.0.0.1`` on one node, else
+    the named interface's, ``MASTER_ADDR``, or rank 0's host name."""
+    from mpi4py import MPI
+
+    where = None
+    if rank == 0:
+        store = dist.TCPStore("0.0.0.0", 0, world_size, is_master=True, timeout=timeout, wait_for_workers=False)
+        where = f"{_mpi_host(one_node, socket_ifname)}:{store.port}"
+    host, port = MPI.COMM_WORLD.bcast(where, root=0).rsplit(":", 1)
+    if rank == 0:
+        return store
+    return dist.TCPStore(host, int(port), world_size, is_master=False, timeout=timeout)
+
+
+def _mpi_host(one_node: bool, socket_ifname: str | None) -> str:
+    if one_node:
+        return "127.0.0.1"
+    if socket_ifname:
+        from framework.environments.network import interface_addresses
+
+        address = interface_addresses().get(socket_ifname)
+        if address:
+            return address
+    return os.environ.get("MASTER_ADDR") or socket.gethostname()

@@ -52,6 +52,8 @@ def test_a_wrap_class_the_model_lacks_is_named_with_the_classes_it_has():
     ({"auto_wrap_policy": [3]}, r"auto_wrap_policy: 3 is not a module class or its name"),
     ({"async_save": True, "state_dict_type": "full"}, r"async_save=true writes sharded checkpoints in the background; "
                                                       r"it needs state_dict_type: sharded"),
+    ({"backend": "mpi"}, r"trainer.strategy.backend=mpi with strategy fsdp: not supported .*under mpiexec use "
+                         r"backend gloo: the ranks and the rendezvous come from MPI"),
 ])
 def test_options_fsdp_does_not_run_are_refused(options, message):
     with pytest.raises(ConfigError, match=message):

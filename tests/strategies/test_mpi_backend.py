@@ -79,6 +79,13 @@ dist.all_gather_into_tensor(flat, torch.full((2,), float(rank)))
 assert flat.tolist() == [0, 0, 1, 1]
 dist.all_gather_into_tensor(flat, torch.tensor([[rank, 7.0], [5.0, rank]]).t()[0])  # non-contiguous input
 assert flat.tolist() == [0, 5, 1, 5]
+flat = torch.full((4,), -1.0)
+flat[2 * rank: 2 * rank + 2] = rank + 10.0
+dist.all_gather_into_tensor(flat, flat[2 * rank: 2 * rank + 2])  # in place, as FSDP gathers
+assert flat.tolist() == [10, 10, 11, 11]
+dist.all_gather_into_tensor(flat, flat[1:3])  # inside, not its own slot
+assert flat.tolist() == [10, 11, 10, 11], flat
+assert dist.group.WORLD.group_name == "0"  # c10d's name, by which a DeviceMesh finds the group
 part = torch.empty(2)
 dist.reduce_scatter_tensor(part, torch.arange(4.0) + rank)
 assert part.tolist() == ([1, 3] if rank == 0 else [5, 7])

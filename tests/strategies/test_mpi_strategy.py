@@ -214,3 +214,38 @@ def test_a_rank_that_stops_answering_ends_the_mpi_job_after_the_timeout(tmp_path
         in output, output
     assert "fw: error: rank 0 of 2 waited" in output and "a rank stopped answering; aborting the MPI job" in output
     assert elapsed < 40, f"the job took {elapsed:.1f} s to end"
+
+
+GLOO_UNDER_MPIEXEC = """
+import sys, torch
+sys.path.insert(0, {distributed!r})
+import sharded
+out = sys.argv[1]
+for tag, strategy in (("ddp_gloo", "ddp_gloo"), ("fsdp", {{"name": "fsdp", "auto_wrap_policy": ["Block"]}})):
+    run = sharded.fit(strategy, devices=2, shuffle=True, root=out)
+    if run["rank"] == 0:
+        torch.save(run, f"{{out}}/{{tag}}.pt")
+"""
+
+
+@pytest.mark.timeout(90)
+def test_gloo_strategies_under_mpiexec_take_ranks_and_rendezvous_from_mpi(tmp_path):
+    """ddp_gloo and fsdp started by ``mpiexec -n 2`` with no MASTER_ADDR/MASTER_PORT: rank 0's
+    store address goes to the other rank over MPI; 20 AdamW steps on shuffled data end where one
+    process on the whole batch ends. (fsdp over fw's MPI group itself is refused: see
+    test_fsdp_refusals.)"""
+    sys.path.insert(0, str(ROOT / "tests" / "distributed"))
+    import sharded
+
+    script = tmp_path / "run.py"
+    script.write_text(GLOO_UNDER_MPIEXEC.format(distributed=str(ROOT / "tests" / "distributed")))
+    proc = _mpirun(script, str(tmp_path), timeout=80)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    single = sharded.fit("single", devices=1, shuffle=True, root=str(tmp_path / "single"))
+    for tag in ("ddp_gloo", "fsdp"):
+        run = torch.load(tmp_path / f"{tag}.pt")
+        assert run["global_step"] == sharded.STEPS
+        gap = max(float((run["weights"][k] - v).abs().max()) for k, v in single["weights"].items())
+        assert gap < 1e-5, (tag, gap)
+    fsdp = torch.load(tmp_path / "fsdp.pt")
+    assert fsdp["sharded"] and fsdp["local_numel"] < 0.55 * sum(v.numel() for v in single["weights"].values())  # a half, and padding
