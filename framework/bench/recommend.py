@@ -24,6 +24,7 @@ def recommendation(train: list[dict], knobs: list[dict], comm: list[tuple[str, d
             nxt = ranked[1]
             line += f"; {best['samples_per_s'] / nxt['samples_per_s']:.2f}x the next best, `{nxt['strategy']}` x{nxt['world_size']}{on_device(nxt)}"
         out.append(line + ")")
+    out.extend(_fsdp_against_ddp(fw_rows))
     for job, result in comm:
         rows = [r for r in result["collectives"] if r["op"] == "all_reduce" and r["backend"] != "mpi4py"]
         winners = []
@@ -67,3 +68,24 @@ def _spans(winners: list[tuple[int, str]]) -> list[tuple[str, str, str]]:
         else:
             spans.append([size, size, backend])
     return [(size_label(lo), size_label(hi), b) for lo, hi, b in spans]
+
+
+def _fsdp_against_ddp(fw_rows: list[dict]) -> list[str]:
+    """Per workload trained under both: what fsdp saves per rank, what it costs in speed, and so
+    when it pays off on this machine."""
+    out = []
+    for fsdp in (r for r in fw_rows if r["strategy"] == "fsdp"):
+        ddp = next((r for r in fw_rows if r["workload"] == fsdp["workload"] and r["strategy"].startswith("ddp")
+                    and r["world_size"] == fsdp["world_size"] and r["device"] == fsdp["device"]), None)
+        if ddp is None or not ddp["param_MB_per_rank"]:
+            continue
+        speed = fsdp["samples_per_s"] / ddp["samples_per_s"]
+        low, high = ddp["spread_samples_per_s"]
+        as_fast = speed >= low / ddp["samples_per_s"]
+        head = (f"fsdp or DDP for {fsdp['workload']} (x{fsdp['world_size']}{on_device(fsdp)}): fsdp holds "
+                f"{fsdp['param_MB_per_rank']:.1f} of DDP's {ddp['param_MB_per_rank']:.1f} MB of parameters per rank "
+                f"(optimizer state and gradients shard alike) at {speed:.2f}x `{ddp['strategy']}`'s samples/s")
+        out.append(head + ("; as fast within the spread here, so it pays off whenever memory counts" if as_fast else
+                           f"; it pays off here only when the model and its optimizer state do not fit one device "
+                           f"under DDP (it costs {(1 - speed) * 100:.0f}% of the speed)"))
+    return out

@@ -56,6 +56,7 @@ def train_rows(parts: list[dict], key: str = "train") -> list[dict]:
                "ddp_kwargs": dict(knobs), "device": device, "global_batch": batch, "step_s": step,
                "samples_per_s": batch / step, "samples_per_s_iqr": [batch / high, batch / low], "step_iqr_s": [low, high],
                "parts_s": parts_s, "peak_memory_MB": max(r["peak_memory_bytes"] for r in runs) / 2**20,
+               "param_MB_per_rank": max(r.get("param_bytes_per_rank", 0) for r in runs) / 2**20,
                "call_s": median(r["call_s"] for r in runs), "repeats": len(runs), "steps_timed": len(steps),
                "repeat_samples_per_s": [batch / r["step_s"] for r in runs]}  # fmt: skip
         # the spread shown: over the repeats when there are several, else over the timed steps

@@ -22,14 +22,25 @@ if TYPE_CHECKING:
     from framework.strategies import Strategy
 
 
-def run_raw(job: Job, module, data, steps: int, clock: Clock, precision: Precision, ddp_kwargs: dict, dp: bool) -> None:
-    """The hand-written loop: DDP (or DataParallel) and a DistributedSampler as a user writes them."""
+def run_raw(job: Job, module, data, steps: int, clock: Clock, precision: Precision, ddp_kwargs: dict, dp: bool,
+            units: tuple[str, ...] = ()) -> None:
+    """The hand-written loop: DDP (or DataParallel, or FSDP2's ``fully_shard`` on the ``units``
+    classes and the root) and a DistributedSampler as a user writes them."""
     device = job.device
     module = module.to(device)
     loader = data.train_dataloader()
     sampler: DistributedSampler | None = None
     model: torch.nn.Module
-    if job.world > 1:
+    if units:
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        policy = MixedPrecisionPolicy(torch.bfloat16, torch.float32) if precision == "bf16-mixed" else MixedPrecisionPolicy()
+        for block in [m for m in module.modules() if type(m).__name__ in units]:
+            fully_shard(block, mp_policy=policy)
+        model = fully_shard(module, mp_policy=policy)
+        sampler = DistributedSampler(loader.dataset, job.world, job.rank, shuffle=isinstance(loader.sampler, RandomSampler))
+        loader = DataLoader(loader.dataset, batch_size=loader.batch_size, sampler=sampler, drop_last=loader.drop_last)
+    elif job.world > 1:
         group = job.mpi_group if job.kind == "mpi" else None
         ids = [device.index] if device.type == "cuda" else None
         model = torch.nn.parallel.DistributedDataParallel(module, device_ids=ids, process_group=group, **ddp_kwargs)
@@ -69,9 +80,11 @@ def run_raw(job: Job, module, data, steps: int, clock: Clock, precision: Precisi
         epoch += 1
 
 
-def fw_strategy(job: Job, ddp_kwargs: dict, dp: bool) -> str | dict[str, Any] | Strategy:
+def fw_strategy(job: Job, ddp_kwargs: dict, dp: bool, units: tuple[str, ...] = ()) -> str | dict[str, Any] | Strategy:
     """The Trainer's ``strategy`` in this job. Under MPI: DDP on the job's Gloo default group
     with its gradients all-reduced over the ``fw_mpi`` group, as the raw loop's."""
+    if units:
+        return {"name": "fsdp", "auto_wrap_policy": list(units)}
     if job.kind == "mpi":
         from framework.strategies import DDPStrategy
 
@@ -81,14 +94,15 @@ def fw_strategy(job: Job, ddp_kwargs: dict, dp: bool) -> str | dict[str, Any] | 
     return "dp" if dp else "single"
 
 
-def run_fw(job: Job, module, data, steps: int, clock: Clock, precision: Precision, ddp_kwargs: dict, dp: bool) -> None:
+def run_fw(job: Job, module, data, steps: int, clock: Clock, precision: Precision, ddp_kwargs: dict, dp: bool,
+           units: tuple[str, ...] = ()) -> None:
     import framework as fw
 
     cuda = job.device.type == "cuda"
     trainer = fw.Trainer(
         accelerator="cuda" if cuda else "cpu", devices=(torch.cuda.device_count() if dp else job.local_world),
         num_nodes=max(1, job.world // max(1, job.local_world)),
-        strategy=fw_strategy(job, ddp_kwargs, dp), max_steps=steps, max_epochs=-1, precision=precision,
+        strategy=fw_strategy(job, ddp_kwargs, dp, units), max_steps=steps, max_epochs=-1, precision=precision,
         logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
         num_sanity_val_steps=0, limit_val_batches=0, callbacks=[clock],
     )  # fmt: skip

@@ -19,11 +19,12 @@ def tables(train: list[dict], knobs: list[dict], comm: list[tuple[str, dict]]) -
                          str(r["world_size"]), r["side"], f"{r['samples_per_s']:.0f}",
                          f"{r['spread_samples_per_s'][0]:.0f}-{r['spread_samples_per_s'][1]:.0f}",
                          _opt(r.get("scaling_efficiency"), "{:.2f}"), _opt(r.get("step_over_raw"), "{:.3f}"),
-                         f"{r['peak_memory_MB']:.0f}", f"{r['call_s']:.2f}", fr])  # fmt: skip
+                         f"{r['param_MB_per_rank']:.1f}", f"{r['peak_memory_MB']:.0f}", f"{r['call_s']:.2f}", fr])  # fmt: skip
         out.append(("training: samples/s (median; spread: min-max over repeats, or IQR over steps with one repeat), "
                     "scaling (CPU: speed-up over one process on the same cores; GPU: efficiency against one GPU per process), "
-                    "step time over the hand-written loop's, peak resident memory of the process",
-                    ["workload", "strategy", "world", "side", "samples/s", "spread", "scaling", "/raw", "RSS MB",
+                    "step time over the hand-written loop's, parameter MB each rank holds (its shards under fsdp), "
+                    "peak resident memory of the process (CUDA: peak allocated)",
+                    ["workload", "strategy", "world", "side", "samples/s", "spread", "scaling", "/raw", "params MB", "peak MB",
                      "call s", "step: data/fwd+bwd/opt/comm/other %"], rows))  # fmt: skip
     gpu = [r for r in train if "mfu" in r]
     if gpu:

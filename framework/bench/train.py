@@ -30,6 +30,7 @@ from framework.bench.common import iqr, median
 from framework.bench.context import Job, say
 from framework.bench.sides import SIDES, lightning_missing, run_raw
 from framework.bench.workload import (
+    FSDP_UNITS,
     KNOB_WORKLOADS,
     WORKLOADS,
     Clock,
@@ -44,23 +45,30 @@ from framework.callbacks.step_breakdown import PARTS
 
 @dataclass(frozen=True)
 class Variant:
-    """A strategy the training suite runs under: the job's own, or DataParallel or bf16 on a GPU."""
+    """A strategy the training suite runs under: the job's own, fsdp beside DDP, or DataParallel or
+    bf16 on a GPU."""
 
     strategy: str
     dp: bool = False
     precision: Precision = "32-true"
     workloads: tuple[str, ...] | None = None  # None: every workload
 
+    def units(self, workload: str) -> tuple[str, ...]:
+        """The block classes fsdp shards (empty: not sharded)."""
+        return FSDP_UNITS[workload] if self.strategy == "fsdp" else ()
+
 
 def measure(job: Job, workload: str, side: str, steps: Steps, precision: Precision = "32-true",
-            ddp_kwargs: dict | None = None, dp: bool = False) -> dict:
-    """One run of one side; every rank returns the same summary."""
+            ddp_kwargs: dict | None = None, dp: bool = False, units: tuple[str, ...] = ()) -> dict:
+    """One run of one side (``units``: sharded by FSDP, these block classes as units); every rank
+    returns the same summary."""
     recipe = load_workload(workload)
     module, data = build(recipe, job, steps.total)
     clock = Clock(job.device)
     start = time.perf_counter()
+    sharded = {"units": units} if units else {}
     with _captured():  # the frameworks' own chatter (run summaries, tips) would drown the progress
-        SIDES[side](job, module, data, steps.total, clock, precision, dict(ddp_kwargs or {}), dp)
+        SIDES[side](job, module, data, steps.total, clock, precision, dict(ddp_kwargs or {}), dp, **sharded)
     call_s = time.perf_counter() - start
     mine = list(clock.steps)[steps.warmup:]
     totals = job.max_over_ranks([s["total"] for s in mine])
@@ -75,11 +83,17 @@ def measure(job: Job, workload: str, side: str, steps: Steps, precision: Precisi
         "peak_memory_bytes": max(r["peak_bytes"] for r in every),
         "call_s": max(r["call_s"] for r in every),
         "params": sum(p.numel() for p in module.parameters()),
+        "param_bytes_per_rank": max(job.gather(_local_bytes(module))),
     }  # fmt: skip
     out["samples_per_s"] = out["global_batch"] / out["step_s"]
     if hasattr(module, "flops_per_token"):
         out["flops_per_sample"] = module.flops_per_token() * module.hparams["context"]
     return out
+
+
+def _local_bytes(module) -> int:
+    """The parameter bytes this rank holds (its shards under FSDP)."""
+    return sum((p.to_local() if hasattr(p, "to_local") else p).nbytes for p in module.parameters())
 
 
 @contextlib.contextmanager
@@ -114,6 +128,8 @@ def _quiet() -> None:
 def variants(job: Job) -> list[Variant]:
     """The strategies this job trains under: its own, plus DataParallel and bf16 on GPUs."""
     out = [Variant(strategy_name(job))]
+    if job.kind in ("gloo", "nccl") and job.world > 1:  # beside DDP on the same ranks
+        out.append(Variant("fsdp", workloads=tuple(FSDP_UNITS)))
     if job.kind == "single" and job.device.type == "cuda":
         out.append(Variant("dp", dp=True))
         out.append(Variant("single", precision="bf16-mixed", workloads=("gpt",)))
@@ -130,13 +146,14 @@ def run(job: Job, quick: bool, workloads: tuple[str, ...] = WORKLOADS) -> dict:
     why_no_lightning = lightning_missing(job)
     runs = []
     for variant in variants(job):
-        sides = ["raw", "fw"] + ([] if lightning_missing(job, variant.dp) else ["lightning"])
+        sides = ["raw", "fw"] + ([] if lightning_missing(job, variant.dp) or variant.strategy == "fsdp" else ["lightning"])
         for workload in variant.workloads or workloads:
             warm_up(job, workload, steps)
             for r in range(steps.repeats):
                 order = sides[r % len(sides):] + sides[: r % len(sides)]
                 for side in order:
-                    row = measure(job, workload, side, steps, variant.precision, dp=variant.dp)
+                    row = measure(job, workload, side, steps, variant.precision, dp=variant.dp,
+                                  units=variant.units(workload))
                     row.update(strategy=variant.strategy, world_size=job.world, repeat=r, device=str(job.device))
                     runs.append(row)
             say(job, f"train: {workload} under {variant.strategy} ({', '.join(sides)}) done")

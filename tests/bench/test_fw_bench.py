@@ -88,10 +88,19 @@ def test_every_strategy_trained_every_workload_beside_the_hand_written_loop(quic
                 assert parts["forward_backward"] > 0 and all(v >= 0 for v in parts.values())
                 # one process has nothing to all-reduce; DDP's all-reduce takes time
                 assert (parts["comm_unhidden"] == 0) == (strategy == "single"), (workload, strategy, side, parts)
+                assert row["param_MB_per_rank"] == rows[(workload, "single", "raw")]["param_MB_per_rank"] > 0
                 if strategy != "single":
                     assert finite(row["scaling_efficiency"])
                 if side != "raw":
                     assert finite(row["step_over_raw"])
+    # fsdp beside DDP on the GPT, fw and the hand-written FSDP2 loop: half the parameters per rank
+    # (its gathers and reduce-scatters run inside forward and backward: no DDP all-reduce to time)
+    full = rows[("gpt", "single", "raw")]["param_MB_per_rank"]
+    for side in ("raw", "fw"):
+        row = rows[("gpt", "fsdp", side)]
+        assert finite(row["samples_per_s"]) and row["world_size"] == 2 and row["steps_timed"] >= 6
+        assert full / 2 <= row["param_MB_per_rank"] < full * 0.55
+    assert ("gpt", "fsdp", "lightning") not in rows and ("cnn", "fsdp", "fw") not in rows
     knobs = {(r["workload"], tuple(sorted(r["ddp_kwargs"].items()))) for r in doc["knobs"]}
     assert len(knobs) == 8 and {w for w, _ in knobs} == {"cnn", "gpt"}
 
@@ -105,6 +114,10 @@ def test_the_recommendation_follows_the_numbers(quick):
         line = next(l for l in doc["recommendation"] if l.startswith(f"{workload}:"))
         assert f"`{best['strategy']}` on {best['world_size']} process" in line
     assert any(l.startswith("DDP settings for gpt") for l in doc["recommendation"])
+    (fsdp,) = [l for l in doc["recommendation"] if l.startswith("fsdp or DDP for gpt (x2)")]
+    fw_gpt = {r["strategy"]: r for r in fw_rows if r["workload"] == "gpt"}
+    ratio = fw_gpt["fsdp"]["samples_per_s"] / fw_gpt["ddp_gloo"]["samples_per_s"]
+    assert f"at {ratio:.2f}x `ddp_gloo`'s samples/s" in fsdp
 
 
 @needs_mpi
