@@ -79,6 +79,22 @@ class ManualBlocks(Blocks):
         return loss
 
 
+class MetricBlocks(Blocks):
+    """The same steps, with a torchmetrics metric in validation (its state synced over the ranks)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        import torchmetrics
+
+        self.val_mae = torchmetrics.MeanAbsoluteError()
+
+    def validation_step(self, batch, batch_idx):
+        super().validation_step(batch, batch_idx)
+        x, y = batch
+        self.val_mae(self(x), y)
+        self.log("val_mae", self.val_mae)
+
+
 def data(n: int = STEPS * GLOBAL_BATCH) -> TensorDataset:
     g = torch.Generator().manual_seed(1)
     x = torch.randn(n, 8, generator=g)
@@ -106,19 +122,21 @@ class FullWeights(fw.Callback):
 
 def fit(strategy: Any, devices: int, max_steps: int = STEPS, callbacks: list | None = None,
         ckpt_path: str | None = None, root: str = ".", manual: bool = False, predict: bool = False,
-        samples: int = STEPS * GLOBAL_BATCH, shuffle: bool = False, meta: bool = False, **trainer_args: Any) -> dict:
+        samples: int = STEPS * GLOBAL_BATCH, shuffle: bool = False, meta: bool = False, metric: bool = False,
+        **trainer_args: Any) -> dict:
     """One fit on ``devices`` ranks with the global batch split over them (``manual``: with
     manual optimization); the full weights, the epoch's validation loss, the trainer's step, and
     with ``predict`` this rank's predictions on the validation data (rows: inputs, output).
     ``shuffle``: the training loader shuffles (fw's one order: the same on any number of ranks);
-    ``meta``: the model is built under ``trainer.init_module()``."""
+    ``meta``: the model is built under ``trainer.init_module()``; ``metric``: with a torchmetrics
+    metric (``val_mae``)."""
     weights = FullWeights()
     trainer = fw.Trainer(**{**QUIET, "enable_checkpointing": bool(callbacks)}, strategy=strategy, devices=devices,
                          max_steps=max_steps, callbacks=[weights, *(callbacks or [])], default_root_dir=root,
                          **trainer_args)
     per_rank = GLOBAL_BATCH // devices
     with trainer.init_module() if meta else contextlib.nullcontext():  # fsdp: on the meta device
-        model = ManualBlocks() if manual else Blocks()
+        model = ManualBlocks() if manual else MetricBlocks() if metric else Blocks()
     built_on_meta = all(p.is_meta for p in model.parameters())
     if meta:
         torch.rand(3)  # a draw between building and fitting: the initialisation is not made from it
@@ -126,8 +144,9 @@ def fit(strategy: Any, devices: int, max_steps: int = STEPS, callbacks: list | N
         trainer.fit(model, DataLoader(data(samples), batch_size=per_rank, shuffle=shuffle),
                     DataLoader(data(64), batch_size=per_rank), ckpt_path=ckpt_path)
         val_loss = float(trainer.callback_metrics.get("val_loss", torch.nan))  # a call starts with none
+        val_mae = float(trainer.callback_metrics.get("val_mae", torch.nan))
         predictions = trainer.predict(model, DataLoader(data(64), batch_size=per_rank)) if predict else None
-    return {"weights": weights.weights, "val_loss": val_loss,
+    return {"weights": weights.weights, "val_loss": val_loss, "val_mae": val_mae,
             "global_step": trainer.global_step, "rank": trainer.global_rank,
             "local_numel": weights.local_numel, "sharded": weights.sharded, "built_on_meta": built_on_meta,
             "predictions": torch.cat(predictions) if predictions else None}
