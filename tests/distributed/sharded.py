@@ -116,7 +116,7 @@ class FullWeights(fw.Callback):
             self.sharded = all(hasattr(p, "to_local") for p in params)
 
     def on_fit_end(self, trainer, pl_module) -> None:
-        self.weights = {name: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()
+        self.weights = {name: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().cpu().clone()
                         for name, p in pl_module.named_parameters()}
 
 
@@ -131,9 +131,9 @@ def fit(strategy: Any, devices: int, max_steps: int = STEPS, callbacks: list | N
     ``meta``: the model is built under ``trainer.init_module()``; ``metric``: with a torchmetrics
     metric (``val_mae``)."""
     weights = FullWeights()
-    trainer = fw.Trainer(**{**QUIET, "enable_checkpointing": bool(callbacks)}, strategy=strategy, devices=devices,
-                         max_steps=max_steps, callbacks=[weights, *(callbacks or [])], default_root_dir=root,
-                         **trainer_args)
+    trainer = fw.Trainer(**{**QUIET, "enable_checkpointing": bool(callbacks), **trainer_args}, strategy=strategy,
+                         devices=devices, max_steps=max_steps, callbacks=[weights, *(callbacks or [])],
+                         default_root_dir=root)
     per_rank = GLOBAL_BATCH // devices
     with trainer.init_module() if meta else contextlib.nullcontext():  # fsdp: on the meta device
         model = ManualBlocks() if manual else MetricBlocks() if metric else Blocks()
