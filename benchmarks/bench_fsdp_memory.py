@@ -15,6 +15,13 @@ Run::
 
     .venv/bin/python benchmarks/bench_fsdp_memory.py            # about 3 minutes on 2 CPU cores
     .venv/bin/python benchmarks/bench_fsdp_memory.py --dim 256 --layers 2   # a quick look
+    .venv/bin/python benchmarks/bench_fsdp_memory.py --breakdown            # where each peak goes (MemoryProbe)
+    MALLOC_MMAP_THRESHOLD_=1048576 .venv/bin/python benchmarks/bench_fsdp_memory.py --breakdown --only ddp,fsdp
+
+``--breakdown`` samples glibc's bytes in use and the RSS through set-up and each step's forward,
+backward and optimizer step, and names the tensors (parameters, gradients, AdamW state, FSDP's
+gathered parameters and unsharded gradients, saved activations); it writes
+``fsdp_memory_breakdown-*.json`` (``--only`` too), never the default run's file.
 """
 
 from __future__ import annotations
@@ -28,11 +35,12 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = [("one process", "single", 1, False), ("ddp, 2 ranks", "ddp_gloo", 2, False),
            ("fsdp, 2 ranks", "fsdp", 2, False), ("fsdp, 2 ranks, meta init", "fsdp", 2, True)]
-SHORT = dict(zip(("single", "ddp", "fsdp", "fsdp-meta"), CONFIGS))  # --only
+SHORT = dict(zip(("single", "ddp", "fsdp", "fsdp-meta"), CONFIGS, strict=True))  # --only
 
 
 def _rss_mb() -> float:
@@ -66,10 +74,12 @@ class MemoryProbe:
         self.libc.mallinfo2.restype = Info
         self.libc.malloc_trim.argtypes = [ctypes.c_size_t]
         self.page = os.sysconf("SC_PAGE_SIZE")
-        self.phase, self.phases, self.snapshots = "start", {}, []
+        self.phase = "start"
+        self.phases: dict[str, dict] = {}
+        self.snapshots: list[dict] = []
         self.model = self.optimizer = None
         self.saved: dict[int, int] = {}
-        self.saved_hooks = None
+        self.saved_hooks: Any = None
         self._lock, self._stop = threading.Lock(), threading.Event()
         self.interval = interval
         self.sample()
@@ -94,7 +104,7 @@ class MemoryProbe:
             peak["samples"] += 1
 
     def _run(self) -> None:
-        while not self._stop.wait(self.interval):
+        while not self._stop.wait(self.interval):  # numbers only: naming tensors from here raced the loop (SIGSEGV)
             self.sample()
 
     def enter(self, phase: str, **extra: float) -> None:
@@ -107,6 +117,29 @@ class MemoryProbe:
             self.snapshots.append(snap)
             self.phase = phase
         self.sample()
+
+    def watch_collectives(self) -> None:
+        """Name the tensors just before each of FSDP's all-gathers and reduce-scatters, on the
+        loop's own thread; each phase keeps the one with the most bytes in use (``at_collective``)."""
+        import torch.distributed as dist
+
+        def watched(name: str, collective):
+            def call(*args, **kwargs):
+                tensors = [t for t in (*args, *kwargs.values()) if hasattr(t, "untyped_storage")]
+                in_use, free, _ = self.glibc()
+                phase = self.phases.setdefault(self.phase, {"in_use": 0.0, "rss": 0.0, "samples": 0})
+                phase[f"{name}_calls"] = phase.get(f"{name}_calls", 0) + 1
+                if in_use > phase.get("at_collective", {}).get("in_use", 0.0):
+                    phase["at_collective"] = {"collective": name, "in_use": in_use, "glibc_free": free,
+                                              "buffers": sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
+                                                              for t in tensors}.values()) / 2**20,
+                                              "rss": self.rss(), **self.tensors()}
+                return collective(*args, **kwargs)
+            return call
+
+        for name in ("all_gather_single", "reduce_scatter_single"):  # what FSDP2 calls, looked up at each call
+            if hasattr(dist, name):
+                setattr(dist, name, watched(name, getattr(dist, name)))
 
     def stop(self) -> dict:
         self._stop.set()
@@ -181,25 +214,26 @@ def probe_callback(probe: MemoryProbe, trim: bool):
     class Probe(fw.Callback):
         def setup(self, trainer, module, stage):
             probe.model = module
-            probe.enter("setup: sharding/DDP, optimizer")
+            probe.enter("setup: shard/DDP, optimizer")
 
         def on_fit_start(self, trainer, module):
             probe.optimizer = trainer.optimizers[0]
-            probe.enter("fit start -> first batch")
+            probe.model = getattr(trainer.strategy, "model", None) or module  # FSDP's root, DDP's wrapper
+            probe.enter("fit start")
 
         def on_train_batch_start(self, trainer, module, batch, batch_idx):
-            probe.enter(f"step {trainer.global_step + 1} forward")
+            probe.enter(f"step {trainer.global_step + 1} fwd")
             probe.start_saving()
 
         def on_before_backward(self, trainer, module, loss):
             activations = probe.stop_saving()
-            probe.enter(f"step {trainer.global_step + 1} backward", activations=activations)
+            probe.enter(f"step {trainer.global_step + 1} bwd", activations=activations)
 
         def on_after_backward(self, trainer, module):
-            probe.enter(f"step {trainer.global_step + 1} after backward")
+            probe.enter(f"step {trainer.global_step + 1} after bwd")
 
         def on_before_optimizer_step(self, trainer, module, optimizer):
-            probe.enter(f"step {trainer.global_step + 1} optimizer step, zero_grad")
+            probe.enter(f"step {trainer.global_step + 1} optim+zero_grad")
 
         def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
             if trim:
@@ -220,6 +254,8 @@ def worker(args: argparse.Namespace) -> None:
 
     before = _rss_mb()
     probe = MemoryProbe() if args.breakdown else None
+    if probe and args.strategy == "fsdp":
+        probe.watch_collectives()
     strategy = {"name": "fsdp", "auto_wrap_policy": ["_TransformerBlock"]} if args.strategy == "fsdp" else args.strategy
     trainer = fw.Trainer(strategy=strategy, devices=args.devices, accelerator="cpu", max_steps=args.steps,
                          logger=False, enable_checkpointing=False, enable_progress_bar=False,
@@ -310,7 +346,7 @@ def print_breakdown(results: dict, print_table) -> None:
             top_use = max(phases, key=lambda k: phases[k]["in_use"])
             top_rss = max(phases, key=lambda k: phases[k]["rss"])
             at = {snap["at"]: snap for snap in snaps}
-            first = at.get("step 1 forward", {}).get("maxrss", float("nan"))
+            first = at.get("step 1 fwd", {}).get("maxrss", float("nan"))
             rows.append([f"{label}, rank {r['rank']}", f"{phases[top_use]['in_use']:.0f} ({top_use})",
                          f"{phases[top_rss]['rss']:.0f} ({top_rss})", f"{first:.0f}",
                          f"{at.get('after step 1', {}).get('maxrss', float('nan')):.0f}", f"{r['peak_mb']:.0f}",
@@ -324,7 +360,7 @@ def print_breakdown(results: dict, print_table) -> None:
         snaps = [{snap["at"]: snap for snap in r["breakdown"]["snapshots"]} for r in ranks]
         for name in names:
             cells = [name]
-            for r, at in zip(ranks, snaps):
+            for r in ranks:
                 ph = r["breakdown"]["phases"].get(name, {"in_use": float("nan"), "rss": float("nan")})
                 cells += [f"{ph['in_use']:.0f}", f"{ph['rss']:.0f}"]
             snap = snaps[0].get(name, {})  # rank 0's tensors as the phase starts
@@ -333,14 +369,27 @@ def print_breakdown(results: dict, print_table) -> None:
             cells.append(f"{snap.get('in_use', float('nan')):.0f}/{snap.get('glibc_free', float('nan')):.0f}/"
                          f"{snap.get('maxrss', float('nan')):.0f}")
             rows.append(cells)
-        for name in ("step 1 backward", "step 2 backward"):  # the saved activations, at the end of the forward
+        for name in ("step 1 bwd", "step 2 bwd"):  # the saved activations, at the end of the forward
             if name in snaps[0] and "activations" in snaps[0][name]:
-                rows.append([f"(activations saved by forward {name[5]}: {snaps[0][name]['activations']:.0f} MB)"]
+                rows.append([f"(step {name[5]}: fwd saved {snaps[0][name]['activations']:.0f} MB of activations)"]
                             + [""] * (2 * len(ranks) + 2))
         columns = ["phase"] + [f"r{r['rank']} {k}" for r in ranks for k in ("in use", "RSS")]
         print_table(f"{label}: the highest in each phase (MB)",
-                    columns + ["r0 at start: params grads AdamW gathered unsh.grads", "r0 at start: in use/free/maxrss"],
+                    columns + ["r0 at start: params grads AdamW gathered unsh.grads", "r0 at start: in use / free / maxrss"],
                     rows)
+        rows = []
+        for name, ph in ranks[0]["breakdown"]["phases"].items():
+            c = ph.get("at_collective")
+            if c:
+                rows.append([name, f"{ph.get('all_gather_single_calls', 0)} / {ph.get('reduce_scatter_single_calls', 0)}",
+                             c["collective"].split("_")[0].replace("all", "all-gather").replace("reduce", "reduce-scatter"),
+                             f"{c['in_use']:.0f}", f"{c['params']:.0f}", f"{c['grads']:.0f}",
+                             f"{c['optimizer']:.0f}", f"{c['fsdp_gathered']:.0f}", f"{c['fsdp_unsharded_grads']:.0f}",
+                             f"{c['buffers']:.0f}", f"{c['glibc_free']:.0f}", f"{c['rss']:.0f}"])
+        if rows:
+            print_table(f"{label}, rank 0: the tensors at the fullest collective of each phase (MB)",
+                        ["phase", "AG / RS calls", "at", "in use", "params", "grads", "AdamW",
+                         "gathered", "unsh. grads", "its buffers", "glibc free", "RSS"], rows)
 
 
 if __name__ == "__main__":
