@@ -108,6 +108,7 @@ class DDPStrategy(DistributedStrategy):
     def _init_process_group(self) -> None:
         info = self.dist
         own_store: dist.Store | None = None
+        given_addr = os.environ.get("MASTER_ADDR")
         if self.init_method.startswith("env://"):
             # torchrun sets these; under SLURM or MPI they come from the detected environment
             os.environ.setdefault("MASTER_ADDR", info.master_addr)
@@ -119,8 +120,9 @@ class DDPStrategy(DistributedStrategy):
             elif info.source == "mpi" and "MASTER_PORT" not in os.environ:
                 from framework.strategies.rendezvous import mpi_store
 
-                own_store = mpi_store(info.rank, info.world_size, info.num_nodes == 1,
-                                  datetime.timedelta(seconds=self.timeout), self.socket_ifname)
+                host = "127.0.0.1" if info.num_nodes == 1 else given_addr
+                own_store = mpi_store(info.rank, info.world_size, host, datetime.timedelta(seconds=self.timeout),
+                                      self.socket_ifname)
             if "MASTER_PORT" not in os.environ and own_store is None:
                 raise DistributedSetupError(
                     "init_method env:// needs MASTER_PORT; set it (e.g. export MASTER_PORT=29500) "

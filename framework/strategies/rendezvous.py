@@ -14,6 +14,8 @@ import uuid
 
 import torch.distributed as dist
 
+from framework.errors import DistributedSetupError
+
 
 def prefixed_by_init(store: dist.Store, rank: int) -> dist.Store:
     count = store.add(f"fw/inits_of_rank_{rank}", 1)
@@ -83,31 +85,33 @@ def _reachable_address(master_addr: str, master_port: int, socket_ifname: str | 
     return master_addr if ipaddress.ip_address(address).is_loopback else address
 
 
-def mpi_store(rank: int, world_size: int, one_node: bool, timeout: datetime.timedelta,
+def mpi_store(rank: int, world_size: int, host: str | None, timeout: datetime.timedelta,
               socket_ifname: str | None) -> dist.Store:
     """Under ``mpiexec`` with no ``MASTER_PORT``: rank 0 hosts a store on a free port and tells
     the other ranks where it is through MPI (as Lightning's MPIEnvironment does), so Gloo runs
-    under an MPI launch with no port to choose. The address is ``127.0.0.1`` on one node, else
-    the named interface's, ``MASTER_ADDR``, or rank 0's host name."""
-    from mpi4py import MPI
-
+    under an MPI launch with no port to choose. Rank 0's address is ``host`` when given (one node:
+    ``127.0.0.1``; else ``MASTER_ADDR``), else the named interface's, else its host name."""
+    try:
+        from mpi4py import MPI
+    except ImportError as err:
+        raise DistributedSetupError(
+            f"under mpiexec with no MASTER_PORT, fw sends the rendezvous address over MPI, which needs mpi4py "
+            f"({err}): pip install mpi4py, or export MASTER_ADDR and MASTER_PORT for every rank") from None
     where = None
     if rank == 0:
         store = dist.TCPStore("0.0.0.0", 0, world_size, is_master=True, timeout=timeout, wait_for_workers=False)
-        where = f"{_mpi_host(one_node, socket_ifname)}:{store.port}"
-    host, port = MPI.COMM_WORLD.bcast(where, root=0).rsplit(":", 1)
+        where = f"{host or _own_address(socket_ifname)}:{store.port}"
+    address, port = MPI.COMM_WORLD.bcast(where, root=0).rsplit(":", 1)
     if rank == 0:
         return store
-    return dist.TCPStore(host, int(port), world_size, is_master=False, timeout=timeout)
+    return dist.TCPStore(address, int(port), world_size, is_master=False, timeout=timeout)
 
 
-def _mpi_host(one_node: bool, socket_ifname: str | None) -> str:
-    if one_node:
-        return "127.0.0.1"
+def _own_address(socket_ifname: str | None) -> str:
     if socket_ifname:
         from framework.environments.network import interface_addresses
 
         address = interface_addresses().get(socket_ifname)
         if address:
             return address
-    return os.environ.get("MASTER_ADDR") or socket.gethostname()
+    return socket.gethostname()
