@@ -76,6 +76,7 @@ class DDPStrategy(DistributedStrategy):
         if socket_ifname:
             _check_interface(socket_ifname, backend)  # here, before any worker is started
         self._environ_before: dict[str, str | None] = {}
+        self._address_over_mpi = False  # env:// under mpiexec: rank 0's store address went over MPI
 
     def launcher(self, environment: ClusterEnvironment, num_nodes: int, max_restarts: int,
                  rdzv_endpoint: str | None) -> Launcher | None:
@@ -123,6 +124,7 @@ class DDPStrategy(DistributedStrategy):
                 host = "127.0.0.1" if info.num_nodes == 1 else given_addr
                 own_store = mpi_store(info.rank, info.world_size, host, datetime.timedelta(seconds=self.timeout),
                                       self.socket_ifname)
+                self._address_over_mpi = True
             if "MASTER_PORT" not in os.environ and own_store is None:
                 raise DistributedSetupError(
                     "init_method env:// needs MASTER_PORT; set it (e.g. export MASTER_PORT=29500) "
@@ -172,7 +174,8 @@ class DDPStrategy(DistributedStrategy):
         return prefixed_by_init(store, rank)
 
     def describe(self) -> dict[str, Any]:
-        return {**super().describe(), "init_method": self.init_method}
+        return {**super().describe(),
+                "init_method": self.init_method + (" (rank 0's address sent over MPI)" if self._address_over_mpi else "")}
 
     # -- collectives ----------------------------------------------------------------------
     @property
