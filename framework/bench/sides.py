@@ -38,19 +38,18 @@ def run_raw(job: Job, module, data, steps: int, clock: Clock, precision: Precisi
         for block in [m for m in module.modules() if type(m).__name__ in units]:
             fully_shard(block, mp_policy=policy)
         model = fully_shard(module, mp_policy=policy)
-        sampler = DistributedSampler(loader.dataset, job.world, job.rank, shuffle=isinstance(loader.sampler, RandomSampler))
-        loader = DataLoader(loader.dataset, batch_size=loader.batch_size, sampler=sampler, drop_last=loader.drop_last)
     elif job.world > 1:
         group = job.mpi_group if job.kind == "mpi" else None
         ids = [device.index] if device.type == "cuda" else None
         model = torch.nn.parallel.DistributedDataParallel(module, device_ids=ids, process_group=group, **ddp_kwargs)
         clock.attach(model)
-        sampler = DistributedSampler(loader.dataset, job.world, job.rank, shuffle=isinstance(loader.sampler, RandomSampler))
-        loader = DataLoader(loader.dataset, batch_size=loader.batch_size, sampler=sampler, drop_last=loader.drop_last)
     elif dp:
         model = torch.nn.DataParallel(module)
     else:
         model = module
+    if job.world > 1:
+        sampler = DistributedSampler(loader.dataset, job.world, job.rank, shuffle=isinstance(loader.sampler, RandomSampler))
+        loader = DataLoader(loader.dataset, batch_size=loader.batch_size, sampler=sampler, drop_last=loader.drop_last)
     optimizer = module.configure_optimizers()
     optimizer = optimizer["optimizer"] if isinstance(optimizer, dict) else optimizer
     autocast = torch.autocast(device.type, dtype=torch.bfloat16) if precision == "bf16-mixed" else None

@@ -72,12 +72,9 @@ def _connect_to_published(agent: dist.Store, timeout: datetime.timedelta) -> dis
 def _reachable_address(master_addr: str, master_port: int, socket_ifname: str | None) -> str:
     """This host's address as the other nodes reach it: the named interface's, else the one
     that routes to the agent's store; on the store's own host, the store's address itself."""
-    if socket_ifname:
-        from framework.environments.network import interface_addresses
-
-        address = interface_addresses().get(socket_ifname)
-        if address:
-            return address
+    address = _interface_address(socket_ifname)
+    if address:
+        return address
     family, _, _, _, where = socket.getaddrinfo(master_addr, master_port, type=socket.SOCK_DGRAM)[0]
     with socket.socket(family, socket.SOCK_DGRAM) as probe:
         probe.connect(where)  # UDP: no packet is sent, only the route is chosen
@@ -108,10 +105,13 @@ def mpi_store(rank: int, world_size: int, host: str | None, timeout: datetime.ti
 
 
 def _own_address(socket_ifname: str | None) -> str:
-    if socket_ifname:
-        from framework.environments.network import interface_addresses
+    return _interface_address(socket_ifname) or socket.gethostname()
 
-        address = interface_addresses().get(socket_ifname)
-        if address:
-            return address
-    return socket.gethostname()
+
+def _interface_address(socket_ifname: str | None) -> str | None:
+    """The IPv4 address of the named interface, if it has one."""
+    if not socket_ifname:
+        return None
+    from framework.environments.network import interface_addresses
+
+    return interface_addresses().get(socket_ifname)
