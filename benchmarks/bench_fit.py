@@ -100,13 +100,18 @@ def main() -> None:
     parser.add_argument("--single", action="store_true", help="one process (no torchrun)")
     parser.add_argument("--lightning", action="store_true", help="Lightning's Trainer as a third side")
     parser.add_argument("--profile", action="store_true", help="cProfile one fw fit on rank 0 instead")
+    parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                        help="wall: perf_counter; cpu: the process's CPU time (time the machine gave to"
+                             " others is not counted; use with --threads 1)")
+    parser.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: cores / ranks)")
     parser.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
     args = parser.parse_args()
     world = 1 if args.single else int(os.environ.get("WORLD_SIZE", "1"))
     if world > 1:
         dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=300))
     rank = dist.get_rank() if world > 1 else 0
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+    torch.set_num_threads(args.threads or max(1, (os.cpu_count() or 1) // world))
+    clock = time.process_time if args.clock == "cpu" else time.perf_counter
     g = torch.Generator().manual_seed(0)
     n = args.steps * PER_RANK_BATCH * world
     data = TensorDataset(torch.randn(n, SIZES[0], generator=g), torch.randint(0, SIZES[-1], (n,), generator=g))
@@ -131,17 +136,17 @@ def main() -> None:
     names = list(sides)
     for r in range(args.rounds):
         for name in names[r % len(names):] + names[:r % len(names)]:
-            times[name].append(timed(sides[name], world))
+            times[name].append(timed(sides[name], world, clock))
     report(times, args, world)
 
 
-def timed(side, world: int) -> float:
-    """Wall time of one call, the slowest rank's (every rank starts together)."""
+def timed(side, world: int, clock=time.perf_counter) -> float:
+    """Time of one call on ``clock``, the slowest rank's (every rank starts together)."""
     if world > 1:
         dist.barrier()
-    start = time.perf_counter()
+    start = clock()
     side()
-    mine = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
+    mine = torch.tensor([clock() - start], dtype=torch.float64)
     if world > 1:
         dist.all_reduce(mine, op=dist.ReduceOp.MAX)
     return float(mine)
@@ -180,10 +185,11 @@ def report(times: dict[str, list[float]], args, world: int) -> None:
         rows.append({"side": name, "median_s": median(values), "min_s": min(values), "max_s": max(values),
                      "ratio_to_raw": median(ratios), "ratio_95ci": [low, high], "ratios": ratios})
     print_table(f"{args.steps}-step fit on {world} rank(s), whole call (set-up and teardown included), "
-                f"{args.rounds} rounds", ["side", "median s", "min s", "max s", "/raw (median of rounds)", "95% interval"],
+                f"{args.rounds} rounds, {args.clock} clock, {torch.get_num_threads()} thread(s)", ["side", "median s", "min s", "max s", "/raw (median of rounds)", "95% interval"],
                 [[r["side"], f"{r['median_s']:.3f}", f"{r['min_s']:.3f}", f"{r['max_s']:.3f}",
                   f"{r['ratio_to_raw']:.3f}", "{:.3f}-{:.3f}".format(*r["ratio_95ci"])] for r in rows])
     doc = {"machine": machine_info(), "world_size": world, "steps": args.steps, "rounds": args.rounds,
+           "clock": args.clock, "threads": torch.get_num_threads(),
            "sides": rows, "times": times}
     path = write_json(result_path(f"fit_{'single' if world == 1 else f'ddp{world}'}", out=Path(args.out)), doc)
     print(f"wrote {path}")
