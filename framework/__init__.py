@@ -23,10 +23,15 @@ _EXPORTS = {
     "rank_zero_only": "framework.rank_zero",
 }
 
-__all__ = list(_EXPORTS)
+#: submodules reached as attributes (``fw.parallel.parallelize``), imported on first use
+_SUBMODULES = ("parallel",)
+
+__all__ = [*_EXPORTS, *_SUBMODULES]
 
 
 def __getattr__(name: str) -> Any:
+    if name in _SUBMODULES:
+        return importlib.import_module(f"framework.{name}")
     if name in _EXPORTS:
         value = getattr(importlib.import_module(_EXPORTS[name]), name)
         globals()[name] = value

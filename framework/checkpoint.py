@@ -60,6 +60,12 @@ def ranks_that_wrote(checkpoint: dict) -> int:
     return int(checkpoint.get("world_size") or len(checkpoint.get("rng") or ()) or 1)
 
 
+def data_ranks_that_wrote(checkpoint: dict) -> int:
+    """How many of those ranks read data of their own (fewer under tensor parallelism, where
+    the ranks of a group read the same batches): what a mid-epoch position is counted over."""
+    return int(checkpoint.get("data_ranks") or ranks_that_wrote(checkpoint))
+
+
 def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu") -> dict:
     """Read a checkpoint written by fw; a missing, corrupt or truncated file is a CheckpointError
     and the file is left untouched."""

@@ -141,6 +141,12 @@ class TrainModule(HyperparametersMixin, ModuleHooks, nn.Module):
         return data
 
     @property
+    def device_mesh(self) -> Any:
+        """The strategy's ``DeviceMesh`` (``model_parallel``: dimensions ``data_parallel`` and
+        ``tensor_parallel``), for ``configure_model`` to parallelize over; None elsewhere."""
+        return getattr(self._trainer.strategy, "device_mesh", None) if self._trainer is not None else None
+
+    @property
     def current_epoch(self) -> int:
         return self._trainer.current_epoch if self._trainer is not None else 0
 

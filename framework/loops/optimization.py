@@ -119,6 +119,7 @@ def _closure_fn(run: Run, optimizer: torch.optim.Optimizer, guard: NonfiniteGuar
     after_backward = hooks.per_batch("on_after_backward")
     before_zero_grad = hooks.per_batch("on_before_zero_grad")
     zero_grad = module.optimizer_zero_grad if hooks.module_overrides("optimizer_zero_grad") else None
+    in_context = strategy.step_context() is not None  # model_parallel's loss parallel: step and backward inside
 
     def closure_for(batch: Any, batch_idx: int) -> Closure:
         def body(closure: Closure) -> Any:
@@ -147,9 +148,17 @@ def _closure_fn(run: Run, optimizer: torch.optim.Optimizer, guard: NonfiniteGuar
                 after_backward()
             return loss
 
-        return Closure(body)
+        return Closure(_inside_step_context(strategy, body) if in_context else body)
 
     return closure_for
+
+
+def _inside_step_context(strategy: Any, body: Callable[[Closure], Any]) -> Callable[[Closure], Any]:
+    def run(closure: Closure) -> Any:
+        with strategy.step_context():
+            return body(closure)
+
+    return run
 
 
 def _step_fn(run: Run, optimizer: torch.optim.Optimizer, zero_after_step: bool) -> Callable[..., Any]:

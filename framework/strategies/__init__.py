@@ -1,5 +1,5 @@
 """Strategies, one registry: ``single``, ``dp``, ``ddp_gloo``, ``ddp_nccl``, ``ddp``, ``fsdp``,
-``mpi``, ``ddp_spawn``, ``ddp_notebook``; Lightning's other names are aliases (``ALIASES``).
+``model_parallel``, ``mpi``, ``ddp_spawn``, ``ddp_notebook``; Lightning's other names are aliases (``ALIASES``).
 
 ``trainer.strategy`` is a name or a mapping ``{name: ..., option: value}``; ``ddp`` means NCCL
 on CUDA and Gloo otherwise.
@@ -17,6 +17,7 @@ from framework.strategies.ddp import DDPStrategy
 from framework.strategies.distributed import DistributedStrategy
 from framework.strategies.dp import DataParallelStrategy
 from framework.strategies.fsdp import FSDPStrategy
+from framework.strategies.model_parallel import ModelParallelStrategy
 from framework.strategies.mpi import MPIStrategy
 from framework.strategies.registry import StrategyRegistry
 from framework.strategies.single import SingleDeviceStrategy
@@ -28,6 +29,8 @@ STRATEGIES.register("dp", DataParallelStrategy, "torch.nn.DataParallel over the 
 STRATEGIES.register("ddp_gloo", functools.partial(DDPStrategy, backend="gloo"), "DDP over Gloo")
 STRATEGIES.register("ddp_nccl", functools.partial(DDPStrategy, backend="nccl"), "DDP over NCCL")
 STRATEGIES.register("fsdp", FSDPStrategy, "fully sharded data parallel (FSDP2) over Gloo or NCCL")
+STRATEGIES.register("model_parallel", ModelParallelStrategy,
+                    "data parallel x tensor parallel over a 2-D DeviceMesh (configure_model parallelizes)")
 STRATEGIES.register("mpi", MPIStrategy, "DDP with communication over MPI (mpiexec)")
 STRATEGIES.register("ddp_spawn", functools.partial(SpawnDDPStrategy, start_method="spawn"),
                     "DDP, workers spawned from the call (torch.multiprocessing)")
@@ -66,7 +69,7 @@ def create_strategy(spec: str | Mapping[str, Any] | Strategy, accelerator_name: 
         name = "single"
     if name == "ddp":
         name = "ddp_nccl" if accelerator_name == "cuda" else "ddp_gloo"
-    if name in ("ddp_spawn", "ddp_notebook", "fsdp") and "backend" not in options:
+    if name in ("ddp_spawn", "ddp_notebook", "fsdp", "model_parallel") and not {"backend", "process_group_backend"} & options.keys():
         options["backend"] = "nccl" if accelerator_name == "cuda" else "gloo"
     if name == "ddp_nccl" and accelerator_name != "cuda":
         raise ConfigError(
@@ -79,6 +82,6 @@ def create_strategy(spec: str | Mapping[str, Any] | Strategy, accelerator_name: 
 
 
 __all__ = [
-    "STRATEGIES", "DDPStrategy", "DataParallelStrategy", "FSDPStrategy", "DistributedStrategy", "MPIStrategy", "SingleDeviceStrategy",
+    "STRATEGIES", "DDPStrategy", "DataParallelStrategy", "FSDPStrategy", "DistributedStrategy", "ModelParallelStrategy", "MPIStrategy", "SingleDeviceStrategy",
     "StepModule", "Strategy", "StrategyRegistry", "create_strategy",
 ]

@@ -124,6 +124,11 @@ class Strategy(ABC):
     #: (Lightning switches to ``no_grad`` there too).
     allows_inference_mode = True
 
+    def step_context(self) -> contextlib.AbstractContextManager | None:
+        """What a training step and its backward run inside (``model_parallel``'s loss parallel),
+        or None."""
+        return None
+
     def no_grad(self, inference_mode: bool) -> contextlib.AbstractContextManager:
         """The context evaluation and predict run in: ``inference_mode`` where allowed, else ``no_grad``."""
         return torch.inference_mode() if inference_mode and self.allows_inference_mode else torch.no_grad()
@@ -172,9 +177,25 @@ class Strategy(ABC):
         """``num_replicas`` and ``rank`` for samplers, or None when data need no sharding."""
         return None
 
+    @property
+    def data_parallel_size(self) -> int:
+        """The ranks that read data of their own (``num_replicas`` of the samplers)."""
+        shard = self.distributed_sampler_kwargs()
+        return shard["num_replicas"] if shard else 1
+
+    @property
+    def data_parallel_rank(self) -> int:
+        shard = self.distributed_sampler_kwargs()
+        return shard["rank"] if shard else 0
+
     # -- collectives (identity without a process group) ----------------------------------
     def all_reduce(self, tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
         return tensor
+
+    def all_reduce_over_data(self, tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
+        """``all_reduce`` over the ranks that read other data (all of them, except where ranks
+        split a model between them: ``model_parallel``), for logged values and metrics."""
+        return self.all_reduce(tensor, op)
 
     def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
         """Stack ``tensor`` from every rank along a new first dimension."""

@@ -56,7 +56,8 @@ def save_from_rank_zero(strategy: Strategy, path: str, parts: CheckpointParts) -
 def load_on_every_rank(strategy: Strategy, path: str, parts: CheckpointParts) -> dict[str, Any]:
     """Read ``path`` (every rank reads the one file) and load ``parts`` from it; the contents."""
     checkpoint = ckpt.load_checkpoint(path)
-    parts.load(checkpoint, strategy.global_rank, strategy.world_size)
+    parts.load(checkpoint, strategy.global_rank, strategy.world_size,
+               (strategy.data_parallel_rank, strategy.data_parallel_size))
     return checkpoint
 
 

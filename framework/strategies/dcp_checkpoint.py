@@ -183,7 +183,8 @@ def load_sharded(strategy: FSDPStrategy, module: TrainModule, path: str, parts: 
     shared["state_dict"] = Value.loaded_only(lambda _: _load_tensors(module, optimizers, checkpoint, path))
     if optimizers:
         shared["optimizer_states"] = Value.loaded_only(lambda _: None)  # loaded with the model's tensors
-    replace(parts, shared=shared).load(checkpoint, strategy.global_rank, strategy.world_size)
+    replace(parts, shared=shared).load(checkpoint, strategy.global_rank, strategy.world_size,
+                                           (strategy.data_parallel_rank, strategy.data_parallel_size))
     return checkpoint
 
 

@@ -42,7 +42,8 @@ def precision_policy(precision: str) -> Any:
                       "gradient scaler); use trainer.precision=bf16-mixed or 32-true")
 
 
-def class_names(policy: Iterable[type[nn.Module] | str] | None) -> set[str]:
+def class_names(policy: Iterable[type[nn.Module] | str] | None, key: str = "trainer.strategy.auto_wrap_policy"
+                ) -> set[str]:
     """The names of the unit classes (a class's ``__name__``, or the name a recipe gave)."""
     if policy is None:
         return set()
@@ -55,17 +56,17 @@ def class_names(policy: Iterable[type[nn.Module] | str] | None) -> set[str]:
         elif isinstance(item, str) and item:
             names.add(item.rsplit(".", 1)[-1])
         else:
-            raise ConfigError(f"trainer.strategy.auto_wrap_policy: {item!r} is not a module class or its name; "
+            raise ConfigError(f"{key}: {item!r} is not a module class or its name; "
                               "give the classes of the blocks to shard, e.g. {Block} or [Block]")
     return names
 
 
-def units(module: nn.Module, names: set[str]) -> list[nn.Module]:
+def units(module: nn.Module, names: set[str], key: str = "trainer.strategy.auto_wrap_policy") -> list[nn.Module]:
     """The submodules to shard as units, innermost first; a named class the model lacks is an error."""
     found = [m for m in module.modules() if m is not module and type(m).__name__ in names]
     missing = names - {type(m).__name__ for m in found}
     if missing:
         have = sorted({type(m).__name__ for m in module.modules() if m is not module})
-        raise ConfigError(f"trainer.strategy.auto_wrap_policy: {type(module).__name__} has no submodule of class "
+        raise ConfigError(f"{key}: {type(module).__name__} has no submodule of class "
                           f"{', '.join(sorted(missing))}; its submodules' classes: {', '.join(have) or 'none'}")
     return list(reversed(found))  # modules() lists parents first: shard the children before them

@@ -24,7 +24,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from framework.checkpoint import ranks_that_wrote
+from framework.checkpoint import data_ranks_that_wrote, ranks_that_wrote
 from framework.data.global_order import GlobalOrderSampler
 from framework.errors import CheckpointError
 from framework.rank_zero import rank_zero_info
@@ -98,7 +98,7 @@ def check_position_carries_over(run: Run, checkpoint: dict, path: str) -> Carry 
     batches, epoch = int(loop.get("batches_done") or 0), loop.get("epoch")
     if loop.get("epoch_finished", True) or batches == 0:
         return None  # at an epoch boundary: the next epoch's order does not depend on the ranks
-    saved_ranks, ranks = ranks_that_wrote(checkpoint), run.strategy.world_size
+    saved_ranks, ranks = data_ranks_that_wrote(checkpoint), run.strategy.data_parallel_size
     saved_batch, batch = checkpoint.get("train_batch_size"), train_batch_size(run)
     where = f"ckpt_path '{path}': the checkpoint stopped mid-epoch (epoch {epoch}, after {batches} batches per rank)"
     saved_order, order = _saved_order(checkpoint), train_order(run)

@@ -83,6 +83,7 @@ def _values(run: Run) -> dict[str, Any]:
         "global_step": state.global_step,
         "hyper_parameters": ckpt.plain_hparams(getattr(run.module, "hparams", {}) or {}),
         "world_size": run.strategy.world_size,
+        "data_ranks": run.strategy.data_parallel_size,  # fewer under tensor parallelism (carry_over.py)
         "train_batch_size": train_batch_size(run),  # the unit of a mid-epoch position ("loop")
         "train_order": train_order(run),  # what that position means in samples (carry_over.py)
         # a restarted (elastic) or requeued (SLURM) job looks for its own checkpoints by these

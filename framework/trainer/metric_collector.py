@@ -83,6 +83,8 @@ class MetricCollector:
             return entry
         if isinstance(value, torch.Tensor):
             value = value.detach()
+            if type(value) is not torch.Tensor and hasattr(value, "full_tensor"):  # a DTensor: a loss parallel loss
+                value = value.full_tensor()
             if value.numel() != 1:
                 raise ValueError(f"self.log('{name}'): expected a scalar, got a tensor of shape {tuple(value.shape)}")
             value = value.reshape(())
@@ -264,11 +266,11 @@ def _reduce_across_ranks(entry: _Entry, strategy: Strategy) -> torch.Tensor:
     device = strategy.collective_device
     if entry.reduce_fx == "mean":
         total = entry.total.float().cpu() if entry.total is not None else torch.tensor(0.0)
-        pair = strategy.all_reduce(torch.stack([total, torch.tensor(float(entry.weight))]).to(device), "sum").cpu()
+        pair = strategy.all_reduce_over_data(torch.stack([total, torch.tensor(float(entry.weight))]).to(device), "sum").cpu()
         return pair[0] / pair[1]
     neutral = {"sum": 0.0, "max": float("-inf"), "min": float("inf")}[entry.reduce_fx]
     total = entry.total.float().cpu() if entry.total is not None else torch.tensor(neutral)
-    return strategy.all_reduce(total.to(device), entry.reduce_fx).cpu()
+    return strategy.all_reduce_over_data(total.to(device), entry.reduce_fx).cpu()
 
 
 def _is_metric(value: Any) -> bool:

@@ -63,7 +63,7 @@ class LoggedMetrics:
             )
         last = entry.last
         assert last is not None, "the collector has just set this step value"
-        value = strategy.all_reduce(last.to(strategy.collective_device), entry.reduce_fx)
+        value = strategy.all_reduce_over_data(last.to(strategy.collective_device), entry.reduce_fx)
         return value.to(last.device)
 
     def new_epoch(self, stage: str) -> MetricCollector:

@@ -69,21 +69,37 @@ class CheckpointParts:
             self.on_write(checkpoint)
         return checkpoint
 
-    def load(self, checkpoint: dict[str, Any], rank: int, world_size: int) -> None:
+    def load(self, checkpoint: dict[str, Any], rank: int, world_size: int,
+             data: tuple[int, int] | None = None) -> None:
         """Every part from ``checkpoint``, in order; a per-rank part from ``rank``'s entry, or,
         in a file written by another number of ranks, a ``FromRanks`` of the entries this rank
-        takes over. A part the file lacks stays as it is."""
+        takes over. A part of the data position (``DATA_PARTS``) goes by data-parallel rank
+        (``data``: this rank's and their number; ranks that split a model read the same data
+        and keep one copy of its state between them). A part the file lacks stays as it is."""
         for key, part in self.shared.items():
             if isinstance(part, OnLoad):
                 part(checkpoint)
             elif key in checkpoint:
                 part.load_state_dict(checkpoint[key])
         for key, part in self.per_rank.items():
-            states = checkpoint.get(key) or []
-            if len(states) == world_size:
-                part.load_state_dict(states[rank])
+            states, me, ranks = checkpoint.get(key) or [], rank, world_size
+            if key in DATA_PARTS and states:
+                states, (me, ranks) = _one_per_replica(states, checkpoint), data or (rank, world_size)
+            if len(states) == ranks:
+                part.load_state_dict(states[me])
             elif states:
-                part.load_state_dict(FromRanks.regroup(states, rank, world_size))
+                part.load_state_dict(FromRanks.regroup(states, me, ranks))
+
+
+#: per-rank parts that belong to the data a rank reads (the same on the ranks of a tensor-parallel group)
+DATA_PARTS = frozenset({"metrics", "loader_states"})
+
+
+def _one_per_replica(states: Sequence[Any], checkpoint: dict[str, Any]) -> list[Any]:
+    """The entries of one rank per data-parallel replica (rank r of ``world_size`` sits at data
+    rank ``r // (world_size / data_ranks)``)."""
+    replicas = int(checkpoint.get("data_ranks") or len(states))
+    return list(states[::max(len(states) // replicas, 1)])
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,130 @@
+"""A small causal language model with standard transformer blocks, and one fit of it, for the
+``model_parallel`` tests: the test process runs the one-process reference, the ranks of a job
+the tensor-parallel (and 2-D) side."""
+
+from __future__ import annotations
+
+import io
+from contextlib import redirect_stderr
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+import framework as fw
+
+VOCAB, WIDTH, HEADS, CONTEXT = 32, 16, 4, 8
+STEPS, GLOBAL_BATCH = 20, 8
+QUIET = dict(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False,
+             num_sanity_val_steps=0, max_epochs=-1)
+
+
+class Attention(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.n_head = HEADS
+        self.q, self.k, self.v = (nn.Linear(WIDTH, WIDTH, bias=False) for _ in range(3))
+        self.o = nn.Linear(WIDTH, WIDTH)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, time, _ = x.shape
+        q, k, v = (f(x).view(batch, time, self.n_head, -1).transpose(1, 2) for f in (self.q, self.k, self.v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.o(y.transpose(1, 2).reshape(batch, time, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc, self.proj = nn.Linear(WIDTH, 4 * WIDTH), nn.Linear(4 * WIDTH, WIDTH)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(F.gelu(self.fc(x)))
+
+
+class Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.ln1, self.attn, self.ln2, self.mlp = nn.LayerNorm(WIDTH), Attention(), nn.LayerNorm(WIDTH), MLP()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
+
+
+class TinyLM(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb, self.pos = nn.Embedding(VOCAB, WIDTH), nn.Embedding(CONTEXT, WIDTH)
+        self.blocks = nn.Sequential(Block(), Block())
+        self.norm, self.head = nn.LayerNorm(WIDTH), nn.Linear(WIDTH, VOCAB)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.emb(tokens) + self.pos(torch.arange(tokens.shape[1], device=tokens.device))
+        return self.head(self.norm(self.blocks(x)))
+
+
+class LM(fw.TrainModule):
+    def __init__(self, loss_parallel: bool = False, optimizer: str = "adamw") -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.model = TinyLM()
+        self.loss_parallel, self.optimizer = loss_parallel, optimizer
+
+    def configure_model(self) -> None:
+        if self.device_mesh is not None:
+            fw.parallel.parallelize(self.model, self.device_mesh, blocks={Block}, loss_parallel=self.loss_parallel)
+
+    def loss(self, batch) -> torch.Tensor:
+        tokens, targets = batch
+        return F.cross_entropy(self.model(tokens).flatten(0, 1), targets.flatten())
+
+    def training_step(self, batch, batch_idx):
+        loss = self.loss(batch)
+        self.log("train_loss", loss, sync_dist=True)
+        return loss
+
+    def validation_step(self, batch, batch_idx):
+        self.log("val_loss", self.loss(batch), sync_dist=True)
+        self.log("val_tokens", float(batch[0].numel()), reduce_fx="sum", sync_dist=True)
+
+    def configure_optimizers(self):
+        if self.optimizer == "sgd":
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+        return torch.optim.AdamW(self.parameters(), lr=1e-2)
+
+
+def data(n: int = STEPS * GLOBAL_BATCH) -> TensorDataset:
+    g = torch.Generator().manual_seed(1)
+    tokens = torch.randint(0, VOCAB, (n, CONTEXT + 1), generator=g)
+    return TensorDataset(tokens[:, :-1], tokens[:, 1:])
+
+
+class FullWeights(fw.Callback):
+    def __init__(self) -> None:
+        self.weights: dict[str, torch.Tensor] = {}
+
+    def on_fit_end(self, trainer, pl_module) -> None:
+        self.weights = {name: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().cpu().clone()
+                        for name, p in pl_module.named_parameters()}
+
+
+def fit(strategy: Any, devices: int, data_parallel: int = 1, max_steps: int = STEPS, loss_parallel: bool = False,
+        optimizer: str = "adamw", callbacks: list | None = None, ckpt_path: str | None = None, root: str = ".",
+        **trainer_args: Any) -> dict:
+    """One fit with the global batch split over ``data_parallel`` replicas: the full weights,
+    the validation values, the step."""
+    weights = FullWeights()
+    trainer = fw.Trainer(**{**QUIET, "enable_checkpointing": bool(callbacks), **trainer_args}, strategy=strategy,
+                         devices=devices, max_steps=max_steps, callbacks=[weights, *(callbacks or [])],
+                         default_root_dir=root, val_check_interval=10)
+    per_rank = GLOBAL_BATCH // data_parallel
+    model = LM(loss_parallel, optimizer)
+    with redirect_stderr(io.StringIO()):
+        trainer.fit(model, DataLoader(data(), batch_size=per_rank, shuffle=True),
+                    DataLoader(data(20), batch_size=per_rank), ckpt_path=ckpt_path)
+    metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
+    return {"weights": weights.weights, "metrics": metrics, "global_step": trainer.global_step,
+            "rank": trainer.global_rank}
