@@ -103,8 +103,15 @@ def data(n: int = STEPS * GLOBAL_BATCH) -> TensorDataset:
 
 
 class FullWeights(fw.Callback):
+    """At the fit's end, while the group is up: every rank gathers the full parameters; and the
+    batches this fit trained (a resumed fit trains only those after its checkpoint)."""
+
     def __init__(self) -> None:
         self.weights: dict[str, torch.Tensor] = {}
+        self.batches = 0
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self.batches += 1
 
     def on_fit_end(self, trainer, pl_module) -> None:
         self.weights = {name: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().cpu().clone()
@@ -127,4 +134,4 @@ def fit(strategy: Any, devices: int, data_parallel: int = 1, max_steps: int = ST
                     DataLoader(data(20), batch_size=per_rank), ckpt_path=ckpt_path)
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
     return {"weights": weights.weights, "metrics": metrics, "global_step": trainer.global_step,
-            "rank": trainer.global_rank}
+            "rank": trainer.global_rank, "batches": weights.batches}

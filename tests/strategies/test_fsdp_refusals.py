@@ -36,6 +36,7 @@ def test_an_optimizer_built_before_sharding_is_refused(monkeypatch):
         sharded.fit(FSDP, devices=1, max_steps=1)
 
 
+@in_a_copy  # the world of one's group is up when the check fails: the error's frames keep it alive
 def test_a_wrap_class_the_model_lacks_is_named_with_the_classes_it_has():
     with pytest.raises(ConfigError, match=r"auto_wrap_policy: Blocks has no submodule of class Layer; "
                                           r"its submodules' classes: Block, Linear, Sequential"):
@@ -60,12 +61,14 @@ def test_options_fsdp_does_not_run_are_refused(options, message):
         create_strategy({**FSDP, **options}, "cpu")
 
 
+@in_a_copy
 def test_16_mixed_is_refused_not_run_in_another_precision():
     with pytest.raises(ConfigError, match=r"trainer.precision=16-mixed with strategy fsdp: not supported \(16-mixed "
                                           r"needs a sharded gradient scaler\)"):
         sharded.fit(FSDP, devices=1, max_steps=1, precision="16-mixed")
 
 
+@in_a_copy
 def test_a_hybrid_mesh_that_is_not_the_world_size_is_refused():
     with pytest.raises(ConfigError, match=r"device_mesh=\[2, 2\]: 2 x 2 ranks is not the world size 1"):
         sharded.fit({**FSDP, "sharding_strategy": "HYBRID_SHARD", "device_mesh": [2, 2]}, devices=1, max_steps=1)

@@ -1,0 +1,203 @@
+"""``strategy="model_parallel"``: tensor parallel on 2 ranks and data x tensor parallel on 4 end
+where one process ends on the same global batches (shuffled); loss parallel over a vocabulary-split
+head; logged sums counted once per data-parallel replica; a sharded checkpoint of the 2 x 2 mesh
+resumes mid-epoch on a 1 x 2 mesh and under plain FSDP on 2 ranks; what would train silently wrong
+is refused.
+
+The ranks are forked from the test process (tests/forked.py): no launcher is under test here.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import forked
+
+from . import parallel_lm
+from .helpers import check_ok, write_script
+
+SGD_TOLERANCE = 1e-5  # measured: at most 1.2e-7 (the sums of split layers in another order)
+ADAMW_TOLERANCE = 1e-4  # measured: 3.1e-5 (AdamW divides each step by its gradient's running size: a
+#                         rounding difference in a small gradient moves a weight by up to lr x 1e-3)
+
+SCRIPT = """
+import json, sys
+import torch
+import parallel_lm
+from framework.callbacks import ModelCheckpoint
+
+cfg = json.loads(sys.argv[1])
+for case in cfg["cases"]:
+    strategy = case.get("plain") or {"name": "model_parallel", **case.get("strategy", {})}
+    callbacks = None
+    if case.get("checkpoint"):
+        callbacks = [ModelCheckpoint(dirpath=f"{cfg['out']}/ck_{case['tag']}", every_n_train_steps=10, save_top_k=-1)]
+    resume = case.get("resume")
+    out = parallel_lm.fit(strategy, devices=cfg["devices"], callbacks=callbacks, root=cfg["out"],
+                          ckpt_path=resume.format(out=cfg["out"]) if resume else None, **case.get("fit", {}))
+    if out["rank"] == 0:
+        torch.save(out, f"{cfg['out']}/{case['tag']}.pt")
+"""
+
+#: 4 ranks: data parallel 2 x tensor parallel 2 (a checkpoint at step 10 of 20, mid-epoch)
+MESH_2X2 = {"data_parallel_size": 2, "tensor_parallel_size": 2}
+FOUR = [
+    {"tag": "2d_sgd", "strategy": MESH_2X2, "fit": {"data_parallel": 2, "optimizer": "sgd"}, "checkpoint": True},
+    {"tag": "2d_adamw", "strategy": MESH_2X2, "fit": {"data_parallel": 2}},
+]
+#: 2 ranks: tensor parallel 2 (then the 2 x 2 checkpoint resumed on 1 x 2, and under fsdp)
+TWO = [
+    {"tag": "tp_sgd", "strategy": {"tensor_parallel_size": 2}, "fit": {"optimizer": "sgd"}},
+    {"tag": "tp_adamw", "strategy": {"tensor_parallel_size": 2}, "fit": {}},
+    {"tag": "tp_loss_parallel", "strategy": {"tensor_parallel_size": 2},
+     "fit": {"optimizer": "sgd", "loss_parallel": True}},
+    {"tag": "resumed_1x2", "strategy": {"tensor_parallel_size": 2}, "fit": {"optimizer": "sgd"},
+     "resume": "{out}/ck_2d_sgd/epoch=0-step=10.ckpt"},
+    {"tag": "resumed_fsdp", "plain": {"name": "fsdp", "auto_wrap_policy": ["Block"]},
+     "fit": {"optimizer": "sgd", "data_parallel": 2}, "resume": "{out}/ck_2d_sgd/epoch=0-step=10.ckpt"},
+]
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory):
+    """The 4-rank job, then the 2-rank job (which resumes the 4-rank checkpoint)."""
+    out = tmp_path_factory.mktemp("model_parallel")
+    script = write_script(out, SCRIPT)
+    results = []
+    for devices, cases in ((4, FOUR), (2, TWO)):
+        arg = json.dumps({"cases": cases, "out": str(out), "devices": devices})
+        results.append(forked.run_script(script, arg, nprocs=devices, timeout=150))
+    return results, out
+
+
+def one_process(**fit) -> dict:
+    return parallel_lm.fit("single", devices=1, **fit)
+
+
+def apart(a: dict, b: dict) -> float:
+    assert a.keys() == b.keys()
+    return max(float((a[k] - b[k]).abs().max()) for k in a)
+
+
+CASES = [(c["tag"], c["fit"]) for c in FOUR + TWO if "resume" not in c]
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(("tag", "fit"), CASES, ids=[tag for tag, _ in CASES])
+def test_model_parallel_ends_where_one_process_ends(job, tag, fit):
+    results, out = job
+    for result in results:
+        check_ok(result)
+    run = torch.load(out / f"{tag}.pt")
+    single = one_process(**{k: v for k, v in fit.items() if k != "data_parallel"})
+    assert run["global_step"] == single["global_step"] == parallel_lm.STEPS
+    tolerance = SGD_TOLERANCE if fit.get("optimizer") == "sgd" else ADAMW_TOLERANCE
+    assert apart(run["weights"], single["weights"]) < tolerance
+    for name in ("train_loss", "val_loss"):
+        assert run["metrics"][name] == pytest.approx(single["metrics"][name], abs=1e-5)
+    # a sum over the validation samples counts each once: not once per tensor-parallel rank
+    assert run["metrics"]["val_tokens"] == single["metrics"]["val_tokens"] == 20 * parallel_lm.CONTEXT
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("tag", ["resumed_1x2", "resumed_fsdp"])
+def test_a_2x2_checkpoint_resumes_on_another_mesh_where_the_run_went_on(job, tag):
+    """Written mid-epoch at step 10 on data parallel 2 x tensor parallel 2; resumed on 1 x 2 (the
+    same global batch on one replica) and on 2 ranks of fsdp: both end where the 2 x 2 run ended."""
+    results, out = job
+    for result in results:
+        check_ok(result)
+    uninterrupted, resumed = torch.load(out / "2d_sgd.pt"), torch.load(out / f"{tag}.pt")
+    assert resumed["global_step"] == uninterrupted["global_step"] == parallel_lm.STEPS
+    assert resumed["batches"] == parallel_lm.STEPS - 10 and uninterrupted["batches"] == parallel_lm.STEPS
+    assert apart(resumed["weights"], uninterrupted["weights"]) < SGD_TOLERANCE
+    assert resumed["metrics"]["val_loss"] == pytest.approx(uninterrupted["metrics"]["val_loss"], abs=1e-5)
+
+
+
+REFUSALS = """
+import json, sys
+import torch
+import framework as fw
+import parallel_lm
+from parallel_lm import LM, Block
+
+class NoConfigureModel(LM):
+    configure_model = fw.TrainModule.configure_model
+
+class ShardsNothing(LM):
+    def configure_model(self):
+        pass
+
+class PlanOfAnotherModel(LM):
+    def configure_model(self):
+        fw.parallel.parallelize(self.model, self.device_mesh, blocks={Block}, plan={"attn.qkv": "colwise"})
+
+class FusedQKV(LM):
+    def __init__(self):
+        super().__init__()
+        for block in self.model.blocks:
+            block.attn.c_attn = torch.nn.Linear(parallel_lm.WIDTH, 3 * parallel_lm.WIDTH)
+
+class OptimizerFromInit(LM):
+    def __init__(self):
+        super().__init__()
+        self.early = torch.optim.SGD(self.parameters(), lr=0.1)
+
+    def configure_optimizers(self):
+        return self.early
+
+CASES = {"no_configure_model": (NoConfigureModel, {"tensor_parallel_size": 2}),
+         "data_parallel_unsharded": (ShardsNothing, {"data_parallel_size": 2}),
+         "tensor_parallel_unsplit": (ShardsNothing, {"tensor_parallel_size": 2}),
+         "plan_of_another_model": (PlanOfAnotherModel, {"tensor_parallel_size": 2}),
+         "fused_qkv": (FusedQKV, {"tensor_parallel_size": 2}),
+         "optimizer_from_init": (OptimizerFromInit, {"tensor_parallel_size": 2})}
+said = {}
+for tag, (cls, sizes) in CASES.items():
+    trainer = fw.Trainer(**parallel_lm.QUIET, enable_checkpointing=False, devices=2, max_steps=2,
+                         strategy={"name": "model_parallel", **sizes})
+    try:
+        trainer.fit(cls(), torch.utils.data.DataLoader(parallel_lm.data(16), batch_size=8))
+        said[tag] = "no error"
+    except fw.ConfigError as err:
+        said[tag] = str(err)
+if trainer.global_rank == 0:
+    with open(sys.argv[1], "w") as f:
+        json.dump(said, f)
+"""
+
+EXPECTED = {
+    "no_configure_model": "does not override configure_model()",
+    "data_parallel_unsharded": "gradients would never be averaged",
+    "tensor_parallel_unsplit": "splits no parameter over self.device_mesh['tensor_parallel']",
+    "plan_of_another_model": "plan names attn.qkv, which Block has no linear layer of",
+    "fused_qkv": "attn.c_attn is one layer for q, k and v",
+    "optimizer_from_init": "not the model's after configure_model() parallelized it",
+}
+
+
+@pytest.mark.timeout(120)
+def test_what_would_train_silently_wrong_is_refused_in_one_line(tmp_path):
+    script = write_script(tmp_path, REFUSALS)
+    result = forked.run_script(script, str(tmp_path / "said.json"), nprocs=2, timeout=90)
+    check_ok(result)
+    said = json.loads((tmp_path / "said.json").read_text())
+    for tag, words in EXPECTED.items():
+        assert words in said[tag], (tag, said[tag])
+        assert "\n" not in said[tag]
+
+
+@pytest.mark.parametrize(("sizes", "words"), [
+    ({"tensor_parallel_size": 3}, "tensor_parallel_size=3 does not divide the world of 4 ranks"),
+    ({"data_parallel_size": 3, "tensor_parallel_size": 2}, "is 6 ranks, the world is 4"),
+    ({"tensor_parallel_size": 0}, "give a positive whole number or 'auto'"),
+])
+def test_a_mesh_that_does_not_make_the_world_is_refused_when_the_trainer_is_built(sizes, words):
+    import framework as fw
+
+    with pytest.raises(fw.ConfigError, match=words.replace("(", r"\(")):
+        fw.Trainer(accelerator="cpu", devices=4, strategy={"name": "model_parallel", **sizes})
