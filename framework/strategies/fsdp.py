@@ -67,6 +67,7 @@ class FSDPStrategy(DDPStrategy):
         async_save: write sharded checkpoints while training goes on (``dcp_async.py``).
         cpu_offload: keep the shards (parameters, gradients, optimizer state) in CPU memory and
             step the optimizer there; each unit's parameters go to the device for its compute.
+        activation_checkpointing_policy: as the Trainer's (Lightning takes it here).
         backend, init_method, timeout, socket_ifname: as for ``ddp``.
     """
 
@@ -80,6 +81,7 @@ class FSDPStrategy(DDPStrategy):
         state_dict_type: str = "sharded",
         async_save: bool = False,
         cpu_offload: bool = False,
+        activation_checkpointing_policy: Iterable[type[nn.Module] | str] | None = None,
         backend: str = "gloo",
         init_method: str = "env://",
         timeout: float = DEFAULT_TIMEOUT_S,
@@ -108,6 +110,7 @@ class FSDPStrategy(DDPStrategy):
                               "needs state_dict_type: sharded (a full checkpoint is gathered on rank 0 first)")
         self.async_save = bool(async_save)
         self.cpu_offload = bool(cpu_offload)
+        self.activation_checkpointing_policy = activation_checkpointing_policy  # Lightning's FSDP option
         self.module: TrainModule | None = None
         self._init_rng: torch.Tensor | None = None  # the RNG state trainer.init_module() ended with
         self.pending_save: PendingSave | None = None  # an asynchronous save in flight (dcp_async.py)

@@ -47,6 +47,7 @@ class ModelParallelStrategy(FSDPStrategy):
         save_distributed_checkpoint: a sharded folder every rank writes its shards into (``True``)
             or one file gathered on rank 0 (``False``).
         async_save: write sharded checkpoints while training goes on.
+        activation_checkpointing_policy: as the Trainer's.
         process_group_backend: Lightning's name for ``backend``.
         backend, init_method, timeout, socket_ifname: as for ``ddp``.
     """
@@ -57,6 +58,7 @@ class ModelParallelStrategy(FSDPStrategy):
         tensor_parallel_size: int | str = "auto",
         save_distributed_checkpoint: bool = True,
         async_save: bool = False,
+        activation_checkpointing_policy: Any = None,
         process_group_backend: str | None = None,
         backend: str = "gloo",
         init_method: str = "env://",
@@ -64,6 +66,7 @@ class ModelParallelStrategy(FSDPStrategy):
         socket_ifname: str | None = None,
     ) -> None:
         super().__init__(state_dict_type="sharded" if save_distributed_checkpoint else "full", async_save=async_save,
+                         activation_checkpointing_policy=activation_checkpointing_policy,
                          backend=process_group_backend or backend, init_method=init_method, timeout=timeout,
                          socket_ifname=socket_ifname)
         self.name = "model_parallel"

@@ -14,6 +14,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from framework.activation_checkpointing import policy_names
 from framework.trainer import arguments as args
 
 
@@ -72,6 +73,7 @@ class Settings:
     sync_batchnorm: bool
     max_restarts: int
     rdzv_endpoint: str | None
+    activation_checkpointing: frozenset[str]
 
     @classmethod
     def resolve(cls, *, max_epochs: int | None, min_epochs: int | None, max_steps: int, max_time: Any,
@@ -84,7 +86,7 @@ class Settings:
                 enable_model_summary: bool, overfit_batches: int | float, fast_dev_run: int | bool,
                 reload_dataloaders_every_n_epochs: int, benchmark: bool | None, detect_anomaly: bool,
                 inference_mode: bool, use_distributed_sampler: bool, sync_batchnorm: bool, max_restarts: int,
-                rdzv_endpoint: str | None, profiler: Any) -> Settings:
+                rdzv_endpoint: str | None, profiler: Any, activation_checkpointing_policy: Any) -> Settings:
         """Check every argument (a ConfigError names the first wrong one) and apply the switches
         that override others."""
         args.refuse_profiler(profiler)
@@ -132,6 +134,7 @@ class Settings:
             sync_batchnorm=bool(sync_batchnorm),
             max_restarts=int(max_restarts),
             rdzv_endpoint=rdzv_endpoint,
+            activation_checkpointing=policy_names(activation_checkpointing_policy),
             **switched,
         )
 

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from framework.activation_checkpointing import checkpoint_activations, one_policy
 from framework.callbacks.base import Callback
 from framework.checkpoint import check_writable_on_every_rank, plain_hparams
 from framework.data import DataModule
@@ -109,6 +110,8 @@ def setup(run: Run, loaders: dict, ckpt_path: Any) -> str | None:
     run.hooks.callbacks("setup", fn)  # Lightning's order: the DataModule, the callbacks, the module
     model.setup(fn)
     model.configure_model()
+    policy, key = one_policy(settings.activation_checkpointing, getattr(strategy, "activation_checkpointing_policy", None))
+    checkpoint_activations(model, policy, key)  # before the strategy wraps or shards the model
     run.metrics.strategy = strategy if strategy.is_distributed else None
     source = datamodule if datamodule is not None else model  # Lightning: the module's own *_dataloader()
     run.loader_source = LoaderSource(

@@ -75,6 +75,8 @@ class Trainer(TrainerProperties):
         on_nonfinite: a NaN or infinite loss ``error`` (default: stop, naming the step), ``skip``
             (drop that optimizer step on every rank) or ``warn`` (go on). Either way no
             checkpoint is written over a good one with non-finite weights.
+        activation_checkpointing_policy: submodule classes (or their names) whose activations are
+            computed again in the backward instead of kept (``framework/activation_checkpointing.py``).
     """
 
     def __init__(
@@ -92,7 +94,7 @@ class Trainer(TrainerProperties):
         enable_model_summary: bool = True, fast_dev_run: int | bool = False, overfit_batches: int | float = 0.0,
         reload_dataloaders_every_n_epochs: int = 0, benchmark: bool | None = None, detect_anomaly: bool = False,
         inference_mode: bool = True, use_distributed_sampler: bool = True, sync_batchnorm: bool = False,
-        barebones: bool = False, profiler: Any = None,
+        barebones: bool = False, profiler: Any = None, activation_checkpointing_policy: Any = None,
     ) -> None:
         arguments = {name: value for name, value in locals().items() if name in _SETTINGS}
         self.settings = Settings.resolve(**arguments)

@@ -72,6 +72,7 @@ class LM(fw.TrainModule):
         torch.manual_seed(0)
         self.model = TinyLM()
         self.loss_parallel, self.optimizer = loss_parallel, optimizer
+        self.saved_bytes = 0  # the most bytes a training step's forward kept for its backward
 
     def configure_model(self) -> None:
         if self.device_mesh is not None:
@@ -82,7 +83,15 @@ class LM(fw.TrainModule):
         return F.cross_entropy(self.model(tokens).flatten(0, 1), targets.flatten())
 
     def training_step(self, batch, batch_idx):
-        loss = self.loss(batch)
+        saved = [0]
+
+        def keep(tensor: torch.Tensor) -> torch.Tensor:  # what autograd keeps (a checkpointed block: its input)
+            saved[0] += tensor.numel() * tensor.element_size()
+            return tensor
+
+        with torch.autograd.graph.saved_tensors_hooks(keep, lambda tensor: tensor):
+            loss = self.loss(batch)
+        self.saved_bytes = max(self.saved_bytes, saved[0])
         self.log("train_loss", loss, sync_dist=True)
         return loss
 
@@ -134,4 +143,4 @@ def fit(strategy: Any, devices: int, data_parallel: int = 1, max_steps: int = ST
                     DataLoader(data(20), batch_size=per_rank), ckpt_path=ckpt_path)
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
     return {"weights": weights.weights, "metrics": metrics, "global_step": trainer.global_step,
-            "rank": trainer.global_rank, "batches": weights.batches}
+            "rank": trainer.global_rank, "batches": weights.batches, "saved_bytes": model.saved_bytes}

@@ -58,6 +58,13 @@ TWO = [
      "resume": "{out}/ck_2d_sgd/epoch=0-step=10.ckpt"},
     {"tag": "resumed_fsdp", "plain": {"name": "fsdp", "auto_wrap_policy": ["Block"]},
      "fit": {"optimizer": "sgd", "data_parallel": 2}, "resume": "{out}/ck_2d_sgd/epoch=0-step=10.ckpt"},
+    # activation checkpointing: each beside the same run without it (tp_adamw for tensor parallel)
+    {"tag": "ddp", "plain": "ddp_gloo", "fit": {"data_parallel": 2}},
+    {"tag": "ac_ddp", "plain": "ddp_gloo", "fit": {"data_parallel": 2, "activation_checkpointing_policy": ["Block"]}},
+    {"tag": "fsdp", "plain": {"name": "fsdp", "auto_wrap_policy": ["Block"]}, "fit": {"data_parallel": 2}},
+    {"tag": "ac_fsdp", "plain": {"name": "fsdp", "auto_wrap_policy": ["Block"], "activation_checkpointing_policy": ["Block"]},
+     "fit": {"data_parallel": 2}},
+    {"tag": "ac_tp", "strategy": {"tensor_parallel_size": 2}, "fit": {"activation_checkpointing_policy": ["Block"]}},
 ]
 
 
@@ -82,7 +89,7 @@ def apart(a: dict, b: dict) -> float:
     return max(float((a[k] - b[k]).abs().max()) for k in a)
 
 
-CASES = [(c["tag"], c["fit"]) for c in FOUR + TWO if "resume" not in c]
+CASES = [(c["tag"], c["fit"]) for c in FOUR + TWO if not {"resume", "plain"} & c.keys() and not c["tag"].startswith("ac_")]
 
 
 @pytest.mark.timeout(300)
@@ -118,11 +125,46 @@ def test_a_2x2_checkpoint_resumes_on_another_mesh_where_the_run_went_on(job, tag
 
 
 
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(("tag", "without"), [("ac_ddp", "ddp"), ("ac_fsdp", "fsdp"), ("ac_tp", "tp_adamw")])
+def test_activation_checkpointing_trains_the_same_numbers_keeping_less(job, tag, without):
+    """Under DDP (the Trainer's argument), FSDP (the strategy's, as in Lightning) and tensor
+    parallel: the same weights bit for bit as the run without it, the forward keeping a fraction
+    of the bytes for the backward (the blocks keep only their inputs)."""
+    results, out = job
+    for result in results:
+        check_ok(result)
+    checkpointed, plain = torch.load(out / f"{tag}.pt"), torch.load(out / f"{without}.pt")
+    assert apart(checkpointed["weights"], plain["weights"]) == 0.0
+    assert checkpointed["metrics"] == plain["metrics"]
+    assert checkpointed["saved_bytes"] < plain["saved_bytes"] / 3, (checkpointed["saved_bytes"], plain["saved_bytes"])
+
+
+def test_activation_checkpointing_in_one_process_trains_the_same_numbers_keeping_less():
+    plain = one_process()
+    checkpointed = one_process(activation_checkpointing_policy=[parallel_lm.Block])
+    assert apart(checkpointed["weights"], plain["weights"]) == 0.0
+    assert checkpointed["saved_bytes"] < plain["saved_bytes"] / 3, (checkpointed["saved_bytes"], plain["saved_bytes"])
+
+
+@pytest.mark.parametrize(("options", "words"), [
+    ({"activation_checkpointing_policy": ["Layer"]},
+     r"trainer.activation_checkpointing_policy: LM has no submodule of class Layer; its submodules' classes: "),
+    ({"activation_checkpointing_policy": [3]}, r"activation_checkpointing_policy: 3 is not a module class or its name"),
+])
+def test_an_activation_checkpointing_class_the_model_lacks_is_refused(options, words):
+    import framework as fw
+
+    with pytest.raises(fw.ConfigError, match=words):
+        one_process(**options)
+
+
 REFUSALS = """
 import json, sys
 import torch
 import framework as fw
 import parallel_lm
+from framework.errors import TrainingError
 from parallel_lm import LM, Block
 
 class NoConfigureModel(LM):
@@ -142,6 +184,21 @@ class FusedQKV(LM):
         for block in self.model.blocks:
             block.attn.c_attn = torch.nn.Linear(parallel_lm.WIDTH, 3 * parallel_lm.WIDTH)
 
+class ScaledMLP(parallel_lm.MLP):  # a scale left whole between the split layers: it sees half the features
+
+    def __init__(self):
+        super().__init__()
+        self.scale = torch.nn.Parameter(torch.ones(()))
+
+    def forward(self, x):
+        return self.proj(torch.nn.functional.gelu(self.fc(x)) * self.scale)
+
+class WholeScaleApart(LM):
+    def __init__(self):
+        super().__init__()
+        for block in self.model.blocks:
+            block.mlp = ScaledMLP()
+
 class OptimizerFromInit(LM):
     def __init__(self):
         super().__init__()
@@ -155,7 +212,8 @@ CASES = {"no_configure_model": (NoConfigureModel, {"tensor_parallel_size": 2}),
          "tensor_parallel_unsplit": (ShardsNothing, {"tensor_parallel_size": 2}),
          "plan_of_another_model": (PlanOfAnotherModel, {"tensor_parallel_size": 2}),
          "fused_qkv": (FusedQKV, {"tensor_parallel_size": 2}),
-         "optimizer_from_init": (OptimizerFromInit, {"tensor_parallel_size": 2})}
+         "optimizer_from_init": (OptimizerFromInit, {"tensor_parallel_size": 2}),
+         "whole_parameter_apart": (WholeScaleApart, {"tensor_parallel_size": 2})}
 said = {}
 for tag, (cls, sizes) in CASES.items():
     trainer = fw.Trainer(**parallel_lm.QUIET, enable_checkpointing=False, devices=2, max_steps=2,
@@ -163,7 +221,7 @@ for tag, (cls, sizes) in CASES.items():
     try:
         trainer.fit(cls(), torch.utils.data.DataLoader(parallel_lm.data(16), batch_size=8))
         said[tag] = "no error"
-    except fw.ConfigError as err:
+    except (fw.ConfigError, TrainingError) as err:
         said[tag] = str(err)
 if trainer.global_rank == 0:
     with open(sys.argv[1], "w") as f:
@@ -177,6 +235,7 @@ EXPECTED = {
     "plan_of_another_model": "plan names attn.qkv, which Block has no linear layer of",
     "fused_qkv": "attn.c_attn is one layer for q, k and v",
     "optimizer_from_init": "not the model's after configure_model() parallelized it",
+    "whole_parameter_apart": "model.blocks.0.mlp.scale, model.blocks.1.mlp.scale differ between the ranks",
 }
 
 
