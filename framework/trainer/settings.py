@@ -87,8 +87,7 @@ class Settings:
                 reload_dataloaders_every_n_epochs: int, benchmark: bool | None, detect_anomaly: bool,
                 inference_mode: bool, use_distributed_sampler: bool, sync_batchnorm: bool, max_restarts: int,
                 rdzv_endpoint: str | None, profiler: Any, activation_checkpointing_policy: Any) -> Settings:
-        """Check every argument (a ConfigError names the first wrong one) and apply the switches
-        that override others."""
+        """Check every argument (a ConfigError names the first wrong one); apply the switches."""
         args.refuse_profiler(profiler)
         if max_epochs is None and max_steps == -1 and max_time is None:
             max_epochs = 1000
@@ -125,8 +124,8 @@ class Settings:
             barebones=bool(barebones),
             overfit_batches=overfit,
             fast_dev_run=dev_run,
-            reload_dataloaders_every_n_epochs=args.non_negative_int(
-                "reload_dataloaders_every_n_epochs", reload_dataloaders_every_n_epochs),
+            reload_dataloaders_every_n_epochs=args.non_negative_int("reload_dataloaders_every_n_epochs",
+                                                                    reload_dataloaders_every_n_epochs),
             benchmark=benchmark if benchmark is None else bool(benchmark),
             detect_anomaly=bool(detect_anomaly),
             inference_mode=bool(inference_mode),
