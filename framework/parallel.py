@@ -45,6 +45,8 @@ HEAD_COUNTS = ("n_head", "n_heads", "num_heads", "n_kv_heads", "num_key_value_he
 HEADS = ("lm_head", "head", "output")
 #: set on a model whose head is split by vocabulary: steps run under ``loss_parallel``
 LOSS_PARALLEL = "_fw_loss_parallel"
+#: set on each block parallelize found (``trainer.compile`` compiles them one by one)
+BLOCK = "_fw_block"
 
 
 def parallelize(model: nn.Module, device_mesh: Any, blocks: Iterable[type[nn.Module] | str],
@@ -74,6 +76,8 @@ def parallelize(model: nn.Module, device_mesh: Any, blocks: Iterable[type[nn.Mod
     if not names:
         raise ConfigError(f"{key}: no block class given; give the transformer block's class, e.g. blocks={{Block}}")
     found = units(model, names, key)
+    for block in found:
+        block.__dict__[BLOCK] = True
     tp, dp = device_mesh["tensor_parallel"], device_mesh["data_parallel"]
     plans = [(block, layer_plan(block, dict(plan or {}))) for block in found]  # refused before anything changes
     head = _vocab_head(model) if loss_parallel else None

@@ -124,6 +124,11 @@ class Strategy(ABC):
     #: (Lightning switches to ``no_grad`` there too).
     allows_inference_mode = True
 
+    def compile_units(self, module: nn.Module) -> list[nn.Module]:
+        """The blocks ``trainer.compile`` compiles one by one (those a strategy shards), or none:
+        then the module as a whole."""
+        return []
+
     def step_context(self) -> contextlib.AbstractContextManager | None:
         """What a training step and its backward run inside (``model_parallel``'s loss parallel),
         or None."""

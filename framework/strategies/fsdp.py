@@ -160,6 +160,9 @@ class FSDPStrategy(DDPStrategy):
                               f"world size {self.world_size}; give two numbers whose product is {self.world_size}")
         return replicas, size
 
+    def compile_units(self, module: nn.Module) -> list[nn.Module]:
+        return units(module, self.wrap_classes) if self.wrap_classes else []
+
     def training_step_fn(self, module: TrainModule) -> Callable[..., Any]:
         assert self.model is not None, "setup_module() first"
         return self.model  # the root's forward gathers its parameters, then runs the step

@@ -63,10 +63,16 @@ def class_names(policy: Iterable[type[nn.Module] | str] | None, key: str = "trai
 
 def units(module: nn.Module, names: set[str], key: str = "trainer.strategy.auto_wrap_policy") -> list[nn.Module]:
     """The submodules to shard as units, innermost first; a named class the model lacks is an error."""
-    found = [m for m in module.modules() if m is not module and type(m).__name__ in names]
-    missing = names - {type(m).__name__ for m in found}
+    found = [m for m in module.modules() if m is not module and _class_names(m) & names]
+    missing = names - set().union(*(_class_names(m) for m in found))
     if missing:
         have = sorted({type(m).__name__ for m in module.modules() if m is not module})
         raise ConfigError(f"{key}: {type(module).__name__} has no submodule of class "
                           f"{', '.join(sorted(missing))}; its submodules' classes: {', '.join(have) or 'none'}")
     return list(reversed(found))  # modules() lists parents first: shard the children before them
+
+
+def _class_names(module: nn.Module) -> set[str]:
+    """The names of the module's class and of those it derives from (a class named in a policy
+    takes its subclasses, as ``isinstance`` does: FSDP's ``FSDPBlock`` for ``Block``, too)."""
+    return {cls.__name__ for cls in type(module).__mro__ if issubclass(cls, nn.Module) and cls is not nn.Module}

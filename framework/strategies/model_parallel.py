@@ -143,6 +143,11 @@ class ModelParallelStrategy(FSDPStrategy):
                 m.process_group = group
 
     # -- steps --------------------------------------------------------------------------------
+    def compile_units(self, module: nn.Module) -> list[nn.Module]:
+        from framework.parallel import BLOCK
+
+        return [m for m in module.modules() if m.__dict__.get(BLOCK)]
+
     def training_step_fn(self, module: TrainModule) -> Callable[..., Any]:
         step = module.training_step
         if not self._loss_parallel or module.automatic_optimization:
@@ -255,8 +260,12 @@ def _check_whole_parameters_after_first_step(strategy: ModelParallelStrategy, op
         return
     group = strategy.device_mesh["tensor_parallel"].get_group()
 
+    checked = [False]
+
     def check(_optimizer: torch.optim.Optimizer, _args: Any, _kwargs: Any) -> None:
-        handle.remove()
+        if checked[0]:  # once (a hook may not remove itself while the optimizer runs its hooks)
+            return
+        checked[0] = True
         sums = torch.stack([p.detach().double().sum() for p in whole]).cpu()
         low, high = sums.clone(), sums.clone()
         dist.all_reduce(low, op=dist.ReduceOp.MIN, group=group)
@@ -268,4 +277,4 @@ def _check_whole_parameters_after_first_step(strategy: ModelParallelStrategy, op
                 "the ranks of a tensor-parallel group: they are left whole but see other activations on each rank "
                 "(e.g. a norm after a sequence-parallel split). Split them too (SequenceParallel in the plan)")
 
-    handle = optimizer.register_step_post_hook(check)
+    optimizer.register_step_post_hook(check)

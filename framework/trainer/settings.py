@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from framework.activation_checkpointing import policy_names
+from framework.compile import compile_options
 from framework.trainer import arguments as args
 
 
@@ -74,19 +75,20 @@ class Settings:
     max_restarts: int
     rdzv_endpoint: str | None
     activation_checkpointing: frozenset[str]
+    compile: dict[str, Any] | None
 
     @classmethod
     def resolve(cls, *, max_epochs: int | None, min_epochs: int | None, max_steps: int, max_time: Any,
-                limit_train_batches: Any, limit_val_batches: Any, limit_test_batches: Any,
-                limit_predict_batches: Any, val_check_interval: Any, check_val_every_n_epoch: int | None,
-                num_sanity_val_steps: int, log_every_n_steps: int, accumulate_grad_batches: int,
-                gradient_clip_val: float | None, gradient_clip_algorithm: str | None, deterministic: bool,
-                on_nonfinite: str, preemption_signal: str | None, requeue: bool, default_root_dir: Any,
-                barebones: bool, enable_checkpointing: bool, enable_progress_bar: bool,
-                enable_model_summary: bool, overfit_batches: int | float, fast_dev_run: int | bool,
-                reload_dataloaders_every_n_epochs: int, benchmark: bool | None, detect_anomaly: bool,
-                inference_mode: bool, use_distributed_sampler: bool, sync_batchnorm: bool, max_restarts: int,
-                rdzv_endpoint: str | None, profiler: Any, activation_checkpointing_policy: Any) -> Settings:
+                limit_train_batches: Any, limit_val_batches: Any, limit_test_batches: Any, limit_predict_batches: Any,
+                val_check_interval: Any, check_val_every_n_epoch: int | None, num_sanity_val_steps: int,
+                log_every_n_steps: int, accumulate_grad_batches: int, gradient_clip_val: float | None,
+                gradient_clip_algorithm: str | None, deterministic: bool, on_nonfinite: str,
+                preemption_signal: str | None, requeue: bool, default_root_dir: Any, barebones: bool,
+                enable_checkpointing: bool, enable_progress_bar: bool, enable_model_summary: bool,
+                overfit_batches: int | float, fast_dev_run: int | bool, reload_dataloaders_every_n_epochs: int,
+                benchmark: bool | None, detect_anomaly: bool, inference_mode: bool, use_distributed_sampler: bool,
+                sync_batchnorm: bool, max_restarts: int, rdzv_endpoint: str | None, profiler: Any,
+                activation_checkpointing_policy: Any, compile: Any) -> Settings:
         """Check every argument (a ConfigError names the first wrong one); apply the switches."""
         args.refuse_profiler(profiler)
         if max_epochs is None and max_steps == -1 and max_time is None:
@@ -127,13 +129,13 @@ class Settings:
             reload_dataloaders_every_n_epochs=args.non_negative_int("reload_dataloaders_every_n_epochs",
                                                                     reload_dataloaders_every_n_epochs),
             benchmark=benchmark if benchmark is None else bool(benchmark),
-            detect_anomaly=bool(detect_anomaly),
-            inference_mode=bool(inference_mode),
+            detect_anomaly=bool(detect_anomaly), inference_mode=bool(inference_mode),
             use_distributed_sampler=bool(use_distributed_sampler),
             sync_batchnorm=bool(sync_batchnorm),
             max_restarts=int(max_restarts),
             rdzv_endpoint=rdzv_endpoint,
             activation_checkpointing=policy_names(activation_checkpointing_policy),
+            compile=compile_options(compile),
             **switched,
         )
 

@@ -17,6 +17,7 @@ import torch
 from framework.activation_checkpointing import checkpoint_activations, one_policy
 from framework.callbacks.base import Callback
 from framework.checkpoint import check_writable_on_every_rank, plain_hparams
+from framework.compile import compile_model
 from framework.data import DataModule
 from framework.data.run_loaders import LOADER_METHODS, LoaderSource
 from framework.errors import ConfigError
@@ -124,9 +125,12 @@ def setup(run: Run, loaders: dict, ckpt_path: Any) -> str | None:
         if given is not None or datamodule is not None or _defines_loader(model, key)
     }
     strategy.setup_module(model)
+    compiled = compile_model(model, settings.compile, strategy.compile_units(model), strategy.root_device.type)
     if fn == "fit":
         run.optimizers, run.lr_scheduler_configs = parse_optimizers(model.configure_optimizers())
         strategy.check_optimizers(run.optimizers)
+        if compiled is not None:
+            compiled.after_first_step(run.optimizers)
         if model.automatic_optimization:
             check_one_optimizer(run.optimizers)
     note_differences(run, resume_path)

@@ -77,6 +77,8 @@ class Trainer(TrainerProperties):
             checkpoint is written over a good one with non-finite weights.
         activation_checkpointing_policy: submodule classes (or their names) whose activations are
             computed again in the backward instead of kept (``framework/activation_checkpointing.py``).
+        compile: ``torch.compile`` the model's blocks (or the model) after the strategy wrapped it:
+            ``True``, or a mapping of torch.compile's options and ``fallback`` (``framework/compile.py``).
     """
 
     def __init__(
@@ -95,6 +97,7 @@ class Trainer(TrainerProperties):
         reload_dataloaders_every_n_epochs: int = 0, benchmark: bool | None = None, detect_anomaly: bool = False,
         inference_mode: bool = True, use_distributed_sampler: bool = True, sync_batchnorm: bool = False,
         barebones: bool = False, profiler: Any = None, activation_checkpointing_policy: Any = None,
+        compile: Any = False,
     ) -> None:
         arguments = {name: value for name, value in locals().items() if name in _SETTINGS}
         self.settings = Settings.resolve(**arguments)

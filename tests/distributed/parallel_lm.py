@@ -99,6 +99,9 @@ class LM(fw.TrainModule):
         self.log("val_loss", self.loss(batch), sync_dist=True)
         self.log("val_tokens", float(batch[0].numel()), reduce_fx="sum", sync_dist=True)
 
+    def predict_step(self, batch, batch_idx):
+        return self.model(batch[0])
+
     def configure_optimizers(self):
         if self.optimizer == "sgd":
             return torch.optim.SGD(self.parameters(), lr=0.1)

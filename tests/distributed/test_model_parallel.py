@@ -65,6 +65,10 @@ TWO = [
     {"tag": "ac_fsdp", "plain": {"name": "fsdp", "auto_wrap_policy": ["Block"], "activation_checkpointing_policy": ["Block"]},
      "fit": {"data_parallel": 2}},
     {"tag": "ac_tp", "strategy": {"tensor_parallel_size": 2}, "fit": {"activation_checkpointing_policy": ["Block"]}},
+    # compiled per block (aot_eager: traced, no C++ build), each beside the same run eagerly
+    {"tag": "compiled_fsdp", "plain": {"name": "fsdp", "auto_wrap_policy": ["Block"]},
+     "fit": {"data_parallel": 2, "compile": {"backend": "aot_eager"}}},
+    {"tag": "compiled_tp", "strategy": {"tensor_parallel_size": 2}, "fit": {"compile": {"backend": "aot_eager"}}},
 ]
 
 
@@ -89,7 +93,8 @@ def apart(a: dict, b: dict) -> float:
     return max(float((a[k] - b[k]).abs().max()) for k in a)
 
 
-CASES = [(c["tag"], c["fit"]) for c in FOUR + TWO if not {"resume", "plain"} & c.keys() and not c["tag"].startswith("ac_")]
+CASES = [(c["tag"], c["fit"]) for c in FOUR + TWO
+         if not {"resume", "plain"} & c.keys() and not c["tag"].startswith(("ac_", "compiled_"))]
 
 
 @pytest.mark.timeout(300)
@@ -138,6 +143,17 @@ def test_activation_checkpointing_trains_the_same_numbers_keeping_less(job, tag,
     assert apart(checkpointed["weights"], plain["weights"]) == 0.0
     assert checkpointed["metrics"] == plain["metrics"]
     assert checkpointed["saved_bytes"] < plain["saved_bytes"] / 3, (checkpointed["saved_bytes"], plain["saved_bytes"])
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(("tag", "eager"), [("compiled_fsdp", "fsdp"), ("compiled_tp", "tp_adamw")])
+def test_blocks_compiled_one_by_one_under_fsdp_and_tensor_parallel_train_eager_s_numbers(job, tag, eager):
+    results, out = job
+    for result in results:
+        check_ok(result)
+    compiled, plain = torch.load(out / f"{tag}.pt"), torch.load(out / f"{eager}.pt")
+    assert apart(compiled["weights"], plain["weights"]) == 0.0
+    assert compiled["metrics"] == plain["metrics"]
 
 
 def test_activation_checkpointing_in_one_process_trains_the_same_numbers_keeping_less():
