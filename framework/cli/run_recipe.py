@@ -55,12 +55,24 @@ def run_recipe(stage: str, recipe: dict, recipe_text: str) -> Any:
         result = None
     else:
         result = getattr(trainer, stage)(module, datamodule=data, ckpt_path=ckpt_path)
-    if stage != "predict":
+    if stage == "predict":  # text a module generated is what the command was asked for: it goes to stdout
+        for text in _texts(result):
+            rank_zero_print(text)
+    else:
         values = trainer.callback_metrics
         metrics = {k: float(v) for k, v in sorted(values.items()) if v.numel() == 1 and not _shadowed(k, values)}
         if metrics:
             rank_zero_print("fw: final metrics: " + ", ".join(f"{k}={v:.4f}" for k, v in metrics.items()))
     return result
+
+
+def _texts(predictions: Any) -> list[str]:
+    """The strings among the predictions (one list per loader when there are several)."""
+    if isinstance(predictions, str):
+        return [predictions]
+    if isinstance(predictions, (list, tuple)):
+        return [text for item in predictions for text in _texts(item)]
+    return []
 
 
 def _shadowed(name: str, values: dict) -> bool:
