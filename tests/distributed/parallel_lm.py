@@ -16,7 +16,8 @@ from torch.utils.data import DataLoader, TensorDataset
 import framework as fw
 
 VOCAB, WIDTH, HEADS, CONTEXT = 32, 16, 4, 8
-STEPS, GLOBAL_BATCH = 20, 8
+STEPS, GLOBAL_BATCH = 12, 8
+CHECKPOINT_EVERY = 6  # a mid-epoch checkpoint at step 6 of 12
 QUIET = dict(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False,
              num_sanity_val_steps=0, max_epochs=-1)
 
@@ -138,7 +139,7 @@ def fit(strategy: Any, devices: int, data_parallel: int = 1, max_steps: int = ST
     weights = FullWeights()
     trainer = fw.Trainer(**{**QUIET, "enable_checkpointing": bool(callbacks), **trainer_args}, strategy=strategy,
                          devices=devices, max_steps=max_steps, callbacks=[weights, *(callbacks or [])],
-                         default_root_dir=root, val_check_interval=10)
+                         default_root_dir=root, val_check_interval=CHECKPOINT_EVERY)
     per_rank = GLOBAL_BATCH // data_parallel
     model = LM(loss_parallel, optimizer)
     with redirect_stderr(io.StringIO()):
