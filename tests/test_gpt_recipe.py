@@ -15,8 +15,8 @@ import pytest
 
 from distributed.helpers import FW, REPO, clean_env, run_cmd
 
-SHORT = ["trainer.max_steps=16", "trainer.val_check_interval=8", "trainer.limit_val_batches=2",
-         "data.max_bytes=150000", "trainer.log_every_n_steps=4", "module.warmup_steps=5", "trainer.enable_progress_bar=false", "logger=false"]
+SHORT = ["trainer.max_steps=12", "trainer.val_check_interval=6", "trainer.limit_val_batches=2",
+         "data.max_bytes=150000", "trainer.log_every_n_steps=2", "module.warmup_steps=5", "trainer.enable_progress_bar=false", "logger=false"]
 
 
 def final_metrics(output: str) -> dict[str, float]:

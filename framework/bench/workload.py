@@ -26,7 +26,7 @@ class Steps:
     """Warm-up and timed steps of a run, and the repeats of each measurement."""
 
     def __init__(self, quick: bool) -> None:
-        self.warmup, self.timed, self.repeats = (2, 6, 1) if quick else (5, 40, 3)
+        self.warmup, self.timed, self.repeats = (1, 4, 1) if quick else (5, 40, 3)
         self.knob_repeats = 1 if quick else 2
 
     @property

@@ -83,7 +83,7 @@ def test_every_strategy_trained_every_workload_beside_the_hand_written_loop(quic
             sides = {"raw", "fw"} | ({"lightning"} if HAS_LIGHTNING and strategy != "mpi" else set())
             for side in sides:
                 row = rows[(workload, strategy, side)]
-                assert finite(row["samples_per_s"]) and finite(row["peak_memory_MB"]) and row["steps_timed"] >= 6
+                assert finite(row["samples_per_s"]) and finite(row["peak_memory_MB"]) and row["steps_timed"] >= 4
                 parts = row["parts_s"]
                 assert parts["forward_backward"] > 0 and all(v >= 0 for v in parts.values())
                 # one process has nothing to all-reduce; DDP's all-reduce takes time
@@ -98,7 +98,7 @@ def test_every_strategy_trained_every_workload_beside_the_hand_written_loop(quic
     full = rows[("gpt", "single", "raw")]["param_MB_per_rank"]
     for side in ("raw", "fw"):
         row = rows[("gpt", "fsdp", side)]
-        assert finite(row["samples_per_s"]) and row["world_size"] == 2 and row["steps_timed"] >= 6
+        assert finite(row["samples_per_s"]) and row["world_size"] == 2 and row["steps_timed"] >= 4
         assert full / 2 <= row["param_MB_per_rank"] < full * 0.55
     assert ("gpt", "fsdp", "lightning") not in rows and ("cnn", "fsdp", "fw") not in rows
     knobs = {(r["workload"], tuple(sorted(r["ddp_kwargs"].items()))) for r in doc["knobs"]}

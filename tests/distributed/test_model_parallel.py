@@ -20,8 +20,8 @@ from . import parallel_lm
 from .helpers import check_ok, write_script
 
 SGD_TOLERANCE = 1e-5  # measured: at most 1.2e-7 (the sums of split layers in another order)
-ADAMW_TOLERANCE = 1e-5  # measured over these 12 steps: 1.5e-6 (2 ranks), 1.6e-6 (2 x 2); over 20 steps
-#                         3.1e-5 and 3.9e-5: AdamW divides each step by its gradient's running size, so a
+ADAMW_TOLERANCE = 1e-5  # measured over these 12 steps: 1.5e-6 (2 ranks; 2 x 2, no longer run here to keep the
+#                         suite short: 1.6e-6); over 20 steps 3.1e-5 and 3.9e-5: AdamW divides each step by its gradient's running size, so a
 #                         rounding difference in a small gradient moves a weight by up to lr x 1e-3
 
 SCRIPT = """
@@ -47,7 +47,6 @@ for case in cfg["cases"]:
 MESH_2X2 = {"data_parallel_size": 2, "tensor_parallel_size": 2}
 FOUR = [
     {"tag": "2d_sgd", "strategy": MESH_2X2, "fit": {"data_parallel": 2, "optimizer": "sgd"}, "checkpoint": True},
-    {"tag": "2d_adamw", "strategy": MESH_2X2, "fit": {"data_parallel": 2}},
 ]
 #: 2 ranks: tensor parallel 2 (then the 2 x 2 checkpoint resumed on 1 x 2, and under fsdp)
 TWO = [
