@@ -88,6 +88,17 @@ def one_process(**fit) -> dict:
     return parallel_lm.fit("single", devices=1, **fit)
 
 
+def the_same_run(job, tag: str, other: str) -> tuple[dict, dict]:
+    """The runs ``tag`` and ``other`` of the job, which trained the same weights, bit for bit."""
+    results, out = job
+    for result in results:
+        check_ok(result)
+    run, reference = torch.load(out / f"{tag}.pt"), torch.load(out / f"{other}.pt")
+    assert apart(run["weights"], reference["weights"]) == 0.0
+    assert run["metrics"] == reference["metrics"]
+    return run, reference
+
+
 def apart(a: dict, b: dict) -> float:
     assert a.keys() == b.keys()
     return max(float((a[k] - b[k]).abs().max()) for k in a)
@@ -136,24 +147,14 @@ def test_activation_checkpointing_trains_the_same_numbers_keeping_less(job, tag,
     """Under DDP (the Trainer's argument), FSDP (the strategy's, as in Lightning) and tensor
     parallel: the same weights bit for bit as the run without it, the forward keeping a fraction
     of the bytes for the backward (the blocks keep only their inputs)."""
-    results, out = job
-    for result in results:
-        check_ok(result)
-    checkpointed, plain = torch.load(out / f"{tag}.pt"), torch.load(out / f"{without}.pt")
-    assert apart(checkpointed["weights"], plain["weights"]) == 0.0
-    assert checkpointed["metrics"] == plain["metrics"]
+    checkpointed, plain = the_same_run(job, tag, without)
     assert checkpointed["saved_bytes"] < plain["saved_bytes"] / 3, (checkpointed["saved_bytes"], plain["saved_bytes"])
 
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize(("tag", "eager"), [("compiled_fsdp", "fsdp"), ("compiled_tp", "tp_adamw")])
 def test_blocks_compiled_one_by_one_under_fsdp_and_tensor_parallel_train_eager_s_numbers(job, tag, eager):
-    results, out = job
-    for result in results:
-        check_ok(result)
-    compiled, plain = torch.load(out / f"{tag}.pt"), torch.load(out / f"{eager}.pt")
-    assert apart(compiled["weights"], plain["weights"]) == 0.0
-    assert compiled["metrics"] == plain["metrics"]
+    the_same_run(job, tag, eager)
 
 
 def test_activation_checkpointing_in_one_process_trains_the_same_numbers_keeping_less():
