@@ -123,12 +123,10 @@ class CompileRun:
 
     def after_first_step(self, optimizers: list) -> None:
         """Say how long compiling took, once the first optimizer step is done."""
-        def done(*_: Any) -> None:  # stays registered (a hook may not remove itself while hooks run): a no-op after
-            if not self.reported:
-                self.report()
+        from framework.optim import after_first_step
 
         for optimizer in optimizers:
-            optimizer.register_step_post_hook(done)
+            after_first_step(optimizer, self.report)
 
 
 class _CompiledForward:

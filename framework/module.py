@@ -144,7 +144,7 @@ class TrainModule(HyperparametersMixin, ModuleHooks, nn.Module):
     def device_mesh(self) -> Any:
         """The strategy's ``DeviceMesh`` (``model_parallel``: dimensions ``data_parallel`` and
         ``tensor_parallel``), for ``configure_model`` to parallelize over; None elsewhere."""
-        return getattr(self._trainer.strategy, "device_mesh", None) if self._trainer is not None else None
+        return self._trainer.strategy.device_mesh if self._trainer is not None else None
 
     @property
     def current_epoch(self) -> int:

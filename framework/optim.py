@@ -60,3 +60,17 @@ def _scheduler_config(spec: Any) -> LRSchedulerConfig:
     if config.frequency < 1:
         raise ConfigError(f"lr_scheduler frequency {config.frequency}: must be >= 1")
     return config
+
+
+def after_first_step(optimizer: torch.optim.Optimizer, fn: Any) -> None:
+    """Call ``fn()`` once, after ``optimizer``'s first step. The hook stays registered and does
+    nothing after: a hook may not remove itself while the optimizer runs its hooks (a second one
+    would then find the hooks' dict changed under it)."""
+    done = [False]
+
+    def hook(_optimizer: torch.optim.Optimizer, _args: Any, _kwargs: Any) -> None:
+        if not done[0]:
+            done[0] = True
+            fn()
+
+    optimizer.register_step_post_hook(hook)

@@ -29,6 +29,7 @@ from framework.counting import every
 from framework.errors import ConfigError, TrainingError
 from framework.loops.batches import positional_arity
 from framework.loops.nonfinite import NonfiniteGuard, nonfinite_guard
+from framework.strategies.base import inside
 
 if TYPE_CHECKING:
     from framework.trainer.run import Run
@@ -148,17 +149,9 @@ def _closure_fn(run: Run, optimizer: torch.optim.Optimizer, guard: NonfiniteGuar
                 after_backward()
             return loss
 
-        return Closure(_inside_step_context(strategy, body) if in_context else body)
+        return Closure(inside(strategy.step_context, body) if in_context else body)
 
     return closure_for
-
-
-def _inside_step_context(strategy: Any, body: Callable[[Closure], Any]) -> Callable[[Closure], Any]:
-    def run(closure: Closure) -> Any:
-        with strategy.step_context():
-            return body(closure)
-
-    return run
 
 
 def _step_fn(run: Run, optimizer: torch.optim.Optimizer, zero_after_step: bool) -> Callable[..., Any]:

@@ -25,6 +25,15 @@ if TYPE_CHECKING:
     from framework.trainer.parts import CheckpointParts
 
 
+def inside(context: Callable[[], Any], fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` run inside a fresh ``context()`` at each call (``Strategy.step_context``, where not None)."""
+    def run(*args: Any, **kwargs: Any) -> Any:
+        with context():
+            return fn(*args, **kwargs)
+
+    return run
+
+
 class StepModule(nn.Module):
     """Routes ``forward`` to ``training_step`` (or the step ``step`` names) so that wrappers (DDP,
     DataParallel, FSDP), which only intercept ``forward``, see the step: DDP synchronises its
@@ -123,6 +132,10 @@ class Strategy(ABC):
     #: FSDP, whose buffers made there could not be written by the training steps after it
     #: (Lightning switches to ``no_grad`` there too).
     allows_inference_mode = True
+    #: the mesh ``model_parallel`` hands to ``configure_model`` (``TrainModule.device_mesh``); None elsewhere
+    device_mesh: Any = None
+    #: the strategy's own ``activation_checkpointing_policy`` (``fsdp``, ``model_parallel``; Lightning's place)
+    activation_checkpointing_policy: Any = None
 
     def compile_units(self, module: nn.Module) -> list[nn.Module]:
         """The blocks ``trainer.compile`` compiles one by one (those a strategy shards), or none:

@@ -147,11 +147,12 @@ class DistributedStrategy(Strategy):
     def collective_device(self) -> torch.device:
         return torch.device("cpu")
 
-    def all_reduce(self, tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
+    def all_reduce(self, tensor: torch.Tensor, op: str = "sum", group: Any = None) -> torch.Tensor:
+        """``op`` over ``group``'s ranks (None: all of them), on a copy."""
         tensor = tensor.clone()
-        dist.all_reduce(tensor, op=getattr(dist.ReduceOp, _REDUCE_OPS[op]))
+        dist.all_reduce(tensor, op=getattr(dist.ReduceOp, _REDUCE_OPS[op]), group=group)
         if op in ("mean", "avg"):
-            tensor = tensor / self.world_size
+            tensor = tensor / (self.world_size if group is None else dist.get_world_size(group))
         return tensor
 
     def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:

@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from framework.errors import ConfigError, TrainingError
+from framework.strategies.base import inside
 from framework.strategies.distributed import DEFAULT_TIMEOUT_S
 from framework.strategies.fsdp import FSDPStrategy
 
@@ -71,7 +72,7 @@ class ModelParallelStrategy(FSDPStrategy):
                          socket_ifname=socket_ifname)
         self.name = "model_parallel"
         self.sizes = (_size(data_parallel_size, "data_parallel_size"), _size(tensor_parallel_size, "tensor_parallel_size"))
-        self.device_mesh: Any = None  # built at set-up, kept for the next call on the same module
+        self.device_mesh = None  # built at set-up, kept for the next call on the same module
         self._loss_parallel = False
 
     # -- set-up -----------------------------------------------------------------------------
@@ -152,11 +153,11 @@ class ModelParallelStrategy(FSDPStrategy):
         step = module.training_step
         if not self._loss_parallel or module.automatic_optimization:
             return step  # automatic: the loop runs step and backward inside step_context()
-        return _inside(self.step_context, step)  # manual: manual_backward runs inside training_step
+        return inside(self.step_context, step)  # manual: manual_backward runs inside training_step
 
     def step_fn(self, module: TrainModule, name: str) -> Callable[..., Any]:
         step = getattr(module, name)
-        return _inside(self.step_context, step) if self._loss_parallel else step
+        return inside(self.step_context, step) if self._loss_parallel else step
 
     def step_context(self) -> contextlib.AbstractContextManager | None:
         """``loss_parallel`` when the head is split by vocabulary (``fw.parallel``): the loss of
@@ -187,14 +188,7 @@ class ModelParallelStrategy(FSDPStrategy):
         return {"num_replicas": dp, "rank": self.global_rank // tp}
 
     def all_reduce_over_data(self, tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
-        import torch.distributed as dist
-
-        from framework.strategies.distributed import _REDUCE_OPS
-
-        dp = self.device_mesh["data_parallel"]
-        tensor = tensor.clone()
-        dist.all_reduce(tensor, op=getattr(dist.ReduceOp, _REDUCE_OPS[op]), group=dp.get_group())
-        return tensor / dp.size() if op in ("mean", "avg") else tensor
+        return self.all_reduce(tensor, op, group=self.device_mesh["data_parallel"].get_group())
 
     def describe(self) -> dict[str, Any]:
         dp, tp = self.device_mesh.shape if self.device_mesh is not None else self.mesh_shape_now()
@@ -238,21 +232,14 @@ def _on(param: Any, mesh: Any) -> bool:
                for name, placement in zip(names, param.placements, strict=False))
 
 
-def _inside(context: Callable[[], Any], step: Callable[..., Any]) -> Callable[..., Any]:
-    def run(*args: Any, **kwargs: Any) -> Any:
-        with context():
-            return step(*args, **kwargs)
-
-    return run
-
-
 def _check_whole_parameters_after_first_step(strategy: ModelParallelStrategy, optimizer: torch.optim.Optimizer) -> None:
     """After the optimizer's first step, its parameters that no layer split (plain tensors) must
     be equal on the ranks of a tensor-parallel group: a layer that sees only this rank's part of
     an activation (a norm after a sequence split, say) gets other gradients on each rank, and the
     copies would drift apart without an error."""
-    import torch.distributed as dist
     from torch.distributed.tensor import DTensor
+
+    from framework.optim import after_first_step
 
     names = {id(p): n for n, p in strategy.module.named_parameters()} if strategy.module is not None else {}
     whole = [p for group in optimizer.param_groups for p in group["params"] if not isinstance(p, DTensor)]
@@ -260,16 +247,9 @@ def _check_whole_parameters_after_first_step(strategy: ModelParallelStrategy, op
         return
     group = strategy.device_mesh["tensor_parallel"].get_group()
 
-    checked = [False]
-
-    def check(_optimizer: torch.optim.Optimizer, _args: Any, _kwargs: Any) -> None:
-        if checked[0]:  # once (a hook may not remove itself while the optimizer runs its hooks)
-            return
-        checked[0] = True
-        sums = torch.stack([p.detach().double().sum() for p in whole]).cpu()
-        low, high = sums.clone(), sums.clone()
-        dist.all_reduce(low, op=dist.ReduceOp.MIN, group=group)
-        dist.all_reduce(high, op=dist.ReduceOp.MAX, group=group)
+    def check() -> None:
+        sums = torch.stack([p.detach().double().sum() for p in whole]).to(strategy.collective_device)
+        low, high = (strategy.all_reduce(sums, op, group=group) for op in ("min", "max"))
         apart = [names.get(id(p), "?") for p, lo, hi in zip(whole, low, high, strict=True) if lo != hi]
         if apart:
             raise TrainingError(
@@ -277,4 +257,4 @@ def _check_whole_parameters_after_first_step(strategy: ModelParallelStrategy, op
                 "the ranks of a tensor-parallel group: they are left whole but see other activations on each rank "
                 "(e.g. a norm after a sequence-parallel split). Split them too (SequenceParallel in the plan)")
 
-    optimizer.register_step_post_hook(check)
+    after_first_step(optimizer, check)

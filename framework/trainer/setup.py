@@ -111,7 +111,7 @@ def setup(run: Run, loaders: dict, ckpt_path: Any) -> str | None:
     run.hooks.callbacks("setup", fn)  # Lightning's order: the DataModule, the callbacks, the module
     model.setup(fn)
     model.configure_model()
-    policy, key = one_policy(settings.activation_checkpointing, getattr(strategy, "activation_checkpointing_policy", None))
+    policy, key = one_policy(settings.activation_checkpointing, strategy.activation_checkpointing_policy)
     checkpoint_activations(model, policy, key)  # before the strategy wraps or shards the model
     run.metrics.strategy = strategy if strategy.is_distributed else None
     source = datamodule if datamodule is not None else model  # Lightning: the module's own *_dataloader()
