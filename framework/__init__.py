@@ -21,6 +21,8 @@ _EXPORTS = {
     "DistributedSetupError": "framework.errors",
     "CheckpointError": "framework.errors",
     "rank_zero_only": "framework.rank_zero",
+    "TrainOptimizer": "framework.loops.manual",
+    "LightningOptimizer": "framework.loops.manual",
 }
 
 #: submodules reached as attributes (``fw.parallel.parallelize``), imported on first use

@@ -217,6 +217,16 @@ def plain_hparams(hparams: dict) -> dict:
     return {str(k): plain(v) for k, v in hparams.items()}
 
 
+def build_from_hparams(cls: type, saved: dict, overrides: dict) -> Any:
+    """``cls(**hyperparameters)`` from those a checkpoint saved, ``overrides`` winning; only the
+    names ``__init__`` takes, unless it takes ``**kwargs``."""
+    kwargs = {**saved, **overrides}
+    params = inspect.signature(cls).parameters
+    if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        kwargs = {k: v for k, v in kwargs.items() if k in params}
+    return cls(**kwargs)
+
+
 def load_from_checkpoint(cls, path: str | os.PathLike, map_location: Any = None, strict: bool | None = None,
                          **overrides: Any):
     """``cls`` built from the hyperparameters saved in the checkpoint at ``path`` (``overrides``
@@ -224,14 +234,15 @@ def load_from_checkpoint(cls, path: str | os.PathLike, map_location: Any = None,
     run, the weights loaded (``strict`` by default) and the module moved where they were
     loaded to (``map_location``, the CPU when None). As Lightning's ``load_from_checkpoint``."""
     checkpoint = load_checkpoint(path, map_location=map_location if map_location is not None else "cpu")
-    kwargs = {**checkpoint.get("hyper_parameters", {}), **overrides}
-    params = inspect.signature(cls.__init__).parameters
-    if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-        kwargs = {k: v for k, v in kwargs.items() if k in params and k != "self"}
-    module = cls(**kwargs)
+    module = build_from_hparams(cls, checkpoint.get("hyper_parameters", {}), overrides)
     module.on_load_checkpoint(checkpoint)
+    chosen = module.__dict__.get("_strict_loading")  # set in __init__ (module.strict_loading = False)
+    if chosen is not None and strict is not None and strict != chosen:
+        raise ConfigError(f"{cls.__name__}.load_from_checkpoint(strict={strict}) contradicts "
+                          f"{cls.__name__}.strict_loading={chosen}: give the same value to both, or only one")
+    strict = getattr(module, "strict_loading", True) if strict is None else strict
     try:
-        module.load_state_dict(checkpoint["state_dict"], strict=True if strict is None else strict)
+        module.load_state_dict(checkpoint["state_dict"], strict=strict)
     except RuntimeError as err:
         raise CheckpointError(f"checkpoint '{path}' does not fit {cls.__name__}: {state_dict_mismatch(err)}") from None
     device = next((t.device for t in checkpoint["state_dict"].values() if isinstance(t, torch.Tensor)), None)

@@ -30,10 +30,18 @@ class AttributeDict(dict):
 
 
 class HyperparametersMixin:
-    """``save_hyperparameters``, ``hparams_initial``, ``load_from_checkpoint`` of a ``TrainModule``."""
+    """``save_hyperparameters``, ``hparams``, ``hparams_initial``, ``load_from_checkpoint`` of a
+    ``TrainModule`` and a ``DataModule``."""
 
-    hparams: AttributeDict  # both set by TrainModule.__init__
-    _hparams_initial: AttributeDict
+    @property
+    def hparams(self) -> AttributeDict:
+        """The hyperparameters ``save_hyperparameters`` recorded (empty before); made on first
+        use, so that a subclass's ``__init__`` need not call ``super().__init__()`` first."""
+        found = self.__dict__.get("_hparams")
+        if found is None:
+            found = AttributeDict()
+            object.__setattr__(self, "_hparams", found)  # past nn.Module's __setattr__
+        return found
 
     def save_hyperparameters(self, *args: Any, ignore: list[str] | str | None = None, frame: FrameType | None = None,
                              logger: bool = True) -> None:
@@ -64,12 +72,13 @@ class HyperparametersMixin:
         ignored = {ignore} if isinstance(ignore, str) else set(ignore or ())
         self.hparams.update({k: v for k, v in found.items() if k not in ignored})
         object.__setattr__(self, "_hparams_initial", copy.deepcopy(self.hparams))
+        object.__setattr__(self, "_log_hyperparams", logger)  # logger=False: the loggers do not get them
 
     @property
     def hparams_initial(self) -> AttributeDict:
         """The hyperparameters as ``save_hyperparameters`` recorded them (later edits of
         ``self.hparams`` do not show here)."""
-        return copy.deepcopy(self._hparams_initial)
+        return copy.deepcopy(self.__dict__.get("_hparams_initial", AttributeDict()))
 
     @classmethod
     def load_from_checkpoint(cls: type[M], checkpoint_path: Any, map_location: Any = None, hparams_file: Any = None,

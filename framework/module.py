@@ -16,17 +16,18 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from framework.hparams import AttributeDict, HyperparametersMixin
+from framework.hparams import HyperparametersMixin
+from framework.module_extras import ModuleExtras, jit_unused_properties
 from framework.module_hooks import ModuleHooks, unwrapped
 from framework.rank_zero import rank_zero_print
 
 if TYPE_CHECKING:
     from framework.loggers import Logger
-    from framework.loops.manual import ManualOptimizer
+    from framework.loops.manual import TrainOptimizer
     from framework.trainer import Trainer
 
 
-class TrainModule(HyperparametersMixin, ModuleHooks, nn.Module):
+class TrainModule(HyperparametersMixin, ModuleHooks, ModuleExtras, nn.Module):
     """Subclass and implement ``training_step`` and ``configure_optimizers``.
 
     Example::
@@ -56,8 +57,6 @@ class TrainModule(HyperparametersMixin, ModuleHooks, nn.Module):
     def __init__(self) -> None:
         super().__init__()
         object.__setattr__(self, "_trainer", None)
-        object.__setattr__(self, "hparams", AttributeDict())
-        object.__setattr__(self, "_hparams_initial", AttributeDict())
         object.__setattr__(self, "_automatic_optimization", True)
         object.__setattr__(self, "_toggled", {})
 
@@ -173,14 +172,14 @@ class TrainModule(HyperparametersMixin, ModuleHooks, nn.Module):
         """The optimizers from ``configure_optimizers``: one, or a list when there are several
         (``Any``, as the count decides). Their ``step`` does what a step needs under this run's
         strategy and precision."""
-        from framework.loops.manual import ManualOptimizer
+        from framework.loops.manual import TrainOptimizer
 
         trainer = self.trainer
         opts = trainer.optimizers
         if use_pl_optimizer:
             cached = self.__dict__.get("_wrapped_optimizers")  # the same wrappers on every call
             if cached is None or [w.optimizer for w in cached] != opts:
-                cached = [ManualOptimizer(opt, trainer) for opt in opts]
+                cached = [TrainOptimizer(opt, trainer) for opt in opts]
                 object.__setattr__(self, "_wrapped_optimizers", cached)
             opts = cached
         return opts[0] if len(opts) == 1 else list(opts)
@@ -207,7 +206,7 @@ class TrainModule(HyperparametersMixin, ModuleHooks, nn.Module):
         change it. ``manual_backward`` calls it too."""
         loss.backward(*args, **kwargs)
 
-    def toggle_optimizer(self, optimizer: torch.optim.Optimizer | ManualOptimizer) -> None:
+    def toggle_optimizer(self, optimizer: torch.optim.Optimizer | TrainOptimizer) -> None:
         """Only ``optimizer``'s parameters require gradients until ``untoggle_optimizer``: the
         parameters of the other optimizers are frozen (their previous flags are kept)."""
         optimizer = unwrapped(optimizer)
@@ -223,7 +222,7 @@ class TrainModule(HyperparametersMixin, ModuleHooks, nn.Module):
                 param.requires_grad = state[param]
         object.__setattr__(self, "_toggled", state)
 
-    def untoggle_optimizer(self, optimizer: torch.optim.Optimizer | ManualOptimizer) -> None:
+    def untoggle_optimizer(self, optimizer: torch.optim.Optimizer | TrainOptimizer) -> None:
         """Give the other optimizers' parameters back the flags they had before the toggle."""
         optimizer = unwrapped(optimizer)
         for opt in self.trainer.optimizers:
@@ -236,7 +235,7 @@ class TrainModule(HyperparametersMixin, ModuleHooks, nn.Module):
         object.__setattr__(self, "_toggled", {})
 
     @contextlib.contextmanager
-    def toggled_optimizer(self, optimizer: torch.optim.Optimizer | ManualOptimizer) -> Iterator[None]:
+    def toggled_optimizer(self, optimizer: torch.optim.Optimizer | TrainOptimizer) -> Iterator[None]:
         self.toggle_optimizer(optimizer)
         try:
             yield
@@ -290,3 +289,7 @@ class TrainModule(HyperparametersMixin, ModuleHooks, nn.Module):
 
     def configure_optimizers(self) -> Any:
         raise NotImplementedError(f"{type(self).__name__} must implement configure_optimizers()")
+
+
+#: what ``to_torchscript`` must not compile (each reads the Trainer), as Lightning lists them
+TrainModule.__jit_unused_properties__ = jit_unused_properties(TrainModule)  # type: ignore[attr-defined]

@@ -17,7 +17,7 @@ from framework.errors import ConfigError
 
 if TYPE_CHECKING:
     from framework.callbacks.base import Callback
-    from framework.loops.manual import ManualOptimizer
+    from framework.loops.manual import TrainOptimizer
     from framework.trainer import Trainer
 
 
@@ -27,7 +27,7 @@ class ModuleHooks(nn.Module):
     trainer: Trainer  # TrainModule's property: the Trainer it is attached to
 
     # -- optimization (manual optimization: framework/loops/manual.py) ------------------------
-    def clip_gradients(self, optimizer: torch.optim.Optimizer | ManualOptimizer, gradient_clip_val: float | None = None,
+    def clip_gradients(self, optimizer: torch.optim.Optimizer | TrainOptimizer, gradient_clip_val: float | None = None,
                        gradient_clip_algorithm: str | None = None) -> None:
         """Clip ``optimizer``'s gradients by norm (default) or value, as Lightning does: a value
         left None is the Trainer's (``gradient_clip_val``, ``gradient_clip_algorithm``), and one
@@ -58,7 +58,7 @@ class ModuleHooks(nn.Module):
         self.clip_gradients(optimizer, gradient_clip_val=gradient_clip_val,
                             gradient_clip_algorithm=gradient_clip_algorithm)
 
-    def optimizer_step(self, epoch: int, batch_idx: int, optimizer: torch.optim.Optimizer | ManualOptimizer,
+    def optimizer_step(self, epoch: int, batch_idx: int, optimizer: torch.optim.Optimizer | TrainOptimizer,
                        optimizer_closure: Callable[[], Any] | None = None) -> None:
         """Step ``optimizer`` (override to change how, e.g. a learning-rate warm-up). The closure
         runs ``training_step``, ``zero_grad`` and ``backward``: call it, through

@@ -25,7 +25,7 @@ def fw(*args: str, cwd: Path = ROOT, timeout: int = 120) -> subprocess.Completed
     (["fit", "conf/digits.yaml", "trainer.max_epochs"], 2, "has no '='"),
     (["fit", "conf/digits.yaml", "trainer.strategy=ddpp"], 2, r"unknown strategy 'ddpp'.*known: .*ddp_gloo"),
     (["fit", "conf/digits.yaml", "trainer.accelerator=tpu"], 2, "unknown accelerator 'tpu'"),
-    (["fit", "conf/digits.yaml", "trainer.precision=64"], 2, "unknown precision '64'"),
+    (["fit", "conf/digits.yaml", "trainer.precision=65"], 2, "unknown precision '65'"),
     (["fit", "conf/digits.yaml", "trainer.accelerator=cuda"], 2, "CUDA is not available"),
     (["fit", "conf/digits.yaml", "trainer.strategy=ddp_nccl"], 2, "ddp_nccl needs CUDA"),
     (["fit", "conf/digits.yaml", "module._target_=recipes.digits.Nope"], 2, "has no 'Nope'"),

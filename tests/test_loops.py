@@ -142,7 +142,7 @@ def test_bf16_mixed_precision_trains_on_cpu():
     model = LinearModel()
     trainer = fw.Trainer(max_epochs=2, precision="bf16-mixed", **QUIET)
     trainer.fit(model, loader(regression_data(32), 8))
-    assert trainer.precision.autocast_dtype == torch.bfloat16
+    assert trainer.precision == "bf16-mixed" and trainer.precision_plugin.autocast_dtype == torch.bfloat16
     assert torch.isfinite(_params(model)).all()
 
 

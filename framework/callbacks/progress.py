@@ -143,7 +143,7 @@ class RichProgressBar(Callback):
         self._eval_count = 0
         self._next_refresh = time.monotonic() + self.refresh_interval
         if self._progress is not None:
-            total = getattr(trainer, "num_val_batches", None)  # this eval run's, test/predict too
+            total = trainer.run.num_val_batches if trainer.run is not None else None  # this eval run's, test/predict too
             total = int(total) if isinstance(total, (int, float)) and total != float("inf") else None
             self._eval_task = self._progress.add_task(description, total=total, metrics="")
 

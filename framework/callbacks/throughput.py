@@ -89,7 +89,7 @@ class ThroughputMonitor(Callback):
     def on_train_start(self, trainer: Trainer, module: TrainModule) -> None:
         count = getattr(module, "flops_per_token", None)
         self._flops_per_token = float(count()) if callable(count) else None
-        precision = str(getattr(trainer.precision, "precision", trainer.precision))
+        precision = str(trainer.precision)
         if self._flops_per_token and precision.startswith("bf16"):
             from framework.bench.results import peak_flops
 

@@ -2,18 +2,77 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Dataset
+
+from framework.hparams import HyperparametersMixin
+
+if TYPE_CHECKING:
+    from framework.trainer import Trainer
 
 
-class DataModule:
+class DataModule(HyperparametersMixin):
     """Owns the data of a run: download once, split, build loaders.
 
     ``prepare_data`` runs on global rank 0 only (download, write files); ``setup(stage)`` runs on
-    every rank (``stage`` is ``fit``, ``validate``, ``test`` or ``predict``).
+    every rank (``stage`` is ``fit``, ``validate``, ``test`` or ``predict``). As Lightning's
+    ``LightningDataModule``: ``save_hyperparameters()`` in ``__init__`` records its arguments in
+    ``self.hparams`` (checkpoints keep them: ``load_from_checkpoint``), and ``self.trainer`` is the
+    Trainer that runs it. ``__init__`` need not call ``super().__init__()``.
     """
+
+    #: the checkpoint key of ``save_hyperparameters``' values, as in Lightning
+    CHECKPOINT_HYPER_PARAMS_KEY = "datamodule_hyper_parameters"
+    CHECKPOINT_HYPER_PARAMS_NAME = "datamodule_hparams_name"
+    CHECKPOINT_HYPER_PARAMS_TYPE = "datamodule_hparams_type"
+    #: ``prepare_data`` once per machine (True) or once per job (False), as in Lightning
+    prepare_data_per_node = True
+    allow_zero_length_dataloader_with_multiple_devices = False
+    #: Lightning's optional name of the data (shown nowhere by fw; kept for code that sets it)
+    name: str | None = None
+    #: the Trainer that runs this data (set by each call), else None
+    trainer: Trainer | None = None
+
+    def __init__(self) -> None:
+        self.trainer = None
+
+    @classmethod
+    def from_datasets(cls, train_dataset: Any = None, val_dataset: Any = None, test_dataset: Any = None,
+                      predict_dataset: Any = None, batch_size: int = 1, num_workers: int = 0,
+                      **loader_kwargs: Any) -> DataModule:
+        """A DataModule over datasets (each a Dataset or a list/dict of them), as Lightning's:
+        the training loader shuffles, the others keep the order."""
+        def loaders(given: Any, shuffle: bool) -> Any:
+            if isinstance(given, Dataset):
+                return DataLoader(given, batch_size=batch_size, shuffle=shuffle, num_workers=num_workers,
+                                  **loader_kwargs)
+            if isinstance(given, dict):
+                return {key: loaders(value, shuffle) for key, value in given.items()}
+            return [loaders(value, shuffle) for value in given]
+
+        datamodule = cls()
+        for hook, dataset, shuffle in (("train_dataloader", train_dataset, True), ("val_dataloader", val_dataset, False),
+                                       ("test_dataloader", test_dataset, False),
+                                       ("predict_dataloader", predict_dataset, False)):
+            if dataset is not None:
+                setattr(datamodule, hook, lambda dataset=dataset, shuffle=shuffle: loaders(dataset, shuffle))
+        return datamodule
+
+    @classmethod
+    def load_from_checkpoint(cls, checkpoint_path: Any, map_location: Any = None,  # type: ignore[override]
+                             hparams_file: Any = None, **kwargs: Any) -> Any:
+        """This DataModule rebuilt from the hyperparameters a checkpoint keeps
+        (``datamodule_hyper_parameters``; ``kwargs`` win), with its ``state_dict`` loaded."""
+        from framework.checkpoint import build_from_hparams, load_checkpoint
+
+        checkpoint = load_checkpoint(checkpoint_path, map_location=map_location if map_location is not None else "cpu")
+        datamodule = build_from_hparams(cls, checkpoint.get(cls.CHECKPOINT_HYPER_PARAMS_KEY, {}), kwargs)
+        state = checkpoint.get(cls.__qualname__)
+        if state:
+            datamodule.load_state_dict(state)
+        return datamodule
 
     def prepare_data(self) -> None: ...
 

@@ -40,7 +40,7 @@ def run_evaluation(run: Run, stage: str, limit: int | None = None, log: bool = T
     loaders = run.loaders.get(stage) or []
     name = "validation_step" if stage == "validate" else "test_step"
     arity = positional_arity(getattr(module, name))
-    step_fn = run.strategy.step_fn(module, name)
+    step_fn = run.precision.converting(run.strategy.step_fn(module, name))
     prefix = "validation" if stage == "validate" else "test"
     sanity_check = state.stage == "sanity_check"
     outer_stage, state.stage = state.stage, state.stage if sanity_check else stage

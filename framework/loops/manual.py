@@ -15,7 +15,7 @@ no automatic clipping or accumulation (both refused, as in Lightning: the module
 ``self.clip_gradients`` and accumulates by stepping when it chooses). ``trainer.global_step``
 counts optimizer steps, each ``opt.step()`` one, as in Lightning.
 
-What fw does for the module, per ``ManualOptimizer.step``:
+What fw does for the module, per ``TrainOptimizer.step``:
 
 - **Gradients across ranks.** The step runs outside DDP's reducer (inside ``no_sync``), so any
   number of ``manual_backward`` calls per step is allowed (a GAN's two losses through shared
@@ -81,10 +81,10 @@ class ManualOptimization:
         reducer; the loop does nothing else with the outputs."""
         run = self.run
         strategy, precision = run.strategy, run.precision
-        step = strategy.training_step_fn(run.module)
+        step = precision.converting(strategy.training_step_fn(run.module))
         with_idx = positional_arity(run.module.training_step) >= 2
         no_sync = strategy.no_sync if strategy.multi_process else None
-        autocast = precision.autocast if precision.autocast_dtype is not None else None
+        autocast = precision.forward_context if precision.has_forward_context else None
         self._guard = guard
         self._before_backward = run.hooks.per_batch("on_before_backward")
         self._after_backward = run.hooks.per_batch("on_after_backward")
@@ -158,17 +158,38 @@ class ManualOptimization:
         return result
 
 
-class ManualOptimizer:
-    """What ``self.optimizers()`` returns (Lightning's ``LightningOptimizer``): the optimizer,
-    whose ``step`` averages gradients over ranks, unscales, runs ``on_before_optimizer_step``
-    and counts the step. Everything else is the wrapped optimizer's (``param_groups``,
-    ``state``, ``zero_grad``, ``state_dict``); ``.optimizer`` is the optimizer itself."""
+class TrainOptimizer:
+    """What ``self.optimizers()`` returns (Lightning's ``LightningOptimizer``, also exported under
+    that name): the optimizer, whose ``step`` averages gradients over ranks, unscales, runs
+    ``on_before_optimizer_step`` and counts the step. It is an instance of the wrapped optimizer's
+    class, as Lightning's is (``isinstance(opt, torch.optim.SGD)``); everything but ``step`` is
+    the wrapped optimizer's (``param_groups``, ``state``, ``zero_grad``, ``state_dict``), and
+    ``.optimizer`` is the optimizer itself."""
 
     def __init__(self, optimizer: torch.optim.Optimizer, trainer: Trainer) -> None:
         self.__dict__["optimizer"] = optimizer
         self.__dict__["_trainer"] = trainer
         #: in automatic optimization, what ``step(closure)`` does (``loops/optimization.py``)
         self.__dict__["automatic_step"] = None
+        cls = optimizer.__class__  # imitated, so that isinstance checks against it hold, as in Lightning
+        object.__setattr__(self, "__class__", type("Lightning" + cls.__name__, (TrainOptimizer, cls), {}))
+
+    # the wrapped optimizer's state, never a copy in the wrapper: the Optimizer methods this
+    # class inherits would otherwise write their own (load_state_dict replaces param_groups)
+    param_groups = property(lambda self: self.optimizer.param_groups,
+                            lambda self, value: setattr(self.optimizer, "param_groups", value))
+    state = property(lambda self: self.optimizer.state, lambda self, value: setattr(self.optimizer, "state", value))
+    defaults = property(lambda self: self.optimizer.defaults,
+                        lambda self, value: setattr(self.optimizer, "defaults", value))
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.optimizer.state_dict()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.optimizer.load_state_dict(state_dict)
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        self.optimizer.add_param_group(param_group)
 
     def use_automatic_step(self, step: Callable[..., Any] | None) -> None:
         self.__dict__["automatic_step"] = step
@@ -205,4 +226,15 @@ class ManualOptimizer:
         setattr(self.optimizer, name, value)
 
     def __repr__(self) -> str:
-        return f"ManualOptimizer({self.optimizer!r})"
+        return f"LightningOptimizer({self.optimizer!r})"
+
+    def __reduce__(self) -> Any:  # a copy or a pickle is of the optimizer itself
+        return _itself, (self.optimizer,)
+
+
+def _itself(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    return optimizer
+
+
+#: Lightning's name, for code that imports it (``isinstance(opt, LightningOptimizer)``)
+LightningOptimizer = TrainOptimizer

@@ -110,10 +110,10 @@ def _closure_fn(run: Run, optimizer: torch.optim.Optimizer, guard: NonfiniteGuar
     """``(batch, batch_idx) -> closure`` (``Closure``)."""
     module, state, hooks, strategy, precision = (run.module, run.state, run.hooks,
                                                  run.strategy, run.precision)
-    step = strategy.training_step_fn(module)
+    step = precision.converting(strategy.training_step_fn(module))
     with_idx = positional_arity(module.training_step) >= 2  # training_step(self, batch) is allowed
     accumulate = run.settings.accumulate_grad_batches
-    autocast = precision.autocast if precision.autocast_dtype is not None else None
+    autocast = precision.forward_context if precision.has_forward_context else None
     scaler = precision.scaler
     backward = module.backward if hooks.module_overrides("backward") else torch.Tensor.backward
     before_backward = hooks.per_batch("on_before_backward")

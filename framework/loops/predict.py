@@ -25,7 +25,7 @@ def run_predict(run: Run) -> list | None:
     run.state.stage = "predict"
     keep = run.return_predictions
     arity = positional_arity(module.predict_step)
-    predict_step = run.strategy.step_fn(module, "predict_step")
+    predict_step = run.precision.converting(run.strategy.step_fn(module, "predict_step"))
     per_loader: list[list] = []
     try:
         hooks("on_predict_start")

@@ -43,7 +43,9 @@ def run_train_epoch(run: Run, loader, stops: StopCheck) -> None:
     state, hooks = run.state, run.hooks
     collector = run.metrics.new_epoch("train")
     set_sampler_epoch(loader, state.epoch)
+    state.epoch_phase = 1
     hooks("on_train_epoch_start")
+    state.epoch_phase = 2
     position, limit = state.position, run.num_training_batches
     position.start(state.epoch)
     iterator, start = position.continue_epoch(loader, collector, run.module)
@@ -157,6 +159,7 @@ def _end_train_epoch(run: Run, collector: MetricCollector, validate: bool) -> No
     if (validate and run.loaders.get("validate") and _val_due_at_epoch_end(run)
             and not _stopped_early_by_steps(run) and state.stop_reason != "preempted"):  # no time for it
         run_evaluation(run, "validate", zero_grad=True)
+    state.epoch_phase = 3
     collector.compute_epoch(strategy, module, final=False)
     run.metrics.record_epoch(collector)
     hooks.train_epoch_end(monitoring=False)

@@ -122,8 +122,8 @@ class FSDPStrategy(DDPStrategy):
 
         from framework.strategies.fsdp_init import has_meta_tensors, materialize
 
-        trainer_precision = getattr(getattr(module, "trainer", None), "precision", None)
-        policy = precision_policy(getattr(trainer_precision, "precision", "32"))
+        trainer = getattr(module, "trainer", None)
+        policy = precision_policy(trainer.precision if trainer is not None else "32-true")
         if self.sync_batchnorm:
             raise ConfigError("trainer.sync_batchnorm=true with strategy fsdp: not supported; leave it off "
                               "(BatchNorm statistics then stay per rank) or use strategy ddp")

@@ -34,12 +34,12 @@ def precision_policy(precision: str) -> Any:
     in bfloat16 and reduces gradients in float32 into float32 shards (the master weights)."""
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
-    if precision == "32":
+    if precision.endswith("-true"):  # the weights are already in that dtype (Precision.convert_module)
         return MixedPrecisionPolicy()
     if precision == "bf16-mixed":
         return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     raise ConfigError(f"trainer.precision={precision} with strategy fsdp: not supported (16-mixed needs a sharded "
-                      "gradient scaler); use trainer.precision=bf16-mixed or 32-true")
+                      "gradient scaler); use trainer.precision=bf16-mixed, bf16-true or 32-true")
 
 
 def class_names(policy: Iterable[type[nn.Module] | str] | None, key: str = "trainer.strategy.auto_wrap_policy"

@@ -90,7 +90,16 @@ def _values(run: Run) -> dict[str, Any]:
         "run_id": os.environ.get("TORCHELASTIC_RUN_ID"),
         "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
         "fit_index": state.fit_index,
+        **_datamodule_hparams(run),
     }
+
+
+def _datamodule_hparams(run: Run) -> dict[str, Any]:
+    """A DataModule's ``save_hyperparameters`` values, under Lightning's key (when it has any)."""
+    datamodule = run.datamodule
+    if datamodule is None or not datamodule.hparams:
+        return {}
+    return {datamodule.CHECKPOINT_HYPER_PARAMS_KEY: ckpt.plain_hparams(datamodule.hparams)}
 
 
 def _on_save_hooks(run: Run, checkpoint: dict) -> None:
@@ -104,7 +113,7 @@ def _on_save_hooks(run: Run, checkpoint: dict) -> None:
 
 def _load_weights(module: torch.nn.Module, weights: dict, path: str) -> None:
     try:
-        module.load_state_dict(weights)
+        module.load_state_dict(weights, strict=getattr(module, "strict_loading", True))
     except RuntimeError as err:
         raise CheckpointError(f"checkpoint '{path}' does not fit this model: {ckpt.state_dict_mismatch(err)}") from None
 

@@ -32,7 +32,12 @@ def _setting(name: str) -> property:
 
 
 def _limit(stage: str) -> property:
-    return property(lambda self: self.settings.limits[stage], doc=f"``limit_*_batches`` of ``{stage}``.")
+    return property(lambda self: _or_all(self.settings.limits[stage]), doc=f"``limit_*_batches`` of ``{stage}``.")
+
+
+def _or_all(value: int | float | None) -> int | float:
+    """Lightning's value of a limit or interval that was not given: 1.0 (all of it)."""
+    return 1.0 if value is None else value
 
 
 class TrainerProperties:
@@ -55,7 +60,8 @@ class TrainerProperties:
     accumulate_grad_batches = _setting("accumulate_grad_batches")
     gradient_clip_val = _setting("gradient_clip_val")
     gradient_clip_algorithm = _setting("gradient_clip_algorithm")
-    val_check_interval = _setting("val_check_interval")
+    val_check_interval = property(lambda self: _or_all(self.settings.val_check_interval),
+                                  doc="The resolved ``val_check_interval`` (1.0 when not given, as in Lightning).")
     check_val_every_n_epoch = _setting("check_val_every_n_epoch")
     num_sanity_val_steps = _setting("num_sanity_val_steps")
     log_every_n_steps = _setting("log_every_n_steps")
@@ -203,10 +209,6 @@ class TrainerProperties:
     @property
     def num_training_batches(self) -> float:
         return self.run.num_training_batches if self.run is not None else math.inf
-
-    @property
-    def num_val_batches(self) -> int | float:
-        return self.run.num_val_batches if self.run is not None else 0
 
     @property
     def estimated_stepping_batches(self) -> float:

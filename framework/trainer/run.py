@@ -92,7 +92,7 @@ class Run:
         """A new call's Run: the Trainer's shared parts, a hook dispatcher over ``callbacks``, no
         metrics yet."""
         return cls(fn=fn, trainer=trainer, settings=trainer.settings, strategy=trainer.strategy,
-                   accelerator=trainer.accelerator, precision=trainer.precision, state=trainer.state,
+                   accelerator=trainer.accelerator, precision=trainer.precision_plugin, state=trainer.state,
                    metrics=LoggedMetrics(), loggers=trainer.loggers, callbacks=callbacks, module=module,
                    hooks=HookDispatcher(callbacks, trainer, module), datamodule=datamodule)
 

@@ -16,7 +16,6 @@ import torch
 
 from framework.activation_checkpointing import checkpoint_activations, one_policy
 from framework.callbacks.base import Callback
-from framework.checkpoint import check_writable_on_every_rank, plain_hparams
 from framework.compile import compile_model
 from framework.data import DataModule
 from framework.data.run_loaders import LOADER_METHODS, LoaderSource
@@ -28,7 +27,7 @@ from framework.optim import parse_optimizers
 from framework.rank_zero import rank_zero_info, rank_zero_warn
 from framework.seed import sampler_seed
 from framework.trainer import arguments as args
-from framework.trainer import checkpointing
+from framework.trainer import checkpointing, run_loggers
 from framework.trainer.differences import note_differences
 from framework.trainer.run import Run
 
@@ -61,23 +60,6 @@ def without_dev_run_callbacks(callbacks: list) -> list:
     return [c for c in callbacks if not isinstance(c, (ModelCheckpoint, EarlyStopping, LearningRateMonitor))]
 
 
-def resolve_loggers(logger: Any) -> list:
-    from framework.loggers import Logger, TensorBoardLogger
-
-    if logger is True:
-        return [TensorBoardLogger()]
-    if logger in (False, None):
-        return []
-    loggers = list(logger) if isinstance(logger, (list, tuple)) else [logger]
-    for lg in loggers:
-        if not isinstance(lg, Logger):
-            raise ConfigError(
-                f"logger: {lg!r} is not an fw Logger; use true, false, or a mapping like "
-                "{_target_: framework.loggers.TensorBoardLogger}"
-            )
-    return loggers
-
-
 # -- set-up ---------------------------------------------------------------------------------------
 def new_run(trainer: Trainer, fn: str, model: TrainModule, datamodule: DataModule | None) -> Run:
     """The call's ``Run``, with the process settings it asks for applied: from here on
@@ -99,6 +81,8 @@ def setup(run: Run, loaders: dict, ckpt_path: Any) -> str | None:
     strategy, settings = run.strategy, run.settings
     strategy.setup_environment()
     model.trainer = trainer
+    if datamodule is not None:
+        datamodule.trainer = trainer
     if strategy.local_rank == 0:  # downloads and files: once per node
         if datamodule is not None:
             datamodule.prepare_data()
@@ -107,10 +91,11 @@ def setup(run: Run, loaders: dict, ckpt_path: Any) -> str | None:
     if datamodule is not None:
         datamodule.setup(fn)
     resume_path = checkpointing.resolve_path(run, ckpt_path)
-    _setup_loggers(run, resume_path)  # the run directory, which the callbacks' setup may use
+    run_loggers.setup_loggers(run, resume_path)  # the run directory, which the callbacks' setup may use
     run.hooks.callbacks("setup", fn)  # Lightning's order: the DataModule, the callbacks, the module
     model.setup(fn)
-    model.configure_model()
+    with run.precision.init_context():  # 64-true: the layers it makes are float64
+        model.configure_model()
     policy, key = one_policy(settings.activation_checkpointing, strategy.activation_checkpointing_policy)
     checkpoint_activations(model, policy, key)  # before the strategy wraps or shards the model
     run.metrics.strategy = strategy if strategy.is_distributed else None
@@ -124,6 +109,7 @@ def setup(run: Run, loaders: dict, ckpt_path: Any) -> str | None:
         for key, given in loaders.items()
         if given is not None or datamodule is not None or _defines_loader(model, key)
     }
+    run.precision.convert_module(model)
     strategy.setup_module(model)
     compiled = compile_model(model, settings.compile, strategy.compile_units(model), strategy.root_device.type)
     if fn == "fit":
@@ -182,20 +168,6 @@ def _needs_loader(run: Run, key: str, given: Any, source: Any) -> bool:
         rank_zero_warn(f"validation data was given but {type(model).__name__} has no validation_step: "
                        "fit skips validation (define validation_step to validate)")
     return False
-
-
-def _setup_loggers(run: Run, resume_path: str | None) -> None:
-    root, strategy = run.settings.default_root_dir, run.strategy
-    check_writable_on_every_rank(root, "trainer.default_root_dir", strategy)
-    for lg in run.loggers:
-        lg.set_default_root(root, resume_from=resume_path)
-    log_dir = run.loggers[0].log_dir if run.loggers and strategy.is_global_zero else None
-    # every rank has the same loggers (the same arguments): without any there is nothing to send
-    run.log_dir = strategy.broadcast(log_dir) if strategy.is_distributed and run.loggers else log_dir
-    if strategy.is_global_zero:
-        hparams = plain_hparams(getattr(run.module, "hparams", {}) or {})
-        for lg in run.loggers:
-            lg.log_hyperparams(hparams)
 
 
 def print_summary(run: Run) -> None:

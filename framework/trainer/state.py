@@ -31,6 +31,9 @@ class RunState:
         epoch: the current epoch (0-based); Lightning's ``trainer.current_epoch``. An epoch cut
             short by a stop (``max_steps``, ``max_time``, ``should_stop``) still ends and counts,
             as in Lightning; ``position`` remembers that it was cut.
+        epoch_phase: how far the current epoch is: 0 not begun, 1 begun (its
+            ``on_train_epoch_start`` runs), 2 running batches, 3 batches done (its end hooks run);
+            what ``trainer.fit_loop.epoch_progress`` reports, as Lightning counts it.
         global_step: optimizer steps taken so far (all epochs).
         batches_that_stepped: Lightning's ``_batches_that_stepped``: batches whose optimizer step
             ran (automatic optimization), or batches run (manual); loggers see step rows every
@@ -53,6 +56,7 @@ class RunState:
     stage: str | None = None
     status: str = "initializing"
     epoch: int = 0
+    epoch_phase: int = 0
     global_step: int = 0
     batches_that_stepped: int = 0
     eval_batches: int = 0
@@ -68,6 +72,7 @@ class RunState:
     def advance_epoch(self) -> None:
         """Count the epoch (finished or cut); a finished one moves the position on."""
         self.epoch += 1
+        self.epoch_phase = 0
         self.position.move_on(self.epoch)
 
     def stop(self, reason: str) -> None:

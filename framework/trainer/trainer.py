@@ -30,8 +30,9 @@ from framework.rank_zero import rank_zero_info
 from framework.strategies import Strategy, create_strategy
 from framework.strategies.launchers import die_with_launcher, record_worker_error
 from framework.trainer import arguments as args
-from framework.trainer import checkpointing, setup
+from framework.trainer import checkpointing, run_loggers, setup
 from framework.trainer.heartbeat import Heartbeat
+from framework.trainer.lightning_views import FitLoopView, LightningViews
 from framework.trainer.metrics import LoggedMetrics
 from framework.trainer.outcome import Outcome
 from framework.trainer.parts import Stateful
@@ -43,7 +44,7 @@ from framework.trainer.state import RunState
 from framework.trainer.summary import print_results
 
 
-class Trainer(TrainerProperties):
+class Trainer(TrainerProperties, LightningViews):
     """Runs fit/validate/test/predict for a ``TrainModule``. Keyword names follow Lightning's.
 
     This signature is the one list of the Trainer's arguments: the recipe schema
@@ -55,7 +56,8 @@ class Trainer(TrainerProperties):
         num_nodes: nodes in the job; ``devices * num_nodes`` is the world size.
         strategy: ``single``, ``dp``, ``ddp``, ``ddp_gloo``, ``ddp_nccl``, ``mpi``, ``auto``, a
             mapping ``{name: ..., init_method: ..., timeout: ...}`` or a Strategy.
-        precision: ``32``, ``bf16-mixed`` or ``16-mixed``.
+        precision: ``32-true`` (or ``32``), ``64-true``, ``bf16-mixed``, ``16-mixed``, ``bf16-true`` or
+            ``16-true``, as in Lightning; ``trainer.precision`` is that name.
         max_epochs, min_epochs, max_steps, max_time: when to stop (max_time: seconds,
             ``"DD:HH:MM:SS"`` or ``{days, hours, minutes, seconds}``).
         accumulate_grad_batches: optimiser step every k batches (DDP skips the all-reduce on
@@ -83,7 +85,7 @@ class Trainer(TrainerProperties):
 
     def __init__(
         self, accelerator: str = "auto", strategy: Any = "auto", devices: Any = "auto", num_nodes: int = 1,
-        precision: Any = "32", logger: Any = True, callbacks: list[Callback] | Callback | None = None,
+        precision: Any = "32-true", logger: Any = True, callbacks: list[Callback] | Callback | None = None,
         max_epochs: int | None = None, min_epochs: int | None = None, max_steps: int = -1, max_time: Any = None,
         limit_train_batches: int | float | None = None, limit_val_batches: int | float | None = None,
         limit_test_batches: int | float | None = None, limit_predict_batches: int | float | None = None,
@@ -117,7 +119,7 @@ class Trainer(TrainerProperties):
         self.launcher = self.strategy.launcher(self.environment, self.num_nodes, self.settings.max_restarts,
                                                self.settings.rdzv_endpoint)
         die_with_launcher()
-        self.precision = Precision(precision, self.accelerator.name)
+        self.precision_plugin = Precision(precision, self.accelerator.name)
 
         # the parts a run calls into, and what it produces
         self.callbacks = setup.default_callbacks(args.check_callbacks(args.as_list(callbacks)),
@@ -126,13 +128,14 @@ class Trainer(TrainerProperties):
             self.callbacks = setup.without_dev_run_callbacks(self.callbacks)
             n = self.settings.fast_dev_run
             rank_zero_info(f"fw: fast_dev_run={n}: {n} batch(es) per stage, without logging or checkpoints")
-        self.loggers = setup.resolve_loggers(logger if self.settings.enable_logger else False)
+        self.loggers = run_loggers.resolve_loggers(logger if self.settings.enable_logger else False)
         self.state = RunState()
         self._no_metrics = LoggedMetrics()  # what the metric properties read before the first call
         #: the current call's ``Run`` (``run.py``), or the last one's once it returned
         self.run: Run | None = None
         #: the user's own stateful objects, saved in (and restored from) every checkpoint of a fit
         self.checkpoint_parts: dict[str, Stateful] = {}
+        self.fit_loop = FitLoopView(self)  # Lightning's ``trainer.fit_loop``: its progress and bounds
 
     # -- public API -----------------------------------------------------------------------------
     def fit(self, model: TrainModule, train_dataloaders: Any = None, val_dataloaders: Any = None,
@@ -171,7 +174,10 @@ class Trainer(TrainerProperties):
         """Lightning's ``with trainer.init_module(): model = Model()``: under ``fsdp`` the model is
         built on the meta device (no memory; ``empty_init=False`` builds it in memory) and made
         real shard by shard once sharded; under other strategies it is built as without it."""
-        return self.strategy.tensor_init_context(empty_init)
+        stack = contextlib.ExitStack()
+        stack.enter_context(self.strategy.tensor_init_context(empty_init))
+        stack.enter_context(self.precision_plugin.init_context())  # 64-true: layers made in float64
+        return stack
 
     def save_checkpoint(self, path: str | os.PathLike) -> None:
         """Write a checkpoint (call on every rank: rank 0 writes, the others wait)."""

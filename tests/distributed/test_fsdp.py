@@ -309,8 +309,9 @@ def test_a_stop_signal_under_fsdp_writes_a_checkpoint_that_resumes_bit_for_bit(t
     stopped = forked.run_script(script, str(tmp_path), "signal", str(int(signum)), nprocs=2, timeout=100)
     assert stopped.returncode == 0, stopped.output  # a stop asked for ends the program with 0
     preempted = read_values(tmp_path / "checkpoints" / "preempted.ckpt")  # a sharded folder
-    # the ranks stopped together mid-epoch (30 batches an epoch; measured: step 20)
-    assert 3 < preempted["global_step"] < 30 and preempted["fw_optimizer_keys"] == "names"
+    # the ranks stopped together mid-epoch (30 batches an epoch; measured: step 20, or 3 when steps are
+    # slow enough that the ranks agree at the next batch)
+    assert 3 <= preempted["global_step"] < 30 and preempted["fw_optimizer_keys"] == "names"
     check_ok(forked.run_script(script, str(tmp_path), "resume", "0", nprocs=2, timeout=100))
     runs = torch.load(tmp_path / "signalled.pt")
     assert runs["resumed"]["global_step"] == runs["straight"]["global_step"] == 40

@@ -66,7 +66,7 @@ def test_single_gpu_trains_on_cuda_with_pinned_non_blocking_batches():
 @pytest.mark.parametrize("precision", ["bf16-mixed", "16-mixed"])
 def test_mixed_precision_on_cuda(precision):
     model, trainer = _fit("single", 1, 8, precision=precision)
-    assert (trainer.precision.scaler is not None) == (precision == "16-mixed")
+    assert (trainer.scaler is not None) == (precision == "16-mixed")
     assert all(torch.isfinite(p).all() for p in model.parameters())
     _assert_close_to(model, _cpu_reference(8), atol=5e-2)
 

@@ -1,0 +1,96 @@
+"""The rest of a ``TrainModule``'s Lightning names: where it runs (``on_gpu``), how a checkpoint's
+weights are loaded into it (``strict_loading``), exporting it (``to_onnx``, ``to_torchscript``),
+and the class attributes Lightning code sets or reads (``prepare_data_per_node``, the
+checkpoint's hyperparameter keys). Each means what Lightning's does."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+
+class ModuleExtras(nn.Module):
+    """Mixed into ``TrainModule``."""
+
+    #: the checkpoint keys ``save_hyperparameters``' values are stored under, as in Lightning
+    CHECKPOINT_HYPER_PARAMS_KEY = "hyper_parameters"
+    CHECKPOINT_HYPER_PARAMS_NAME = "hparams_name"
+    CHECKPOINT_HYPER_PARAMS_TYPE = "hparams_type"
+    #: ``prepare_data`` once per machine (True) or once per job (False), as in Lightning
+    prepare_data_per_node = True
+    #: Lightning's switch for loaders that are empty on some ranks; fw refuses an empty loader either way
+    allow_zero_length_dataloader_with_multiple_devices = False
+    #: Lightning Fabric's handle; a TrainModule runs under a Trainer only
+    fabric = None
+
+    example_input_array: Any  # TrainModule's property
+
+    @property
+    def on_gpu(self) -> bool:
+        """Whether the module's parameters are on a CUDA device."""
+        return any(p.is_cuda for p in self.parameters())
+
+    @property
+    def strict_loading(self) -> bool:
+        """Whether a checkpoint's weights must match the module's exactly (``ckpt_path=`` and
+        ``load_from_checkpoint``); set it to False to load a checkpoint that lacks some weights
+        (a frozen backbone not saved, say)."""
+        return self.__dict__.get("_strict_loading") in (None, True)
+
+    @strict_loading.setter
+    def strict_loading(self, value: bool) -> None:
+        object.__setattr__(self, "_strict_loading", bool(value))
+
+    def _export_input(self, given: Any, what: str) -> Any:
+        from framework.accelerators.base import move_to_device
+
+        sample = given if given is not None else self.example_input_array
+        if sample is None:
+            raise ValueError(f"{type(self).__name__}.{what}: no input to trace with; pass one, or set "
+                             "self.example_input_array in __init__")
+        device = next((p.device for p in self.parameters()), torch.device("cpu"))
+        return move_to_device(sample, device)
+
+    def to_onnx(self, file_path: str | Path | Any = None, input_sample: Any = None, **kwargs: Any) -> Any:
+        """The module exported with ``torch.onnx.export`` (``kwargs`` are its), traced with
+        ``input_sample`` or ``example_input_array``; written to ``file_path`` when given."""
+        if importlib.util.find_spec("onnx") is None:
+            raise ModuleNotFoundError(f"{type(self).__name__}.to_onnx() needs the onnx package: pip install onnx "
+                                      "onnxscript")
+        mode = self.training
+        sample = self._export_input(input_sample, "to_onnx()")
+        path = str(file_path) if isinstance(file_path, Path) else file_path
+        result = torch.onnx.export(self, sample, path, **kwargs)
+        self.train(mode)
+        return result
+
+    @torch.no_grad()
+    def to_torchscript(self, file_path: str | Path | None = None, method: str | None = "script",
+                       example_inputs: Any = None, **kwargs: Any) -> Any:
+        """The module as a ``torch.jit.ScriptModule`` (in eval mode): ``method="script"`` compiles
+        ``forward``, ``"trace"`` traces it with ``example_inputs`` (or ``example_input_array``);
+        saved to ``file_path`` when given. TorchScript is deprecated in PyTorch (use
+        ``torch.export``), as Lightning 2.7 also says."""
+        mode = self.training
+        if method == "script":
+            scripted = torch.jit.script(self.eval(), **kwargs)
+        elif method == "trace":
+            sample = self._export_input(example_inputs, "to_torchscript(method='trace')")
+            scripted = torch.jit.trace(func=self.eval(), example_inputs=sample, **kwargs)
+        else:
+            raise ValueError(f"to_torchscript(method={method!r}): use 'script' or 'trace'")
+        self.train(mode)
+        if file_path is not None:
+            torch.jit.save(scripted, str(file_path))
+        return scripted
+
+
+def jit_unused_properties(cls: type) -> list[str]:
+    """The properties of ``cls`` that ``torch.jit.script`` must not compile (they read the
+    Trainer): all of them, as Lightning lists its own."""
+    return sorted({name for klass in cls.__mro__ if klass.__module__.startswith("framework.")
+                   for name, value in vars(klass).items() if isinstance(value, property)})

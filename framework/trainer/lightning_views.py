@@ -1,0 +1,182 @@
+"""The rest of the Trainer's Lightning names that Lightning code reads: ``trainer.precision`` (the
+name), ``scaler``, ``fit_loop`` (its epoch progress and limits), the per-loader batch counts, and
+the stage and signal flags. Each means what Lightning's does; kept apart from ``properties.py`` so
+that each file stays one concept (these are views of Lightning's loop objects, which fw does not
+have)."""
+
+from __future__ import annotations
+
+import dataclasses
+import signal
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+    from framework.precision import Precision
+    from framework.strategies import Strategy
+    from framework.trainer.run import Run
+    from framework.trainer.settings import Settings
+    from framework.trainer.state import RunState
+
+
+@dataclasses.dataclass(frozen=True)
+class Tracker:
+    """Lightning's ``_ProcessedTracker``: how many epochs were made ready, started (their
+    ``on_train_epoch_start`` ran), processed (their batches ran) and completed."""
+
+    ready: int
+    started: int
+    processed: int
+    completed: int
+
+
+@dataclasses.dataclass(frozen=True)
+class EpochProgress:
+    """Lightning's ``fit_loop.epoch_progress``; ``total`` and ``current`` are equal in fw (a resumed
+    run continues the counts it saved, as Lightning's do)."""
+
+    total: Tracker
+    current: Tracker
+
+
+class EpochLoopView:
+    """Lightning's ``trainer.fit_loop.epoch_loop``: the step counters."""
+
+    def __init__(self, trainer: Any) -> None:
+        self._trainer = trainer
+
+    @property
+    def global_step(self) -> int:
+        return self._trainer.state.global_step
+
+    @property
+    def max_steps(self) -> int:
+        return self._trainer.settings.max_steps
+
+    @property
+    def _batches_that_stepped(self) -> int:
+        return self._trainer.state.batches_that_stepped
+
+    @property
+    def batch_idx(self) -> int:
+        """The index of the last training batch run in this epoch (-1 before the first)."""
+        return self._trainer.state.position.batches - 1
+
+
+class FitLoopView:
+    """Lightning's ``trainer.fit_loop``: ``epoch_progress``, the epoch and step bounds (which
+    may be set between fits, as in Lightning: ``trainer.fit_loop.max_epochs = 10``)."""
+
+    def __init__(self, trainer: Any) -> None:
+        self._trainer = trainer
+        self.epoch_loop = EpochLoopView(trainer)
+
+    @property
+    def epoch_progress(self) -> EpochProgress:
+        state: RunState = self._trainer.state
+        epoch, phase = state.epoch, state.epoch_phase
+        tracker = Tracker(ready=epoch + (phase >= 1), started=epoch + (phase >= 2), processed=epoch + (phase >= 3),
+                          completed=epoch)
+        return EpochProgress(total=tracker, current=tracker)
+
+    def _setting(self, name: str) -> Any:
+        return getattr(self._trainer.settings, name)
+
+    def _change(self, name: str, value: int) -> None:
+        """The next fit's bound (and the running fit's, read at its next epoch)."""
+        trainer = self._trainer
+        trainer.settings = dataclasses.replace(trainer.settings, **{name: int(value)})
+        if trainer.run is not None:
+            trainer.run.settings = trainer.settings
+
+    max_epochs = property(lambda self: self._setting("max_epochs"), lambda self, v: self._change("max_epochs", v))
+    min_epochs = property(lambda self: self._setting("min_epochs"), lambda self, v: self._change("min_epochs", v))
+    max_steps = property(lambda self: self._setting("max_steps"), lambda self, v: self._change("max_steps", v))
+
+    @property
+    def total_batch_idx(self) -> int:
+        return self._trainer.state.batches_that_stepped - 1
+
+
+class LightningViews:
+    """Mixed into ``Trainer``."""
+
+    settings: Settings
+    strategy: Strategy
+    state: RunState
+    run: Run | None
+    precision_plugin: Precision
+    fit_loop: FitLoopView
+
+    @property
+    def precision(self) -> str:
+        """Lightning's name of the run's precision: ``32-true``, ``bf16-mixed``, ``16-mixed``,
+        ``64-true``, ``bf16-true`` or ``16-true`` (the object is ``precision_plugin``)."""
+        return self.precision_plugin.precision
+
+    @property
+    def scaler(self) -> torch.amp.GradScaler | None:
+        return self.precision_plugin.scaler
+
+    @property
+    def received_sigterm(self) -> bool:
+        return self.state.signal == signal.SIGTERM
+
+    @property
+    def evaluating(self) -> bool:
+        return self.state.stage in ("validate", "test", "sanity_check")
+
+    @property
+    def enable_validation(self) -> bool:
+        """Whether this fit validates: it has validation batches and a ``validation_step``."""
+        run = self.run
+        return run is not None and run.state.fn == "fit" and bool(self.num_val_batches) \
+            and any(n > 0 for n in self.num_val_batches)
+
+    @property
+    def distributed_sampler_kwargs(self) -> dict[str, int] | None:
+        """How a sampler shards the data over this job (None in one process)."""
+        strategy = self.strategy
+        if not strategy.multi_process:
+            return None
+        return {"num_replicas": strategy.data_parallel_size, "rank": strategy.data_parallel_rank}
+
+    def _batches_per_loader(self, stage: str) -> list[int | float]:
+        from framework.loops.batches import num_batches
+
+        loaders = (self.run.loaders.get(stage) if self.run is not None else None) or []
+        return [num_batches(loader, self.settings.limits[stage]) for loader in loaders]
+
+    @property
+    def num_val_batches(self) -> list[int | float]:
+        """Validation batches per loader, for ``fit`` or ``validate`` (Lightning's list)."""
+        return self._batches_per_loader("validate")
+
+    @property
+    def num_sanity_val_batches(self) -> list[int | float]:
+        return [min(self.settings.num_sanity_val_steps, n) for n in self.num_val_batches]
+
+    @property
+    def num_test_batches(self) -> list[int | float]:
+        return self._batches_per_loader("test")
+
+    @property
+    def num_predict_batches(self) -> list[int | float]:
+        return self._batches_per_loader("predict")
+
+    @property
+    def val_check_batch(self) -> int | float | None:
+        """Training batches between validations inside an epoch (None outside a fit)."""
+        run = self.run
+        if run is None or run.state.fn != "fit":
+            return None
+        interval, limit = self.settings.val_check_interval, run.num_training_batches
+        if interval is None or (isinstance(interval, float) and interval == 1.0):
+            return limit
+        return max(1, int(limit * interval)) if isinstance(interval, float) else int(interval)
+
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        """``print`` on each machine's first process only, as Lightning's ``trainer.print``."""
+        if self.strategy.local_rank == 0:
+            print(*args, **kwargs)  # noqa: T201 - the user's own print, as in Lightning

@@ -1,0 +1,59 @@
+"""The run's loggers: which ones (the ``logger`` argument), where they write (the run
+directory, the same on every rank) and what they are told first (the hyperparameters)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from framework.checkpoint import check_writable_on_every_rank, plain_hparams
+from framework.errors import ConfigError
+
+if TYPE_CHECKING:
+    from framework.data import DataModule
+    from framework.module import TrainModule
+    from framework.trainer.run import Run
+
+
+def resolve_loggers(logger: Any) -> list:
+    from framework.loggers import Logger, TensorBoardLogger
+
+    if logger is True:
+        return [TensorBoardLogger()]
+    if logger in (False, None):
+        return []
+    loggers = list(logger) if isinstance(logger, (list, tuple)) else [logger]
+    for lg in loggers:
+        if not isinstance(lg, Logger):
+            raise ConfigError(
+                f"logger: {lg!r} is not an fw Logger; use true, false, or a mapping like "
+                "{_target_: framework.loggers.TensorBoardLogger}"
+            )
+    return loggers
+
+
+def setup_loggers(run: Run, resume_path: str | None) -> None:
+    root, strategy = run.settings.default_root_dir, run.strategy
+    check_writable_on_every_rank(root, "trainer.default_root_dir", strategy)
+    for lg in run.loggers:
+        lg.set_default_root(root, resume_from=resume_path)
+    log_dir = run.loggers[0].log_dir if run.loggers and strategy.is_global_zero else None
+    # every rank has the same loggers (the same arguments): without any there is nothing to send
+    run.log_dir = strategy.broadcast(log_dir) if strategy.is_distributed and run.loggers else log_dir
+    if strategy.is_global_zero and run.loggers:
+        hparams = plain_hparams(_logged_hparams(run.module, run.datamodule))
+        for lg in run.loggers:
+            lg.log_hyperparams(hparams)
+
+
+def _logged_hparams(module: TrainModule, datamodule: DataModule | None) -> dict:
+    """What the loggers get, as in Lightning: the module's and the DataModule's hyperparameters
+    as ``save_hyperparameters`` recorded them (``logger=False`` there leaves them out); a name
+    both give with different values is an error."""
+    ours = module.hparams_initial if getattr(module, "_log_hyperparams", True) else {}
+    theirs = datamodule.hparams_initial if datamodule is not None and getattr(datamodule, "_log_hyperparams", True) \
+        else {}
+    clash = sorted(key for key in ours.keys() & theirs.keys() if ours[key] != theirs[key])
+    if clash:
+        raise ConfigError(f"hyperparameter(s) {', '.join(map(repr, clash))} differ between {type(module).__name__} "
+                          f"and {type(datamodule).__name__}: rename one, or save_hyperparameters(logger=False) in one")
+    return {**ours, **theirs}
