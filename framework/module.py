@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from framework.hparams import HyperparametersMixin
-from framework.module_extras import ModuleExtras, jit_unused_properties
+from framework.module_extras import JIT_IGNORED_ATTRIBUTES, ModuleExtras, jit_unused_properties
 from framework.module_hooks import ModuleHooks, unwrapped
 from framework.rank_zero import rank_zero_print
 
@@ -63,9 +63,12 @@ class TrainModule(HyperparametersMixin, ModuleHooks, ModuleExtras, nn.Module):
     # -- where the module stands ------------------------------------------------------------
     @property
     def trainer(self) -> Trainer:
-        if self._trainer is None:
+        trainer = self._trainer
+        if trainer is None:
+            if self.__dict__.get("_jit_is_scripting"):  # to_torchscript reads every name
+                return None  # type: ignore[return-value]
             raise RuntimeError(f"{type(self).__name__} is not attached to a Trainer")
-        return self._trainer
+        return trainer
 
     @trainer.setter
     def trainer(self, trainer: Trainer | None) -> None:
@@ -293,3 +296,4 @@ class TrainModule(HyperparametersMixin, ModuleHooks, ModuleExtras, nn.Module):
 
 #: what ``to_torchscript`` must not compile (each reads the Trainer), as Lightning lists them
 TrainModule.__jit_unused_properties__ = jit_unused_properties(TrainModule)  # type: ignore[attr-defined]
+TrainModule.__jit_ignored_attributes__ = JIT_IGNORED_ATTRIBUTES  # type: ignore[attr-defined]

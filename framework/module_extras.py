@@ -75,18 +75,31 @@ class ModuleExtras(nn.Module):
         ``forward``, ``"trace"`` traces it with ``example_inputs`` (or ``example_input_array``);
         saved to ``file_path`` when given. TorchScript is deprecated in PyTorch (use
         ``torch.export``), as Lightning 2.7 also says."""
-        mode = self.training
-        if method == "script":
-            scripted = torch.jit.script(self.eval(), **kwargs)
-        elif method == "trace":
-            sample = self._export_input(example_inputs, "to_torchscript(method='trace')")
-            scripted = torch.jit.trace(func=self.eval(), example_inputs=sample, **kwargs)
-        else:
+        if method not in ("script", "trace"):
             raise ValueError(f"to_torchscript(method={method!r}): use 'script' or 'trace'")
-        self.train(mode)
+        mode = self.training
+        modules = [m for m in self.modules() if isinstance(m, ModuleExtras)]
+        for m in modules:  # the scripting reads every attribute: ``trainer`` must not raise then
+            object.__setattr__(m, "_jit_is_scripting", True)
+        try:
+            if method == "script":
+                scripted = torch.jit.script(self.eval(), **kwargs)
+            else:
+                sample = self._export_input(example_inputs, "to_torchscript(method='trace')")
+                scripted = torch.jit.trace(func=self.eval(), example_inputs=sample, **kwargs)
+        finally:
+            for m in modules:
+                object.__setattr__(m, "_jit_is_scripting", False)
+            self.train(mode)
         if file_path is not None:
             torch.jit.save(scripted, str(file_path))
         return scripted
+
+
+#: the attributes fw keeps on a module (the Trainer, the flags): not for TorchScript to type
+JIT_IGNORED_ATTRIBUTES = ["_trainer", "_automatic_optimization", "_toggled", "_hparams", "_hparams_initial",
+                          "_log_hyperparams", "_strict_loading", "_example_input_array", "_jit_is_scripting",
+                          "_wrapped_optimizers"]
 
 
 def jit_unused_properties(cls: type) -> list[str]:

@@ -10,6 +10,7 @@ resumed epoch's iterator, which skips what was trained: ``sampler_injection.iter
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,7 +58,16 @@ class LoaderSource:
                               "(a shuffling DataLoader needs at least one sample); check the data") from None
         if loader is None:
             return []
+        if isinstance(loader, Mapping):  # Lightning's named loaders: in their order, as dataloader_idx 0, 1, ...
+            loader = list(loader.values())
         loaders = list(loader) if isinstance(loader, (list, tuple)) else [loader]
+        if key == "train" and len(loaders) > 1:
+            where = "fit(train_dataloaders=...)" if given is not None else \
+                f"{type(self.source).__name__}.train_dataloader()"
+            raise ConfigError(
+                f"{where} gave {len(loaders)} training loaders; fw trains on one (Lightning would zip them into one "
+                "batch of batches, CombinedLoader's max_size_cycle): combine them into one DataLoader, e.g. over "
+                "torch.utils.data.ConcatDataset, or a Dataset that returns one item of each")
         if key == "train" and self.overfit:
             loaders = [without_shuffle(dl) for dl in loaders]
         if key == "train" and self.ordered:

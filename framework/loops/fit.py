@@ -47,6 +47,7 @@ def run_fit(run: Run) -> None:
     if state.position.resume_from is not None:
         state.position.resume_from.restore_rng()
     state.stage = "train"
+    run.fit_batches = run.num_training_batches
     _warn_if_modules_in_eval_mode(run.module)
     hooks("on_train_start")
     stops, source = run.stop_check, run.loader_source
@@ -57,7 +58,7 @@ def run_fit(run: Run) -> None:
         if state.epoch > 0 and every(reload_every, state.epoch):
             source.reload(run.loaders)
             loader = run.loaders["train"][0]
-            run.num_training_batches = num_batches(loader, run.settings.limits["train"])
+            run.num_training_batches = run.fit_batches = num_batches(loader, run.settings.limits["train"])
         run_train_epoch(run, loader, stops)
         stops()
     state.stage = None

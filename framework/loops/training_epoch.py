@@ -41,11 +41,7 @@ if TYPE_CHECKING:
 
 def run_train_epoch(run: Run, loader, stops: StopCheck) -> None:
     state, hooks = run.state, run.hooks
-    collector = run.metrics.new_epoch("train")
-    set_sampler_epoch(loader, state.epoch)
-    state.epoch_phase = 1
-    hooks("on_train_epoch_start")
-    state.epoch_phase = 2
+    collector = _begin_epoch(run, loader)
     position, limit = state.position, run.num_training_batches
     position.start(state.epoch)
     iterator, start = position.continue_epoch(loader, collector, run.module)
@@ -66,6 +62,7 @@ def run_train_epoch(run: Run, loader, stops: StopCheck) -> None:
         if batch_idx >= limit:
             break
         batch = metrics.current_batch = to_device(batch)
+        state.batch_idx = batch_idx
         state.is_last_batch = last = batch_idx + 1 == limit or (lookahead is not None and lookahead.last)
         if batch_start is not None and batch_start(batch, batch_idx) == -1:
             rest_skipped = True  # Lightning: the rest of the epoch is skipped, and the epoch counts as done;
@@ -101,6 +98,18 @@ def run_train_epoch(run: Run, loader, stops: StopCheck) -> None:
     if not at_end and position.batches and not rest_skipped:  # a stop cut the epoch short: a resume continues it
         position.cut_short(collector.state_dict(run.module))
     _end_train_epoch(run, collector, validate=not rest_skipped)
+
+
+def _begin_epoch(run: Run, loader) -> MetricCollector:
+    """The epoch's metrics, its sampler epoch, and ``on_train_epoch_start`` between the counts
+    of Lightning's ``epoch_progress`` (ready before it, started after)."""
+    state = run.state
+    collector = run.metrics.new_epoch("train")
+    set_sampler_epoch(loader, state.epoch)
+    state.epoch_phase = 1
+    run.hooks("on_train_epoch_start")
+    state.epoch_phase = 2
+    return collector
 
 
 def _batch_step(run: Run) -> tuple[Callable[[Any, int, bool], Any], Callable[[], None]]:

@@ -60,8 +60,8 @@ class EpochLoopView:
 
     @property
     def batch_idx(self) -> int:
-        """The index of the last training batch run in this epoch (-1 before the first)."""
-        return self._trainer.state.position.batches - 1
+        """The index in its epoch of the training batch running, or of the last one run."""
+        return self._trainer.state.batch_idx
 
 
 class FitLoopView:
@@ -94,10 +94,6 @@ class FitLoopView:
     min_epochs = property(lambda self: self._setting("min_epochs"), lambda self, v: self._change("min_epochs", v))
     max_steps = property(lambda self: self._setting("max_steps"), lambda self, v: self._change("max_steps", v))
 
-    @property
-    def total_batch_idx(self) -> int:
-        return self._trainer.state.batches_that_stepped - 1
-
 
 class LightningViews:
     """Mixed into ``Trainer``."""
@@ -129,10 +125,21 @@ class LightningViews:
 
     @property
     def enable_validation(self) -> bool:
-        """Whether this fit validates: it has validation batches and a ``validation_step``."""
+        """Lightning's: the module has a ``validation_step`` and validation data (given, or a
+        ``val_dataloader()``), and ``limit_val_batches`` is not 0."""
+        from framework.data import DataModule
+        from framework.loops.hooks import overrides
+        from framework.module import TrainModule
+
         run = self.run
-        return run is not None and run.state.fn == "fit" and bool(self.num_val_batches) \
-            and any(n > 0 for n in self.num_val_batches)
+        if run is None or not overrides(run.module, TrainModule, "validation_step") \
+                or self.settings.limits["validate"] == 0:
+            return False
+        source = run.loader_source
+        given = source is not None and source.given.get("validate") is not None
+        defined = overrides(run.datamodule, DataModule, "val_dataloader") if run.datamodule is not None \
+            else overrides(run.module, TrainModule, "val_dataloader")
+        return bool(run.loaders.get("validate")) or given or defined
 
     @property
     def distributed_sampler_kwargs(self) -> dict[str, int] | None:
@@ -167,11 +174,13 @@ class LightningViews:
 
     @property
     def val_check_batch(self) -> int | float | None:
-        """Training batches between validations inside an epoch (None outside a fit)."""
+        """Training batches between validations inside an epoch (None before a fit's training
+        starts; the last fit's after it, as in Lightning)."""
         run = self.run
-        if run is None or run.state.fn != "fit":
+        limit = run.fit_batches if run is not None else None
+        if limit is None:  # as Lightning: known once a fit's training starts
             return None
-        interval, limit = self.settings.val_check_interval, run.num_training_batches
+        interval = self.settings.val_check_interval
         if interval is None or (isinstance(interval, float) and interval == 1.0):
             return limit
         return max(1, int(limit * interval)) if isinstance(interval, float) else int(interval)

@@ -208,7 +208,10 @@ class TrainerProperties:
 
     @property
     def num_training_batches(self) -> float:
-        return self.run.num_training_batches if self.run is not None else math.inf
+        """Training batches per epoch of the last fit (``inf`` before its training starts, or
+        for a loader without a length), as Lightning reports them."""
+        found = self.run.fit_batches if self.run is not None else None
+        return math.inf if found is None else found
 
     @property
     def estimated_stepping_batches(self) -> float:

@@ -55,6 +55,9 @@ class Run:
         manual: a fit in manual optimization: its ``loops/manual.ManualOptimization``.
         num_training_batches, num_val_batches: batches per epoch of the stage running (for the
             progress bar and the schedules).
+        fit_batches: what ``trainer.num_training_batches`` reports, as Lightning does: the
+            last fit's, from when its training starts (after the sanity check), kept by the
+            calls after it; None before.
         return_predictions: ``predict``'s ``return_predictions``.
         log_dir: the run directory (the first logger's, the same on every rank).
         process_settings: what ``deterministic``/``benchmark`` changed, to be put back.
@@ -81,6 +84,7 @@ class Run:
     manual: ManualOptimization | None = None
     num_training_batches: float = math.inf
     num_val_batches: int | float = 0
+    fit_batches: float | None = None
     return_predictions: bool = True
     log_dir: str | None = None
     process_settings: tuple[Any, ...] | None = None
@@ -94,7 +98,8 @@ class Run:
         return cls(fn=fn, trainer=trainer, settings=trainer.settings, strategy=trainer.strategy,
                    accelerator=trainer.accelerator, precision=trainer.precision_plugin, state=trainer.state,
                    metrics=LoggedMetrics(), loggers=trainer.loggers, callbacks=callbacks, module=module,
-                   hooks=HookDispatcher(callbacks, trainer, module), datamodule=datamodule)
+                   hooks=HookDispatcher(callbacks, trainer, module), datamodule=datamodule,
+                   fit_batches=trainer.run.fit_batches if trainer.run is not None else None)
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from framework.loops.optimization import check_one_optimizer
 from framework.module import TrainModule
 from framework.optim import parse_optimizers
 from framework.rank_zero import rank_zero_info, rank_zero_warn
-from framework.seed import sampler_seed
+from framework.seed import get_rng_state, sampler_seed, set_rng_state
 from framework.trainer import arguments as args
 from framework.trainer import checkpointing, run_loggers
 from framework.trainer.differences import note_differences
@@ -104,11 +104,11 @@ def setup(run: Run, loaders: dict, ckpt_path: Any) -> str | None:
         given=loaders, source=source, seed=sampler_seed(), overfit=bool(settings.overfit_batches),
         shard=strategy.distributed_sampler_kwargs() if settings.use_distributed_sampler else None,
         ordered=settings.use_distributed_sampler)
-    run.loaders = {
-        key: run.loader_source.loaders(key) if _needs_loader(run, key, given, source) else []
-        for key, given in loaders.items()
-        if given is not None or datamodule is not None or _defines_loader(model, key)
-    }
+    wanted = [key for key, given in loaders.items()
+              if given is not None or datamodule is not None or _defines_loader(model, key)]
+    made = {key: _loaders(run, key) if _needs_loader(run, key, loaders[key], source) else []
+            for key in sorted(wanted, key=lambda key: key != "validate" or settings.num_sanity_val_steps == 0)}
+    run.loaders = {key: made[key] for key in wanted}
     run.precision.convert_module(model)
     strategy.setup_module(model)
     compiled = compile_model(model, settings.compile, strategy.compile_units(model), strategy.root_device.type)
@@ -150,6 +150,23 @@ def _with_model_callbacks(callbacks: list[Callback], model: TrainModule) -> list
 
 def _defines_loader(model: TrainModule, key: str) -> bool:
     return overrides(model, TrainModule, LOADER_METHODS[key])
+
+
+def _loaders(run: Run, key: str) -> list:
+    """The stage's loaders. A fit that runs the sanity check asks for its validation loaders
+    first, with the random streams left as they were, as Lightning does (it asks for them inside
+    the sanity check, whose streams it isolates, before the training loader): a
+    ``val_dataloader()`` that draws random data draws what it draws under Lightning, and the
+    training data after it too. (Without the sanity check Lightning asks for them at the first
+    validation, fw still at the start: README, "Where fw deliberately differs".)"""
+    assert run.loader_source is not None, "set just before"
+    if run.fn != "fit" or key != "validate" or run.settings.num_sanity_val_steps == 0:
+        return run.loader_source.loaders(key)
+    rng = get_rng_state()
+    try:
+        return run.loader_source.loaders(key)
+    finally:
+        set_rng_state(rng)
 
 
 def _needs_loader(run: Run, key: str, given: Any, source: Any) -> bool:

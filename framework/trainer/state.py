@@ -34,6 +34,9 @@ class RunState:
         epoch_phase: how far the current epoch is: 0 not begun, 1 begun (its
             ``on_train_epoch_start`` runs), 2 running batches, 3 batches done (its end hooks run);
             what ``trainer.fit_loop.epoch_progress`` reports, as Lightning counts it.
+        batch_idx: the index in its epoch of the training batch running, or of the last one run
+            (until the next epoch's first batch); -1 before any. Lightning's
+            ``fit_loop.epoch_loop.batch_idx``.
         global_step: optimizer steps taken so far (all epochs).
         batches_that_stepped: Lightning's ``_batches_that_stepped``: batches whose optimizer step
             ran (automatic optimization), or batches run (manual); loggers see step rows every
@@ -57,6 +60,7 @@ class RunState:
     status: str = "initializing"
     epoch: int = 0
     epoch_phase: int = 0
+    batch_idx: int = -1
     global_step: int = 0
     batches_that_stepped: int = 0
     eval_batches: int = 0
