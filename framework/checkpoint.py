@@ -176,6 +176,21 @@ def find_last_checkpoint(dirs: Sequence[str | None], root: str) -> str | None:
     return None
 
 
+def best_recorded_under(dirs: Sequence[str | None], root: str) -> tuple[str, str] | None:
+    """``ckpt_path="best"`` for a Trainer that saved nothing yet (``fw test conf.yaml
+    ckpt_path=best`` after ``fw fit``): the best checkpoint a ModelCheckpoint recorded in the
+    newest checkpoint under ``dirs``/``root`` (a monitored one first), if that file still
+    exists; with the checkpoint it was read from."""
+    newest = find_last_checkpoint(dirs, root)
+    if newest is None:
+        return None
+    states = load_checkpoint(newest).get("callbacks") or {}
+    recorded = sorted((state.get("monitor") is None, state.get("best_model_path") or "")
+                      for key, state in states.items() if key.startswith("ModelCheckpoint") and isinstance(state, dict))
+    found = [path for _, path in recorded if path and os.path.exists(path)]
+    return (found[0], newest) if found else None
+
+
 def newest_checkpoint_of_run(dirs: Sequence[str | None], match: dict[str, Any]) -> str | None:
     """The newest complete checkpoint (``*.ckpt``, newest first by modification time) under
     ``dirs`` whose entries equal ``match`` (the run's id and which fit of the program it is)."""

@@ -77,11 +77,27 @@ def test_digits_recipe_reaches_the_accuracy_bar(tmp_path):
     assert (run_dir / "checkpoints" / "last.ckpt").is_file()
     assert list(run_dir.glob("events.out.tfevents.*"))
 
-    # the saved checkpoint evaluates to the same accuracy
-    proc = fw("validate", "conf/digits.yaml", f"ckpt_path={run_dir / 'checkpoints' / 'last.ckpt'}",
-              f"trainer.default_root_dir={tmp_path}", "logger=false")
+    # a later command finds the run's best checkpoint in the run folder, and it scores its accuracy
+    proc = fw("validate", "conf/digits.yaml", "ckpt_path=best", f"trainer.default_root_dir={tmp_path}", "logger=false")
     assert proc.returncode == 0, proc.stderr
-    assert "val/acc=" in proc.stdout
+    best = re.search(r"fw: ckpt_path='best': (\S+), the best that (\S+) recorded", proc.stderr)
+    assert best and Path(best.group(1)).parent == run_dir / "checkpoints" and best.group(1) != best.group(2), proc.stderr
+    assert float(re.search(r"val/acc=([0-9.]+)", proc.stdout).group(1)) >= 0.95
+
+
+def test_version_and_the_stage_help_naming_ckpt_path(capsys):
+    from framework.cli import main
+
+    with pytest.raises(SystemExit) as end:
+        main(["--version"])
+    assert end.value.code == 0 and re.fullmatch(r"fw \S+ \(torch \S+, python \S+\)\n", capsys.readouterr().out)
+    for stage in ("fit", "validate", "test", "predict"):
+        with pytest.raises(SystemExit):
+            main([stage, "--help"])
+        assert f"example: fw {stage} conf/digits.yaml" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main(["test", "--help"])
+    assert "ckpt_path=best (the best checkpoint of the run's ModelCheckpoint" in capsys.readouterr().out
 
 
 @pytest.mark.timeout(60)

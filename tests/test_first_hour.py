@@ -117,7 +117,7 @@ def test_a_missing_optional_package_is_one_line_naming_the_extra(tmp_path):
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.strip().splitlines()[-1] == (
         "fw: error: this run needs scikit-learn (module 'sklearn'), which is not installed: "
-        "pip install 'fw[recipes]' (or pip install scikit-learn)")
+        "pip install -e '.[recipes]' (or pip install scikit-learn)")  # fw runs from its clone here (cwd)
     assert "Traceback" not in proc.stderr
 
 

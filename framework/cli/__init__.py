@@ -33,12 +33,14 @@ STAGES = ("fit", "validate", "test", "predict")
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fw", description="Train PyTorch models from YAML recipes.")
+    parser.add_argument("--version", action="version", version=_version())
     # torch.distributed.launch passes --local-rank=N; the torchrun environment reads it from argv
     parser.add_argument("--local-rank", "--local_rank", type=int, default=None, help=argparse.SUPPRESS)
     sub = parser.add_subparsers(dest="command", required=True,
                                 metavar="{fit,validate,test,predict,env,bench,checkpoint}")
     for stage in STAGES:
-        p = sub.add_parser(stage, help=f"{stage} the recipe's module")
+        p = sub.add_parser(stage, help=f"{stage} the recipe's module", epilog=_CKPT_HELP[stage],
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
         p.add_argument("config", help="recipe YAML file")
         p.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. trainer.max_epochs=5")
         p.add_argument("--print-config", action="store_true", help="print the merged recipe and exit")
@@ -50,6 +52,28 @@ def build_parser() -> argparse.ArgumentParser:
 
     checkpoint_export.add_arguments(sub.add_parser("checkpoint", help="export a checkpoint as one file plain torch loads"))
     return parser
+
+
+_SCORED = ("which weights to {0}: ckpt_path=best (the best checkpoint of the run's ModelCheckpoint, found in the run\n"
+           "folder), ckpt_path=last (the newest), ckpt_path=PATH, or ckpt_path=none (fresh weights, on purpose).\n"
+           "example: fw {0} conf/digits.yaml ckpt_path=best")
+_CKPT_HELP = {
+    "fit": "resume with ckpt_path=last (this run's newest checkpoint) or ckpt_path=PATH.\n"
+           "example: fw fit conf/digits.yaml trainer.max_epochs=20 ckpt_path=last",
+    **{stage: _SCORED.format(stage) for stage in ("validate", "test", "predict")},
+}
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    from framework import __version__
+
+    try:
+        torch = version("torch")
+    except PackageNotFoundError:  # pragma: no cover - fw needs torch
+        torch = "not installed"
+    return f"fw {__version__} (torch {torch}, python {sys.version.split()[0]})"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -122,8 +146,22 @@ def _missing_extra(module: str) -> str | None:
     if top not in _OPTIONAL:
         return None
     dist, extra = _OPTIONAL[top]
-    how = f"pip install 'fw[{extra}]' (or pip install {dist})" if extra else f"pip install {dist}"
+    how = f"{_install_command(extra)} (or pip install {dist})" if extra else f"pip install {dist}"
     return f"this run needs {dist} (module '{top}'), which is not installed: {how}"
+
+
+def _install_command(extra: str) -> str:
+    """How to add an extra to this fw: from its clone when it runs from one (``pip install -e``
+    of a checkout), else from the package index."""
+    from pathlib import Path
+
+    import framework
+
+    clone = Path(framework.__file__).resolve().parents[1]
+    if (clone / "pyproject.toml").is_file() and (clone / "framework").is_dir():
+        where = "." if clone == Path.cwd().resolve() else str(clone)
+        return f"pip install -e '{where}[{extra}]'"
+    return f"pip install 'fw[{extra}]'"
 
 
 def _in_mpi_job() -> bool:

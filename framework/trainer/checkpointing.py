@@ -142,13 +142,7 @@ def resolve_path(run: Run, ckpt_path: Any) -> str | None:
     if ckpt_path is None and fn == "fit":
         return _checkpoint_to_restart_from(run)
     if ckpt_path == "best":
-        best = run.trainer.checkpoint_callback.best_model_path if run.trainer.checkpoint_callback is not None else ""
-        if not best:  # never an older file or the weights in memory: they are not what "best" asked for
-            raise CheckpointError("ckpt_path='best': this Trainer's ModelCheckpoint saved no checkpoint (no fit "
-                                  "yet, or no save point was reached: with check_val_every_n_epoch != 1 or "
-                                  "val_check_interval != 1.0 it saves after validation); fit with it first, or give "
-                                  "ckpt_path=PATH")
-        return best
+        return _best(run)
     if ckpt_path == "last":
         dirs = [getattr(cb, "dirpath", None) for cb in run.callbacks]
         found = ckpt.find_last_checkpoint(dirs, run.settings.default_root_dir)
@@ -160,6 +154,24 @@ def resolve_path(run: Run, ckpt_path: Any) -> str | None:
                            "(give ckpt_path=PATH to resume a checkpoint kept elsewhere)")
         return found
     return None if ckpt_path is None else str(ckpt_path)
+
+
+def _best(run: Run) -> str:
+    """``ckpt_path="best"``: this Trainer's ModelCheckpoint's best, else the best one recorded in
+    the newest checkpoint of an earlier run under the same folders (``fw fit``, then ``fw test
+    ckpt_path=best``); never an older file or the weights in memory."""
+    best = run.trainer.checkpoint_callback.best_model_path if run.trainer.checkpoint_callback is not None else ""
+    if best:
+        return best
+    dirs = [getattr(cb, "dirpath", None) for cb in run.callbacks]
+    found = ckpt.best_recorded_under(dirs, run.settings.default_root_dir)
+    if found is None:
+        raise CheckpointError(f"ckpt_path='best': no ModelCheckpoint of this Trainer or of a run under "
+                              f"{run.settings.default_root_dir} recorded a best checkpoint (no fit yet, or no save "
+                              "point was reached: with check_val_every_n_epoch != 1 or val_check_interval != 1.0 it "
+                              "saves after validation); fit with one first, or give ckpt_path=PATH")
+    rank_zero_info(f"fw: ckpt_path='best': {found[0]}, the best that {found[1]} recorded")
+    return found[0]
 
 
 def restore(run: Run, ckpt_path: str | None) -> None:

@@ -193,8 +193,12 @@ def test_ckpt_path_best_is_the_checkpoint_callbacks_best():
     assert best
     trainer.validate(model, ckpt_path="best")
     assert trainer.ckpt_path == best
-    with pytest.raises(CheckpointError, match="ckpt_path='best'"):
-        fw.Trainer(**QUIET).validate(BoringModel(), ckpt_path="best")
+    fresh = fw.Trainer(**QUIET)  # the same folder: the best an earlier run recorded (fw test ckpt_path=best)
+    fresh.validate(BoringModel(), ckpt_path="best")
+    assert fresh.ckpt_path == best
+    with pytest.raises(CheckpointError, match="^ckpt_path='best': no ModelCheckpoint of this Trainer or of a run "
+                                              "under elsewhere recorded a best checkpoint"):
+        fw.Trainer(default_root_dir="elsewhere", **QUIET).validate(BoringModel(), ckpt_path="best")
 
 
 def test_no_validation_step_means_no_validation_loop_and_sanity_settings_mean_lightnings():
