@@ -184,7 +184,7 @@ def best_recorded_under(dirs: Sequence[str | None], root: str) -> tuple[str, str
     newest = find_last_checkpoint(dirs, root)
     if newest is None:
         return None
-    states = load_checkpoint(newest).get("callbacks") or {}
+    states = read_values(newest).get("callbacks") or {}
     recorded = sorted((state.get("monitor") is None, state.get("best_model_path") or "")
                       for key, state in states.items() if key.startswith("ModelCheckpoint") and isinstance(state, dict))
     found = [path for _, path in recorded if path and os.path.exists(path)]

@@ -75,12 +75,6 @@ class TrainModule(HyperparametersMixin, ModuleHooks, ModuleExtras, nn.Module):
         object.__setattr__(self, "_trainer", trainer)
 
     @property
-    def device(self) -> torch.device:
-        for p in self.parameters():
-            return p.device
-        return torch.device("cpu")
-
-    @property
     def global_rank(self) -> int:
         return self._trainer.global_rank if self._trainer is not None else 0
 

@@ -1,4 +1,4 @@
-"""The rest of a ``TrainModule``'s Lightning names: where it runs (``on_gpu``), how a checkpoint's
+"""The rest of a ``TrainModule``'s Lightning names: where it runs (``device``, ``on_gpu``), how a checkpoint's
 weights are loaded into it (``strict_loading``), exporting it (``to_onnx``, ``to_torchscript``),
 and the class attributes Lightning code sets or reads (``prepare_data_per_node``, the
 checkpoint's hyperparameter keys). Each means what Lightning's does."""
@@ -30,9 +30,16 @@ class ModuleExtras(nn.Module):
     example_input_array: Any  # TrainModule's property
 
     @property
+    def device(self) -> torch.device:
+        """Where the module's (first) parameter is; the CPU without parameters."""
+        for p in self.parameters():
+            return p.device
+        return torch.device("cpu")
+
+    @property
     def on_gpu(self) -> bool:
-        """Whether the module's parameters are on a CUDA device."""
-        return any(p.is_cuda for p in self.parameters())
+        """Whether the module is on a CUDA device."""
+        return self.device.type == "cuda"
 
     @property
     def strict_loading(self) -> bool:
@@ -52,8 +59,7 @@ class ModuleExtras(nn.Module):
         if sample is None:
             raise ValueError(f"{type(self).__name__}.{what}: no input to trace with; pass one, or set "
                              "self.example_input_array in __init__")
-        device = next((p.device for p in self.parameters()), torch.device("cpu"))
-        return move_to_device(sample, device)
+        return move_to_device(sample, self.device)
 
     def to_onnx(self, file_path: str | Path | Any = None, input_sample: Any = None, **kwargs: Any) -> Any:
         """The module exported with ``torch.onnx.export`` (``kwargs`` are its), traced with

@@ -82,8 +82,6 @@ class Precision:
             return default_dtype(self.true_dtype)
         return contextlib.nullcontext()
 
-    autocast = forward_context
-
     def init_context(self) -> contextlib.AbstractContextManager:
         """Around ``configure_model``: layers built there are made in the run's dtype."""
         return default_dtype(self.true_dtype) if self.true_dtype is not None else contextlib.nullcontext()
@@ -97,10 +95,9 @@ class Precision:
     def converting(self, step: Callable[..., Any]) -> Callable[..., Any]:
         """``step`` called with its float inputs converted (``convert_input``), as Lightning's
         strategy does to a step's arguments; the batch hooks still see the batch as it came."""
-        dtype = self.true_dtype
-        if dtype is None:
+        if self.true_dtype is None:
             return step
-        return lambda *args: step(*convert_floats(args, dtype))
+        return lambda *args: step(*self.convert_input(args))
 
     def backward(self, loss: torch.Tensor) -> None:
         if self.scaler is not None:

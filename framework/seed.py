@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import random
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -51,6 +53,17 @@ def get_rng_state() -> dict:
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
+
+
+@contextlib.contextmanager
+def isolated_rng() -> Iterator[None]:
+    """Inside, draw from every random stream; after, they are as they were (Lightning's
+    ``isolate_rng``, around its sanity check)."""
+    state = get_rng_state()
+    try:
+        yield
+    finally:
+        set_rng_state(state)
 
 
 def set_rng_state(state: dict) -> None:

@@ -69,7 +69,7 @@ def run_evaluation(run: Run, stage: str, limit: int | None = None, log: bool = T
                     where = (batch_idx,) if len(loaders) == 1 else (batch_idx, dl_idx)  # Lightning's arguments
                     if batch_start is not None:
                         batch_start(batch, *where)
-                    with run.precision.autocast():
+                    with run.precision.forward_context():
                         args = (batch, batch_idx) if len(loaders) == 1 else (batch, batch_idx, dl_idx)
                         outputs = step_fn(*args[:arity])
                     if batch_end is not None:

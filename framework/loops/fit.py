@@ -17,7 +17,7 @@ from framework.loops.evaluation import run_evaluation
 from framework.loops.manual import ManualOptimization, check_manual_settings
 from framework.loops.training_epoch import run_train_epoch
 from framework.rank_zero import rank_zero_warn
-from framework.seed import get_rng_state, set_rng_state
+from framework.seed import isolated_rng
 
 if TYPE_CHECKING:
     from framework.module import TrainModule
@@ -40,9 +40,8 @@ def run_fit(run: Run) -> None:
         state.stage = "sanity_check"
         hooks.callbacks("on_sanity_check_start")
         sanity = run.settings.num_sanity_val_steps
-        rng = get_rng_state()  # the sanity check leaves the random streams as it found them, as in Lightning
-        run_evaluation(run, "validate", limit=None if sanity < 0 else sanity, log=False)  # -1: all
-        set_rng_state(rng)
+        with isolated_rng():  # the sanity check leaves the random streams as it found them, as in Lightning
+            run_evaluation(run, "validate", limit=None if sanity < 0 else sanity, log=False)  # -1: all
         hooks.callbacks("on_sanity_check_end")
     if state.position.resume_from is not None:
         state.position.resume_from.restore_rng()

@@ -158,6 +158,11 @@ class ManualOptimization:
         return result
 
 
+def _of_the_optimizer(name: str) -> property:
+    """The wrapped optimizer's attribute ``name``, read and written through the wrapper."""
+    return property(lambda self: getattr(self.optimizer, name), lambda self, value: setattr(self.optimizer, name, value))
+
+
 class TrainOptimizer:
     """What ``self.optimizers()`` returns (Lightning's ``LightningOptimizer``, also exported under
     that name): the optimizer, whose ``step`` averages gradients over ranks, unscales, runs
@@ -176,11 +181,9 @@ class TrainOptimizer:
 
     # the wrapped optimizer's state, never a copy in the wrapper: the Optimizer methods this
     # class inherits would otherwise write their own (load_state_dict replaces param_groups)
-    param_groups = property(lambda self: self.optimizer.param_groups,
-                            lambda self, value: setattr(self.optimizer, "param_groups", value))
-    state = property(lambda self: self.optimizer.state, lambda self, value: setattr(self.optimizer, "state", value))
-    defaults = property(lambda self: self.optimizer.defaults,
-                        lambda self, value: setattr(self.optimizer, "defaults", value))
+    param_groups = _of_the_optimizer("param_groups")
+    state = _of_the_optimizer("state")
+    defaults = _of_the_optimizer("defaults")
 
     def state_dict(self) -> dict[str, Any]:
         return self.optimizer.state_dict()

@@ -46,7 +46,7 @@ def run_predict(run: Run) -> list | None:
                     where = (batch_idx,) if len(loaders) == 1 else (batch_idx, dl_idx)
                     if batch_start is not None:
                         batch_start(batch, *where)
-                    with run.precision.autocast():
+                    with run.precision.forward_context():
                         args = (batch, batch_idx) if len(loaders) == 1 else (batch, batch_idx, dl_idx)
                         out = predict_step(*args[:arity])
                     if batch_end is not None:

@@ -25,7 +25,7 @@ from framework.loops.optimization import check_one_optimizer
 from framework.module import TrainModule
 from framework.optim import parse_optimizers
 from framework.rank_zero import rank_zero_info, rank_zero_warn
-from framework.seed import get_rng_state, sampler_seed, set_rng_state
+from framework.seed import isolated_rng, sampler_seed
 from framework.trainer import arguments as args
 from framework.trainer import checkpointing, run_loggers
 from framework.trainer.differences import note_differences
@@ -162,11 +162,8 @@ def _loaders(run: Run, key: str) -> list:
     assert run.loader_source is not None, "set just before"
     if run.fn != "fit" or key != "validate" or run.settings.num_sanity_val_steps == 0:
         return run.loader_source.loaders(key)
-    rng = get_rng_state()
-    try:
+    with isolated_rng():
         return run.loader_source.loaders(key)
-    finally:
-        set_rng_state(rng)
 
 
 def _needs_loader(run: Run, key: str, given: Any, source: Any) -> bool:
