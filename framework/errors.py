@@ -55,3 +55,21 @@ class ProgramEnds(SystemExit):  # noqa: N818 (a SystemExit: the program ends wit
     written (``StoppedBySignal``). ``fw``'s entry point returns the code; under a user's script
     it ends the program as an uncaught ``SystemExit`` does (``finally`` blocks run, the code
     after the call does not)."""
+
+
+def first_line(err: BaseException) -> str:
+    """The first line of an exception's message (its type's name when it has none)."""
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
+
+
+def install_command(extra: str) -> str:
+    """How to add an extra to this fw: from its clone when it runs from one (``pip install -e``
+    of a checkout), else from the package index."""
+    from pathlib import Path
+
+    clone = Path(__file__).resolve().parents[1]
+    if (clone / "pyproject.toml").is_file() and (clone / "framework").is_dir():
+        where = "." if clone == Path.cwd().resolve() else str(clone)
+        return f"pip install -e '{where}[{extra}]'"
+    return f"pip install 'fw[{extra}]'"

@@ -81,7 +81,7 @@ def test_fw_env_reports_the_mpi_strategy_fw_can_run():
     if importlib.util.find_spec("mpi4py"):
         assert "mpi=yes" in row, row
     else:
-        assert "mpi=no (pip install 'fw[mpi]')" in row, row
+        assert f"mpi=no (pip install -e '{ROOT}[mpi]')" in row, row  # fw runs from this clone
 
 
 @pytest.mark.parametrize("extra,warned", [([], True), (["ckpt_path=none"], False)])

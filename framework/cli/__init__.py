@@ -26,7 +26,7 @@ import argparse
 import os
 import sys
 
-from framework.errors import FwError, ProgramEnds
+from framework.errors import FwError, ProgramEnds, install_command
 
 STAGES = ("fit", "validate", "test", "predict")
 
@@ -42,7 +42,8 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(stage, help=f"{stage} the recipe's module", epilog=_CKPT_HELP[stage],
                            formatter_class=argparse.RawDescriptionHelpFormatter)
         p.add_argument("config", help="recipe YAML file")
-        p.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. trainer.max_epochs=5")
+        p.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. trainer.max_epochs=5 module.lr=1e-3; "
+                       "~key removes a key, +key=value appends to a list (+callbacks={_target_: ...})")
         p.add_argument("--print-config", action="store_true", help="print the merged recipe and exit")
     sub.add_parser("env", help="report torch, CUDA, MPI, network interfaces and the detected cluster")
     from framework.bench import add_arguments
@@ -146,22 +147,8 @@ def _missing_extra(module: str) -> str | None:
     if top not in _OPTIONAL:
         return None
     dist, extra = _OPTIONAL[top]
-    how = f"{_install_command(extra)} (or pip install {dist})" if extra else f"pip install {dist}"
+    how = f"{install_command(extra)} (or pip install {dist})" if extra else f"pip install {dist}"
     return f"this run needs {dist} (module '{top}'), which is not installed: {how}"
-
-
-def _install_command(extra: str) -> str:
-    """How to add an extra to this fw: from its clone when it runs from one (``pip install -e``
-    of a checkout), else from the package index."""
-    from pathlib import Path
-
-    import framework
-
-    clone = Path(framework.__file__).resolve().parents[1]
-    if (clone / "pyproject.toml").is_file() and (clone / "framework").is_dir():
-        where = "." if clone == Path.cwd().resolve() else str(clone)
-        return f"pip install -e '{where}[{extra}]'"
-    return f"pip install 'fw[{extra}]'"
 
 
 def _in_mpi_job() -> bool:

@@ -19,6 +19,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 
 from framework.environments.network import interface_addresses
+from framework.errors import install_command
 
 Lines = list[tuple[str, str]]
 
@@ -90,7 +91,7 @@ def torch_lines() -> Lines:
             "nccl": "yes" if dist.is_nccl_available() else "no",
             # the mpi strategy runs on torch's own MPI backend or, without it, on fw's over mpi4py
             "mpi": "yes (torch's)" if dist.is_mpi_available() else
-                   "yes (fw's, over mpi4py)" if importlib.util.find_spec("mpi4py") else "no (pip install 'fw[mpi]')",
+                   "yes (fw's, over mpi4py)" if importlib.util.find_spec("mpi4py") else f"no ({install_command('mpi')})",
         }
         lines.append(("backends", ", ".join(f"{k}={v}" for k, v in backends.items())))
     else:

@@ -6,6 +6,7 @@ import importlib
 import inspect
 from typing import Any
 
+from framework.config.coerce import annotations_of, coerce
 from framework.errors import ConfigError, did_you_mean
 
 
@@ -61,7 +62,16 @@ def instantiate(node: Any, path: str) -> Any:
             signature.bind(**kwargs)
         except TypeError as err:
             raise ConfigError(f"{path}: {_explain_bind_error(err, kwargs, signature)}") from None
+        kwargs = _checked(target, signature, kwargs, path)
     return target(**kwargs)
+
+
+def _checked(target: Any, signature: inspect.Signature, kwargs: dict, path: str) -> dict:
+    """Each argument checked against its annotation and converted where nothing is lost (see
+    coerce.py); an argument that ``**kwargs`` takes is passed as it is."""
+    hints = annotations_of(target)
+    return {k: coerce(v, hints[k], f"{path}.{k}") if k in signature.parameters and k in hints else v
+            for k, v in kwargs.items()}
 
 
 def _explain_bind_error(err: TypeError, kwargs: dict, signature: inspect.Signature) -> str:
@@ -69,5 +79,6 @@ def _explain_bind_error(err: TypeError, kwargs: dict, signature: inspect.Signatu
     unknown = [k for k in kwargs if k not in signature.parameters]
     if unknown and not any(p.kind is p.VAR_KEYWORD for p in signature.parameters.values()):
         key = unknown[0]
-        return f"unknown argument '{key}'{did_you_mean(key, params)}; accepted: {', '.join(params)}"
-    return f"{err}; accepted: {', '.join(params)}"
+        accepted = ", ".join(params) or "none (it takes no arguments)"
+        return f"unknown argument '{key}'{did_you_mean(key, params)}; accepted: {accepted}"
+    return f"{err}; accepted: {', '.join(params) or 'none'}"

@@ -1,4 +1,5 @@
-"""Load a recipe: read YAML, merge ``key=value`` overrides, check it against the schema.
+"""Load a recipe: read YAML, apply the overrides (``key=value``, ``~key``, ``+key=value``: see
+overrides.py), check it against the schema.
 
 Every mistake becomes a one-line ``ConfigError`` that names the key (with its full path) or the
 file, and says how to fix it.
@@ -11,14 +12,16 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from framework.config.overrides import apply_override, parse_override, schema_defaults
 from framework.config.schema import RecipeConfig, TrainerConfig
-from framework.errors import ConfigError, did_you_mean
+from framework.errors import ConfigError, did_you_mean, first_line
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
 
 _SECTIONS = {f.name for f in dataclasses.fields(RecipeConfig)}
 _TRAINER_KEYS = {f.name for f in dataclasses.fields(TrainerConfig)}
+_DEFAULTS = schema_defaults(RecipeConfig, TrainerConfig)
 
 
 def load_recipe(path: str | Path, overrides: Sequence[str] = ()) -> tuple[dict, str]:
@@ -27,17 +30,17 @@ def load_recipe(path: str | Path, overrides: Sequence[str] = ()) -> tuple[dict, 
     from omegaconf.errors import OmegaConfBaseException
 
     raw = _read_yaml(Path(path))
-    pairs = [_parse_override(item) for item in overrides]
+    changes = [parse_override(item) for item in overrides]
     _check_keys(OmegaConf.to_container(raw), "recipe")
-    for key, _ in pairs:
-        _check_keys(_nest(key), "override")
+    for change in changes:
+        _check_keys(_nest(change.key), "override")
     schema = OmegaConf.structured(RecipeConfig)
     try:
         merged = OmegaConf.merge(schema, raw)
         assert isinstance(merged, DictConfig), "a structured config merged with a mapping is one"
-        for key, value in pairs:  # in order: later overrides win
-            _strategy_as_mapping(merged, key)
-            OmegaConf.update(merged, key, value, merge=False, force_add=_free_form(key))
+        for change in changes:  # in order: later overrides win
+            _strategy_as_mapping(merged, change.key)
+            apply_override(merged, change, _free_form(change.key), _DEFAULTS)
         plain = OmegaConf.to_container(merged, resolve=True)
     except OmegaConfBaseException as err:
         raise ConfigError(_explain(err)) from None
@@ -65,10 +68,10 @@ def _read_yaml(path: Path) -> DictConfig:
     except YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(err, "problem", None) or _first_line(err)
+        problem = getattr(err, "problem", None) or first_line(err)
         raise ConfigError(f"recipe '{path}' is not valid YAML{where}: {problem}") from None
     except Exception as err:  # omegaconf wraps some YAML problems in its own errors
-        raise ConfigError(f"recipe '{path}' cannot be read: {_first_line(err)}") from None
+        raise ConfigError(f"recipe '{path}' cannot be read: {first_line(err)}") from None
     if not isinstance(raw, DictConfig):
         raise ConfigError(f"recipe '{path}' must be a mapping of sections (module, data, trainer, ...)")
     return raw
@@ -97,21 +100,6 @@ def _check_keys(tree: Any, where: str) -> None:
                 )
 
 
-def _parse_override(item: str) -> tuple[str, Any]:
-    """``key=value`` -> (key, YAML value); ``key=`` is null."""
-    import yaml
-
-    if "=" not in item:
-        raise ConfigError(f"override '{item}' has no '='; write key=value (e.g. trainer.max_epochs=5)")
-    key, text = item.split("=", 1)
-    if not key or not all(key.split(".")):
-        raise ConfigError(f"override '{item}': '{key}' is not a dotted key like trainer.max_epochs")
-    try:
-        return key, yaml.safe_load(text) if text else None
-    except yaml.YAMLError as err:
-        raise ConfigError(f"override '{item}': the value is not valid YAML ({_first_line(err)})") from None
-
-
 def _nest(key: str) -> dict[str, Any]:
     tree: dict[str, Any] = {}
     node = tree
@@ -135,7 +123,7 @@ def _free_form(key: str) -> bool:
 
 def _explain(err: Exception) -> str:
     key = getattr(err, "full_key", None) or ""
-    text = _first_line(err)
+    text = first_line(err)
     if "could not be converted" in text or "Invalid type" in text or "is not a subclass" in text:
         value = getattr(err, "value", None)
         expected = _expected_type(key)
@@ -152,7 +140,3 @@ def _expected_type(key: str) -> str:
             return plain + (" or null" if "Optional" in type_name else "")
     return type_name
 
-
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip()
-    return text.splitlines()[0] if text else type(err).__name__

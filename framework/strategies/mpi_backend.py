@@ -49,11 +49,13 @@ from typing import Any
 
 import torch.distributed as dist
 
-from framework.errors import DistributedSetupError
+from framework.errors import DistributedSetupError, install_command
 
 BACKEND_NAME = "fw_mpi"
 
-_INSTALL_HINT = "HINT: pip install 'fw[mpi]' (mpi4py and mpich), then launch with that environment's mpiexec"
+
+def _install_hint() -> str:
+    return f"HINT: {install_command('mpi')} (mpi4py and mpich), then launch with that environment's mpiexec"
 
 
 def _import_mpi() -> ModuleType:
@@ -61,7 +63,7 @@ def _import_mpi() -> ModuleType:
     try:
         from mpi4py import MPI
     except ImportError as err:
-        raise DistributedSetupError(f"the mpi strategy needs mpi4py, which is not importable ({err}). {_INSTALL_HINT}") from err
+        raise DistributedSetupError(f"the mpi strategy needs mpi4py, which is not importable ({err}). {_install_hint()}") from err
     return MPI
 
 

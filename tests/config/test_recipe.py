@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 import pytest
 
@@ -70,3 +71,82 @@ def test_instantiate_builds_nested_targets():
     obj = instantiate({"_target_": "framework.callbacks.EarlyStopping", "monitor": "val/loss", "patience": 2},
                       "callbacks[0]")
     assert type(obj).__name__ == "EarlyStopping" and obj.patience == 2
+
+
+def test_override_values_read_as_the_recipe_file_reads_them():
+    recipe, _ = load_recipe(DIGITS, ["module.lr=1e-3", "module.hidden=64", "data.batch_size=0x10"])
+    assert recipe["module"]["lr"] == 0.001 and isinstance(recipe["module"]["lr"], float)  # YAML 1.1 alone: '1e-3'
+    module = instantiate(recipe["module"], "module")
+    assert module.hparams.lr == 0.001 and module.hparams.hidden == 64
+    assert recipe["data"]["batch_size"] == 16
+
+
+def test_remove_and_append_overrides(tmp_path):
+    recipe, text = load_recipe(DIGITS, [
+        "module.dropout=0.5", "~module.dropout", "~trainer.log_every_n_steps",
+        "+callbacks={_target_: framework.callbacks.EarlyStopping, monitor: val/loss}",
+        "~callbacks.1",  # the LearningRateMonitor: the EarlyStopping appended above is now third, then second
+        "+module.weight_decay=0.01",
+    ])
+    assert "dropout" not in recipe["module"] and recipe["module"]["weight_decay"] == 0.01
+    assert recipe["trainer"]["log_every_n_steps"] == 50  # the Trainer's default, not the file's 10
+    assert [c["_target_"].rsplit(".", 1)[1] for c in recipe["callbacks"]] == ["ModelCheckpoint", "EarlyStopping"]
+    assert "dropout" not in text
+    module = instantiate(recipe["module"], "module")
+    assert module.hparams.dropout == 0.1  # DigitsClassifier's default in the code, not the 0.5 set and removed
+    empty = write(tmp_path, "module:\n  _target_: toy.LinearModel\n")
+    recipe, _ = load_recipe(empty, ["+callbacks=[{_target_: framework.callbacks.EarlyStopping, monitor: a}, "
+                                    "{_target_: framework.callbacks.EarlyStopping, monitor: b}]"])
+    assert [c["monitor"] for c in recipe["callbacks"]] == ["a", "b"]
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (["~module.nothere"], "~module.nothere: the recipe has no key 'module.nothere' to remove"),
+    (["~trainer.max_epochs=3"], "override '~trainer.max_epochs=3': write ~trainer.max_epochs to remove a key (no value)"),
+    (["+module.lr=3"], "+module.lr: 'module.lr' is already set and is not a list; write module.lr=... to replace it"),
+    (["trainer.max_epochs"], "override 'trainer.max_epochs' has no '='; write key=value (e.g. trainer.max_epochs=5), "
+                             "~key to remove a key or +key=value to append to a list"),
+])
+def test_override_mistakes_exact_messages(overrides, message):
+    with pytest.raises(ConfigError) as err:
+        load_recipe(DIGITS, overrides)
+    assert str(err.value) == message
+
+
+@pytest.mark.parametrize("override,message", [
+    ("module.lr=abc", "module.lr: expected a number (float), got 'abc'; fix the value in the recipe or the override"),
+    ("module.hidden=1.5", "module.hidden: expected an integer (int), got 1.5; fix the value in the recipe or the override"),
+    ("module.hidden=true", "module.hidden: expected an integer (int), got True; fix the value in the recipe or the override"),
+])
+def test_module_arguments_are_checked_against_their_annotations(override, message):
+    recipe, _ = load_recipe(DIGITS, [override])
+    with pytest.raises(ConfigError) as err:
+        instantiate(recipe["module"], "module")
+    assert str(err.value) == message
+
+
+class Typed:
+    def __init__(self, widths: tuple[int, ...] = (1,), rate: float = 0.1, name: str = "x",
+                 mode: Literal["a", "b"] = "a", where: Path | None = None, extra: dict[str, int] | None = None,
+                 pair: tuple[int, str] = (0, ""), either: int | str = 0, **kwargs) -> None:
+        self.__dict__.update(widths=widths, rate=rate, name=name, mode=mode, where=where, extra=extra,
+                             pair=pair, either=either, kwargs=kwargs)
+
+
+def test_values_converted_where_nothing_is_lost():
+    obj = instantiate({"_target_": f"{__name__}.Typed", "widths": [8, 16], "rate": 1, "name": 123, "mode": "b",
+                       "where": "runs/x", "extra": {"a": 1}, "pair": [2, "y"], "either": "3", "free": "kept"}, "module")
+    assert obj.widths == (8, 16) and obj.rate == 1.0 and isinstance(obj.rate, float) and obj.name == "123"
+    assert obj.mode == "b" and obj.where == Path("runs/x") and obj.extra == {"a": 1} and obj.pair == (2, "y")
+    assert obj.either == "3" and obj.kwargs == {"free": "kept"}  # int | str keeps the string; **kwargs unchecked
+    for key, value, expected in [("widths", [1, "a"], "an integer"), ("mode", "c", "one of 'a', 'b'"),
+                                 ("pair", [1], "a list of 2 items"), ("extra", [1], "a mapping"),
+                                 ("where", 3, "a path or null")]:
+        with pytest.raises(ConfigError, match=rf"^module\.{key}: expected {expected}"):
+            instantiate({"_target_": f"{__name__}.Typed", key: value}, "module")
+
+
+def test_a_class_without_arguments_says_so():
+    with pytest.raises(ConfigError) as err:
+        instantiate({"_target_": "framework.callbacks.Callback", "channels": 3}, "callbacks[0]")
+    assert str(err.value) == "callbacks[0]: unknown argument 'channels'; accepted: none (it takes no arguments)"
