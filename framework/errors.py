@@ -45,8 +45,10 @@ def did_you_mean(name: str, known: Iterable[object]) -> str:
     """Return ``" (did you mean 'x'?)"`` for the closest of ``known``, or ``""``."""
     import difflib
 
-    close = difflib.get_close_matches(str(name), [str(k) for k in known], n=1, cutoff=0.6)
-    return f" (did you mean '{close[0]}'?)" if close else ""
+    names = [str(k) for k in known]
+    by_lower = {n.lower(): n for n in reversed(names)}  # CsvLogger -> CSVLogger, not Logger
+    close = difflib.get_close_matches(str(name).lower(), list(by_lower), n=1, cutoff=0.6)
+    return f" (did you mean '{by_lower[close[0]]}'?)" if close else ""
 
 
 class ProgramEnds(SystemExit):  # noqa: N818 (a SystemExit: the program ends with its code)

@@ -9,6 +9,7 @@ that wants to stop stops all), and training stops by setting ``trainer.should_st
 from __future__ import annotations
 
 import math
+from enum import Enum
 from typing import TYPE_CHECKING
 
 from framework.callbacks.base import Callback
@@ -18,6 +19,16 @@ from framework.rank_zero import rank_zero_info, rank_zero_warn
 if TYPE_CHECKING:
     from framework.module import TrainModule
     from framework.trainer import Trainer
+
+
+class EarlyStoppingReason(Enum):
+    """Why an EarlyStopping stopped the fit (Lightning's values)."""
+
+    NOT_STOPPED = 0
+    STOPPING_THRESHOLD = 1
+    DIVERGENCE_THRESHOLD = 2
+    PATIENCE_EXHAUSTED = 3
+    NON_FINITE_METRIC = 4
 
 
 class EarlyStopping(Callback):
@@ -63,6 +74,8 @@ class EarlyStopping(Callback):
 
         self.wait_count = 0
         self.stopped_epoch = 0
+        self.stopping_reason = EarlyStoppingReason.NOT_STOPPED
+        self.stopping_reason_message: str | None = None
         self.best_score = math.inf if mode == "min" else -math.inf
         self._fitting = False
         self._validated_this_epoch = False
@@ -110,34 +123,39 @@ class EarlyStopping(Callback):
             self._missing_monitor(trainer, strict)
             return
         current = float(value.item() if hasattr(value, "item") else value)
-        should_stop, reason = self._evaluate(current)
-        should_stop = trainer.strategy.reduce_boolean_decision(should_stop, all=False)
+        why, reason = self._evaluate(current)
+        should_stop = trainer.strategy.reduce_boolean_decision(why is not EarlyStoppingReason.NOT_STOPPED, all=False)
         trainer.should_stop = trainer.should_stop or should_stop
         if should_stop:
             self.stopped_epoch = trainer.current_epoch
+            self.stopping_reason = why
+            self.stopping_reason_message = reason or "another rank's check said to stop"
         if reason and self.verbose:
             rank_zero_info(f"EarlyStopping: {reason}")
 
-    def _evaluate(self, current: float) -> tuple[bool, str | None]:
-        """Update ``best_score``/``wait_count`` with ``current``; return (stop?, why)."""
-        name = self.monitor
+    def _evaluate(self, current: float) -> tuple[EarlyStoppingReason, str | None]:
+        """Update ``best_score``/``wait_count`` with ``current``; return (why stop, what to say)."""
+        name, reason = self.monitor, EarlyStoppingReason
         if self.check_finite and not math.isfinite(current):
-            return True, f"{name} = {current} is not finite (best was {self.best_score:.4g}); stopping."
+            return reason.NON_FINITE_METRIC, f"{name} = {current} is not finite (best was {self.best_score:.4g}); stopping."
         if self.stopping_threshold is not None and self._better(current, self.stopping_threshold):
-            return True, f"{name} = {current:.4g} reached stopping_threshold={self.stopping_threshold}; stopping."
+            return (reason.STOPPING_THRESHOLD,
+                    f"{name} = {current:.4g} reached stopping_threshold={self.stopping_threshold}; stopping.")
         if self.divergence_threshold is not None and self._better(self.divergence_threshold, current):
-            return True, f"{name} = {current:.4g} passed divergence_threshold={self.divergence_threshold}; stopping."
+            return (reason.DIVERGENCE_THRESHOLD,
+                    f"{name} = {current:.4g} passed divergence_threshold={self.divergence_threshold}; stopping.")
         delta = -self.min_delta if self.mode == "min" else self.min_delta
         if self._better(current - delta, self.best_score):
             improvement = (f"improved by {abs(current - self.best_score):.4g}"
                            if math.isfinite(self.best_score) else "first value")
             self.best_score, self.wait_count = current, 0
-            return False, f"{name} {improvement}: new best {current:.4g}."
+            return reason.NOT_STOPPED, f"{name} {improvement}: new best {current:.4g}."
         self.wait_count += 1
         if self.wait_count >= self.patience:
-            return True, (f"{name} did not improve by more than {self.min_delta} for {self.wait_count} checks; "
-                          f"best {self.best_score:.4g}; stopping.")
-        return False, None
+            return reason.PATIENCE_EXHAUSTED, (
+                f"{name} did not improve by more than {self.min_delta} for {self.wait_count} checks; "
+                f"best {self.best_score:.4g}; stopping.")
+        return reason.NOT_STOPPED, None
 
     def _missing_monitor(self, trainer: Trainer, strict: bool) -> None:
         available = sorted(trainer.callback_metrics)
@@ -153,9 +171,12 @@ class EarlyStopping(Callback):
     # -- state ----------------------------------------------------------------------------
     def state_dict(self) -> dict:
         return {"wait_count": self.wait_count, "stopped_epoch": self.stopped_epoch,
-                "best_score": self.best_score}
+                "best_score": self.best_score, "stopping_reason": self.stopping_reason.value,
+                "stopping_reason_message": self.stopping_reason_message}
 
     def load_state_dict(self, state: dict) -> None:
         self.wait_count = state["wait_count"]
         self.stopped_epoch = state["stopped_epoch"]
+        self.stopping_reason = EarlyStoppingReason(state.get("stopping_reason", 0))
+        self.stopping_reason_message = state.get("stopping_reason_message")
         self.best_score = float(state["best_score"])

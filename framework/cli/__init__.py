@@ -26,7 +26,7 @@ import argparse
 import os
 import sys
 
-from framework.errors import FwError, ProgramEnds, install_command
+from framework.errors import ConfigError, FwError, ProgramEnds, install_command
 
 STAGES = ("fit", "validate", "test", "predict")
 
@@ -41,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     for stage in STAGES:
         p = sub.add_parser(stage, help=f"{stage} the recipe's module", epilog=_CKPT_HELP[stage],
                            formatter_class=argparse.RawDescriptionHelpFormatter)
-        p.add_argument("config", help="recipe YAML file")
+        p.add_argument("config", nargs="?", help="recipe YAML file")  # missing: our message, not argparse's
         p.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. trainer.max_epochs=5 module.lr=1e-3; "
                        "~key removes a key, +key=value appends to a list (+callbacks={_target_: ...})")
         p.add_argument("--print-config", action="store_true", help="print the merged recipe and exit")
@@ -100,6 +100,9 @@ def run(args: argparse.Namespace) -> int:
     if os.getcwd() not in sys.path and "" not in sys.path:
         sys.path.insert(0, os.getcwd())
 
+    if args.config is None:
+        raise ConfigError(f"fw {args.command} needs a recipe: fw {args.command} RECIPE.yaml [key=value ...] "
+                          f"(e.g. fw {args.command} conf/digits.yaml)")
     recipe, text = load_recipe(args.config, args.overrides)
     if args.print_config:
         print(text, end="")

@@ -58,6 +58,10 @@ def _read_yaml(path: Path) -> DictConfig:
     from omegaconf import DictConfig, OmegaConf
     from yaml import YAMLError
 
+    if path.is_dir():
+        found = sorted(str(p) for p in path.glob("*.y*ml"))[:3]
+        examples = f" ({', '.join(found)})" if found else ""
+        raise ConfigError(f"recipe '{path}' is a directory; give the path of a YAML file in it{examples}")
     if not path.is_file():
         raise ConfigError(f"recipe '{path}' does not exist; give the path of a YAML file (e.g. conf/digits.yaml)")
     text = path.read_text()
@@ -91,8 +95,9 @@ def _check_keys(tree: Any, where: str) -> None:
     if isinstance(trainer, dict):
         for key in trainer:
             if key in ("logger", "callbacks"):
+                example = "logger=false" if key == "logger" else "callbacks=[] or +callbacks={_target_: ...}"
                 raise ConfigError(f"{where}: 'trainer.{key}' is a top-level key of the recipe: write "
-                                  f"{key}=... (e.g. logger=false), not trainer.{key}=...")
+                                  f"{key}=... (e.g. {example}), not trainer.{key}=...")
             if key not in _TRAINER_KEYS:
                 raise ConfigError(
                     f"{where}: unknown key 'trainer.{key}'{did_you_mean(key, _TRAINER_KEYS)}; "

@@ -192,6 +192,11 @@ def _val_check_batches(run: Run, limit: float) -> int | None:
     interval = run.settings.val_check_interval
     if interval is None or not run.loaders.get("validate"):
         return None
+    if isinstance(interval, int) and interval > limit and run.settings.check_val_every_n_epoch is not None:
+        raise ConfigError(  # Lightning's rule
+            f"trainer.val_check_interval={interval} is more than the {int(limit)} training batches of an epoch, so "
+            "it would never validate: give at most that many, set check_val_every_n_epoch=null to count batches "
+            "across epochs, or limit_val_batches=0 to skip validation")
     if isinstance(interval, float):
         if math.isinf(limit):
             raise ConfigError("trainer.val_check_interval as a fraction needs a loader with a length")

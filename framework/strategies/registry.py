@@ -11,6 +11,16 @@ from typing import Any
 from framework.errors import ConfigError, did_you_mean
 from framework.strategies.base import Strategy
 
+#: Lightning's strategies fw does not provide, and what to use instead
+_NOT_PROVIDED = {
+    "deepspeed": "use strategy=fsdp, which shards parameters, gradients and optimizer state over the ranks as "
+                 "DeepSpeed's ZeRO stage 3 does (sharding_strategy=SHARD_GRAD_OP for stage 2)",
+    "fsdp_cpu": "CPU offload is not supported: use strategy=fsdp (parameters sharded on the devices)",
+    "xla": "fw runs on CPU and CUDA devices only (accelerator=cpu or cuda)",
+    "hpu_parallel": "fw runs on CPU and CUDA devices only (accelerator=cpu or cuda)",
+    "hpu_single": "fw runs on CPU and CUDA devices only (accelerator=cpu or cuda)",
+}
+
 
 class StrategyRegistry:
     def __init__(self) -> None:
@@ -31,6 +41,9 @@ class StrategyRegistry:
         return dict(self._help)
 
     def create(self, name: str, **options: Any) -> Strategy:
+        instead = _NOT_PROVIDED.get(name.split("_stage")[0].removesuffix("_offload"))
+        if name not in self._factories and instead:
+            raise ConfigError(f"trainer.strategy: fw has no '{name}' strategy; {instead}")
         if name not in self._factories:
             known = sorted([*self._factories, *self.other_names])
             raise ConfigError(

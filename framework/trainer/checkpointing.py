@@ -188,12 +188,12 @@ def restore(run: Run, ckpt_path: str | None) -> None:
         if fn == "fit":  # before anything is loaded: a refused resume leaves the model as it was
             carry[0] = check_position_carries_over(run, checkpoint, ckpt_path)
             continue_order(run, checkpoint)
-        rank_zero_info(f"fw {fn}: loaded {ckpt_path} (step {checkpoint.get('global_step')})")
         run.hooks.module_hook("on_load_checkpoint", checkpoint)
 
     mine: dict[str, Any] = {}
     parts = parts_of(run, for_fit=fn == "fit", path=ckpt_path, on_read=on_read, resumed=mine)
     checkpoint = run.strategy.load_checkpoint(ckpt_path, parts)
+    rank_zero_info(f"fw {fn}: loaded {ckpt_path} (step {checkpoint.get('global_step')})")  # all of it fitted
     if fn == "fit":
         state.position.resume_from = resume_point(run, mine, ckpt.ranks_that_wrote(checkpoint), carry[0])
 

@@ -70,6 +70,7 @@ class MetricCollector:
     def log(self, name: str, value: Any, *, prog_bar: bool, logger: bool, on_step: bool | None,
             on_epoch: bool | None, reduce_fx: str, sync_dist: bool, batch_size: int | None) -> _Entry:
         """Record one logged value; the entry it went into."""
+        scalar = None if _is_metric(value) else _as_scalar(name, value)
         entry = self.entries.get(name)
         if entry is None:
             entry = self._new_entry(name, value, prog_bar, logger, on_step, on_epoch, reduce_fx, sync_dist)
@@ -81,17 +82,10 @@ class MetricCollector:
                     entry.last = cached.detach()
                     self.step_dirty = True
             return entry
-        if isinstance(value, torch.Tensor):
-            value = value.detach()
-            if type(value) is not torch.Tensor and hasattr(value, "full_tensor"):  # a DTensor: a loss parallel loss
-                value = value.full_tensor()
-            if value.numel() != 1:
-                raise ValueError(f"self.log('{name}'): expected a scalar, got a tensor of shape {tuple(value.shape)}")
-            value = value.reshape(())
-        else:
-            value = torch.tensor(float(value))
-        if value.dtype != torch.float32:
-            value = value.float()
+        if scalar is None:
+            raise ValueError(f"self.log('{name}'): a torchmetrics Metric, where a plain value was logged under this "
+                             "name before; log one kind of value under one name")
+        value = scalar
         if entry.on_step:
             entry.last = value
             self.step_dirty = True
@@ -277,3 +271,20 @@ def _is_metric(value: Any) -> bool:
     """Is ``value`` a torchmetrics ``Metric``? (If torchmetrics was never imported, it is not.)"""
     torchmetrics = sys.modules.get("torchmetrics")
     return torchmetrics is not None and isinstance(value, torchmetrics.Metric)
+
+
+def _as_scalar(name: str, value: Any) -> torch.Tensor:
+    """A logged number or one-element tensor as a float32 scalar tensor (detached)."""
+    if isinstance(value, torch.Tensor):
+        value = value.detach()
+        if type(value) is not torch.Tensor and hasattr(value, "full_tensor"):  # a DTensor: a loss parallel loss
+            value = value.full_tensor()
+        if value.numel() != 1:
+            raise ValueError(f"self.log('{name}'): expected a scalar, got a tensor of shape {tuple(value.shape)}")
+        value = value.reshape(())
+    elif hasattr(value, "__float__") and not isinstance(value, (str, bytes)):  # int, float, bool, a numpy number
+        value = torch.tensor(float(value))
+    else:
+        raise ValueError(f"self.log('{name}', {value!r}): the value must be a number, a one-element tensor or a "
+                         f"torchmetrics Metric, not {type(value).__name__}")
+    return value if value.dtype == torch.float32 else value.float()

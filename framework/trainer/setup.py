@@ -24,7 +24,7 @@ from framework.loops.hooks import overrides
 from framework.loops.optimization import check_one_optimizer
 from framework.module import TrainModule
 from framework.optim import parse_optimizers
-from framework.rank_zero import rank_zero_info, rank_zero_warn
+from framework.rank_zero import rank_zero_warn
 from framework.seed import isolated_rng, sampler_seed
 from framework.trainer import arguments as args
 from framework.trainer import checkpointing, run_loggers
@@ -64,7 +64,7 @@ def without_dev_run_callbacks(callbacks: list) -> list:
 def new_run(trainer: Trainer, fn: str, model: TrainModule, datamodule: DataModule | None) -> Run:
     """The call's ``Run``, with the process settings it asks for applied: from here on
     ``teardown`` releases what set-up takes, whatever fails."""
-    _refuse_hooks_fw_does_not_call(model)
+    _check_methods(model, fn)
     callbacks = _with_model_callbacks(trainer.callbacks, model)
     run = Run.of(trainer, fn, model, callbacks, datamodule)
     trainer.callbacks = run.callbacks  # configure_callbacks() replaces them for good, as in Lightning
@@ -129,10 +129,20 @@ _NOT_CALLED = {
 }
 
 
-def _refuse_hooks_fw_does_not_call(model: TrainModule) -> None:
+def _check_methods(model: TrainModule, fn: str) -> None:
+    """Refuse a hook fw would not call, and (for fit) a module without the two methods it needs."""
     for name, instead in _NOT_CALLED.items():
         if callable(getattr(type(model), name, None)):
             raise ConfigError(f"{type(model).__name__}.{name}() is overridden but fw does not call it: {instead}")
+    for name, example in _FIT_NEEDS.items():
+        if fn == "fit" and getattr(type(model), name) is getattr(TrainModule, name):
+            raise ConfigError(f"{type(model).__name__} has no {name}(): fit needs one, e.g. {example}")
+
+
+_FIT_NEEDS = {
+    "training_step": "def training_step(self, batch, batch_idx): return the loss",
+    "configure_optimizers": "def configure_optimizers(self): return torch.optim.Adam(self.parameters(), lr=1e-3)",
+}
 
 
 def _with_model_callbacks(callbacks: list[Callback], model: TrainModule) -> list[Callback]:
@@ -182,54 +192,6 @@ def _needs_loader(run: Run, key: str, given: Any, source: Any) -> bool:
         rank_zero_warn(f"validation data was given but {type(model).__name__} has no validation_step: "
                        "fit skips validation (define validation_step to validate)")
     return False
-
-
-def print_summary(run: Run) -> None:
-    """One line on rank 0: strategy, backend, init method, world size, device, batch sizes
-    (nothing for predict, or when the stage has no data: its loop says so)."""
-    fn, strategy = run.fn, run.strategy
-    loaders = run.loaders.get({"fit": "train"}.get(fn, fn)) or []
-    if fn == "predict" or not loaders:
-        return
-    per_device_batch = getattr(loaders[0], "batch_size", None)
-    info = strategy.describe()
-    parts = [f"fw {fn}: strategy {strategy.name}"]
-    if "backend" in info:
-        parts.append(f"backend {info['backend']}, init {info['init_method']}")
-    world = strategy.world_size
-    parts.append(f"world size {world}" + (f", {info['threads']} thread(s) per process"
-                                          if world > 1 and "threads" in info else ""))
-    parts.append(f"device {info['device']}, precision {run.precision.precision}")
-    if per_device_batch:
-        replicas = info.get("replicas", 1)  # DataParallel splits one loader batch over its GPUs
-        per_device = per_device_batch // replicas if replicas > 1 else per_device_batch
-        parts.append(f"batch {per_device} per device, global {per_device * replicas * world}")
-    if fn == "fit":
-        from framework.trainer.summary import parameter_bytes
-
-        parts.append(parameter_bytes(run.module))
-    rank_zero_info(" | ".join(parts))
-    if fn == "fit" and run.settings.enable_model_summary and strategy.is_global_zero:
-        from framework.trainer.summary import print_model_summary
-
-        print_model_summary(run.module)
-
-
-def report_where_it_went(run: Run) -> None:
-    """One line at the end of a fit: where its logs and its best and last checkpoints are."""
-    from framework.callbacks import ModelCheckpoint
-
-    parts = [f"fw fit: done at step {run.state.global_step}"]
-    if run.log_dir:
-        parts.append(f"logs in {run.log_dir}")
-    for cb in run.callbacks:
-        if not isinstance(cb, ModelCheckpoint):
-            continue
-        if cb.best_model_path:
-            parts.append(f"best checkpoint {cb.best_model_path}")
-        if cb.last_model_path and cb.last_model_path != cb.best_model_path:
-            parts.append(f"last checkpoint {cb.last_model_path}")
-    rank_zero_info(" | ".join(parts))
 
 
 def _apply_process_settings(settings: Settings) -> tuple[bool, str | None, bool]:

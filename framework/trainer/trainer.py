@@ -30,7 +30,7 @@ from framework.rank_zero import rank_zero_info
 from framework.strategies import Strategy, create_strategy
 from framework.strategies.launchers import die_with_launcher, record_worker_error
 from framework.trainer import arguments as args
-from framework.trainer import checkpointing, run_loggers, setup
+from framework.trainer import checkpointing, reports, run_loggers, setup
 from framework.trainer.heartbeat import Heartbeat
 from framework.trainer.lightning_views import FitLoopView, LightningViews
 from framework.trainer.metrics import LoggedMetrics
@@ -228,7 +228,7 @@ class Trainer(TrainerProperties, LightningViews):
             resume_path = setup.setup(run, call.loaders, call.ckpt_path)
             run.return_predictions = call.return_predictions
             checkpointing.restore(run, resume_path)
-            setup.print_summary(run)
+            reports.print_summary(run)
             signals = SignalCatcher(run) if fn == "fit" else None
             run.stop_check = StopCheck(run) if fn == "fit" else None
             with signals or contextlib.nullcontext(), Heartbeat(run), \
@@ -243,7 +243,7 @@ class Trainer(TrainerProperties, LightningViews):
             else:
                 state.status = "finished"
                 if fn == "fit":
-                    setup.report_where_it_went(run)
+                    reports.report_where_it_went(run)
                 elif fn in ("validate", "test") and call.verbose and self.is_global_zero:
                     print_results(fn, result)
         except BaseException as exc:

@@ -1,0 +1,76 @@
+"""The lines a run writes on rank 0 (stderr, through logging): what it runs on at the start, and at
+the end of a fit where it stopped, why, and where its logs and checkpoints are."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from framework.rank_zero import rank_zero_info
+
+if TYPE_CHECKING:
+    from framework.trainer.run import Run
+
+
+def print_summary(run: Run) -> None:
+    """One line on rank 0: strategy, backend, init method, world size, device, batch sizes
+    (nothing for predict, or when the stage has no data: its loop says so)."""
+    fn, strategy = run.fn, run.strategy
+    loaders = run.loaders.get({"fit": "train"}.get(fn, fn)) or []
+    if fn == "predict" or not loaders:
+        return
+    per_device_batch = getattr(loaders[0], "batch_size", None)
+    info = strategy.describe()
+    parts = [f"fw {fn}: strategy {strategy.name}"]
+    if "backend" in info:
+        parts.append(f"backend {info['backend']}, init {info['init_method']}")
+    world = strategy.world_size
+    parts.append(f"world size {world}" + (f", {info['threads']} thread(s) per process"
+                                          if world > 1 and "threads" in info else ""))
+    parts.append(f"device {info['device']}, precision {run.precision.precision}")
+    if per_device_batch:
+        replicas = info.get("replicas", 1)  # DataParallel splits one loader batch over its GPUs
+        per_device = per_device_batch // replicas if replicas > 1 else per_device_batch
+        parts.append(f"batch {per_device} per device, global {per_device * replicas * world}")
+    if fn == "fit":
+        from framework.trainer.summary import parameter_bytes
+
+        parts.append(parameter_bytes(run.module))
+    rank_zero_info(" | ".join(parts))
+    if fn == "fit" and run.settings.enable_model_summary and strategy.is_global_zero:
+        from framework.trainer.summary import print_model_summary
+
+        print_model_summary(run.module)
+
+
+def report_where_it_went(run: Run) -> None:
+    """One line at the end of a fit: where its logs and its best and last checkpoints are."""
+    from framework.callbacks import ModelCheckpoint
+
+    parts = [f"fw fit: done at step {run.state.global_step}, {_why_it_stopped(run)}"]
+    if run.log_dir:
+        parts.append(f"logs in {run.log_dir}")
+    for cb in run.callbacks:
+        if not isinstance(cb, ModelCheckpoint):
+            continue
+        if cb.best_model_path:
+            parts.append(f"best checkpoint {cb.best_model_path}")
+        if cb.last_model_path and cb.last_model_path != cb.best_model_path:
+            parts.append(f"last checkpoint {cb.last_model_path}")
+    rank_zero_info(" | ".join(parts))
+
+
+def _why_it_stopped(run: Run) -> str:
+    reason, settings = run.state.stop_reason, run.settings
+    if reason == "max_steps":
+        return f"max_steps={settings.max_steps} reached"
+    if reason == "max_epochs":
+        return f"max_epochs={settings.max_epochs} reached"
+    if reason == "max_time":
+        return f"max_time={settings.max_time:g}s reached"
+    if reason == "preempted":
+        return "stopped by a signal"
+    for cb in run.callbacks:  # EarlyStopping (and any callback that says why it stopped the fit)
+        message = getattr(cb, "stopping_reason_message", None)
+        if isinstance(message, str) and message:
+            return f"stopped by {type(cb).__name__}: {message.removesuffix('; stopping.').removesuffix('.')}"
+    return "stopped by trainer.should_stop"
