@@ -26,7 +26,8 @@ registered when the strategy's model is ``DistributedDataParallel`` without a ho
 and ``comm=False`` leaves DDP alone. On CUDA each reading synchronises the device
 (``synchronize``), which costs a little throughput in exchange for true per-part times.
 
-Every ``trainer.log_every_n_steps`` steps the fractions of the window's time are logged as
+Where ``self.log``'s step rows are (every ``trainer.log_every_n_steps`` batches that stepped) the
+fractions of the time since the last row are logged as
 ``step_time/data_wait``, ``step_time/forward_backward``, ``step_time/optimizer``,
 ``step_time/comm_unhidden``, ``step_time/other``, with ``step_time/total_ms`` (TensorBoard shows
 them with the other metrics). ``summary()`` gives medians over the steps measured so far.
@@ -99,7 +100,8 @@ class StepTimeBreakdown(Callback):
     Args:
         comm: time DDP's gradient all-reduce with a communication hook (see the module doc).
         synchronize: synchronise CUDA at each reading (default: when training on CUDA).
-        log: log the fractions every ``trainer.log_every_n_steps`` steps.
+        log: log the fractions of the batches since the last row where ``self.log``'s step rows
+            are (every ``trainer.log_every_n_steps`` batches that stepped), at their step.
         keep: how many recent steps ``steps`` keeps for ``summary()``.
     """
 
@@ -149,11 +151,8 @@ class StepTimeBreakdown(Callback):
     def on_train_batch_end(self, trainer: Trainer, module: TrainModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
         self.mark_batch_end()
-        if not self.log or not hasattr(trainer, "log_metrics"):
-            return
-        every = max(1, getattr(trainer, "log_every_n_steps", 1))
-        if len(self._window) >= every:
-            trainer.log_metrics(self.fractions(self._window), step=trainer.global_step)
+        if self.log and self._window and trainer.state.log_due:  # the steps self.log's rows land on
+            trainer.log_metrics(self.fractions(self._window), step=trainer.state.logger_step)
             self._window = []
 
     # -- the clock (a hand-written loop may call these itself) ------------------------------

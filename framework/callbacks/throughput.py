@@ -2,8 +2,8 @@
 module that counts its FLOPs (``flops_per_token()``) tokens per second per device and the model
 FLOPs utilisation.
 
-Logged every ``trainer.log_every_n_steps`` optimizer steps (every step if the Trainer has no such
-setting) as ``throughput/batches_per_sec`` and ``throughput/samples_per_sec`` (global: this
+Logged on the batches where ``self.log``'s step rows are (every ``trainer.log_every_n_steps``
+batches that stepped, ``trainer.state.log_due``), at their step, as ``throughput/batches_per_sec`` and ``throughput/samples_per_sec`` (global: this
 rank's samples times the data-parallel ranks, as each of them runs the same per-rank batch). With
 ``flops_per_token``: ``throughput/tokens_per_sec_per_device`` (the global tokens over every device:
 ranks that split a model share their batch's tokens) and, on a GPU whose bf16 peak fw bench's
@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from framework.callbacks.base import Callback
-from framework.counting import every
 from framework.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -79,7 +78,6 @@ class ThroughputMonitor(Callback):
         self._times: deque[float] = deque(maxlen=window + 1)
         self._samples: deque[int] = deque(maxlen=window + 1)
         self._tokens: deque[int] = deque(maxlen=window + 1)
-        self._last_step_logged = -1
         self._flops_per_token: float | None = None
         self._peak: float | None = None
         self._totals = [0.0, 0]  # training seconds and this rank's tokens, for the closing line
@@ -124,11 +122,8 @@ class ThroughputMonitor(Callback):
             tokens = self.tokens_fn(batch)
             self._tokens.append(tokens)
             self._totals[1] += tokens if warm else 0
-        step = trainer.global_step
-        interval = max(1, getattr(trainer, "log_every_n_steps", 1))
-        if len(self._times) < 2 or step == self._last_step_logged or not every(interval, step):
+        if len(self._times) < 2 or not trainer.state.log_due:  # the steps self.log's rows land on
             return
-        self._last_step_logged = step
         elapsed = self._times[-1] - self._times[0]
         if elapsed <= 0:
             return
@@ -139,7 +134,7 @@ class ThroughputMonitor(Callback):
                  "throughput/samples_per_sec": samples * replicas / elapsed}
         if self._flops_per_token:
             rates.update(self._token_rates(sum(list(self._tokens)[1:]) / elapsed, trainer))
-        trainer.log_metrics(rates, step=step)
+        trainer.log_metrics(rates, step=trainer.state.logger_step)
 
     def _token_rates(self, tokens_per_s: float, trainer: Trainer) -> dict[str, float]:
         """This rank's tokens/s as tokens/s per device, and the MFU where the peak is known."""

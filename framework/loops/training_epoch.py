@@ -62,7 +62,7 @@ def run_train_epoch(run: Run, loader, stops: StopCheck) -> None:
         if batch_idx >= limit:
             break
         batch = metrics.current_batch = to_device(batch)
-        state.batch_idx = batch_idx
+        state.batch_idx, state.log_due = batch_idx, False
         state.is_last_batch = last = batch_idx + 1 == limit or (lookahead is not None and lookahead.last)
         if batch_start is not None and batch_start(batch, batch_idx) == -1:
             rest_skipped = True  # Lightning: the rest of the epoch is skipped, and the epoch counts as done;
@@ -138,8 +138,8 @@ def _count_the_step(run: Run, collector: MetricCollector, batch_idx: int, manual
         if schedulers:
             step_schedulers(run, "step", plateau=False, batch_idx=batch_idx)
     state.batches_that_stepped += 1
-    if (every(run.settings.log_every_n_steps, state.batches_that_stepped) or state.should_stop) and collector.step_dirty \
-            and run.loggers:
+    state.log_due = every(run.settings.log_every_n_steps, state.batches_that_stepped) or state.should_stop
+    if state.log_due and collector.step_dirty and run.loggers:
         _log_step_metrics(run, collector)
 
 

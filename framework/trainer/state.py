@@ -41,6 +41,10 @@ class RunState:
         batches_that_stepped: Lightning's ``_batches_that_stepped``: batches whose optimizer step
             ran (automatic optimization), or batches run (manual); loggers see step rows every
             ``log_every_n_steps`` of them, labelled ``logger_step``, as in Lightning.
+        log_due: the training batch that just ran is one whose step values are logged (its
+            ``batches_that_stepped`` is a multiple of ``log_every_n_steps``, or a stop was asked
+            for): the one counter behind ``self.log``'s step rows and every callback that logs
+            per step (ThroughputMonitor, StepTimeBreakdown), all at ``logger_step``.
         eval_batches: evaluation batches run so far in this process (with the training position,
             the progress that ``trainer/heartbeat.py`` watches).
         position: where the training stands in its data (``resume.DataPosition``).
@@ -63,6 +67,7 @@ class RunState:
     batch_idx: int = -1
     global_step: int = 0
     batches_that_stepped: int = 0
+    log_due: bool = False
     eval_batches: int = 0
     position: DataPosition = field(default_factory=DataPosition)
     fit_index: int = 0

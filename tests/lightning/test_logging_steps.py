@@ -1,0 +1,78 @@
+"""One counter for "every N steps": ``self.log``'s step rows, ThroughputMonitor and
+StepTimeBreakdown land on the same steps, and those are the steps Lightning's ``self.log`` rows
+and its ThroughputMonitor land on (with gradient accumulation, where the counts used to part)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+import framework as fw
+from framework.callbacks import StepTimeBreakdown, ThroughputMonitor
+
+pl = pytest.importorskip("pytorch_lightning")
+
+SETTINGS = dict(accelerator="cpu", devices=1, max_epochs=2, accumulate_grad_batches=2, log_every_n_steps=4,
+                enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                num_sanity_val_steps=0)
+
+
+def _module(base: type) -> nn.Module:
+    class Net(base):
+        def __init__(self) -> None:
+            super().__init__()
+            torch.manual_seed(0)
+            self.net = nn.Linear(3, 1)
+
+        def training_step(self, batch, batch_idx):
+            loss = F.mse_loss(self.net(batch[0]), batch[1])
+            self.log("loss", loss)
+            return loss
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    return Net()
+
+
+def _loader() -> DataLoader:
+    x = torch.randn(36, 3, generator=torch.Generator().manual_seed(0))
+    return DataLoader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=2)  # 18 batches, 9 steps an epoch
+
+
+def _steps(rows: list[tuple[int, dict]], prefix: str) -> list[int]:
+    return sorted({step for step, metrics in rows if any(k.startswith(prefix) for k in metrics)})
+
+
+@pytest.mark.timeout(60)
+def test_self_log_throughput_and_step_time_land_on_the_same_steps_as_lightnings():
+    from toy import RecordingLogger
+
+    fw_logger = RecordingLogger()
+    trainer = fw.Trainer(logger=fw_logger, callbacks=[ThroughputMonitor(batch_size_fn=len), StepTimeBreakdown()],
+                         **SETTINGS)
+    trainer.fit(_module(fw.TrainModule), _loader())
+    logged = _steps(fw_logger.rows, "loss")
+    assert logged == [3, 7, 11, 15]  # Lightning's _batches_that_stepped before the 4th, 8th, ... step
+    assert _steps(fw_logger.rows, "throughput/") == logged
+    assert _steps(fw_logger.rows, "step_time/") == logged
+
+    class LightningRecorder(pl.loggers.Logger):
+        name, version = "rec", 0
+        rows: list = []
+
+        def log_metrics(self, metrics, step=None):
+            self.rows.append((step, dict(metrics)))
+
+        def log_hyperparams(self, *args, **kwargs):
+            pass
+
+    pl_logger = LightningRecorder()
+    lightning = pl.Trainer(logger=pl_logger, callbacks=[pl.callbacks.ThroughputMonitor(batch_size_fn=len,
+                                                                                       window_size=2)], **SETTINGS)
+    lightning.fit(_module(pl.LightningModule), _loader())
+    assert _steps(pl_logger.rows, "loss") == logged
+    assert _steps(pl_logger.rows, "train/") == logged  # Lightning's throughput keys
