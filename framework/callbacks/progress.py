@@ -4,8 +4,12 @@ The per-batch cost is one counter increment and one ``time.monotonic()`` call: t
 redrawn at most ``refresh_rate_hz`` times a second, and at the end of each epoch. ``rich`` is
 imported when the first bar starts, not when this module is imported.
 
-On a terminal the bars are live. Otherwise (a batch job's log file) nothing is redrawn; one line
-is printed per finished training epoch and per stand-alone evaluation, so logs stay readable.
+Everything goes to stderr (stdout is the program's). On a terminal the bars are live; at any width
+the description, count, elapsed time, ETA and it/s stay whole and the metrics are cut first (with
+"…"). Otherwise (a batch job's log file) nothing is redrawn; one line is logged per finished
+training epoch and per stand-alone evaluation, so logs stay readable. The training bar shows the
+training and validation metrics (``prog_bar=True``); a validate, test or predict bar shows only
+what was logged in that stage.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from framework.callbacks.base import Callback
+from framework.rank_zero import rank_zero_info
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -48,7 +53,7 @@ class RichProgressBar(Callback):
         self._eval_task: TaskID | None = None
         self._count = 0  # batches done in the current bar
         self._eval_count = 0
-        self._epoch_start = 0.0
+        self._epoch_start = self._eval_start_time = 0.0
         self._next_refresh = 0.0
 
     # -- life cycle -------------------------------------------------------------------------
@@ -59,7 +64,7 @@ class RichProgressBar(Callback):
         if not self._started:
             from rich.console import Console
 
-            console = Console()
+            console = Console(stderr=True)
             self._live = console.is_terminal
             if self._live:
                 self._progress = _make_progress(console)
@@ -101,9 +106,9 @@ class RichProgressBar(Callback):
         total = int(batches) if batches != float("inf") else None
         description = self._epoch_description(trainer)
         if self._train_task is not None and not self.leave:
-            self._progress.reset(self._train_task, total=total, description=description, metrics="")
+            self._progress.reset(self._train_task, total=total, description=description, metrics="", rate=None)
         else:
-            self._train_task = self._progress.add_task(description, total=total, metrics="")
+            self._train_task = self._progress.add_task(description, total=total, metrics="", rate=None)
 
     def on_train_batch_end(self, trainer: Trainer, module: TrainModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
@@ -125,8 +130,8 @@ class RichProgressBar(Callback):
             self._update(self._train_task, self._count, trainer)
         elif not self._live:
             elapsed = max(time.monotonic() - self._epoch_start, 1e-9)
-            print(f"{self._epoch_description(trainer)}: {self._count} batches, {self._count / elapsed:.2f}it/s "
-                  f"{_format_metrics(trainer.progress_bar_metrics)}".rstrip(), flush=True)
+            rank_zero_info(f"{self._epoch_description(trainer)}: {self._count} batches, {self._count / elapsed:.2f}it/s "
+                           f"{_format_metrics(trainer.progress_bar_metrics)}".rstrip())
 
     @staticmethod
     def _epoch_description(trainer: Trainer) -> str:
@@ -141,11 +146,14 @@ class RichProgressBar(Callback):
             return
         self._eval_active = True
         self._eval_count = 0
-        self._next_refresh = time.monotonic() + self.refresh_interval
+        self._eval_start_time = time.monotonic()
+        self._next_refresh = self._eval_start_time + self.refresh_interval
         if self._progress is not None:
-            total = trainer.run.num_val_batches if trainer.run is not None else None  # this eval run's, test/predict too
-            total = int(total) if isinstance(total, (int, float)) and total != float("inf") else None
-            self._eval_task = self._progress.add_task(description, total=total, metrics="")
+            per_loader = {"Sanity check": trainer.num_sanity_val_batches, "Validation": trainer.num_val_batches,
+                          "Testing": trainer.num_test_batches, "Predicting": trainer.num_predict_batches}[description]
+            total = sum(per_loader) if per_loader else None
+            total = int(total) if total is not None and total != float("inf") else None
+            self._eval_task = self._progress.add_task(description, total=total, metrics="", rate=None)
 
     def _eval_batch_end(self, trainer: Trainer) -> None:
         if not self._eval_active:
@@ -167,13 +175,15 @@ class RichProgressBar(Callback):
                 assert self._progress is not None, "a task is only drawn while the display is up"
                 self._progress.remove_task(self._eval_task)
             else:
-                self._update(self._eval_task, self._eval_count, trainer)
+                self._update(self._eval_task, self._eval_count, trainer, stage=True)
             self._eval_task = None
             if self._train_task is not None:
                 self._update(self._train_task, self._count, trainer)
+            if not self._in_fit:  # a stand-alone evaluation: the bar is done before its results table
+                self._stop()
         elif not self._live and not transient:
-            print(f"{description}: {self._eval_count} batches "
-                  f"{_format_metrics(trainer.progress_bar_metrics)}".rstrip(), flush=True)
+            rank_zero_info(f"{description}: {self._eval_count} batches "
+                           f"{_format_metrics(trainer.metrics.stage_progress_bar_metrics())}".rstrip())
 
     def on_sanity_check_start(self, trainer: Trainer, module: TrainModule) -> None:
         self._eval_start(trainer, "Sanity check")
@@ -215,9 +225,15 @@ class RichProgressBar(Callback):
         self._eval_end(trainer, "Predicting", transient=False)
 
     # -- drawing ----------------------------------------------------------------------------
-    def _update(self, task: TaskID, completed: int, trainer: Trainer, metrics: bool = True) -> None:
+    def _update(self, task: TaskID, completed: int, trainer: Trainer, metrics: bool = True, stage: bool = False) -> None:
+        """Redraw ``task`` with its rate since it started; with ``metrics``, the training bar's
+        (or, with ``stage``, only the running stage's) progress-bar values beside it."""
         assert self._progress is not None, "a task is only drawn while the display is up"
-        fields: dict[str, Any] = {"metrics": _format_metrics(trainer.progress_bar_metrics)} if metrics else {}
+        started = self._epoch_start if task == self._train_task else self._eval_start_time
+        fields: dict[str, Any] = {"rate": completed / max(time.monotonic() - started, 1e-9)}
+        if metrics:
+            fields["metrics"] = _format_metrics(trainer.metrics.stage_progress_bar_metrics() if stage
+                                                else trainer.progress_bar_metrics)
         self._progress.update(task, completed=completed, **fields)
         self._progress.refresh()
 
@@ -233,22 +249,27 @@ def _make_progress(console: Console) -> Progress:
         TimeElapsedColumn,
         TimeRemainingColumn,
     )
+    from rich.table import Column
     from rich.text import Text
 
     class SpeedColumn(ProgressColumn):
-        def render(self, task: Task) -> Text:
-            speed = task.finished_speed or task.speed
+        def render(self, task: Task) -> Text:  # batches over the bar's time so far (rich's own needs 2 redraws)
+            speed = task.fields.get("rate")
             return Text(f"{speed:.2f}it/s" if speed else "-- it/s", style="progress.data.speed")
 
+    def whole(**options: Any) -> Column:  # never cut: rich squeezes the ratio columns first
+        return Column(no_wrap=True, **options)
+
     return Progress(
-        TextColumn("[progress.description]{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        TextColumn("<"),
-        TimeRemainingColumn(),
-        SpeedColumn(),
-        TextColumn("{task.fields[metrics]}"),
+        TextColumn("[progress.description]{task.description}", table_column=whole()),
+        BarColumn(bar_width=None, table_column=Column(ratio=1, min_width=5, max_width=30, no_wrap=True)),
+        MofNCompleteColumn(table_column=whole()),
+        TimeElapsedColumn(table_column=whole()),
+        TextColumn("<", table_column=whole()),
+        TimeRemainingColumn(table_column=whole()),
+        SpeedColumn(table_column=whole()),
+        TextColumn("{task.fields[metrics]}", table_column=Column(ratio=3, min_width=0, no_wrap=True, overflow="ellipsis")),
         console=console,
         auto_refresh=False,
+        expand=True,
     )

@@ -130,6 +130,15 @@ class LoggedMetrics:
         values.update({k: v for k, v in self.epoch_values.items() if self.epoch_flags.get(k, (False, False))[1]})
         return values
 
+    def stage_progress_bar_metrics(self) -> dict[str, float]:
+        """The ``prog_bar`` values logged in the stage that runs now (a test's, not the last
+        fit's): what its progress bar shows."""
+        collector = self.collector
+        values = collector.step_values_for("prog_bar")
+        values.update({k: v for k, v in collector.epoch_values.items()
+                       if collector.epoch_flags.get(k, (False, False))[0]})
+        return {k: float(v) for k, v in values.items() if v.numel() == 1}
+
     @property
     def progress_bar_metrics(self) -> dict[str, float]:
         values = self.collector.step_values_for("prog_bar")
