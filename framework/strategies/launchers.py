@@ -86,6 +86,7 @@ class ElasticLauncher(Launcher):
 
     def launch(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Each worker re-runs this program and makes the call itself (``fn`` runs there)."""
+        current_command()  # refuses here, before anything starts, when there is no program to re-run
         raise JobEnded(launch_workers(self.nproc_per_node, self.num_nodes, self.max_restarts,
                                       self.rdzv_endpoint, self.socket_ifname))
 
@@ -93,17 +94,19 @@ class ElasticLauncher(Launcher):
 def current_command() -> list[str]:
     """The arguments that re-run this program: ``-m pkg`` when started with ``python -m``."""
     import __main__
+    from framework.environments.interactive import interactive_session
 
+    session = interactive_session()
+    if session:  # a Jupyter kernel's argv would start a second kernel on the same ports in each worker
+        raise ConfigError(
+            f"fw's launcher (strategy ddp/ddp_gloo/fsdp with devices > 1) re-runs the program in each worker, and "
+            f"{session} has no program to re-run: use strategy='ddp_notebook' (workers forked from this process), "
+            "or put the code in a script and run it (or launch it with torchrun --nproc-per-node=N script.py)"
+        )
     spec = getattr(__main__, "__spec__", None)
     if spec is not None and spec.name not in ("__main__", None):
         name = spec.name[: -len(".__main__")] if spec.name.endswith(".__main__") else spec.name
         return ["-m", name, *sys.argv[1:]]
-    if not sys.argv or not sys.argv[0] or sys.argv[0] in ("-c", "-"):
-        raise ConfigError(
-            "fw's launcher re-runs the program in each worker, and an interactive session, `python -c` or "
-            "`python -` has no program to re-run: use trainer.strategy=ddp_notebook (workers forked from this "
-            "process), put the code in a script, or launch with torchrun --nproc-per-node=N script.py"
-        )
     return [os.path.abspath(sys.argv[0]), *sys.argv[1:]]
 
 

@@ -35,6 +35,7 @@ from framework.environments import ClusterEnvironment
 from framework.errors import ConfigError
 from framework.strategies.ddp import DDPStrategy
 from framework.strategies.launchers import Launcher
+from framework.strategies.spawn_checks import first_failure, pickled_for_workers, record_failure, refuse_unguarded_main
 
 
 class SpawnDDPStrategy(DDPStrategy):
@@ -64,6 +65,7 @@ class SpawnLauncher(Launcher):
 
     def __init__(self, nprocs: int, start_method: str) -> None:
         self.nprocs, self.start_method = nprocs, start_method
+        self.name = "ddp_notebook" if start_method == "fork" else "ddp_spawn"
 
     def launch(self, fn: Callable[..., Any], *args: Any) -> Any:
         import torch.multiprocessing as mp
@@ -84,21 +86,33 @@ class SpawnLauncher(Launcher):
         try:
             call: Any = (fn, args)
             if self.start_method == "spawn":
+                refuse_unguarded_main(self.name)
                 # by value: torch.multiprocessing's own pickler would put the tensors (the module's
                 # parameters too) in memory that every worker shares, so each rank's optimizer
                 # step would land on the same weights
-                call = pickle.dumps(call)
-            mp.start_processes(_worker, args=(call, self.nprocs, store.port, results, snapshot),
-                               nprocs=self.nprocs, join=True, start_method=self.start_method)
+                call = pickled_for_workers(fn, args, self.name)
+            try:
+                mp.start_processes(_worker, args=(call, self.nprocs, store.port, out, snapshot),
+                                   nprocs=self.nprocs, join=True, start_method=self.start_method)
+            except (mp.ProcessRaisedException, mp.ProcessExitedException) as err:
+                raise first_failure(out, self.name) or err from None
             if not os.path.exists(results):
-                raise RuntimeError("the ddp_spawn workers ended without rank 0's result")
+                raise RuntimeError(f"the {self.name} workers ended without rank 0's result")
             return torch.load(results, weights_only=False)
         finally:
             del store
             shutil.rmtree(out, ignore_errors=True)
 
 
-def _worker(rank: int, call: Any, nprocs: int, port: int, results: str, snapshot: dict) -> None:
+def _worker(rank: int, call: Any, nprocs: int, port: int, out: str, snapshot: dict) -> None:
+    try:
+        _run_worker(rank, call, nprocs, port, out, snapshot)
+    except BaseException as err:  # the caller raises the first rank's failure (others may only see its end)
+        record_failure(out, rank, err)
+        raise
+
+
+def _run_worker(rank: int, call: Any, nprocs: int, port: int, out: str, snapshot: dict) -> None:
     from framework import seed as fw_seed
 
     fn, args = pickle.loads(call) if isinstance(call, bytes) else call
@@ -111,4 +125,4 @@ def _worker(rank: int, call: Any, nprocs: int, port: int, results: str, snapshot
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
     output = fn(*args)
     if rank == 0:
-        torch.save(output, results)
+        torch.save(output, os.path.join(out, "results.pt"))

@@ -25,13 +25,25 @@ def positive_int(name: str, value: Any) -> int:
     return value
 
 
-def default_strategy(strategy: Any, world: int) -> Any:
-    auto = "ddp" if world > 1 else "single"
-    if strategy in (None, "auto"):
-        return auto
-    if isinstance(strategy, dict) and strategy.get("name") == "auto":
-        return {**strategy, "name": auto}
-    return strategy
+def default_strategy(strategy: Any, devices: int, num_nodes: int, environment: ClusterEnvironment) -> Any:
+    """What ``strategy="auto"`` is: one device ``single``, more ``ddp``, and in an interactive
+    session (a notebook, ``python -c``: no program fw's launcher could re-run) on one node
+    ``ddp_notebook``, as Lightning picks it there."""
+    is_auto = strategy in (None, "auto") or isinstance(strategy, dict) and strategy.get("name") == "auto"
+    if not is_auto:
+        return strategy
+    auto = "ddp" if devices * num_nodes > 1 else "single"
+    if auto == "ddp" and num_nodes == 1 and not environment.launched_externally:
+        from framework.environments.interactive import interactive_session
+
+        session = interactive_session()
+        if session:
+            from framework.rank_zero import rank_zero_info
+
+            auto = "ddp_notebook"
+            rank_zero_info(f"fw: strategy=auto with devices={devices} in {session}: using ddp_notebook (workers "
+                           "forked from this process)")
+    return {**strategy, "name": auto} if isinstance(strategy, dict) else auto
 
 
 def devices_for(devices: Any, environment: ClusterEnvironment, accelerator: Accelerator) -> Any:

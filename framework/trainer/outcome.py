@@ -4,7 +4,8 @@ The launcher runs ``Trainer._run_in_worker`` as every rank and hands back rank 0
 one picklable value; the Trainer applies it to itself (``apply``), as Lightning does: the
 trained weights go into the caller's module, and ``callback_metrics``, ``global_step``,
 ``current_epoch``, why the fit stopped, the checkpoint callbacks' best/last paths and the run
-directory are the workers'. The call's return value comes back with them.
+directory are the workers', and so are the loggers' folder and version (one Trainer keeps one
+log version across its calls, as in one process). The call's return value comes back with them.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ class Outcome:
     status: str
     checkpoints: list[tuple[str, Any, str]]
     log_dir: str | None
+    loggers: list[tuple[str, int | str]]
     output: Any
 
     @classmethod
@@ -55,6 +57,7 @@ class Outcome:
             checkpoints=[(cb.best_model_path, _cpu(cb.best_model_score), cb.last_model_path)
                          for cb in trainer.checkpoint_callbacks],
             log_dir=trainer.log_dir,
+            loggers=[(lg.save_dir, lg.version) for lg in trainer.loggers],
             output=output,
         )
 
@@ -67,6 +70,9 @@ class Outcome:
         state.stop_reason, state.status = self.stop_reason, self.status
         for cb, (best, score, last) in zip(trainer.checkpoint_callbacks, self.checkpoints, strict=True):
             cb.best_model_path, cb.best_model_score, cb.last_model_path = best, score, last
+        for lg, (save_dir, version) in zip(trainer.loggers, self.loggers, strict=True):
+            lg.set_version(version)  # the next call's workers log into the same version folder
+            lg.set_default_root(save_dir)
         trainer.run = Run.of(trainer, self.fn, model, trainer.callbacks)
         trainer.run.log_dir = self.log_dir
         trainer.run.metrics.take_values(self.callback_metrics, self.progress_bar, self.logged)

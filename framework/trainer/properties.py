@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from framework.module import TrainModule
     from framework.optim import LRSchedulerConfig
     from framework.strategies import Strategy
+    from framework.strategies.launchers import Launcher
     from framework.trainer.metrics import LoggedMetrics
     from framework.trainer.run import Run
     from framework.trainer.settings import Settings
@@ -50,6 +51,8 @@ class TrainerProperties:
     callbacks: list[Callback]
     loggers: list[Logger]
     devices: list[int]
+    num_nodes: int
+    launcher: Launcher | None
     run: Run | None
 
     # -- the settings, under their argument names --------------------------------------------
@@ -92,7 +95,10 @@ class TrainerProperties:
 
     @property
     def world_size(self) -> int:
-        return self.strategy.world_size
+        """The job's processes; in a process that starts them (``ddp_spawn``, fw's launcher) too,
+        as in Lightning, which sets the world size before it launches."""
+        launching = self.launcher is not None
+        return len(self.devices) * self.num_nodes if launching else self.strategy.world_size
 
     @property
     def is_global_zero(self) -> bool:

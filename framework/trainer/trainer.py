@@ -111,7 +111,7 @@ class Trainer(TrainerProperties, LightningViews):
         self.devices = args.parse_devices(args.devices_for(devices, self.environment, self.accelerator),
                                           self.accelerator)
         self.strategy: Strategy = create_strategy(
-            args.default_strategy(strategy, len(self.devices) * self.num_nodes), self.accelerator.name
+            args.default_strategy(strategy, len(self.devices), self.num_nodes, self.environment), self.accelerator.name
         )
         self.strategy.check(devices, len(self.devices), self.num_nodes, self.environment)
         self.strategy.connect(self.accelerator, self._dist_info(), self.devices)

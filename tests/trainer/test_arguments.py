@@ -4,6 +4,8 @@ may be strings. The CUDA cases run on mocked device counts (this machine has no 
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
 
@@ -32,7 +34,8 @@ def test_zero_negative_repeated_and_unreadable_devices_are_refused(devices, acce
 
 
 @pytest.mark.parametrize("devices, expected", [("auto", [0]), (1, [0]), (2, [0, 1]), ("2", [0, 1]), (" 3 ", [0, 1, 2])])
-def test_counts_on_the_cpu(devices, expected):
+def test_counts_on_the_cpu(devices, expected, monkeypatch):
+    monkeypatch.setattr(sys, "argv", [__file__])  # a program run from its file (a pytest-xdist worker is `python -c`)
     trainer = fw.Trainer(accelerator="cpu", devices=devices, **QUIET)
     assert trainer.devices == expected
     if len(expected) > 1:  # fw's launcher will start that many workers
@@ -48,6 +51,7 @@ def _gpus(monkeypatch, count: int) -> None:
 @pytest.mark.parametrize("accelerator", ["cuda", "gpu", "auto"])
 def test_minus_one_on_cuda_is_every_visible_gpu(devices, accelerator, monkeypatch):
     _gpus(monkeypatch, 3)
+    monkeypatch.setattr(sys, "argv", [__file__])  # not an interactive session, where auto is ddp_notebook
     trainer = fw.Trainer(accelerator=accelerator, devices=devices, **QUIET)
     assert trainer.accelerator.name == "cuda" and trainer.devices == [0, 1, 2]
     assert trainer.strategy.name == "ddp_nccl" and trainer.launcher.nproc_per_node == 3
