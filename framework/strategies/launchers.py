@@ -35,6 +35,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from framework.errors import ConfigError, ProgramEnds
+from framework.strategies.worker_failures import leave_tracebacks_to_the_launcher, report_failures
 
 if TYPE_CHECKING:
     from torch.distributed.launcher.api import LaunchConfig
@@ -138,15 +139,7 @@ def launch_workers(nproc_per_node: int, num_nodes: int = 1, max_restarts: int = 
         sys.stderr.write(f"fw: launcher received {name}: the workers were stopped\n")
         return 128 + int(err.sigval)
     except ChildFailedError as err:
-        rank, failure = err.get_first_failure()
-        message = failure.message if isinstance(failure.message, str) else failure.message.get("message", "")
-        first = (message or "").strip().splitlines()
-        detail = f": {first[0]}" if first else ""
-        sys.stderr.write(
-            f"fw: error: worker rank {rank} (pid {failure.pid}) failed with exit code "
-            f"{failure.exitcode}{detail}; the other workers were stopped\n"
-        )
-        return failure.exitcode if isinstance(failure.exitcode, int) and failure.exitcode > 0 else 1
+        return report_failures(err.failures)  # the first failure's traceback once, a line per other
     finally:
         agent_log.setLevel(level)
     return 0
@@ -241,11 +234,14 @@ def _rendezvous_role(endpoint: str, socket_ifname: str | None) -> tuple[dict, st
 
 
 def die_with_launcher() -> None:
-    """In a worker of fw's launcher: have the kernel send SIGTERM when the launcher dies, even
+    """In a worker of fw's launcher: leave the printing of a failure's traceback to the launcher
+    (``worker_failures.py``), and have the kernel send SIGTERM when the launcher dies, even
     by SIGKILL, so that no worker trains on unsupervised (it stops after its step, see
     ``trainer/preemption.py``). A process that a worker starts in turn inherits the variable but
     not the launcher as its parent, and is left alone. Linux only; elsewhere nothing."""
     launcher = os.environ.get(_LAUNCHER_PID)
+    if launcher:
+        leave_tracebacks_to_the_launcher()
     if not launcher or not sys.platform.startswith("linux"):
         return
     parent = os.getppid()
@@ -260,16 +256,3 @@ def die_with_launcher() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         return
-
-
-def record_worker_error(exc: BaseException) -> None:
-    """Under the elastic agent, write this worker's error where the agent reads it, so the
-    launcher reports the real exception (torchrun's ``@record`` does the same)."""
-    if not os.environ.get("TORCHELASTIC_ERROR_FILE") or isinstance(exc, (KeyboardInterrupt, SystemExit)):
-        return
-    from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
-
-    handler = ErrorHandler()
-    handler.initialize()
-    if not os.path.exists(os.environ["TORCHELASTIC_ERROR_FILE"]):
-        handler.record_exception(exc)

@@ -28,7 +28,8 @@ from framework.module import TrainModule
 from framework.precision import Precision
 from framework.rank_zero import rank_zero_info
 from framework.strategies import Strategy, create_strategy
-from framework.strategies.launchers import die_with_launcher, record_worker_error
+from framework.strategies.launchers import die_with_launcher
+from framework.strategies.worker_failures import record_worker_error
 from framework.trainer import arguments as args
 from framework.trainer import checkpointing, reports, run_loggers, setup
 from framework.trainer.heartbeat import Heartbeat

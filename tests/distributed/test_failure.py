@@ -113,3 +113,39 @@ def test_a_rank_that_stops_answering_ends_the_job_after_the_timeout(tmp_path, la
         assert "fw: error: worker rank 0" in result.output and "Timed out" in result.output, result.output
         assert "is stopped with SIGTERM pending: resumed it (SIGCONT)" in result.output, result.output
         assert "fw: rank 1 received SIGTERM" in result.output, result.output
+
+
+BOTH = """
+import time
+from torch.utils.data import DataLoader
+import framework as fw
+import workload
+
+class BothRaise(workload.IndexRecorder):
+    def training_step(self, batch, batch_idx):
+        if batch_idx == 3:
+            if self.trainer.global_rank == 0:
+                time.sleep(0.3)  # rank 1 fails first
+            raise ValueError(f"rank {self.trainer.global_rank} cannot go on")
+        return super().training_step(batch, batch_idx)
+
+trainer = fw.Trainer(devices=2, strategy={"name": "ddp_gloo", "timeout": 120}, max_epochs=1, **workload.FIT_ARGS)
+trainer.fit(BothRaise(), train_dataloaders=DataLoader(workload.IndexData(40), batch_size=2))
+"""
+
+
+@pytest.mark.timeout(90)
+def test_ranks_that_raise_give_one_traceback_the_first_failures(tmp_path):
+    result = run_script(write_script(tmp_path, BOTH), launcher="fw", timeout=75)
+    assert result.returncode == 1, result.output
+    assert result.output.count("Traceback (most recent call last)") == 1, result.output
+    lines = result.output.splitlines()
+    first = next(line for line in lines if line.startswith("fw: error: worker rank"))
+    assert first.startswith("fw: error: worker rank 1 (pid ") and "failed with exit code 1: ValueError: rank 1 cannot " \
+        "go on" in first, result.output
+    traceback_at = lines.index("rank 1's traceback:")
+    assert lines[traceback_at + 1] == "Traceback (most recent call last):"
+    assert "ValueError: rank 1 cannot go on" in lines[traceback_at + 2:]
+    others = [line for line in lines if line.startswith("fw: worker rank 0 (pid ")]
+    # rank 0 either failed too (its own error, or its peer's disappearance) or was stopped first
+    assert len(others) <= 1 and ("1 other rank(s) failed too" in first) == bool(others), result.output

@@ -1,0 +1,91 @@
+"""How a worker's failure reaches the person who started the job: once.
+
+A worker under an elastic agent (fw's launcher or torchrun) writes its exception and traceback to
+the file the agent names (``TORCHELASTIC_ERROR_FILE``), with the time to the microsecond. Under
+fw's launcher the worker then prints nothing of it itself, and the launcher prints the first
+failure's traceback once, under its rank, then one line for each other rank that failed (its
+exception's last line), and exits with the first failure's code. Under torchrun workers print
+their own tracebacks, as torchrun users expect.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import traceback
+from typing import Any
+
+_ERROR_FILE = "TORCHELASTIC_ERROR_FILE"
+
+
+def record_worker_error(exc: BaseException) -> None:
+    """Under an elastic agent, write this worker's error where the agent reads it (the format of
+    torch's ``ErrorHandler.record_exception``, which torchrun's ``@record`` uses), once: the
+    first exception is the one that failed the worker."""
+    path = os.environ.get(_ERROR_FILE)
+    if not path or isinstance(exc, (KeyboardInterrupt, SystemExit)) or os.path.exists(path):
+        return
+    now = time.time()
+    data = {"message": {"message": f"{type(exc).__name__}: {exc}",
+                        "extraInfo": {"py_callstack": "".join(traceback.format_exception(exc)),
+                                      "timestamp": str(int(now)), "fw_time": now}}}
+    try:
+        with open(path, "w") as fp:
+            json.dump(data, fp)
+    except OSError:
+        return
+
+
+def leave_tracebacks_to_the_launcher() -> None:
+    """In a worker of fw's launcher: an exception that ends the program is recorded for the
+    launcher, which prints it; Python's own print of it would repeat it once per rank."""
+    if getattr(sys.excepthook, "fw_launcher", False):
+        return
+    default = sys.excepthook
+
+    def hook(kind: type[BaseException], exc: BaseException, tb: Any) -> None:
+        if not issubclass(kind, (KeyboardInterrupt, SystemExit)):
+            record_worker_error(exc)
+            if os.path.exists(os.environ.get(_ERROR_FILE, "")):
+                return
+        default(kind, exc, tb)
+
+    hook.fw_launcher = True  # type: ignore[attr-defined]
+    sys.excepthook = hook
+
+
+def report_failures(failures: dict[int, Any]) -> int:
+    """The launcher's report of the workers that failed (``ChildFailedError.failures``): the
+    first one's traceback, one line per other; the exit code to end with."""
+    ordered = sorted(failures.items(), key=lambda item: _failed_at(item[1]))
+    rank, first = ordered[0]
+    code = first.exitcode if isinstance(first.exitcode, int) and first.exitcode > 0 else 1
+    callstack = _extra(first).get("py_callstack", "")
+    others = f"; {len(ordered) - 1} other rank(s) failed too" if len(ordered) > 1 else ""
+    lines = [f"fw: error: worker rank {rank} (pid {first.pid}) failed with exit code {first.exitcode}: "
+             f"{_summary(first)}{others}; the other workers were stopped"]
+    if callstack:
+        lines.append(f"rank {rank}'s traceback:\n{callstack.rstrip()}")
+    for other_rank, other in ordered[1:]:
+        lines.append(f"fw: worker rank {other_rank} (pid {other.pid}) also failed: {_summary(other)}")
+    sys.stderr.write("\n".join(lines) + "\n")
+    return code
+
+
+def _extra(failure: Any) -> dict:
+    message = failure.message
+    return message.get("extraInfo", {}) if isinstance(message, dict) else {}
+
+
+def _summary(failure: Any) -> str:
+    message = failure.message
+    text = message.get("message", "") if isinstance(message, dict) else message
+    lines = (text or "").strip().splitlines()
+    return lines[-1] if lines else f"exit code {failure.exitcode}"
+
+
+def _failed_at(failure: Any) -> float:
+    exact = _extra(failure).get("fw_time")
+    return float(exact) if exact is not None else float(failure.timestamp)
