@@ -48,12 +48,18 @@ def leave_tracebacks_to_the_launcher() -> None:
     def hook(kind: type[BaseException], exc: BaseException, tb: Any) -> None:
         if not issubclass(kind, (KeyboardInterrupt, SystemExit)):
             record_worker_error(exc)
-            if os.path.exists(os.environ.get(_ERROR_FILE, "")):
+            if os.path.exists(os.environ.get(_ERROR_FILE, "")) and _last_attempt():
                 return
-        default(kind, exc, tb)
+        default(kind, exc, tb)  # also when the agent will restart the workers: it reports nothing then
 
     hook.fw_launcher = True  # type: ignore[attr-defined]
     sys.excepthook = hook
+
+
+def _last_attempt() -> bool:
+    """No restart left (``max_restarts``): this failure ends the job, and the launcher reports it."""
+    env = os.environ
+    return int(env.get("TORCHELASTIC_RESTART_COUNT", "0")) >= int(env.get("TORCHELASTIC_MAX_RESTARTS", "0"))
 
 
 def report_failures(failures: dict[int, Any]) -> int:
