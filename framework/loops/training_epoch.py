@@ -85,12 +85,13 @@ def run_train_epoch(run: Run, loader, stops: StopCheck) -> None:
             run_evaluation(run, "validate", zero_grad=steps_now)
         if schedulers and steps_now:
             step_schedulers(run, "step", plateau=True, batch_idx=batch_idx)
-        if state.should_stop and state.epoch + 1 >= settings.min_epochs:
+        if state.should_stop and state.epoch >= settings.min_epochs:  # Lightning: min_epochs epochs *done*
             break
         if settings.max_steps >= 0 and state.global_step >= settings.max_steps:
             break
-        if every(stops.every, batch_idx + 1) and stops():
-            break
+        if every(stops.every, batch_idx + 1) and stops() and (
+                state.stop_reason == "preempted" or state.epoch >= settings.min_epochs):
+            break  # max_time, as a callback's stop, waits for min_epochs (Lightning's rule); a signal does not
     flush_checks()
     if not trained and not rest_skipped:
         _refuse_an_epoch_that_trained_nothing(state, start)

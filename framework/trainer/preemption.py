@@ -127,8 +127,11 @@ class StopCheck:
     def start_clock(self) -> None:
         """Training starts now: ``max_time`` counts from here (set-up and sanity check excluded)."""
         max_time = self.run.settings.max_time
-        self.deadline = time.monotonic() + max_time if max_time else None
+        self.deadline = time.monotonic() + max_time if max_time is not None else None
         self._since = time.monotonic()
+        if max_time == 0:  # up before the first batch: no step (Lightning's Timer checks at fit start)
+            self.run.state.should_stop = True
+            self.run.state.stop("max_time")
 
     def __call__(self) -> bool:
         state, now = self.run.state, time.monotonic()
