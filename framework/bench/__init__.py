@@ -12,7 +12,9 @@ step-time breakdown: ``train.py``) and ``knobs`` (DDP bucket size, gradient_as_b
 static_graph). Started alone, fw bench runs one job per backend and world size as its own
 processes (``single``; ``gloo`` through torch's elastic agent; ``mpi`` through the ``mpiexec``
 it finds; ``nccl`` with two or more GPUs), each with a timeout, then writes ``report.py``'s
-files and prints the tables and a recommendation computed from this run.
+files and prints the tables and a recommendation computed from this run. The machine's load
+is watched before and during the jobs (``load.py``); a winner the spreads do not separate, a
+value physics rules out (``trust.py``) and a machine too busy to trust are said, not hidden.
 """
 
 from __future__ import annotations
@@ -184,7 +186,10 @@ def main(args: argparse.Namespace) -> int:
         _check_recipes()
     if launched_by() is not None:
         return _as_worker(args, suites)
+    from framework.bench.load import LoadMonitor
+
     jobs, mpi = plan(suites, args.quick, args.max_world)
+    monitor = LoadMonitor().start()  # before the first job, then sampled while they run
     start = time.perf_counter()
     parts: list[dict] = []
     records: list[dict] = []
@@ -196,6 +201,7 @@ def main(args: argparse.Namespace) -> int:
     try:
         with tempfile.TemporaryDirectory(prefix="fw-bench-") as tmp:
             for job in jobs:
+                monitor.job(job["name"])
                 part = Path(tmp) / f"{job['name']}.json"
                 record = run_job(job, part, len(records) + 1, len(jobs))
                 result = json.loads(part.read_text()) if part.exists() else None
@@ -215,7 +221,7 @@ def main(args: argparse.Namespace) -> int:
     try:  # after a stop the signals stay ignored until the report is written
         if stopped_by is None:
             _restore(before)
-        write_report(parts, records, args, notes, time.perf_counter() - start)
+        write_report(parts, records, args, notes, time.perf_counter() - start, monitor.stop())
     finally:
         _restore(before)
     if stopped_by is not None:
@@ -252,12 +258,18 @@ def _check_recipes() -> None:
 def _as_worker(args: argparse.Namespace, suites: list[str]) -> int:
     """Under mpiexec, srun or torchrun: this process is one rank of the only job."""
     from framework.bench.context import start_job
+    from framework.bench.load import LoadMonitor, job_cpu_s, job_cpus, process_cpu_s
     from framework.bench.worker import run_suites
 
     start = time.perf_counter()
     job = start_job()
+    cpus, cpu_start = job_cpus(job), process_cpu_s()  # the ranks are not rank 0's children: they count their own
+    monitor = LoadMonitor(own=None, cpus=cpus).start(settle_s=0) if job.rank == 0 else None
+    if monitor is not None:
+        monitor.job(job.name)
     try:
         part = run_suites(job, suites, args.quick)
+        own_s = job_cpu_s(job, cpu_start)
     except BaseException as err:
         if job.mpi is not None and job.world > 1:  # the other ranks would wait in MPI forever
             from framework.strategies.mpi import abort_mpi_job
@@ -268,7 +280,8 @@ def _as_worker(args: argparse.Namespace, suites: list[str]) -> int:
         from framework.bench.report import write_report
 
         record = {"name": job.name, "cmd": sys.argv, "status": "ok", "wall_s": time.perf_counter() - start}
+        assert monitor is not None, "rank 0 watches the load"
         write_report([part], [record], args, [f"run under {part['launcher']}: one job of {job.world} processes"],
-                     time.perf_counter() - start)
+                     time.perf_counter() - start, monitor.stop(own_s=own_s))
     job.close()
     return 0

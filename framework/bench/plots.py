@@ -1,5 +1,6 @@
 """The three PNGs of ``fw bench`` (matplotlib, imported only here): bus bandwidth against size,
-samples/s against processes, and where fw's step time goes."""
+samples/s against processes, and where fw's step time goes (shares of the step, a panel per
+workload)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from framework.bench.labels import PART_LABELS
+from framework.bench.results import step_shares
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -71,19 +73,30 @@ def _train_figure(train: list[dict], workloads: list[str]) -> Figure:
 
 
 def _breakdown_figure(fw_train: list[dict]) -> Figure:
-    """fw's step time split into its parts, one stacked bar per workload and strategy."""
+    """fw's step split into its parts as shares of the step, one panel per workload, a stacked
+    bar per strategy and world size with its step time above it: a 1 ms step's parts read as
+    well as a 275 ms one's (on one axis of milliseconds they would not show)."""
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(max(6, 0.9 * len(fw_train)), 4))
-    labels = [f"{r['workload']}\n{r['strategy']} x{r['world_size']}" for r in fw_train]
-    bottom = [0.0] * len(fw_train)
-    for part, label in PART_LABELS.items():
-        values = [r["parts_s"].get(part, 0) * 1e3 for r in fw_train]
-        ax.bar(labels, values, bottom=bottom, label=label)
-        bottom = [b + v for b, v in zip(bottom, values, strict=True)]
-    ax.set(ylabel="ms per step (medians)", title="fw: where the step time goes")
-    ax.tick_params(axis="x", labelsize=7)
-    ax.legend(fontsize=7)
+    workloads = sorted({r["workload"] for r in fw_train})
+    fig, axes = plt.subplots(1, len(workloads), figsize=(max(6, 0.9 * len(fw_train) + 1.5 * len(workloads)), 4),
+                             squeeze=False, sharey=True)  # fmt: skip
+    for ax, workload in zip(axes[0], workloads, strict=True):
+        rows = sorted((r for r in fw_train if r["workload"] == workload), key=lambda r: (r["world_size"], r["strategy"]))
+        labels = [f"{r['strategy']}\nx{r['world_size']}" for r in rows]
+        shares = [step_shares(r) for r in rows]
+        bottom = [0.0] * len(rows)
+        for part, label in PART_LABELS.items():
+            values = [s[part] * 100 for s in shares]
+            ax.bar(labels, values, bottom=bottom, label=label)
+            bottom = [b + v for b, v in zip(bottom, values, strict=True)]
+        for x, r in enumerate(rows):
+            ax.text(x, 101, f"{r['step_s'] * 1e3:.3g} ms", ha="center", va="bottom", fontsize=7)
+        ax.set(title=workload, ylim=(0, 110))
+        ax.tick_params(axis="x", labelsize=7)
+    axes[0][0].set_ylabel("share of the step (%, medians)")
+    axes[0][-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1))
+    fig.suptitle("fw: where the step time goes (step time above each bar)", fontsize=10)
     return fig
 
 

@@ -1,6 +1,7 @@
 """The numbers of ``fw bench``'s report: every job's runs pooled into one row per setting, with
 scaling, overhead over the hand-written loop and (GPU, bf16) model FLOPs utilisation; the
-all-reduce ratio of fw's MPI process group to raw mpi4py.
+all-reduce ratio of fw's MPI process group to raw mpi4py. A speed-up or ratio that cannot be
+true is refused (``trust.py``).
 
 A row pools the repeats of one (workload, strategy, world size, side, precision, DDP settings,
 device); its step time is the median over every timed step of them.
@@ -12,6 +13,8 @@ import re
 from collections import defaultdict
 
 from framework.bench.common import iqr, median
+from framework.bench.labels import PART_LABELS
+from framework.bench.trust import refuse_implausible
 
 #: dense bf16 peak FLOP/s of one GPU (the vendors' data sheets), for MFU: the first pattern
 #: that matches the device's name wins, so a variant comes before its family
@@ -76,11 +79,21 @@ def train_rows(parts: list[dict], key: str = "train") -> list[dict]:
             # on GPUs each process adds a device: efficiency against n single devices; on a CPU the
             # processes share the cores one process had: the speed-up over that process
             per_device = 1 if r["device"] == "cpu" else r["world_size"]
-            r["scaling_efficiency"] = r["samples_per_s"] / (per_device * base["samples_per_s"])
+            r["speedup"] = r["samples_per_s"] / base["samples_per_s"]
+            r["scaling_efficiency"] = r["speedup"] / per_device
         raw = by_key.get((r["workload"], r["strategy"], r["world_size"], "raw", r["precision"], r["device"]))
         if raw and r["side"] != "raw":
             r["step_over_raw"] = r["step_s"] / raw["step_s"]
+    for r in rows:  # a value physics rules out is refused, not reported (trust.py)
+        refuse_implausible(r)
     return rows
+
+
+def step_shares(row: dict) -> dict[str, float]:
+    """Each part of ``row``'s step (``PART_LABELS``) as a fraction of the step."""
+    parts = row["parts_s"]
+    total = sum(parts.get(p, 0) for p in PART_LABELS) or row["step_s"]
+    return {p: parts.get(p, 0) / total for p in PART_LABELS}
 
 
 def comm_parts(parts: list[dict]) -> list[tuple[str, dict]]:

@@ -122,6 +122,7 @@ def _quiet() -> None:
     library_logger()  # configured now, so that the level below sticks
     for name in ("framework", "pytorch_lightning", "lightning.pytorch", "lightning.fabric", "lightning"):
         logging.getLogger(name).setLevel(logging.ERROR)
+    logging.getLogger("framework.bench").setLevel(logging.WARNING)  # the report's warnings (under a launcher) still show
     warnings.filterwarnings("ignore")
 
 

@@ -1,6 +1,7 @@
 """``fw bench --quick`` as a user runs it: the installed command, real worker processes (Gloo
 through torch's elastic agent, MPI through mpiexec), real files. Checks what it wrote (schema,
-numbers from every backend and strategy the machine has, the files), never how fast anything was.
+numbers from every backend and strategy the machine has, the files, the machine's load, and a
+recommendation that follows the trust rules whatever the load was), never how fast anything was.
 """
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import os
 import re
 import statistics
 from pathlib import Path
@@ -40,7 +42,7 @@ def finite(x: float) -> bool:
 def test_the_command_runs_every_job_and_writes_its_files(quick):
     result, doc, out = quick
     assert result.returncode == 0, result.output
-    assert doc["schema"] == 1 and doc["quick"] is True
+    assert doc["schema"] == 2 and doc["quick"] is True
     assert {"hardware", "cpu_count", "date"} <= set(doc["machine"]) and doc["versions"]["torch"]
     names = {job["name"]: job["status"] for job in doc["jobs"]}
     assert names.pop("single-1") == "ok" and names.pop("gloo-2") == "ok"
@@ -49,6 +51,14 @@ def test_the_command_runs_every_job_and_writes_its_files(quick):
     assert {p.rsplit("-", 1)[1] for p in doc["plots"]} == {"comm.png", "train.png", "breakdown.png"}
     for name in [*doc["plots"], stem.name + ".md"]:
         assert (out / name).stat().st_size > 1000, name
+    # every Markdown table has as many cells in each row as in its header
+    counts: list[int] = []
+    for line in [*(out / f"{stem.name}.md").read_text().splitlines(), ""]:
+        if line.startswith("|"):
+            counts.append(line.count("|"))
+        else:
+            assert len(set(counts)) <= 1, (line, counts)
+            counts = []
     # progress while it ran, then the table, the files and the recommendation on stdout
     assert "fw bench [gloo-2] train: gpt under ddp_gloo" in result.output
     assert "files: " in result.output and "recommendation (from this run):" in result.output
@@ -89,10 +99,12 @@ def test_every_strategy_trained_every_workload_beside_the_hand_written_loop(quic
                 # one process has nothing to all-reduce; DDP's all-reduce takes time
                 assert (parts["comm_unhidden"] == 0) == (strategy == "single"), (workload, strategy, side, parts)
                 assert row["param_MB_per_rank"] == rows[(workload, "single", "raw")]["param_MB_per_rank"] > 0
+                # measured, or refused as implausible (a busy machine) with the reason: never missing
                 if strategy != "single":
-                    assert finite(row["scaling_efficiency"])
+                    assert finite(row.get("scaling_efficiency") or row["refused"]["scaling_efficiency"])
                 if side != "raw":
-                    assert finite(row["step_over_raw"])
+                    assert finite(row.get("step_over_raw") or row["refused"]["step_over_raw"])
+                assert ("refused" in row) == ("untrusted" in row)
     # fsdp beside DDP on the GPT, fw and the hand-written FSDP2 loop: half the parameters per rank
     # (its gathers and reduce-scatters run inside forward and backward: no DDP all-reduce to time)
     full = rows[("gpt", "single", "raw")]["param_MB_per_rank"]
@@ -107,17 +119,50 @@ def test_every_strategy_trained_every_workload_beside_the_hand_written_loop(quic
 
 @pytest.mark.timeout(180)  # the first runs `fw bench --quick` (~50 s)
 def test_the_recommendation_follows_the_numbers(quick):
+    from framework.bench.trust import overlaps
+
     _, doc, _ = quick
     fw_rows = [r for r in doc["train"] if r["side"] == "fw"]
-    for workload in WORKLOADS:
-        best = max((r for r in fw_rows if r["workload"] == workload), key=lambda r: r["samples_per_s"])
-        line = next(l for l in doc["recommendation"] if l.startswith(f"{workload}:"))
-        assert f"`{best['strategy']}` on {best['world_size']} process" in line
-    assert any(l.startswith("DDP settings for gpt") for l in doc["recommendation"])
-    (fsdp,) = [l for l in doc["recommendation"] if l.startswith("fsdp or DDP for gpt (x2)")]
+    for workload in WORKLOADS:  # a refused value, overlapping spreads or a winner: as the numbers say
+        ranked = sorted((r for r in fw_rows if r["workload"] == workload), key=lambda r: -r["samples_per_s"])
+        best, nxt = ranked[:2]
+        line = next(ln for ln in doc["recommendation"] if ln.startswith(f"{workload}:"))
+        if any("untrusted" in r for r in doc["train"] if r["workload"] == workload):
+            assert line.startswith(f"{workload}: no recommendation, the measurements are not trustworthy"), line
+        elif overlaps(best["spread_samples_per_s"], nxt["spread_samples_per_s"]):
+            assert line.startswith(f"{workload}: not distinguishable here: `{best['strategy']}` x{best['world_size']}"), line
+            assert f"`{nxt['strategy']}` x{nxt['world_size']}" in line
+        else:
+            assert line.startswith(f"{workload}: train with `{best['strategy']}` on {best['world_size']} process"), line
+    assert any(ln.startswith("DDP settings for gpt") for ln in doc["recommendation"])
+    fsdp = [ln for ln in doc["recommendation"] if ln.startswith("fsdp or DDP for gpt (x2)")]
     fw_gpt = {r["strategy"]: r for r in fw_rows if r["workload"] == "gpt"}
-    ratio = fw_gpt["fsdp"]["samples_per_s"] / fw_gpt["ddp_gloo"]["samples_per_s"]
-    assert f"at {ratio:.2f}x `ddp_gloo`'s samples/s" in fsdp
+    if "untrusted" not in fw_gpt["fsdp"] and "untrusted" not in fw_gpt["ddp_gloo"]:
+        ratio = fw_gpt["fsdp"]["samples_per_s"] / fw_gpt["ddp_gloo"]["samples_per_s"]
+        assert f"at {ratio:.2f}x `ddp_gloo`'s samples/s" in fsdp[0]
+    else:
+        assert fsdp == []
+
+
+@pytest.mark.timeout(180)  # the first runs `fw bench --quick` (~50 s)
+def test_the_load_is_recorded_before_and_during_every_job_and_judged_by_the_rule(quick):
+    from framework.bench.load import busy_verdict
+
+    result, doc, out = quick
+    load = doc["load"]
+    assert load["cores"] == len(os.sched_getaffinity(0)) and len(load["before"]["loadavg"]) == 3
+    assert list(load["jobs"]) == [job["name"] for job in doc["jobs"]]
+    for name, job in load["jobs"].items():  # each job's own processes told apart from the rest
+        assert job["seconds"] > 1 and 0 <= job["others_share"] <= job["busy_share"] <= 1, (name, job)
+        assert job["own_share"] > 0, (name, job)
+    assert {s["job"] for s in load["samples"]} >= set(load["jobs"])
+    busy = busy_verdict(load)
+    assert doc["warnings"] == busy + [u for r in doc["train"] for u in r.get("untrusted", [])]
+    assert doc["recommendation"][0].startswith("not trustworthy here") == bool(busy)
+    for warning in doc["warnings"]:  # a logging warning on stderr, a line on stdout, and in the report
+        assert f"fw bench: warning: {warning}\n" in result.output and f"\nwarning: {warning}\n" in result.output
+    md = next(out.glob("bench-*.md")).read_text()
+    assert ("## Warnings" in md) == bool(doc["warnings"]) and "## machine load on" in md
 
 
 @needs_mpi
