@@ -31,6 +31,14 @@ def run_folder(trainer: Trainer) -> str:
     return trainer.strategy.broadcast(os.path.realpath(os.path.join(root, "checkpoints")))
 
 
+def tell_loggers(trainer: Trainer, callback: object) -> None:
+    """After a save, on rank 0: every logger's ``after_save_checkpoint(callback)``, Lightning's
+    hook (the MLflow and W&B loggers upload checkpoints from it with ``log_model``)."""
+    if trainer.is_global_zero:
+        for logger in trainer.loggers:
+            logger.after_save_checkpoint(callback)
+
+
 def prepare_folder(folder: str, trainer: Trainer) -> None:
     """Before a fit: every rank can write to ``folder`` (checked now, not at the first save),
     and rank 0 removes what killed writes left there."""

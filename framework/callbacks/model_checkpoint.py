@@ -255,11 +255,11 @@ class ModelCheckpoint(Callback):
         return trainer.strategy.broadcast(filepath)
 
     def _save_checkpoint(self, trainer: Trainer, filepath: str) -> None:
-        self._last_global_step_saved = trainer.global_step
-        self._saved_in_this_fit = True
+        self._last_global_step_saved, self._saved_in_this_fit = trainer.global_step, True
         if trainer.is_global_zero:
             os.makedirs(os.path.dirname(filepath), exist_ok=True)
         trainer.save_checkpoint(filepath)  # on every rank: it gathers state, rank 0 writes
+        files.tell_loggers(trainer, self)  # Lightning's logger.after_save_checkpoint (log_model uploads)
 
     def _remove_checkpoint(self, trainer: Trainer, filepath: str, keep: str) -> None:
         if filepath == keep or filepath in (self.best_model_path, self.last_model_path) \

@@ -114,11 +114,43 @@ class Logger(ABC):
         """Called once at the end of a run with ``"success"``, ``"failed"`` or ``"interrupted"``."""
         self.save()
 
+    def after_save_checkpoint(self, checkpoint_callback: Any) -> None:
+        """Called on rank 0 after ``ModelCheckpoint`` saved a file (Lightning's hook): the
+        MLflow and W&B loggers upload checkpoints from it (``log_model``)."""
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}(save_dir={self._save_dir!r}, name={self._name!r}, version={self._version!r})"
 
 
 # -- helpers shared by the loggers ----------------------------------------------------------
+def require(module: str, extra: str, who: str) -> None:
+    """Refuse to build ``who`` without the optional package ``module`` (found, not imported)."""
+    import importlib.util
+
+    if importlib.util.find_spec(module) is None:
+        from framework.errors import install_command
+
+        raise ModuleNotFoundError(f"{who} needs the {module} package, which is not installed: "
+                                  f"{install_command(extra)} (or pip install {module})", name=module)
+
+
+class NoExperiment:
+    """What ``logger.experiment`` is on ranks other than 0 (Lightning's ``DummyExperiment``):
+    every call does nothing, so user code that logs through it on every rank writes once."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+    def __getattr__(self, name: str) -> NoExperiment:
+        return self
+
+    def __getitem__(self, key: Any) -> NoExperiment:
+        return self
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        pass
+
+
 def to_float(value: Any) -> float:
     """A metric value as a Python float; a tensor must hold exactly one element."""
     if isinstance(value, torch.Tensor):

@@ -45,6 +45,7 @@ class FakeTrainer:
         self.check_val_every_n_epoch = 1  # with no validation data: epoch saves at the train epoch's end
         self.val_check_interval = None
         self.val_dataloaders = None
+        self.loggers = []  # told of each save (after_save_checkpoint)
         self.saved = []
 
     def save_checkpoint(self, path):
