@@ -1,16 +1,22 @@
-"""Callbacks: checkpointing, early stopping, learning-rate, throughput and step-time logging, progress.
+"""Callbacks: checkpointing, early stopping, learning-rate, throughput, step-time and device-stats
+logging, progress, weight averaging (SWA, EMA), a training timer.
 
 None of these modules imports rich or tensorboard at import time.
 """
 
 from framework.callbacks.base import Callback
+from framework.callbacks.device_stats_monitor import DeviceStatsMonitor
 from framework.callbacks.early_stopping import EarlyStopping, EarlyStoppingReason
 from framework.callbacks.lr_monitor import LearningRateMonitor
 from framework.callbacks.model_checkpoint import ModelCheckpoint
 from framework.callbacks.prediction_writer import BasePredictionWriter, PredictionWriter
 from framework.callbacks.progress import RichProgressBar
 from framework.callbacks.step_breakdown import StepTimeBreakdown
+from framework.callbacks.stochastic_weight_avg import StochasticWeightAveraging
 from framework.callbacks.throughput import ThroughputMonitor
+from framework.callbacks.timer import Timer
+from framework.callbacks.weight_averaging import EMAWeightAveraging, WeightAveraging
 
-__all__ = ["BasePredictionWriter", "Callback", "EarlyStopping", "EarlyStoppingReason", "LearningRateMonitor", "ModelCheckpoint",
-           "PredictionWriter", "RichProgressBar", "StepTimeBreakdown", "ThroughputMonitor"]
+__all__ = ["BasePredictionWriter", "Callback", "DeviceStatsMonitor", "EarlyStopping", "EarlyStoppingReason",
+           "EMAWeightAveraging", "LearningRateMonitor", "ModelCheckpoint", "PredictionWriter", "RichProgressBar",
+           "StepTimeBreakdown", "StochasticWeightAveraging", "ThroughputMonitor", "Timer", "WeightAveraging"]

@@ -16,6 +16,7 @@ from typing import Any
 
 from framework.data.sampler_injection import in_global_order, shard_dataloader, without_shuffle
 from framework.errors import ConfigError
+from framework.profilers.timing import timed
 
 #: the method asked for each stage's loaders
 LOADER_METHODS = {
@@ -37,6 +38,7 @@ class LoaderSource:
         overfit: ``overfit_batches`` is set: the training loader does not shuffle.
         ordered: ``use_distributed_sampler``: the training loader reads the global order (else
             the loader's own sampler, and no shard).
+        profiler: what times each ``*_dataloader()`` call (``framework/profilers``; None: nothing).
     """
 
     given: dict[str, Any]
@@ -45,12 +47,13 @@ class LoaderSource:
     shard: dict[str, Any] | None
     overfit: bool
     ordered: bool = True
+    profiler: Any = None
 
     def loaders(self, key: str) -> list:
         """The stage's loaders, ready for this rank ([] when there are none)."""
         given = self.given.get(key)
         try:
-            loader = given if given is not None else getattr(self.source, LOADER_METHODS[key])()
+            loader = given if given is not None else self._request(LOADER_METHODS[key])
         except ValueError as err:  # torch's RandomSampler on an empty data set
             if "num_samples=0" not in str(err):
                 raise
@@ -76,6 +79,12 @@ class LoaderSource:
         elif key != "train" and self.shard:
             loaders = [shard_dataloader(dl, seed=self.seed, **self.shard) for dl in loaders]
         return loaders
+
+    def _request(self, method: str) -> Any:
+        from framework.data.datamodule import DataModule
+
+        kind = "LightningDataModule" if isinstance(self.source, DataModule) else "LightningModule"
+        return timed(self.profiler, f"[{kind}]{type(self.source).__name__}.{method}", getattr(self.source, method))()
 
     def reload(self, loaders: dict[str, list]) -> None:
         """``reload_dataloaders_every_n_epochs``: the training and validation loaders asked for

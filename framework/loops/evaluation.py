@@ -15,6 +15,7 @@ import torch
 from framework.errors import ConfigError
 from framework.loops.batches import num_batches, positional_arity
 from framework.loops.transfer import batch_transfer_fn
+from framework.profilers.timing import EVAL_NEXT
 
 if TYPE_CHECKING:
     from framework.trainer.metric_collector import MetricCollector
@@ -40,7 +41,7 @@ def run_evaluation(run: Run, stage: str, limit: int | None = None, log: bool = T
     loaders = run.loaders.get(stage) or []
     name = "validation_step" if stage == "validate" else "test_step"
     arity = positional_arity(getattr(module, name))
-    step_fn = run.precision.converting(run.strategy.step_fn(module, name))
+    step_fn = hooks.strategy_fn(name, run.precision.converting(run.strategy.step_fn(module, name)))
     prefix = "validation" if stage == "validate" else "test"
     sanity_check = state.stage == "sanity_check"
     outer_stage, state.stage = state.stage, state.stage if sanity_check else stage
@@ -61,7 +62,7 @@ def run_evaluation(run: Run, stage: str, limit: int | None = None, log: bool = T
                     n = min(n, limit)
                 run.num_val_batches = n
                 to_device = batch_transfer_fn(run, dl_idx)
-                for batch_idx, batch in enumerate(loader):
+                for batch_idx, batch in enumerate(hooks.fetching(iter(loader), EVAL_NEXT[stage], n)):
                     if batch_idx >= n:
                         break
                     batch = run.metrics.current_batch = to_device(batch)

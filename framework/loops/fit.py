@@ -58,7 +58,8 @@ def run_fit(run: Run) -> None:
             source.reload(run.loaders)
             loader = run.loaders["train"][0]
             run.num_training_batches = run.fit_batches = num_batches(loader, run.settings.limits["train"])
-        run_train_epoch(run, loader, stops)
+        with hooks.profiled("run_training_epoch"):
+            run_train_epoch(run, loader, stops)
         stops()
     state.stage = None
     hooks("on_train_end")

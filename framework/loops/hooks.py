@@ -17,20 +17,27 @@ Ordering rules (Lightning's), all of them here:
 Hooks nobody overrides cost nothing: at set-up the dispatcher records, per hook, only the
 callbacks that override it, and ``per_batch(name)`` returns ``None`` for a per-batch hook that
 neither the module nor any callback overrides, so the loop skips it without a call.
+
+Profiling (``Trainer(profiler=...)``) happens here too: with a profiler, each callable the
+dispatcher hands out or calls is recorded under Lightning's action name (``timed``,
+``framework/profilers/timing.py``); without one, the callables are the hooks themselves.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from framework.callbacks.base import Callback
+from framework.profilers import timing
 
 if TYPE_CHECKING:
     from framework.module import TrainModule
     from framework.trainer import Trainer
 
 _CALLBACK_HOOKS = [name for name in vars(Callback) if name.startswith(("on_", "setup", "teardown"))]
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 class HookDispatcher:
@@ -38,12 +45,14 @@ class HookDispatcher:
         from framework.callbacks import EarlyStopping, ModelCheckpoint
 
         self.trainer, self.module = trainer, module
+        #: what times the hooks (None: nothing is timed)
+        self.profiler = timing.active(getattr(trainer, "profiler", None))
         self._by_hook: dict[str, tuple] = {
-            hook: tuple(getattr(cb, hook) for cb in callbacks if overrides(cb, Callback, hook))
+            hook: tuple(self._callback_fn(cb, hook) for cb in callbacks if overrides(cb, Callback, hook))
             for hook in _CALLBACK_HOOKS
         }
         monitoring = [isinstance(cb, (EarlyStopping, ModelCheckpoint)) for cb in callbacks]
-        ends = [(cb.on_train_epoch_end, m) for cb, m in zip(callbacks, monitoring, strict=True)
+        ends = [(self._callback_fn(cb, "on_train_epoch_end"), m) for cb, m in zip(callbacks, monitoring, strict=True)
                 if overrides(cb, Callback, "on_train_epoch_end")]
         self._epoch_end = (tuple(fn for fn, m in ends if not m), tuple(fn for fn, m in ends if m))
 
@@ -58,7 +67,36 @@ class HookDispatcher:
 
     def module_hook(self, name: str, *args: Any, **kwargs: Any) -> Any:
         fn = getattr(self.module, name, None)
-        return fn(*args, **kwargs) if fn is not None else None
+        if fn is None:
+            return None
+        return (fn if self.profiler is None else self.module_fn(name))(*args, **kwargs)
+
+    def module_fn(self, name: str) -> Callable[..., Any]:
+        """The module's ``name`` method (timed as ``[LightningModule]{Module}.{name}``)."""
+        return self.timed(f"[LightningModule]{type(self.module).__name__}.{name}", getattr(self.module, name))
+
+    def datamodule_hook(self, datamodule: Any, name: str, *args: Any) -> Any:
+        """The DataModule's ``name`` hook (timed as ``[LightningDataModule]{DataModule}.{name}``)."""
+        return self.timed(f"[LightningDataModule]{type(datamodule).__name__}.{name}", getattr(datamodule, name))(*args)
+
+    def strategy_fn(self, name: str, fn: F) -> F:
+        """``fn``, the strategy's ``name`` step (timed as ``[Strategy]{Strategy}.{name}``)."""
+        return self.timed(f"[Strategy]{type(self.trainer.strategy).__name__}.{name}", fn)
+
+    def timed(self, action: str, fn: F) -> F:
+        """``fn`` itself without a profiler, else ``fn`` recorded as ``action`` at each call."""
+        return timing.timed(self.profiler, action, fn)
+
+    def profiled(self, action: str) -> contextlib.AbstractContextManager:
+        """A block recorded as ``action`` (once per epoch or run; nothing without a profiler)."""
+        return timing.profiled(self.profiler, action)
+
+    def fetching(self, iterator: Iterator[Any], action: str, count: float) -> Iterator[Any]:
+        """``iterator``, its first ``count`` fetches recorded as ``action`` (with a profiler)."""
+        return timing.fetching(self.profiler, iterator, action, count)
+
+    def _callback_fn(self, callback: Callback, name: str) -> Callable[..., Any]:
+        return self.timed(f"[Callback]{callback.state_key}.{name}", getattr(callback, name))
 
     def train_epoch_end(self, monitoring: bool) -> None:
         """Rule 2 in two calls: ``monitoring=False``, the other callbacks then the module;
@@ -78,7 +116,7 @@ class HookDispatcher:
     def per_batch(self, name: str) -> Callable[..., Any] | None:
         """One callable for a per-batch hook (callbacks, then the module; it returns what the
         module's returned), or None when nobody overrides it. Looked up once per epoch."""
-        module_fn = getattr(self.module, name) if self.module_overrides(name) else None
+        module_fn = self.module_fn(name) if self.module_overrides(name) else None
         callbacks = self._by_hook[name]
         if not callbacks:
             return module_fn

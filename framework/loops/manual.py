@@ -74,6 +74,7 @@ class ManualOptimization:
         self._unscaled: set[int] = set()  # optimizers unscaled since their last step
         self.batch_idx = 0
         self._guard: NonfiniteGuard | None = None
+        self._profiled_step = run.hooks.timed("optimizer_step", self._step)  # Lightning's name in manual optimization
 
     # -- per epoch / per batch ----------------------------------------------------------------
     def step_fn(self, guard: NonfiniteGuard) -> Callable[[Any, int, bool], Any]:
@@ -81,7 +82,7 @@ class ManualOptimization:
         reducer; the loop does nothing else with the outputs."""
         run = self.run
         strategy, precision = run.strategy, run.precision
-        step = precision.converting(strategy.training_step_fn(run.module))
+        step = run.hooks.strategy_fn("training_step", precision.converting(strategy.training_step_fn(run.module)))
         with_idx = positional_arity(run.module.training_step) >= 2
         no_sync = strategy.no_sync if strategy.multi_process else None
         autocast = precision.forward_context if precision.has_forward_context else None
@@ -90,7 +91,8 @@ class ManualOptimization:
         self._after_backward = run.hooks.per_batch("on_after_backward")
         self._before_step = run.hooks.per_batch("on_before_optimizer_step")
         module = run.module
-        self._backward = module.backward if run.hooks.module_overrides("backward") else torch.Tensor.backward
+        self._backward = run.hooks.strategy_fn("backward", module.backward if run.hooks.module_overrides("backward")
+                                               else torch.Tensor.backward)
 
         def manual_step(batch: Any, batch_idx: int, _sync: bool) -> Any:
             self.batch_idx = batch_idx
@@ -131,6 +133,9 @@ class ManualOptimization:
             self._unscaled.add(key)
 
     def step(self, optimizer: torch.optim.Optimizer, closure: Callable[[], Any] | None, **kwargs: Any) -> Any:
+        return self._profiled_step(optimizer, closure, **kwargs)
+
+    def _step(self, optimizer: torch.optim.Optimizer, closure: Callable[[], Any] | None, **kwargs: Any) -> Any:
         precision = self.run.precision
 
         def before_update() -> None:

@@ -59,7 +59,7 @@ def automatic_step_fn(run: Run) -> tuple[Callable[[Any, int, bool], Any], Callab
     # Nobody to see when the gradients are zeroed: zero them right after the step, as a
     # hand-written loop does (the same numbers; the old gradients are freed before the next
     # forward, not after it: measurably faster on the CPU). Else at each window's start.
-    user_step = module.optimizer_step if hooks.module_overrides("optimizer_step") else None
+    user_step = hooks.module_fn("optimizer_step") if hooks.module_overrides("optimizer_step") else None
     zero_after_step = user_step is None and not hooks.module_overrides("optimizer_zero_grad") \
         and hooks.per_batch("on_before_zero_grad") is None
     if zero_after_step:
@@ -68,6 +68,7 @@ def automatic_step_fn(run: Run) -> tuple[Callable[[Any, int, bool], Any], Callab
     closure_for = _closure_fn(run, optimizer, guard, zero_in_closure=not zero_after_step)
     step = _step_fn(run, optimizer, zero_after_step)
     wrapped.use_automatic_step(step)
+    default_step = hooks.timed(_hook_action(module, "optimizer_step"), step)  # what Lightning's default does
     accumulate = run.settings.accumulate_grad_batches
     no_sync = strategy.no_sync if strategy.multi_process and accumulate > 1 else None
 
@@ -77,7 +78,7 @@ def automatic_step_fn(run: Run) -> tuple[Callable[[Any, int, bool], Any], Callab
             with no_sync() if no_sync is not None else _NO_CONTEXT:
                 closure()
         elif user_step is None:
-            step(closure)
+            default_step(closure)
         else:
             user_step(state.epoch, batch_idx, wrapped, closure)
             if not closure.ran:
@@ -110,16 +111,18 @@ def _closure_fn(run: Run, optimizer: torch.optim.Optimizer, guard: NonfiniteGuar
     """``(batch, batch_idx) -> closure`` (``Closure``)."""
     module, state, hooks, strategy, precision = (run.module, run.state, run.hooks,
                                                  run.strategy, run.precision)
-    step = precision.converting(strategy.training_step_fn(module))
+    step = hooks.strategy_fn("training_step", precision.converting(strategy.training_step_fn(module)))
     with_idx = positional_arity(module.training_step) >= 2  # training_step(self, batch) is allowed
     accumulate = run.settings.accumulate_grad_batches
     autocast = precision.forward_context if precision.has_forward_context else None
     scaler = precision.scaler
-    backward = module.backward if hooks.module_overrides("backward") else torch.Tensor.backward
+    backward = hooks.strategy_fn("backward", module.backward if hooks.module_overrides("backward")
+                                 else torch.Tensor.backward)
     before_backward = hooks.per_batch("on_before_backward")
     after_backward = hooks.per_batch("on_after_backward")
     before_zero_grad = hooks.per_batch("on_before_zero_grad")
-    zero_grad = module.optimizer_zero_grad if hooks.module_overrides("optimizer_zero_grad") else None
+    zero_grad = hooks.module_fn("optimizer_zero_grad") if hooks.module_overrides("optimizer_zero_grad") else None
+    default_zero_grad = hooks.timed(_hook_action(module, "optimizer_zero_grad"), optimizer.zero_grad)
     in_context = strategy.step_context() is not None  # model_parallel's loss parallel: step and backward inside
 
     def closure_for(batch: Any, batch_idx: int) -> Closure:
@@ -135,7 +138,7 @@ def _closure_fn(run: Run, optimizer: torch.optim.Optimizer, guard: NonfiniteGuar
                 if zero_grad is not None:
                     zero_grad(state.epoch, batch_idx, optimizer)
                 else:
-                    optimizer.zero_grad()
+                    default_zero_grad()
             if loss is None:  # the step chose to skip this batch (or the guard did)
                 return None
             if accumulate > 1:
@@ -161,6 +164,9 @@ def _step_fn(run: Run, optimizer: torch.optim.Optimizer, zero_after_step: bool) 
     scaler = precision.scaler
     before_step = hooks.per_batch("on_before_optimizer_step")
     custom_clip = hooks.module_overrides("configure_gradient_clipping") or hooks.module_overrides("clip_gradients")
+    clip_hook = hooks.module_fn("configure_gradient_clipping")
+    default_clip = hooks.timed(_hook_action(module, "configure_gradient_clipping"), clip_gradients)
+    zero_grad = hooks.timed(_hook_action(module, "optimizer_zero_grad"), optimizer.zero_grad)
     clip_val, clip_algorithm = run.settings.gradient_clip_val, run.settings.gradient_clip_algorithm
     reevaluates = isinstance(optimizer, torch.optim.LBFGS)  # calls its closure again: give it one
 
@@ -168,10 +174,9 @@ def _step_fn(run: Run, optimizer: torch.optim.Optimizer, zero_after_step: bool) 
         if before_step is not None:
             before_step(optimizer)
         if custom_clip:
-            module.configure_gradient_clipping(optimizer, gradient_clip_val=clip_val,
-                                               gradient_clip_algorithm=clip_algorithm)
+            clip_hook(optimizer, gradient_clip_val=clip_val, gradient_clip_algorithm=clip_algorithm)
         elif clip_val:
-            clip_gradients(optimizer, float(clip_val), clip_algorithm or "norm")
+            default_clip(optimizer, float(clip_val), clip_algorithm or "norm")
 
     def step(closure: Callable[[], Any] | None = None, **kwargs: Any) -> Any:
         loss = closure() if closure is not None else None
@@ -199,10 +204,15 @@ def _step_fn(run: Run, optimizer: torch.optim.Optimizer, zero_after_step: bool) 
             if scaler is None or loss is not None:  # 16-mixed without a backward: nothing to step (Lightning)
                 precision.step(optimizer, **kwargs)
         if zero_after_step:
-            optimizer.zero_grad()
+            zero_grad()
         return result
 
     return step
+
+
+def _hook_action(module: Any, name: str) -> str:
+    """The action name of a hook whose default fw runs inline (what Lightning's default does)."""
+    return f"[LightningModule]{type(module).__name__}.{name}"
 
 
 def _loss_of(outputs: dict) -> Any:

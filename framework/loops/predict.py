@@ -10,6 +10,7 @@ from framework.errors import ConfigError
 from framework.loops.batches import num_batches, positional_arity
 from framework.loops.evaluation import ModuleModes
 from framework.loops.transfer import batch_transfer_fn
+from framework.profilers.timing import PREDICT_NEXT
 
 if TYPE_CHECKING:
     from framework.trainer.run import Run
@@ -25,7 +26,7 @@ def run_predict(run: Run) -> list | None:
     run.state.stage = "predict"
     keep = run.return_predictions
     arity = positional_arity(module.predict_step)
-    predict_step = run.precision.converting(run.strategy.step_fn(module, "predict_step"))
+    predict_step = hooks.strategy_fn("predict_step", run.precision.converting(run.strategy.step_fn(module, "predict_step")))
     per_loader: list[list] = []
     try:
         hooks("on_predict_start")
@@ -39,7 +40,7 @@ def run_predict(run: Run) -> list | None:
                 n = num_batches(loader, run.settings.limits["predict"])
                 run.num_val_batches = n  # the progress bar's total
                 to_device = batch_transfer_fn(run, dl_idx)
-                for batch_idx, batch in enumerate(loader):
+                for batch_idx, batch in enumerate(hooks.fetching(iter(loader), PREDICT_NEXT, n)):
                     if batch_idx >= n:
                         break
                     batch = to_device(batch)

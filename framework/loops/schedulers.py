@@ -26,8 +26,9 @@ if TYPE_CHECKING:
 
 
 def step_schedulers(run: Run, interval: str, plateau: bool, batch_idx: int = 0) -> None:
-    """Step the ``interval`` schedulers that are due: the plateau ones, or the others."""
-    if run.manual is not None:
+    """Step the ``interval`` schedulers that are due: the plateau ones, or the others (none in an
+    epoch without optimizer steps: ``trainer.state.forward_only``)."""
+    if run.manual is not None or run.state.forward_only:
         return
     count = batch_idx + 1 if interval == "step" else run.state.epoch + 1
     for cfg in run.lr_scheduler_configs:
@@ -38,7 +39,7 @@ def step_schedulers(run: Run, interval: str, plateau: bool, batch_idx: int = 0) 
         metric = _monitored(run, cfg) if plateau else None
         if plateau and metric is None:
             continue
-        run.module.lr_scheduler_step(cfg.scheduler, metric)
+        run.hooks.module_hook("lr_scheduler_step", cfg.scheduler, metric)
 
 
 def _monitored(run: Run, cfg: LRSchedulerConfig) -> torch.Tensor | None:

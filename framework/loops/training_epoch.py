@@ -27,10 +27,12 @@ from framework.data import set_sampler_epoch
 from framework.errors import ConfigError, TrainingError
 from framework.loops.batches import LookAhead
 from framework.loops.evaluation import log_epoch_metrics, run_evaluation
+from framework.loops.forward_only import forward_only_step_fn
 from framework.loops.nonfinite import nonfinite_guard
 from framework.loops.optimization import automatic_step_fn
 from framework.loops.schedulers import step_schedulers
 from framework.loops.transfer import batch_transfer_fn
+from framework.profilers.timing import TRAIN_NEXT
 
 if TYPE_CHECKING:
     from framework.trainer.metric_collector import MetricCollector
@@ -45,6 +47,7 @@ def run_train_epoch(run: Run, loader, stops: StopCheck) -> None:
     position, limit = state.position, run.num_training_batches
     position.start(state.epoch)
     iterator, start = position.continue_epoch(loader, collector, run.module)
+    iterator = hooks.fetching(iterator, TRAIN_NEXT, limit - start)
     lookahead = None
     if math.isinf(limit):  # no length: read one batch ahead to know which batch is the last
         iterator = lookahead = LookAhead(iterator)
@@ -55,7 +58,7 @@ def run_train_epoch(run: Run, loader, stops: StopCheck) -> None:
     batch_start, batch_end = hooks.per_batch("on_train_batch_start"), hooks.per_batch("on_train_batch_end")
     to_device = batch_transfer_fn(run, 0)
     accumulate, val_every = run.settings.accumulate_grad_batches, _val_check_batches(run, limit)
-    schedulers, metrics, settings = bool(run.lr_scheduler_configs), run.metrics, run.settings
+    schedulers, metrics = bool(run.lr_scheduler_configs), run.metrics
 
     trained, rest_skipped = 0, False  # batches whose training_step returned a loss; on_train_batch_start gave -1
     for batch_idx, batch in enumerate(iterator, start):
@@ -85,13 +88,8 @@ def run_train_epoch(run: Run, loader, stops: StopCheck) -> None:
             run_evaluation(run, "validate", zero_grad=steps_now)
         if schedulers and steps_now:
             step_schedulers(run, "step", plateau=True, batch_idx=batch_idx)
-        if state.should_stop and state.epoch >= settings.min_epochs:  # Lightning: min_epochs epochs *done*
+        if _stops_here(run, stops, batch_idx):
             break
-        if settings.max_steps >= 0 and state.global_step >= settings.max_steps:
-            break
-        if every(stops.every, batch_idx + 1) and stops() and (
-                state.stop_reason == "preempted" or state.epoch >= settings.min_epochs):
-            break  # max_time, as a callback's stop, waits for min_epochs (Lightning's rule); a signal does not
     flush_checks()
     if not trained and not rest_skipped:
         _refuse_an_epoch_that_trained_nothing(state, start)
@@ -99,6 +97,18 @@ def run_train_epoch(run: Run, loader, stops: StopCheck) -> None:
     if not at_end and position.batches and not rest_skipped:  # a stop cut the epoch short: a resume continues it
         position.cut_short(collector.state_dict(run.module))
     _end_train_epoch(run, collector, validate=not rest_skipped)
+
+
+def _stops_here(run: Run, stops: StopCheck, batch_idx: int) -> bool:
+    """After a batch: a stop asked for (by a callback, max_time) once ``min_epochs`` epochs are
+    done (Lightning's rule), ``max_steps`` reached, or a stop signal on any rank (at once)."""
+    state, settings = run.state, run.settings
+    if state.should_stop and state.epoch >= settings.min_epochs:
+        return True
+    if settings.max_steps >= 0 and state.global_step >= settings.max_steps:
+        return True
+    return every(stops.every, batch_idx + 1) and stops() and (
+        state.stop_reason == "preempted" or state.epoch >= settings.min_epochs)
 
 
 def _begin_epoch(run: Run, loader) -> MetricCollector:
@@ -114,11 +124,20 @@ def _begin_epoch(run: Run, loader) -> MetricCollector:
 
 
 def _batch_step(run: Run) -> tuple[Callable[[Any, int, bool], Any], Callable[[], None]]:
-    """``(batch, batch_idx, steps_now) -> outputs``, and what reads the pending loss checks."""
-    if run.manual is not None:
+    """``(batch, batch_idx, steps_now) -> outputs`` (timed as Lightning's ``run_training_batch``),
+    and what reads the pending loss checks."""
+    if run.state.forward_only:  # training_step alone (StochasticWeightAveraging's BatchNorm epoch)
+        step, flush = forward_only_step_fn(run), _no_checks
+    elif run.manual is not None:
         guard = nonfinite_guard(run)
-        return run.manual.step_fn(guard), guard.flush
-    return automatic_step_fn(run)
+        step, flush = run.manual.step_fn(guard), guard.flush
+    else:
+        step, flush = automatic_step_fn(run)
+    return run.hooks.timed("run_training_batch", step), flush
+
+
+def _no_checks() -> None:
+    pass
 
 
 def _refuse_an_epoch_that_trained_nothing(state: RunState, start: int) -> None:
@@ -134,6 +153,8 @@ def _count_the_step(run: Run, collector: MetricCollector, batch_idx: int, manual
     """A batch that stepped: the step count, step-interval schedulers, and every
     ``log_every_n_steps`` a row of step values."""
     state = run.state
+    if state.forward_only:  # no optimizer step ran
+        return
     if not manual:
         state.global_step += 1
         if schedulers:

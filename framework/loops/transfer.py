@@ -21,7 +21,7 @@ def batch_transfer_fn(run: Run, dataloader_idx: int = 0) -> Callable[[Any], Any]
     device, move = run.strategy.root_device, run.accelerator.batch_to_device
     before, transfer, after = (_hook(run, name) for name in _HOOKS)
     if before is None and transfer is None and after is None:
-        return lambda batch: move(batch, device)
+        return run.hooks.strategy_fn("batch_to_device", lambda batch: move(batch, device))
 
     def to_device(batch: Any) -> Any:
         if before is not None:
@@ -31,7 +31,7 @@ def batch_transfer_fn(run: Run, dataloader_idx: int = 0) -> Callable[[Any], Any]
             batch = after(batch, dataloader_idx)
         return batch
 
-    return to_device
+    return run.hooks.strategy_fn("batch_to_device", to_device)  # Lightning's action: the three hooks inside
 
 
 def _hook(run: Run, name: str) -> Callable | None:
@@ -40,7 +40,7 @@ def _hook(run: Run, name: str) -> Callable | None:
 
     datamodule = run.datamodule
     if datamodule is not None and overrides(datamodule, DataModule, name):
-        return getattr(datamodule, name)
+        return run.hooks.timed(f"[LightningDataModule]{type(datamodule).__name__}.{name}", getattr(datamodule, name))
     if overrides(run.module, TrainModule, name):
-        return getattr(run.module, name)
+        return run.hooks.module_fn(name)
     return None

@@ -191,9 +191,3 @@ def non_negative_int(name: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ConfigError(f"trainer.{name}={value!r}: use a whole number >= 0")
     return value
-
-
-def refuse_profiler(profiler: Any) -> None:
-    if profiler is not None:
-        raise ConfigError(f"trainer.profiler={profiler!r}: fw has no profiler of its own; wrap trainer.fit in "
-                          "torch.profiler.profile(...), or add the ThroughputMonitor callback for step times")

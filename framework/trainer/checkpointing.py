@@ -13,9 +13,10 @@ batches per rank, and in samples of the global order on another number of ranks 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -43,8 +44,9 @@ if TYPE_CHECKING:
 def save(run: Run, path: str | os.PathLike) -> None:
     """Write a checkpoint of ``run`` through its strategy (call on every rank)."""
     strategy = run.strategy
-    _refuse_nonfinite_weights(run, path, is_live(strategy))
-    strategy.save_checkpoint(os.fspath(path), parts_of(run, for_fit=True))
+    with run.hooks.profiled("save_checkpoint"):  # Lightning's action name for trainer.save_checkpoint
+        _refuse_nonfinite_weights(run, path, is_live(strategy))
+        strategy.save_checkpoint(os.fspath(path), parts_of(run, for_fit=True))
 
 
 def parts_of(run: Run, for_fit: bool, path: str = "", on_read: Callable[[dict], None] | None = None,
@@ -207,6 +209,19 @@ def _count_fit() -> int:
     global _fits_in_this_process
     _fits_in_this_process += 1
     return _fits_in_this_process
+
+
+@contextlib.contextmanager
+def fits_not_counted() -> Iterator[None]:
+    """Fits run inside (the Tuner's) leave the count as it was: the fits after them keep the
+    index they have without them, so a restarted program finds their checkpoints whether or not
+    it tunes again."""
+    global _fits_in_this_process
+    before = _fits_in_this_process
+    try:
+        yield
+    finally:
+        _fits_in_this_process = before
 
 
 def _checkpoint_to_restart_from(run: Run) -> str | None:

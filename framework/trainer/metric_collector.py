@@ -176,7 +176,7 @@ class MetricCollector:
             entry.computed = entry.version
             if value is None:
                 continue
-            value = value.float().reshape(()) if value.numel() == 1 else value.float()
+            value = _at_least_float32(value.reshape(()) if value.numel() == 1 else value)
             values[entry.epoch_key] = value
             self.epoch_flags[entry.epoch_key] = (entry.prog_bar, entry.logger)
             if entry.on_step:  # the plain name also carries the epoch value, as in Lightning
@@ -274,7 +274,7 @@ def _is_metric(value: Any) -> bool:
 
 
 def _as_scalar(name: str, value: Any) -> torch.Tensor:
-    """A logged number or one-element tensor as a float32 scalar tensor (detached)."""
+    """A logged number or one-element tensor as a float32 (or float64) scalar tensor (detached)."""
     if isinstance(value, torch.Tensor):
         value = value.detach()
         if type(value) is not torch.Tensor and hasattr(value, "full_tensor"):  # a DTensor: a loss parallel loss
@@ -287,4 +287,10 @@ def _as_scalar(name: str, value: Any) -> torch.Tensor:
     else:
         raise ValueError(f"self.log('{name}', {value!r}): the value must be a number, a one-element tensor or a "
                          f"torchmetrics Metric, not {type(value).__name__}")
-    return value if value.dtype == torch.float32 else value.float()
+    return _at_least_float32(value)
+
+
+def _at_least_float32(value: torch.Tensor) -> torch.Tensor:
+    """float32, or float64 where it is that: Lightning keeps a logged value "in float32 or
+    higher to maintain accuracy" (a float64 loss is logged and averaged in float64)."""
+    return value if value.dtype in (torch.float32, torch.float64) else value.float()

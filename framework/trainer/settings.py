@@ -87,10 +87,9 @@ class Settings:
                 enable_checkpointing: bool, enable_progress_bar: bool, enable_model_summary: bool,
                 overfit_batches: int | float, fast_dev_run: int | bool, reload_dataloaders_every_n_epochs: int,
                 benchmark: bool | None, detect_anomaly: bool, inference_mode: bool, use_distributed_sampler: bool,
-                sync_batchnorm: bool, max_restarts: int, rdzv_endpoint: str | None, profiler: Any,
+                sync_batchnorm: bool, max_restarts: int, rdzv_endpoint: str | None,
                 activation_checkpointing_policy: Any, compile: Any) -> Settings:
         """Check every argument (a ConfigError names the first wrong one); apply the switches."""
-        args.refuse_profiler(profiler)
         if max_epochs is None and max_steps == -1 and max_time is None:
             max_epochs = 1000
         limits = {stage: args.limit_arg(name, value) for stage, name, value in (

@@ -24,6 +24,7 @@ from framework.loops.hooks import overrides
 from framework.loops.optimization import check_one_optimizer
 from framework.module import TrainModule
 from framework.optim import parse_optimizers
+from framework.profilers import timing
 from framework.rank_zero import rank_zero_warn
 from framework.seed import isolated_rng, sampler_seed
 from framework.trainer import arguments as args
@@ -65,7 +66,10 @@ def new_run(trainer: Trainer, fn: str, model: TrainModule, datamodule: DataModul
     """The call's ``Run``, with the process settings it asks for applied: from here on
     ``teardown`` releases what set-up takes, whatever fails."""
     _check_methods(model, fn)
-    callbacks = _with_model_callbacks(trainer.callbacks, model)
+    configure_callbacks = timing.timed(timing.active(trainer.profiler),  # before the run's dispatcher exists
+                                       f"[LightningModule]{type(model).__name__}.configure_callbacks",
+                                       model.configure_callbacks)
+    callbacks = _with_model_callbacks(trainer.callbacks, configure_callbacks())
     run = Run.of(trainer, fn, model, callbacks, datamodule)
     trainer.callbacks = run.callbacks  # configure_callbacks() replaces them for good, as in Lightning
     trainer.run = run
@@ -83,19 +87,21 @@ def setup(run: Run, loaders: dict, ckpt_path: Any) -> str | None:
     model.trainer = trainer
     if datamodule is not None:
         datamodule.trainer = trainer
+    hooks = run.hooks
     if strategy.local_rank == 0:  # downloads and files: once per node
         if datamodule is not None:
-            datamodule.prepare_data()
-        model.prepare_data()
+            hooks.datamodule_hook(datamodule, "prepare_data")
+        hooks.module_hook("prepare_data")
     strategy.barrier("prepare_data")
     if datamodule is not None:
-        datamodule.setup(fn)
+        hooks.datamodule_hook(datamodule, "setup", fn)
     resume_path = checkpointing.resolve_path(run, ckpt_path)
     run_loggers.setup_loggers(run, resume_path)  # the run directory, which the callbacks' setup may use
-    run.hooks.callbacks("setup", fn)  # Lightning's order: the DataModule, the callbacks, the module
-    model.setup(fn)
+    timing.start_run(run)  # the profiler's stage, rank and folder (its report is written at teardown)
+    hooks.callbacks("setup", fn)  # Lightning's order: the DataModule, the callbacks, the module
+    hooks.module_hook("setup", fn)
     with run.precision.init_context():  # 64-true: the layers it makes are float64
-        model.configure_model()
+        hooks.module_hook("configure_model")
     policy, key = one_policy(settings.activation_checkpointing, strategy.activation_checkpointing_policy)
     checkpoint_activations(model, policy, key)  # before the strategy wraps or shards the model
     run.metrics.strategy = strategy if strategy.is_distributed else None
@@ -103,7 +109,7 @@ def setup(run: Run, loaders: dict, ckpt_path: Any) -> str | None:
     run.loader_source = LoaderSource(
         given=loaders, source=source, seed=sampler_seed(), overfit=bool(settings.overfit_batches),
         shard=strategy.distributed_sampler_kwargs() if settings.use_distributed_sampler else None,
-        ordered=settings.use_distributed_sampler)
+        ordered=settings.use_distributed_sampler, profiler=hooks.profiler)
     wanted = [key for key, given in loaders.items()
               if given is not None or datamodule is not None or _defines_loader(model, key)]
     made = {key: _loaders(run, key) if _needs_loader(run, key, loaders[key], source) else []
@@ -113,7 +119,7 @@ def setup(run: Run, loaders: dict, ckpt_path: Any) -> str | None:
     strategy.setup_module(model)
     compiled = compile_model(model, settings.compile, strategy.compile_units(model), strategy.root_device.type)
     if fn == "fit":
-        run.optimizers, run.lr_scheduler_configs = parse_optimizers(model.configure_optimizers())
+        run.optimizers, run.lr_scheduler_configs = parse_optimizers(hooks.module_fn("configure_optimizers")())
         strategy.check_optimizers(run.optimizers)
         if compiled is not None:
             compiled.after_first_step(run.optimizers)
@@ -145,11 +151,10 @@ _FIT_NEEDS = {
 }
 
 
-def _with_model_callbacks(callbacks: list[Callback], model: TrainModule) -> list[Callback]:
-    """``configure_callbacks()``: each replaces the Trainer's callbacks of its type (Lightning's rule)."""
+def _with_model_callbacks(callbacks: list[Callback], extra: Any) -> list[Callback]:
+    """``configure_callbacks()``'s ``extra``: each replaces the Trainer's callbacks of its type (Lightning's rule)."""
     from framework.callbacks import ModelCheckpoint
 
-    extra = model.configure_callbacks()
     extra = args.check_callbacks(args.as_list(extra)) if extra else []
     if not extra:
         return callbacks
@@ -229,11 +234,12 @@ def teardown(run: Run, failed: bool = False) -> None:
         if not failed:
             run.hooks.callbacks("teardown", fn)
             if run.datamodule is not None:
-                run.datamodule.teardown(fn)
-            run.module.teardown(fn)
+                run.hooks.datamodule_hook(run.datamodule, "teardown", fn)
+            run.hooks.module_hook("teardown", fn)
         if run.strategy.is_global_zero:
             for lg in run.loggers:
                 lg.finalize("failed" if failed else "success")
+        timing.end_run(run, failed)  # the profiler's report (Lightning's place: after the loggers)
     finally:
         run.strategy.teardown()
         _restore_process_settings(run.process_settings)

@@ -52,6 +52,9 @@ class RunState:
         should_stop: a request to stop (callbacks, max_time) at the next check.
         skip_step: the optimizer step due next throws its gradients away (a non-finite loss
             under ``on_nonfinite=skip``).
+        forward_only: the training epoch about to start runs ``training_step`` alone: no
+            backward, no optimizer or scheduler step, no step counted (read as each epoch starts,
+            after ``on_train_epoch_start``; StochasticWeightAveraging's BatchNorm epoch sets it).
         signal: a stop signal this process received (SIGTERM, SIGINT, the preemption signal),
             until the ranks agree to stop on it (see ``trainer/preemption.py``).
         stop_reason: why the last fit stopped, one of ``STOP_REASONS``.
@@ -73,6 +76,7 @@ class RunState:
     fit_index: int = 0
     should_stop: bool = False
     skip_step: bool = False
+    forward_only: bool = False
     signal: int | None = None
     stop_reason: str | None = None
     is_last_batch: bool = False

@@ -26,6 +26,7 @@ from framework.environments import DistInfo, detect_environment
 from framework.errors import ConfigError
 from framework.module import TrainModule
 from framework.precision import Precision
+from framework.profilers import Profiler, resolve_profiler
 from framework.rank_zero import rank_zero_info
 from framework.strategies import Strategy, create_strategy
 from framework.strategies.launchers import die_with_launcher
@@ -82,6 +83,8 @@ class Trainer(TrainerProperties, LightningViews):
             computed again in the backward instead of kept (``framework/activation_checkpointing.py``).
         compile: ``torch.compile`` the model's blocks (or the model) after the strategy wrapped it:
             ``True``, or a mapping of torch.compile's options and ``fallback`` (``framework/compile.py``).
+        profiler: ``simple``, ``advanced``, ``pytorch`` or a ``framework.profilers.Profiler``: every
+            hook timed, a report at the end of each call (``trainer.profiler``; ``framework/profilers``).
     """
 
     def __init__(
@@ -131,6 +134,7 @@ class Trainer(TrainerProperties, LightningViews):
             rank_zero_info(f"fw: fast_dev_run={n}: {n} batch(es) per stage, without logging or checkpoints")
         self.loggers = run_loggers.resolve_loggers(logger if self.settings.enable_logger else False)
         self.state = RunState()
+        self.profiler: Profiler = resolve_profiler(profiler, self.settings.barebones)  # None: PassThroughProfiler
         self._no_metrics = LoggedMetrics()  # what the metric properties read before the first call
         #: the current call's ``Run`` (``run.py``), or the last one's once it returned
         self.run: Run | None = None
