@@ -14,6 +14,8 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "TrainModule": "framework.module",
     "DataModule": "framework.data",
+    "LightningModule": "framework.module",  # Lightning's names of the two, for `import framework as L`
+    "LightningDataModule": "framework.data.datamodule",
     "Trainer": "framework.trainer",
     "Callback": "framework.callbacks.base",
     "seed_everything": "framework.seed",
@@ -23,10 +25,11 @@ _EXPORTS = {
     "rank_zero_only": "framework.rank_zero",
     "TrainOptimizer": "framework.loops.manual",
     "LightningOptimizer": "framework.loops.manual",
+    "Tuner": "framework.tuner",
 }
 
 #: submodules reached as attributes (``fw.parallel.parallelize``), imported on first use
-_SUBMODULES = ("parallel",)
+_SUBMODULES = ("parallel", "profilers")
 
 __all__ = [*_EXPORTS, *_SUBMODULES]
 

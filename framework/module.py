@@ -291,3 +291,6 @@ class TrainModule(HyperparametersMixin, ModuleHooks, ModuleExtras, nn.Module):
 #: what ``to_torchscript`` must not compile (each reads the Trainer), as Lightning lists them
 TrainModule.__jit_unused_properties__ = jit_unused_properties(TrainModule)  # type: ignore[attr-defined]
 TrainModule.__jit_ignored_attributes__ = JIT_IGNORED_ATTRIBUTES  # type: ignore[attr-defined]
+
+#: Lightning's name, for code written against ``import lightning as L`` (``L.LightningModule``)
+LightningModule = TrainModule

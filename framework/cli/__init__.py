@@ -137,6 +137,8 @@ _OPTIONAL = {
     "sklearn": ("scikit-learn", "recipes"),
     "matplotlib": ("matplotlib", "bench"),
     "mpi4py": ("mpi4py", "mpi"),
+    "mlflow": ("mlflow", "mlflow"),
+    "wandb": ("wandb", "wandb"),
     "tensorboard": ("tensorboard", None),
     "rich": ("rich", None),
     "omegaconf": ("omegaconf", None),

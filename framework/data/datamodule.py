@@ -126,3 +126,7 @@ def batch_size_of(batch: Any) -> int:
         for item in batch.values():
             return batch_size_of(item)
     return 1
+
+
+#: Lightning's name, for code written against ``import lightning as L`` (``L.LightningDataModule``)
+LightningDataModule = DataModule

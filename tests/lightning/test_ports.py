@@ -310,7 +310,7 @@ def test_barebones_and_the_model_summary(capfd):
 
 
 @pytest.mark.parametrize("spec,error", [
-    ({"profiler": "simple"}, "trainer.profiler='simple': fw has no profiler"),
+    ({"profiler": "xla"}, "trainer.profiler='xla': use one of simple, advanced, pytorch"),
     ({"fast_dev_run": -1}, "trainer.fast_dev_run=-1"),
     ({"strategy": "ddp_sharded"}, "known: .*auto.*ddp,.*single_device"),
 ])
