@@ -33,14 +33,13 @@ class TensorBoardLogger(Logger):
     """
 
     def __init__(self, save_dir: str | os.PathLike | None = None, name: str | None = "fw_logs",
-                 version: int | str | None = None, default_hp_metric: bool = False,
+                 version: int | str | None = None, default_hp_metric: bool = True,
                  flush_secs: int = 10) -> None:
         super().__init__(save_dir, name, version)
         self.default_hp_metric = default_hp_metric
         self.flush_secs = flush_secs
         self.hparams: dict[str, Any] = {}
         self._experiment: SummaryWriter | None = None
-        self._hp_metric_logged = False
 
     @property
     def experiment(self) -> SummaryWriter:
@@ -69,9 +68,8 @@ class TensorBoardLogger(Logger):
         save_hparams_yaml(os.path.join(self.log_dir, "hparams.yaml"), self.hparams)
 
         metrics = dict(metrics or {})
-        if self.default_hp_metric and not metrics and not self._hp_metric_logged:
+        if self.default_hp_metric and not metrics:  # Lightning's placeholder, at each call's hyperparameters
             metrics = {"hp_metric": -1.0}
-            self._hp_metric_logged = True
         if metrics:
             self.log_metrics(metrics, step=0)
 

@@ -75,6 +75,8 @@ def run_evaluation(run: Run, stage: str, limit: int | None = None, log: bool = T
                         outputs = step_fn(*args[:arity])
                     if batch_end is not None:
                         batch_end(outputs, batch, *where)
+                    if log and not sanity_check:
+                        _log_eval_step(run, collector, stage, dl_idx)
             values = _end_evaluation_epoch(run, collector, prefix, log and not sanity_check)
             hooks(f"on_{prefix}_end")
     finally:
@@ -84,6 +86,18 @@ def run_evaluation(run: Run, stage: str, limit: int | None = None, log: bool = T
         else:
             modes.restore()
     return values
+
+
+def _log_eval_step(run: Run, collector: MetricCollector, stage: str, dl_idx: int) -> None:
+    """After each evaluation batch (not the sanity check's), the step values logged with
+    ``on_step=True`` go to the loggers at the loader's batch count, as Lightning sends them."""
+    key = (stage, dl_idx)
+    step = run.eval_steps.get(key, 0)
+    run.eval_steps[key] = step + 1
+    values = collector.step_values_for("logger")
+    if values and run.loggers:
+        run.metrics.eval_step_logged.update(values)
+        run.trainer.log_metrics({k: float(v) for k, v in values.items()}, step)
 
 
 def _end_evaluation_epoch(run: Run, collector: MetricCollector, prefix: str, log: bool) -> dict:

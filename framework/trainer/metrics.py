@@ -40,6 +40,9 @@ class LoggedMetrics:
         self.epoch_values: dict[str, torch.Tensor] = {}
         self.epoch_flags: dict[str, tuple[bool, bool]] = {}  # epoch metric -> (progress bar, loggers)
         self._callback_metrics: dict[str, torch.Tensor] = {}
+        #: step values an evaluation sent to the loggers (``val_loss_step``): kept in
+        #: ``logged_metrics`` after it, as Lightning keeps them
+        self.eval_step_logged: dict[str, torch.Tensor] = {}
 
     def current_batch_size(self) -> int:
         return batch_size_of(self.current_batch)
@@ -126,7 +129,8 @@ class LoggedMetrics:
     def logged_metrics(self) -> dict[str, torch.Tensor]:
         """The latest values logged with ``logger=True`` (step values under ``x_step``, epoch
         values under ``x_epoch`` when both were asked for), as Lightning's ``logged_metrics``."""
-        values = self.collector.step_values_for("logger")
+        values = dict(self.eval_step_logged)
+        values.update(self.collector.step_values_for("logger"))
         values.update({k: v for k, v in self.epoch_values.items() if self.epoch_flags.get(k, (False, False))[1]})
         return values
 

@@ -62,6 +62,9 @@ class Run:
         log_dir: the run directory (the first logger's, the same on every rank).
         process_settings: what ``deterministic``/``benchmark`` changed, to be put back.
         stop_check: a fit's joint check for stop signals and ``max_time`` (``preemption.py``).
+        eval_steps: per (stage, loader), the evaluation batches run in this call: the step at
+            which an evaluation's step values are logged (Lightning's per-loader count, which
+            a fit's validations share).
     """
 
     fn: str
@@ -89,6 +92,7 @@ class Run:
     log_dir: str | None = None
     process_settings: tuple[Any, ...] | None = None
     stop_check: StopCheck | None = None
+    eval_steps: dict[tuple[str, int], int] = field(default_factory=dict)
 
     @classmethod
     def of(cls, trainer: Trainer, fn: str, module: TrainModule, callbacks: list[Callback],

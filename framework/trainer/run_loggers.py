@@ -39,19 +39,23 @@ def setup_loggers(run: Run, resume_path: str | None) -> None:
     log_dir = run.loggers[0].log_dir if run.loggers and strategy.is_global_zero else None
     # every rank has the same loggers (the same arguments): without any there is nothing to send
     run.log_dir = strategy.broadcast(log_dir) if strategy.is_distributed and run.loggers else log_dir
-    if strategy.is_global_zero and run.loggers:
-        hparams = plain_hparams(_logged_hparams(run.module, run.datamodule))
+    hparams = _logged_hparams(run.module, run.datamodule)
+    if strategy.is_global_zero and run.loggers and hparams is not None:
         for lg in run.loggers:
-            lg.log_hyperparams(hparams)
+            lg.log_hyperparams(plain_hparams(hparams))
 
 
-def _logged_hparams(module: TrainModule, datamodule: DataModule | None) -> dict:
+def _logged_hparams(module: TrainModule, datamodule: DataModule | None) -> dict | None:
     """What the loggers get, as in Lightning: the module's and the DataModule's hyperparameters
-    as ``save_hyperparameters`` recorded them (``logger=False`` there leaves them out); a name
-    both give with different values is an error."""
-    ours = module.hparams_initial if getattr(module, "_log_hyperparams", True) else {}
-    theirs = datamodule.hparams_initial if datamodule is not None and getattr(datamodule, "_log_hyperparams", True) \
-        else {}
+    as ``save_hyperparameters`` recorded them (``logger=False`` there leaves them out); None
+    when neither saved any for the loggers (Lightning then calls no ``log_hyperparams``, so no
+    ``hp_metric`` placeholder either); a name both give with different values is an error."""
+    module_logs = getattr(module, "_log_hyperparams", False)
+    datamodule_logs = datamodule is not None and getattr(datamodule, "_log_hyperparams", False)
+    if not module_logs and not datamodule_logs:
+        return None
+    ours = module.hparams_initial if module_logs else {}
+    theirs = datamodule.hparams_initial if datamodule is not None and datamodule_logs else {}
     clash = sorted(key for key in ours.keys() & theirs.keys() if ours[key] != theirs[key])
     if clash:
         raise ConfigError(f"hyperparameter(s) {', '.join(map(repr, clash))} differ between {type(module).__name__} "

@@ -209,14 +209,6 @@ def test_mnist_examples_give_lightnings_weights_metrics_and_predictions(data_roo
         assert (ours["images"][image] == value).all(), image
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "fw sends no validation/test step values to the loggers: Lightning logs a validation_step's "
-    "self.log(on_step=True) value as '<name>_step' after every batch (loops/evaluation_loop.py:467, "
-    "update_eval_step_metrics, at a per-dataloader batch count kept over the validations of a fit), "
-    "fw's framework/loops/evaluation.py batch loop logs nothing per batch, so trainer.logged_metrics "
-    "and the TensorBoard events lack 'valid_loss_step'/'val_loss_step'/'test_loss_step'. Also "
-    "TensorBoardLogger(default_hp_metric=) defaults to False in fw (framework/loggers/tensorboard.py:36), "
-    "True in Lightning, which writes hp_metric=-1 at each stage's log_hyperparams"))
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("name", MNIST_CASES)
 def test_mnist_examples_log_lightnings_values_to_the_logger(data_root, name):

@@ -73,7 +73,7 @@ def test_hparams_yaml_and_hparams_summary(tmp_path):
         saved = yaml.safe_load(f)
     assert saved["lr"] == 0.01 and saved["model"] == {"hidden": 128, "act": "relu"} and saved["seed"] == 3
     assert isinstance(saved["obj"], str)
-    assert _scalars(logger.log_dir)["hp_metric"] == [(0, -1.0)]
+    assert _scalars(logger.log_dir)["hp_metric"] == [(0, -1.0), (0, -1.0)]  # at each call, as Lightning's
     # Everything lives in this version's folder: no add_hparams sub-run folder.
     assert [p for p in os.listdir(logger.log_dir) if os.path.isdir(os.path.join(logger.log_dir, p))] == []
 
