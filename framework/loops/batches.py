@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 import sys
 import weakref
@@ -48,6 +49,12 @@ class LookAhead:
 
 #: the arity of a function that takes ``*args``: an int, so that ``args[:arity]`` keeps them all
 ANY_NUMBER = sys.maxsize
+
+
+def up_to(iterator: Iterator[Any], count: float) -> Iterator[Any]:
+    """The first ``count`` items of ``iterator`` (all for ``inf``), never reading one more: a
+    batch read past a limit draws what a random transform draws, and Lightning reads none."""
+    return iterator if math.isinf(count) else itertools.islice(iterator, max(0, int(count)))
 
 
 def positional_arity(fn: Callable[..., Any]) -> int:

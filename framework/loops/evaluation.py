@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from framework.errors import ConfigError
-from framework.loops.batches import num_batches, positional_arity
+from framework.loops.batches import num_batches, positional_arity, up_to
 from framework.loops.transfer import batch_transfer_fn
 from framework.profilers.timing import EVAL_NEXT
 
@@ -62,7 +62,7 @@ def run_evaluation(run: Run, stage: str, limit: int | None = None, log: bool = T
                     n = min(n, limit)
                 run.num_val_batches = n
                 to_device = batch_transfer_fn(run, dl_idx)
-                for batch_idx, batch in enumerate(hooks.fetching(iter(loader), EVAL_NEXT[stage], n)):
+                for batch_idx, batch in enumerate(hooks.fetching(up_to(iter(loader), n), EVAL_NEXT[stage], n)):
                     if batch_idx >= n:
                         break
                     batch = run.metrics.current_batch = to_device(batch)

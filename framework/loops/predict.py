@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from framework.errors import ConfigError
-from framework.loops.batches import num_batches, positional_arity
+from framework.loops.batches import num_batches, positional_arity, up_to
 from framework.loops.evaluation import ModuleModes
 from framework.loops.transfer import batch_transfer_fn
 from framework.profilers.timing import PREDICT_NEXT
@@ -40,7 +40,7 @@ def run_predict(run: Run) -> list | None:
                 n = num_batches(loader, run.settings.limits["predict"])
                 run.num_val_batches = n  # the progress bar's total
                 to_device = batch_transfer_fn(run, dl_idx)
-                for batch_idx, batch in enumerate(hooks.fetching(iter(loader), PREDICT_NEXT, n)):
+                for batch_idx, batch in enumerate(hooks.fetching(up_to(iter(loader), n), PREDICT_NEXT, n)):
                     if batch_idx >= n:
                         break
                     batch = to_device(batch)

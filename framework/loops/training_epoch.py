@@ -25,7 +25,7 @@ import torch
 from framework.counting import every
 from framework.data import set_sampler_epoch
 from framework.errors import ConfigError, TrainingError
-from framework.loops.batches import LookAhead
+from framework.loops.batches import LookAhead, up_to
 from framework.loops.evaluation import log_epoch_metrics, run_evaluation
 from framework.loops.forward_only import forward_only_step_fn
 from framework.loops.nonfinite import nonfinite_guard
@@ -47,7 +47,7 @@ def run_train_epoch(run: Run, loader, stops: StopCheck) -> None:
     position, limit = state.position, run.num_training_batches
     position.start(state.epoch)
     iterator, start = position.continue_epoch(loader, collector, run.module)
-    iterator = hooks.fetching(iterator, TRAIN_NEXT, limit - start)
+    iterator = hooks.fetching(up_to(iterator, limit - start), TRAIN_NEXT, limit - start)
     lookahead = None
     if math.isinf(limit):  # no length: read one batch ahead to know which batch is the last
         iterator = lookahead = LookAhead(iterator)
