@@ -141,7 +141,9 @@ class RichProgressBar(Callback):
         return f"Epoch {trainer.current_epoch}/{max_epochs - 1}"
 
     # -- evaluation (validation inside fit, validate, test, predict) ----------------------
-    def _eval_start(self, trainer: Trainer, description: str) -> None:
+    def _eval_start(self, trainer: Trainer, description: str, batches: str) -> None:
+        """A bar for an evaluation; ``batches``: the Trainer's per-loader count of its batches
+        (``num_val_batches``, ...), read only when a bar is drawn."""
         if not self._start(trainer):
             return
         self._eval_active = True
@@ -149,8 +151,7 @@ class RichProgressBar(Callback):
         self._eval_start_time = time.monotonic()
         self._next_refresh = self._eval_start_time + self.refresh_interval
         if self._progress is not None:
-            per_loader = {"Sanity check": trainer.num_sanity_val_batches, "Validation": trainer.num_val_batches,
-                          "Testing": trainer.num_test_batches, "Predicting": trainer.num_predict_batches}[description]
+            per_loader = getattr(trainer, batches)
             total = sum(per_loader) if per_loader else None
             total = int(total) if total is not None and total != float("inf") else None
             self._eval_task = self._progress.add_task(description, total=total, metrics="", rate=None)
@@ -186,14 +187,14 @@ class RichProgressBar(Callback):
                            f"{_format_metrics(trainer.metrics.stage_progress_bar_metrics())}".rstrip())
 
     def on_sanity_check_start(self, trainer: Trainer, module: TrainModule) -> None:
-        self._eval_start(trainer, "Sanity check")
+        self._eval_start(trainer, "Sanity check", "num_sanity_val_batches")
 
     def on_sanity_check_end(self, trainer: Trainer, module: TrainModule) -> None:
         self._eval_end(trainer, "Sanity check", transient=True)
 
     def on_validation_start(self, trainer: Trainer, module: TrainModule) -> None:
         if not trainer.sanity_checking:  # the sanity check has its own bar
-            self._eval_start(trainer, "Validation")
+            self._eval_start(trainer, "Validation", "num_val_batches")
 
     def on_validation_batch_end(self, trainer: Trainer, module: TrainModule, outputs: Any,
                                 batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
@@ -205,7 +206,7 @@ class RichProgressBar(Callback):
             self._eval_end(trainer, "Validation", transient=self._in_fit)
 
     def on_test_start(self, trainer: Trainer, module: TrainModule) -> None:
-        self._eval_start(trainer, "Testing")
+        self._eval_start(trainer, "Testing", "num_test_batches")
 
     def on_test_batch_end(self, trainer: Trainer, module: TrainModule, outputs: Any,
                           batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
@@ -215,7 +216,7 @@ class RichProgressBar(Callback):
         self._eval_end(trainer, "Testing", transient=False)
 
     def on_predict_start(self, trainer: Trainer, module: TrainModule) -> None:
-        self._eval_start(trainer, "Predicting")
+        self._eval_start(trainer, "Predicting", "num_predict_batches")
 
     def on_predict_batch_end(self, trainer: Trainer, module: TrainModule, outputs: Any,
                              batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:

@@ -124,7 +124,7 @@ def launch_workers(nproc_per_node: int, num_nodes: int = 1, max_restarts: int = 
     level = agent_log.level
     agent_log.setLevel(logging.CRITICAL if not os.environ.get("FW_DEBUG_LAUNCH") else logging.INFO)
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc_per_node)))
-    os.environ[_LAUNCHER_PID] = str(os.getpid())  # workers die with this process (die_with_launcher)
+    os.environ[_LAUNCHER_PID] = str(os.getpid())  # workers die with this process (as_launcher_worker)
     from framework.strategies.processes import resume_stopped_workers
 
     try:
@@ -233,7 +233,7 @@ def _rendezvous_role(endpoint: str, socket_ifname: str | None) -> tuple[dict, st
     return configs, local_addr
 
 
-def die_with_launcher() -> None:
+def as_launcher_worker() -> None:
     """In a worker of fw's launcher: leave the printing of a failure's traceback to the launcher
     (``worker_failures.py``), and have the kernel send SIGTERM when the launcher dies, even
     by SIGKILL, so that no worker trains on unsupervised (it stops after its step, see

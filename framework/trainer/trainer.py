@@ -29,7 +29,7 @@ from framework.precision import Precision
 from framework.profilers import Profiler, resolve_profiler
 from framework.rank_zero import rank_zero_info
 from framework.strategies import Strategy, create_strategy
-from framework.strategies.launchers import die_with_launcher
+from framework.strategies.launchers import as_launcher_worker
 from framework.strategies.worker_failures import record_worker_error
 from framework.trainer import arguments as args
 from framework.trainer import checkpointing, reports, run_loggers, setup
@@ -122,7 +122,7 @@ class Trainer(TrainerProperties, LightningViews):
         self.strategy.sync_batchnorm = self.settings.sync_batchnorm
         self.launcher = self.strategy.launcher(self.environment, self.num_nodes, self.settings.max_restarts,
                                                self.settings.rdzv_endpoint)
-        die_with_launcher()
+        as_launcher_worker()
         self.precision_plugin = Precision(precision, self.accelerator.name)
 
         # the parts a run calls into, and what it produces
