@@ -10,8 +10,8 @@ changes reaches the test process or the next case:
   find each other from the variables torchrun gives its workers (``RANK``, ``MASTER_PORT``, ...).
 
 What a launcher does (fw's, torchrun, mpiexec, srun, the signals sent to them) is still tested
-with real processes (tests/distributed/helpers.py), and so is what a warning looks like on
-stderr: a copy records warnings where pytest records them. A test that uses these starts
+with real processes (tests/distributed/helpers.py). A copy shows fw's warnings on its stderr,
+as a fresh process does (not where pytest records the test's warnings). A test that uses these starts
 processes: tests/tiers.py marks it ``procs`` (``os.fork`` below), guards.py watches the forks.
 """
 
@@ -187,8 +187,8 @@ def _run_forked(bodies: list[Callable[[], int | None]], timeout: float) -> list[
 def _as_a_fresh_process(paths: list[str]) -> None:
     """What pytest set up for the test process is not the child's: its own stdout and stderr
     (pytest captures both, the file descriptors and ``sys.stdout``/``sys.stderr``; a logging
-    handler made before the fork, fw's own, writes to the new ones too) and the default signal
-    handlers. One thread for torch: GNU OpenMP's thread pool does not survive a fork (a copy
+    handler made before the fork, fw's own, writes to the new ones too), the warnings it showed
+    (a fresh process shows them again) and the default signal handlers. One thread for torch: GNU OpenMP's thread pool does not survive a fork (a copy
     that runs a parallel region on more threads hangs there), and torchrun's workers have one
     each too."""
     import logging
@@ -206,6 +206,16 @@ def _as_a_fresh_process(paths: list[str]) -> None:
         streams[fd] = io.TextIOWrapper(io.FileIO(fd, "w", closefd=False), line_buffering=True)
     sys.stdout = sys.__stdout__ = streams[1]
     sys.stderr = sys.__stderr__ = streams[2]
+    import warnings
+
+    from framework.rank_zero import _one_line_fw_warnings
+
+    _one_line_fw_warnings()  # pytest's record of the test's warnings took fw's hook away
+    warnings.onceregistry.clear()  # a warning this process showed already is shown by a fresh one
+    for module in list(sys.modules.values()):
+        registry = getattr(module, "__warningregistry__", None)
+        if isinstance(registry, dict):
+            registry.clear()
     loggers = [logging.getLogger(), *logging.Logger.manager.loggerDict.values()]
     for handler in (h for log in loggers for h in getattr(log, "handlers", [])):
         if isinstance(handler, logging.StreamHandler) and id(handler.stream) in old:

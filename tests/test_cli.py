@@ -12,11 +12,11 @@ import pytest
 from conftest import ROOT, subprocess_env
 from forked import fw_command
 
-FW = [sys.executable, "-m", "framework.cli"]
-
 
 def fw(*args: str, cwd: Path = ROOT, timeout: int = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([*FW, *args], cwd=cwd, env=subprocess_env(), capture_output=True, text=True, timeout=timeout)
+    """``fw ARGS`` in a forked copy of this process (tests/forked.py: the imports are paid once);
+    the installed command itself is README.md's (tests/test_readme.py, .ci/run)."""
+    return fw_command(*args, cwd=cwd, env=subprocess_env(), timeout=timeout)
 
 
 @pytest.mark.parametrize("args,code,pattern", [

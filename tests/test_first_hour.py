@@ -33,9 +33,8 @@ def test_fw_fit_prints_its_results_on_stdout_and_everything_else_on_stderr(tmp_p
 
 
 def test_the_final_metrics_line_names_each_value_once(tmp_path):
-    proc = subprocess.run([FW, "fit", str(ROOT / "conf" / "digits.yaml"), "trainer.enable_progress_bar=false",
-                           "trainer.max_epochs=1", f"trainer.default_root_dir={tmp_path}"],
-                          env=subprocess_env(), capture_output=True, text=True, timeout=100, cwd=ROOT)
+    proc = fw_command("fit", str(ROOT / "conf" / "digits.yaml"), "trainer.enable_progress_bar=false",
+                           "trainer.max_epochs=1", f"trainer.default_root_dir={tmp_path}", cwd=ROOT, env=subprocess_env())
     assert proc.returncode == 0, proc.stderr
     line = proc.stdout.strip()
     assert "train/loss_epoch=" in line and "train/loss=" not in line and "train/loss_step=" not in line, line
@@ -76,7 +75,7 @@ def test_dp_with_several_devices_on_the_cpu_is_refused_not_run_on_one():
 def test_fw_env_reports_the_mpi_strategy_fw_can_run():
     import importlib.util
 
-    proc = subprocess.run([FW, "env"], env=subprocess_env(), capture_output=True, text=True, timeout=60)
+    proc = fw_command("env", cwd=ROOT, env=subprocess_env())
     row = next(line for line in proc.stdout.splitlines() if "backends" in line)
     if importlib.util.find_spec("mpi4py"):
         assert "mpi=yes" in row, row
@@ -86,9 +85,8 @@ def test_fw_env_reports_the_mpi_strategy_fw_can_run():
 
 @pytest.mark.parametrize("extra,warned", [([], True), (["ckpt_path=none"], False)])
 def test_validate_without_a_checkpoint_says_the_weights_are_fresh_unless_asked(tmp_path, extra, warned):
-    proc = subprocess.run([FW, "validate", str(ROOT / "conf" / "regression.yaml"), "trainer.enable_progress_bar=false",
-                           f"trainer.default_root_dir={tmp_path}", *extra],
-                          env=subprocess_env(), capture_output=True, text=True, timeout=100, cwd=ROOT)
+    proc = fw_command("validate", str(ROOT / "conf" / "regression.yaml"), "trainer.enable_progress_bar=false",
+                           f"trainer.default_root_dir={tmp_path}", *extra, cwd=ROOT, env=subprocess_env())
     assert proc.returncode == 0, proc.stderr
     line = "fw: warning: fw validate without ckpt_path scores freshly initialised weights"
     assert (line in proc.stderr) is warned, proc.stderr
@@ -125,9 +123,8 @@ def test_a_missing_optional_package_is_one_line_naming_the_extra(tmp_path):
 def test_a_version_pinned_in_the_recipe_keeps_every_run_in_one_folder(tmp_path):
     """``logger.version`` in the recipe: the README's paths hold for every run, not just the first."""
     for _ in range(2):
-        proc = subprocess.run([FW, "fit", str(ROOT / "conf" / "regression.yaml"), "trainer.enable_progress_bar=false",
-                               "trainer.max_epochs=1", f"trainer.default_root_dir={tmp_path}", "logger.version=0"],
-                              env=subprocess_env(), capture_output=True, text=True, timeout=100, cwd=ROOT)
+        proc = fw_command("fit", str(ROOT / "conf" / "regression.yaml"), "trainer.enable_progress_bar=false",
+                               "trainer.max_epochs=1", f"trainer.default_root_dir={tmp_path}", "logger.version=0", cwd=ROOT, env=subprocess_env())
         assert proc.returncode == 0, proc.stderr
     versions = sorted(p.name for p in (tmp_path / "fw_logs").iterdir())
     assert versions == ["version_0"], versions

@@ -3,7 +3,7 @@ parts are gathered, rank 0 writes one file (atomically: ``framework/checkpoint.p
 rank learns whether that write succeeded; on load every rank reads the file and loads its parts.
 
 Outside a run (after ``fit`` returned, its process group gone) there is nobody to gather from or
-wait for: rank 0 writes its own state. A strategy that shards its state (FSDP) writes its own way.
+wait for: rank 0 writes what the fit kept of every rank (``trainer/end_of_fit.py``). A strategy that shards its state (FSDP) writes its own way.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import torch.distributed
 
 from framework import checkpoint as ckpt
 from framework.errors import CheckpointError
+from framework.rank_zero import rank_zero_warn
 
 if TYPE_CHECKING:
     from framework.strategies.base import Strategy
@@ -33,16 +34,21 @@ def save_from_rank_zero(strategy: Strategy, path: str, parts: CheckpointParts) -
     """
     live = is_live(strategy)
     mine = parts.rank_states()
-    per_rank = strategy.all_gather_object(mine) if live else [mine]
+    per_rank = strategy.all_gather_object(mine) if live else parts.kept_per_rank or [mine]
+    if not live and parts.kept_per_rank is None and parts.per_rank and strategy.world_size > 1:
+        rank_zero_warn(f"the checkpoint '{path}' holds rank 0's RNG state alone: no fit of this Trainer ended "
+                       f"normally on its {strategy.world_size} ranks; a fit resumed from it draws other random "
+                       "numbers on the other ranks (save during the fit, e.g. with ModelCheckpoint, for all of them)")
     error: Exception | None = None
-    if strategy.is_global_zero:
-        try:
-            ckpt.atomic_save(parts.assemble(per_rank), path)
-        except Exception as exc:  # disk full, permissions: the other ranks must not wait for it
-            error = exc
-    # every rank learns whether rank 0's write succeeded (this is also the barrier)
+    try:  # every rank assembles its checkpoint (its on_save_checkpoint hooks run, as in Lightning); rank 0's is written
+        checkpoint = parts.assemble(per_rank if strategy.is_global_zero else [mine])
+        if strategy.is_global_zero:
+            ckpt.atomic_save(checkpoint, path)
+    except Exception as exc:  # disk full, permissions, a hook: the other ranks must not wait for it
+        error = exc
+    # every rank learns whether the write succeeded (this is also the barrier)
     if live and not strategy.reduce_boolean_decision(error is None, all=True) and error is None:
-        raise CheckpointError(f"rank 0 failed to write the checkpoint '{path}'; its own error says why")
+        raise CheckpointError(f"another rank failed while writing the checkpoint '{path}'; its own error says why")
     cause = _os_error(error)
     if cause is not None:  # full disk, no permission, a file where a folder should be
         raise CheckpointError(

@@ -43,6 +43,8 @@ if TYPE_CHECKING:
 _LAUNCHER_PID = "FW_LAUNCHER_PID"
 #: signals a worker turns into a clean stop with a checkpoint (trainer/preemption.py, default setup)
 _WORKERS_STOP_ON = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
+#: signals a worker starts with blocked, to act on once its fit can (a Ctrl-C still stops it at once)
+_BLOCKED_UNTIL_FIT = (signal.SIGTERM, signal.SIGUSR1)
 #: signals the elastic agent passes on to the workers (the one that ends a job is SIGTERM)
 _PASSED_ON = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1)
 
@@ -125,10 +127,10 @@ def launch_workers(nproc_per_node: int, num_nodes: int = 1, max_restarts: int = 
     agent_log.setLevel(logging.CRITICAL if not os.environ.get("FW_DEBUG_LAUNCH") else logging.INFO)
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc_per_node)))
     os.environ[_LAUNCHER_PID] = str(os.getpid())  # workers die with this process (as_launcher_worker)
-    from framework.strategies.processes import resume_stopped_workers
+    from framework.strategies.processes import resume_stopped_workers, started_blocking
 
     try:
-        with resume_stopped_workers(_PASSED_ON):
+        with resume_stopped_workers(_PASSED_ON), started_blocking(_BLOCKED_UNTIL_FIT):
             _launch_hosting_once(config)
     except SignalException as err:
         name = signal.Signals(err.sigval).name

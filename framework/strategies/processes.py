@@ -1,6 +1,7 @@
 """The processes a launcher started: find them all (``descendants``), end them all
 (``kill_tree``), and let a stopped worker act on the signal that ends its job
-(``resume_stopped_workers``), with a thread beside the block (``beside``).
+(``resume_stopped_workers``), start them with the stop signals blocked (``started_blocking``),
+with a thread beside the block (``beside``).
 
 torch's elastic agent starts its workers in sessions of their own, out of reach of a
 process-group signal, so the tree is read from ``/proc``.
@@ -112,6 +113,37 @@ def resume_stopped_workers(signals: Iterable[int], every: float = 1.0) -> Iterat
 
     with beside(watch, "fw-resume-stopped", done):
         yield
+
+
+#: tells a worker which signals its launcher blocked for it (``started_blocking``): a fit unblocks
+#: them for good once it can handle them (``trainer/preemption.py``)
+BLOCKED_AT_START = "FW_BLOCKED_AT_START"
+
+
+@contextlib.contextmanager
+def started_blocking(signals: Iterable[int]) -> Iterator[None]:
+    """Processes started in the block start with ``signals`` blocked: one that arrives before
+    the worker's fit can handle it (SLURM may signal a minute early, while it imports torch or
+    reads its data) waits for the fit instead of killing the worker. A child inherits the mask
+    of the thread that forks it; this process still receives them on a thread of its own, with
+    them unblocked (Python runs the handlers in its main thread all the same)."""
+    signals = tuple(signals)
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    done = threading.Event()
+    os.environ[BLOCKED_AT_START] = ",".join(signal.Signals(s).name for s in signals)
+
+    def receive() -> None:  # started before the mask below: the thread that receives them
+        done.wait()
+
+    with beside(receive, "fw-signals", done):
+        before = signal.pthread_sigmask(signal.SIG_BLOCK, signals)
+        try:
+            yield
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, before)
+            os.environ.pop(BLOCKED_AT_START, None)
 
 
 @contextlib.contextmanager

@@ -26,6 +26,7 @@ from framework.errors import CheckpointError, TrainingError
 from framework.rank_zero import rank_zero_info, rank_zero_warn
 from framework.strategies.checkpoint_io import is_live
 from framework.strategies.optimizer_keys import numbered
+from framework.trainer import end_of_fit
 from framework.trainer.carry_over import (
     Carry,
     check_position_carries_over,
@@ -74,6 +75,7 @@ def parts_of(run: Run, for_fit: bool, path: str = "", on_read: Callable[[dict], 
     shared["loop"] = progress_part(state)
     parts.per_rank = position_parts(run, resumed if resumed is not None else {})
     parts.on_write = lambda checkpoint: _on_save_hooks(run, checkpoint)
+    end_of_fit.use(run.end_of_fit, parts)  # after a distributed fit: every rank's states, as it ended
     return parts
 
 

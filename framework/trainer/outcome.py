@@ -5,7 +5,8 @@ one picklable value; the Trainer applies it to itself (``apply``), as Lightning 
 trained weights go into the caller's module, and ``callback_metrics``, ``global_step``,
 ``current_epoch``, why the fit stopped, the checkpoint callbacks' best/last paths and the run
 directory are the workers', and so are the loggers' folder and version (one Trainer keeps one
-log version across its calls, as in one process). The call's return value comes back with them.
+log version across its calls, as in one process). The call's return value comes back with them,
+and after a fit what a ``trainer.save_checkpoint()`` here writes of it (``end_of_fit.py``).
 """
 
 from __future__ import annotations
@@ -15,10 +16,12 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from framework.trainer import checkpointing, end_of_fit
 from framework.trainer.run import Run
 
 if TYPE_CHECKING:
     from framework.module import TrainModule
+    from framework.trainer.parts import EndOfFit
     from framework.trainer.trainer import Trainer
 
 
@@ -41,15 +44,17 @@ class Outcome:
     log_dir: str | None
     loggers: list[tuple[str, int | str]]
     output: Any
+    end_of_fit: EndOfFit | None = None
 
     @classmethod
     def of(cls, trainer: Trainer, output: Any) -> Outcome:
         """This rank's outcome, on the CPU (so that a CUDA worker's comes back to any process)."""
-        module = trainer.lightning_module
-        assert trainer.run is not None and module is not None
+        module, run = trainer.lightning_module, trainer.run
+        assert run is not None and module is not None
         state = trainer.state
+        kept = end_of_fit.brought_back(run, checkpointing.parts_of(run, for_fit=True)) if run.fn == "fit" else None
         return cls(
-            fn=trainer.run.fn,
+            fn=run.fn,
             state_dict={k: v.detach().cpu() for k, v in module.state_dict().items()},
             callback_metrics={k: _cpu(v) for k, v in trainer.callback_metrics.items()},
             progress_bar=set(trainer.progress_bar_metrics), logged=set(trainer.logged_metrics),
@@ -59,6 +64,7 @@ class Outcome:
             log_dir=trainer.log_dir,
             loggers=[(lg.save_dir, lg.version) for lg in trainer.loggers],
             output=output,
+            end_of_fit=kept,
         )
 
     def apply(self, trainer: Trainer, model: TrainModule) -> Any:
@@ -75,5 +81,7 @@ class Outcome:
             lg.set_default_root(save_dir)
         trainer.run = Run.of(trainer, self.fn, model, trainer.callbacks)
         trainer.run.log_dir = self.log_dir
+        if self.fn == "fit":
+            trainer.run.end_of_fit = self.end_of_fit
         trainer.run.metrics.take_values(self.callback_metrics, self.progress_bar, self.logged)
         return self.output

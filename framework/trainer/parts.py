@@ -54,6 +54,7 @@ class CheckpointParts:
     per_rank: dict[str, Stateful] = field(default_factory=dict)
     values: dict[str, Any] = field(default_factory=dict)
     on_write: Callable[[dict], None] | None = None
+    kept_per_rank: list[dict[str, Any]] | None = None  # every rank's, kept at the end of a fit (``EndOfFit``)
 
     def shared_states(self) -> dict[str, Any]:
         return {key: part.state_dict() for key, part in self.shared.items() if not isinstance(part, OnLoad)}
@@ -114,6 +115,18 @@ class FromRanks:
     @staticmethod
     def regroup(states: Sequence[Any], rank: int, world_size: int) -> FromRanks:
         return FromRanks([state for k, state in enumerate(states) if k % world_size == rank], states[rank % len(states)])
+
+
+@dataclass(frozen=True)
+class EndOfFit:
+    """What a distributed fit leaves for a ``save_checkpoint`` after it returned, when its
+    process group is gone: every rank's per-rank states at the end (rank 0 keeps them), and,
+    brought back from spawned workers, the values and shared states only they held (the
+    optimizers, schedulers, callbacks and loop; the weights come back on their own)."""
+
+    per_rank: list[dict[str, Any]]
+    values: dict[str, Any] | None = None
+    shared: dict[str, Any] | None = None
 
 
 # -- fw's pieces as parts ------------------------------------------------------------------------

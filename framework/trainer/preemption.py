@@ -17,7 +17,10 @@ through the file (which left its temporary file behind, and no checkpoint of the
 
 A second Ctrl-C in a process that no launcher supervises stops at once (KeyboardInterrupt),
 also during that write: the temporary file is removed and earlier checkpoints stay intact.
-The handlers are installed for the fit only; the previous ones come back after it.
+The handlers are installed for the fit only; the previous ones (and the signal mask) come back
+after it. fw's launcher starts its workers with SIGTERM and SIGUSR1 blocked, so that one that
+arrives before the fit (SLURM may signal a minute early) waits for it instead of killing the
+worker: the fit unblocks them, takes a waiting one as its stop request, and leaves them unblocked.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from framework.errors import ProgramEnds
+from framework.strategies.processes import BLOCKED_AT_START
 from framework.trainer.checkpointing import save
 
 if TYPE_CHECKING:
@@ -53,6 +57,7 @@ class SignalCatcher:
         names = ["SIGTERM", "SIGINT"] + ([run.settings.preemption_signal] if run.settings.preemption_signal else [])
         self.signals = [getattr(signal, name) for name in dict.fromkeys(names)]
         self._previous: dict[int, Any] = {}
+        self._mask: set[int | signal.Signals] | None = None  # the signal mask before the fit
         self._supervised = bool(os.environ.get("TORCHELASTIC_RUN_ID"))  # a launcher stops us if need be
         self._holding = False
 
@@ -60,9 +65,9 @@ class SignalCatcher:
         if threading.current_thread() is threading.main_thread():
             for signum in self.signals:
                 self._previous[signum] = signal.signal(signum, self._handle)
-            # a program may block them until it can handle them (a signal that arrives while
-            # it starts, as Slurm's may); one that waits comes in now
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, self.signals)
+            # a program may block them until it can handle them (fw's launcher starts its workers
+            # so: a signal that arrives while they start, as Slurm's may); one that waits comes in now
+            self._mask = signal.pthread_sigmask(signal.SIG_UNBLOCK, self.signals)
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -75,7 +80,12 @@ class SignalCatcher:
         self._holding = True
 
     def release(self) -> None:
-        """Put the previous handlers back (once; again is a no-op)."""
+        """Put the previous signal mask and handlers back (once; again is a no-op). What fw's
+        launcher blocked for the worker's start stays unblocked: it was only to reach a fit."""
+        if self._mask is not None:
+            launcher_blocked = {getattr(signal, name) for name in os.environ.get(BLOCKED_AT_START, "").split(",") if name}
+            signal.pthread_sigmask(signal.SIG_SETMASK, self._mask - launcher_blocked)
+            self._mask = None
         for signum, previous in self._previous.items():
             signal.signal(signum, previous)
         self._previous.clear()

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from framework.optim import LRSchedulerConfig
     from framework.precision import Precision
     from framework.strategies import Strategy
+    from framework.trainer.parts import EndOfFit
     from framework.trainer.preemption import StopCheck
     from framework.trainer.settings import Settings
     from framework.trainer.state import RunState
@@ -65,6 +66,8 @@ class Run:
         eval_steps: per (stage, loader), the evaluation batches run in this call: the step at
             which an evaluation's step values are logged (Lightning's per-loader count, which
             a fit's validations share).
+        end_of_fit: on rank 0, what the last distributed fit left for a ``save_checkpoint``
+            after it (``parts.EndOfFit``); kept by the calls after it, until the next fit.
     """
 
     fn: str
@@ -93,6 +96,7 @@ class Run:
     process_settings: tuple[Any, ...] | None = None
     stop_check: StopCheck | None = None
     eval_steps: dict[tuple[str, int], int] = field(default_factory=dict)
+    end_of_fit: EndOfFit | None = None
 
     @classmethod
     def of(cls, trainer: Trainer, fn: str, module: TrainModule, callbacks: list[Callback],
@@ -103,7 +107,8 @@ class Run:
                    accelerator=trainer.accelerator, precision=trainer.precision_plugin, state=trainer.state,
                    metrics=LoggedMetrics(), loggers=trainer.loggers, callbacks=callbacks, module=module,
                    hooks=HookDispatcher(callbacks, trainer, module), datamodule=datamodule,
-                   fit_batches=trainer.run.fit_batches if trainer.run is not None else None)
+                   fit_batches=trainer.run.fit_batches if trainer.run is not None else None,
+                   end_of_fit=trainer.run.end_of_fit if trainer.run is not None and fn != "fit" else None)
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ from framework.profilers import timing
 from framework.rank_zero import rank_zero_warn
 from framework.seed import isolated_rng, sampler_seed
 from framework.trainer import arguments as args
-from framework.trainer import checkpointing, run_loggers
+from framework.trainer import checkpointing, end_of_fit, run_loggers
 from framework.trainer.differences import note_differences
 from framework.trainer.run import Run
 
@@ -231,6 +231,8 @@ def teardown(run: Run, failed: bool = False) -> None:
     The Run stays readable (the Trainer's properties answer from it) but holds no live part."""
     fn = run.fn
     try:
+        if not failed and fn == "fit":
+            end_of_fit.keep(run, checkpointing.parts_of(run, for_fit=True))
         if not failed:
             run.hooks.callbacks("teardown", fn)
             if run.datamodule is not None:

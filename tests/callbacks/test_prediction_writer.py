@@ -4,12 +4,11 @@
 from __future__ import annotations
 
 import csv
-import subprocess
-import sys
 
 import pytest
 import torch
 from conftest import ROOT, subprocess_env
+from forked import fw_command
 from torch.utils.data import DataLoader, TensorDataset
 
 import framework as fw
@@ -80,12 +79,10 @@ def test_two_ranks_predictions_are_gathered_in_the_datas_order(tmp_path):
 
 @pytest.mark.timeout(60)
 def test_fw_predict_writes_into_the_run_directory_and_says_where(tmp_path):
-    fw_bin = str(__import__("pathlib").Path(sys.executable).parent / "fw")
     common = [str(ROOT / "conf" / "digits.yaml"), "trainer.enable_progress_bar=false", "trainer.max_epochs=1",
               f"trainer.default_root_dir={tmp_path}"]
     for stage in (["fit"], ["predict", "ckpt_path=last"]):
-        proc = subprocess.run([fw_bin, stage[0], *common, *stage[1:]], env=subprocess_env(), capture_output=True,
-                              text=True, timeout=100, cwd=tmp_path)
+        proc = fw_command(stage[0], *common, *stage[1:], cwd=tmp_path, env=subprocess_env())
         assert proc.returncode == 0, proc.stderr
     wrote = [line for line in proc.stderr.splitlines() if line.startswith("fw predict: wrote ")]
     assert wrote and wrote[0].endswith("version_0/predictions.pt"), proc.stderr

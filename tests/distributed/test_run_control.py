@@ -6,10 +6,10 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
+from forked import run_script
 
 from framework.checkpoint import load_checkpoint
-
-from forked import run_script
 
 from .helpers import check_ok, write_script
 
@@ -77,4 +77,62 @@ def test_a_failed_checkpoint_write_on_rank_0_is_reported_on_every_rank(tmp_path)
     check_ok(run_script(write_script(tmp_path, FAILED_WRITE), str(tmp_path), nprocs=2, timeout=30))
     r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2))
     assert "NotADirectoryError" in r0["error"] or "FileExistsError" in r0["error"]
-    assert r1["error"].startswith("CheckpointError: rank 0 failed to write the checkpoint")
+    assert r1["error"].startswith("CheckpointError: another rank failed while writing the checkpoint")
+
+
+AFTER_FIT = """
+import json, os, sys
+import torch
+from torch import nn
+from torch.utils.data import DataLoader
+import framework as fw
+import workload
+
+out, mode = sys.argv[1], sys.argv[2]
+
+class Dropped(workload.Regressor):
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Dropout(0.5), nn.Linear(8, 2))
+
+class EveryRank(fw.Callback):
+    def on_save_checkpoint(self, trainer, module, checkpoint):  # Lightning calls it on every rank
+        open(f"{out}/saved_on_rank{trainer.global_rank}", "w").write(str(checkpoint["global_step"]))
+
+def fit(epochs, ckpt_path=None):
+    torch.manual_seed(7)
+    model = Dropped()
+    trainer = fw.Trainer(devices=2, strategy="ddp_gloo", max_epochs=epochs, callbacks=[EveryRank()],
+                         **workload.FIT_ARGS)
+    torch.manual_seed(100 + trainer.global_rank)  # each rank draws its own dropout masks
+    trainer.fit(model, DataLoader(workload.regression_data(32), batch_size=4), ckpt_path=ckpt_path)
+    return trainer, model
+
+if mode == "whole":
+    trainer, model = fit(2)
+else:
+    trainer, model = fit(1)
+    trainer.save_checkpoint(f"{out}/after_fit.ckpt")  # the process group is gone by now
+    rng = torch.get_rng_state()
+    trainer, model = fit(2, f"{out}/after_fit.ckpt")
+    torch.save(rng, f"{out}/rng_after_fit{trainer.global_rank}.pt")
+with open(f"{out}/{mode}{trainer.global_rank}.json", "w") as f:
+    json.dump(torch.cat([p.flatten() for p in model.parameters()]).tolist(), f)
+"""
+
+
+@pytest.mark.timeout(90)
+def test_a_checkpoint_saved_after_a_distributed_fit_holds_every_rank_and_resumes_bit_exactly(tmp_path):
+    """Its RNG states are every rank's as the fit ended (not rank 0's alone), so the fit resumed
+    from it on 2 ranks with dropout is the uninterrupted fit bit for bit; and every rank's
+    ``on_save_checkpoint`` ran (Lightning's), though rank 0 alone writes."""
+    script = write_script(tmp_path, AFTER_FIT)
+    for mode in ("whole", "split"):
+        check_ok(run_script(script, str(tmp_path), mode, nprocs=2, timeout=60))
+    for rank in range(2):
+        assert json.loads((tmp_path / f"split{rank}.json").read_text()) == json.loads((tmp_path / f"whole{rank}.json").read_text())
+        assert (tmp_path / f"saved_on_rank{rank}").read_text() == "4"
+    saved = load_checkpoint(tmp_path / "after_fit.ckpt")
+    assert len(saved["rng"]) == 2
+    for rank in range(2):
+        assert torch.equal(saved["rng"][rank]["now"]["torch"], torch.load(tmp_path / f"rng_after_fit{rank}.pt"))

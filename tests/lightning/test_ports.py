@@ -344,6 +344,18 @@ def main():
     trainer.fit(model, loader(regression_data(32), 4))
     torch.save({{"state": model.state_dict(), "metrics": dict(trainer.callback_metrics),
                 "step": trainer.global_step, "world": trainer.world_size}}, sys.argv[2])
+    if sys.argv[1] == "ddp_notebook":  # a checkpoint saved here after the fit resumes as the fit never stopped
+        def fit(epochs, ckpt_path=None):
+            model = LinearModel(lr=0.05, optimizer="adam")
+            trainer = fw.Trainer(accelerator="cpu", devices=2, strategy=sys.argv[1], max_epochs=epochs, logger=False,
+                                 enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+            trainer.fit(model, loader(regression_data(32), 4), ckpt_path=ckpt_path)
+            return trainer, model
+        whole = fit(2)[1]
+        trainer = fit(1)[0]
+        trainer.save_checkpoint(sys.argv[2] + ".ckpt")
+        resumed = fit(2, sys.argv[2] + ".ckpt")[1]
+        torch.save({{"whole": whole.state_dict(), "resumed": resumed.state_dict()}}, sys.argv[2] + ".resume")
 
 if __name__ == "__main__":
     main()
@@ -373,6 +385,11 @@ def test_spawned_workers_train_and_the_caller_gets_the_weights_and_metrics(tmp_p
     fw.Trainer(max_epochs=2, **QUIET).fit(single, loader(regression_data(32), 8))
     for key, value in single.state_dict().items():
         torch.testing.assert_close(got["state"][key], value, atol=1e-5, rtol=0)
+    if strategy == "ddp_notebook":  # the workers' optimizer state and both ranks' RNG came back for it
+        saved, resume = torch.load(f"{out}.ckpt", weights_only=False), torch.load(f"{out}.resume")
+        assert saved["optimizer_states"][0]["state"] and len(saved["rng"]) == 2 and saved["global_step"] == 4
+        for key, value in resume["whole"].items():
+            assert torch.equal(resume["resumed"][key], value), key
 
 
 ROWS = """

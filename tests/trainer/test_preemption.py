@@ -13,9 +13,8 @@ import subprocess
 import time
 from pathlib import Path
 
-import pytest
-
 import forked
+import pytest
 from distributed.helpers import PYTHON, _descendants, _kill_tree, check_ok, clean_env, write_script
 
 SCRIPT = """
@@ -162,8 +161,9 @@ def test_after_a_stop_on_a_signal_the_same_trainer_validates_normally(tmp_path):
     import sys as _sys
 
     _sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    import framework as fw
     from toy import QUIET, LinearModel, loader, regression_data
+
+    import framework as fw
 
     class SignalAtStep3(fw.Callback):
         def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
@@ -237,3 +237,68 @@ def test_with_slow_steps_the_ranks_agree_to_stop_within_seconds_not_twenty_batch
     assert 3 <= step <= 14, output  # signalled at step 2 or 3; 20 batches between checks would reach 20
     assert (tmp_path / "root" / "preempted.ckpt").is_file()
     assert time.monotonic() - sent < 30
+
+
+EARLY = """
+import os, signal, sys, time
+from pathlib import Path
+from torch.utils.data import DataLoader
+import framework as fw
+import workload
+
+out = Path(sys.argv[1])
+trainer = fw.Trainer(devices=2, strategy="ddp_gloo", max_epochs=2, default_root_dir=str(out / "root"),
+                     **workload.FIT_ARGS)
+if trainer.global_rank == 1:  # a worker, signalled while it starts (SLURM may, a minute early)
+    (out / "early").write_text(str(os.getpid()))
+    end = time.monotonic() + 20
+    while not (out / "sent").exists() and time.monotonic() < end:
+        time.sleep(0.05)
+trainer.fit(workload.Regressor(), DataLoader(workload.regression_data(64), batch_size=4))
+"""
+
+
+@pytest.mark.timeout(60)
+def test_a_signal_before_the_fit_waits_for_it_and_stops_it_with_a_checkpoint(tmp_path):
+    """fw's launcher starts its workers with SIGTERM and SIGUSR1 blocked: a SIGTERM to a worker
+    before its fit installed its handlers (the default action would kill it) stops the fit at its
+    first check with a checkpoint, and the job ends cleanly."""
+    script = write_script(tmp_path, EARLY)
+    proc = subprocess.Popen([PYTHON, str(script), str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, env=clean_env(), start_new_session=True)
+    _wait_for(tmp_path / "early", proc)
+    os.kill(int((tmp_path / "early").read_text()), signal.SIGTERM)
+    (tmp_path / "sent").write_text("")
+    output = _finish(proc)
+    assert proc.returncode == 0, output
+    assert "fw: rank 1 received SIGTERM: stopping after this step" in output, output
+    assert "fw: stopped by a signal to another rank at step 1" in output, output
+    assert (tmp_path / "root" / "preempted.ckpt").is_file()
+
+
+def test_a_fit_puts_the_signal_mask_back_as_it_found_it(tmp_path, monkeypatch):
+    """A program that blocks a stop signal has it blocked again after the fit (unblocked during
+    it, so that the fit can stop on it); what fw's launcher blocked for the worker's start stays
+    unblocked."""
+    import sys as _sys
+
+    _sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from toy import QUIET, LinearModel, loader, regression_data
+
+    import framework as fw
+
+    class Mask(fw.Callback):
+        def on_train_start(self, trainer, module):
+            self.during = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+
+    monkeypatch.setenv("FW_BLOCKED_AT_START", "SIGTERM")
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGUSR1, signal.SIGTERM])
+    try:
+        mask = Mask()
+        fw.Trainer(**QUIET, max_epochs=1, default_root_dir=str(tmp_path), callbacks=[mask]).fit(
+            LinearModel(), loader(regression_data(16), 8))
+        after = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
+    assert signal.SIGUSR1 not in mask.during and signal.SIGTERM not in mask.during
+    assert signal.SIGUSR1 in after and signal.SIGTERM not in after

@@ -1,0 +1,66 @@
+"""A ``trainer.save_checkpoint()`` after a distributed fit returned: what it writes for every rank.
+
+Once a fit has returned, its process group is gone (the ranks can no longer gather their
+states), yet the checkpoint is to hold every rank's RNG states, as one written during the fit
+does, so that a fit resumed from it on the same ranks continues bit for bit. So at the end of a
+distributed fit, while the group is still up, rank 0 keeps every rank's per-rank states
+(``keep``: one gather of a few kilobytes). Under ``ddp_spawn``/``ddp_notebook`` the workers are
+gone too: rank 0's ``Outcome`` brings those states back to the calling process, with what only
+the workers held (the optimizers' states, the schedulers', the callbacks', the loop's; the
+weights come back on their own), and the caller's checkpoint is written from them (``use``).
+Lightning's checkpoint after a fit holds rank 0's state alone.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from framework.accelerators.base import move_to_device
+from framework.strategies.checkpoint_io import is_live
+from framework.trainer.parts import EndOfFit, Value
+
+if TYPE_CHECKING:
+    from framework.trainer.parts import CheckpointParts
+    from framework.trainer.run import Run
+
+
+def keep(run: Run, parts: CheckpointParts) -> None:
+    """At the end of a fit that ended normally, while its group is up (every rank calls it):
+    rank 0 keeps every rank's per-rank states of ``parts`` (the fit's checkpoint parts)."""
+    strategy = run.strategy
+    if not is_live(strategy):
+        return
+    per_rank = strategy.all_gather_object(parts.rank_states())
+    if strategy.is_global_zero:
+        run.end_of_fit = EndOfFit(per_rank)
+
+
+def brought_back(run: Run, parts: CheckpointParts) -> EndOfFit | None:
+    """On a spawned fit's rank 0: what it kept, with the values and shared states the caller
+    lacks (all on the CPU), for the ``Outcome``; None elsewhere."""
+    kept = run.end_of_fit
+    if kept is None:
+        return None
+    shared = parts.shared_states()
+    shared.pop("state_dict", None)  # the weights come back in the Outcome's state_dict
+    cpu = torch.device("cpu")
+    return EndOfFit(move_to_device(kept.per_rank, cpu), dict(parts.values), move_to_device(shared, cpu))
+
+
+def use(kept: EndOfFit | None, parts: CheckpointParts) -> None:
+    """Let ``parts`` (of a Run after the fit) write what ``kept`` holds: every rank's per-rank
+    states and, brought back from workers, their shared states and values."""
+    if kept is None:
+        return
+    parts.kept_per_rank = kept.per_rank
+    if kept.shared is not None:
+        parts.shared.update({key: Value.saved_only(functools.partial(_same, state)) for key, state in kept.shared.items()})
+    if kept.values is not None:
+        parts.values.update(kept.values)
+
+
+def _same(state: Any) -> Any:
+    return state
