@@ -4,11 +4,10 @@ mid-epoch. Corrupt checkpoints give a clear error and are never overwritten."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
+import forked
 import pytest
 import torch
 from conftest import subprocess_env
@@ -43,9 +42,10 @@ def _run(tmp_path: Path, name: str, max_epochs: int, every_n: int = 0, ckpt: str
     script = tmp_path / "run.py"
     script.write_text(RUN)
     out = tmp_path / name
-    proc = subprocess.run([sys.executable, str(script), str(out), str(max_epochs), str(every_n), ckpt],
-                          env=subprocess_env(), capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
+    # a process of its own (forked from this one, tests/forked.py: nothing of the run before is in it)
+    done = forked.run_script(script, str(out), str(max_epochs), str(every_n), ckpt, env=subprocess_env(),
+                             timeout=120)
+    assert done.returncode == 0, done.output
     return torch.load(out)
 
 

@@ -1,23 +1,11 @@
-"""End to end: ``fw fit`` from a plain shell with 2 devices starts 2 Gloo workers and trains."""
+"""End to end: ``fw fit`` from a plain shell with 2 devices starts 2 Gloo workers and trains, and
+under torchrun follows the launcher (FSDP there ends with DDP's numbers)."""
 
 from __future__ import annotations
 
 import pytest
 
 from .helpers import FW, REPO, run_cmd
-
-
-@pytest.mark.timeout(60)
-def test_fw_fit_digits_two_gloo_workers(tmp_path):
-    cmd = [FW, "fit", "conf/digits.yaml", "trainer.devices=2", "trainer.strategy=ddp_gloo",
-           "trainer.max_epochs=2", f"trainer.default_root_dir={tmp_path}"]
-    result = run_cmd(cmd, timeout=100, cwd=REPO)
-    assert result.returncode == 0, result.output
-    summary = [line for line in result.output.splitlines() if line.startswith("fw fit: strategy")]
-    assert len(summary) == 1, result.output  # printed once, by rank 0
-    assert "strategy ddp_gloo" in summary[0] and "world size 2" in summary[0], summary[0]
-    assert "fw: final metrics:" in result.output and "val/acc=" in result.output
-    assert (tmp_path / "fw_logs" / "version_0" / "checkpoints" / "last.ckpt").exists()
 
 
 @pytest.mark.timeout(60)
@@ -39,11 +27,12 @@ def test_under_torchrun_devices_auto_follows_the_launcher_and_a_single_strategy_
 
 @pytest.mark.timeout(120)
 def test_fw_fit_digits_under_fsdp_and_torchrun_gives_ddp_s_numbers(tmp_path):
-    """The recipe with torchmetrics, validation every epoch, checkpoints and an LR schedule: FSDP on
-    2 ranks under torchrun ends with the metrics DDP ends with under fw's launcher."""
+    """The recipe with torchmetrics, validation every epoch, checkpoints and an LR schedule: from a
+    plain shell with 2 devices, ``fw fit`` starts 2 Gloo workers and trains (rank 0 alone prints);
+    FSDP on 2 ranks under torchrun ends with the metrics DDP ends with under fw's launcher."""
     from .helpers import PYTHON, free_port
 
-    common = ["fit", "conf/digits.yaml", "trainer.max_epochs=3", "trainer.enable_progress_bar=false"]
+    common = ["fit", "conf/digits.yaml", "trainer.max_epochs=2", "trainer.enable_progress_bar=false"]
     ddp = run_cmd([FW, *common, "trainer.devices=2", "trainer.strategy=ddp_gloo",
                    f"trainer.default_root_dir={tmp_path / 'ddp'}"], timeout=100, cwd=REPO)
     fsdp = run_cmd([PYTHON, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
@@ -51,6 +40,9 @@ def test_fw_fit_digits_under_fsdp_and_torchrun_gives_ddp_s_numbers(tmp_path):
                     f"trainer.default_root_dir={tmp_path / 'fsdp'}"], timeout=100, cwd=REPO)
     assert ddp.returncode == 0 and fsdp.returncode == 0, ddp.output + fsdp.output
     assert "strategy fsdp" in fsdp.output and "world size 2" in fsdp.output, fsdp.output
+    summary = [line for line in ddp.output.splitlines() if line.startswith("fw fit: strategy")]
+    assert len(summary) == 1 and "strategy ddp_gloo" in summary[0] and "world size 2" in summary[0], ddp.output
+    assert (tmp_path / "ddp" / "fw_logs" / "version_0" / "checkpoints" / "last.ckpt").exists()
 
     def final(output: str) -> dict[str, float]:
         (line,) = [line for line in output.splitlines() if line.startswith("fw: final metrics:")]

@@ -6,14 +6,12 @@ empty training set, and limits that leave no batch."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
 from conftest import subprocess_env
-from toy import QUIET, LinearModel, loader, regression_data
 from torch.utils.data import DataLoader, TensorDataset
+from toy import QUIET, LinearModel, loader, regression_data
 
 import framework as fw
 from framework.callbacks import ModelCheckpoint
@@ -111,9 +109,9 @@ def test_the_cli_prints_one_line_and_exits_1(tmp_path):
     )
     (tmp_path / "r.yaml").write_text("module: {_target_: nanmodel.NaN}\ndata: {_target_: nanmodel.Data}\n"
                                      "trainer: {max_epochs: 1, accelerator: cpu, enable_progress_bar: false}\nlogger: false\n")
-    fw_bin = os.path.join(os.path.dirname(sys.executable), "fw")
-    proc = subprocess.run([fw_bin, "fit", "r.yaml"], cwd=tmp_path, capture_output=True, text=True, timeout=60,
-                          env=subprocess_env())
+    from forked import fw_command
+
+    proc = fw_command("fit", "r.yaml", cwd=tmp_path, env=subprocess_env())
     assert proc.returncode == 1
     assert proc.stderr.strip().splitlines()[-1].startswith("fw: error: the loss is nan at step 1")
     assert "Traceback" not in proc.stderr

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -40,11 +39,11 @@ def mount(tmp_path):
 
 def test_a_file_as_default_root_dir_is_a_one_line_cli_error(tmp_path):
     (tmp_path / "runs").write_text("a file, not a folder")
-    fw_bin = os.path.join(os.path.dirname(sys.executable), "fw")
+    from forked import fw_command
+
     repo = Path(__file__).resolve().parents[2]
-    proc = subprocess.run([fw_bin, "fit", str(repo / "conf/digits.yaml"), f"trainer.default_root_dir={tmp_path}/runs",
-                           "trainer.enable_progress_bar=false"], cwd=repo, capture_output=True, text=True,
-                          timeout=120, env=subprocess_env())
+    proc = fw_command("fit", str(repo / "conf/digits.yaml"), f"trainer.default_root_dir={tmp_path}/runs",
+                      "trainer.enable_progress_bar=false", cwd=repo, env=subprocess_env())
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.strip().splitlines()[-1].startswith(
         f"fw: error: trainer.default_root_dir '{tmp_path}/runs' is not a writable directory (NotADirectoryError")
