@@ -193,7 +193,10 @@ def best_recorded_under(dirs: Sequence[str | None], root: str) -> tuple[str, str
 
 def newest_checkpoint_of_run(dirs: Sequence[str | None], match: dict[str, Any]) -> str | None:
     """The newest complete checkpoint (``*.ckpt``, newest first by modification time) under
-    ``dirs`` whose entries equal ``match`` (the run's id and which fit of the program it is)."""
+    ``dirs`` whose entries equal ``match`` (the run's id and which fit of the program it is),
+    as the folders' indexes say (``checkpoint_index.py``); a file they do not vouch for is read."""
+    from framework import checkpoint_index
+
     found = {p for d in dirs if d and os.path.isdir(d) for p in glob.glob(os.path.join(d, "**", "*.ckpt"), recursive=True)}
     dated = []
     for path in found:
@@ -201,9 +204,11 @@ def newest_checkpoint_of_run(dirs: Sequence[str | None], match: dict[str, Any]) 
             dated.append((os.path.getmtime(path), path))
         except OSError:  # removed meanwhile (top-k pruning)
             continue
+    indexes: dict[Path, dict] = {}
     for _, path in sorted(dated, reverse=True):
+        checkpoint = checkpoint_index.noted(path, indexes) if set(match) <= set(checkpoint_index.KEYS) else None
         try:
-            checkpoint = read_values(path)
+            checkpoint = checkpoint if checkpoint is not None else read_values(path)
         except CheckpointError:
             continue  # not one of ours, damaged, incomplete or removed meanwhile: an older one will do
         if all(checkpoint.get(key) == value for key, value in match.items()):

@@ -34,9 +34,12 @@ def run_eval_stage(run: Run) -> list[dict]:
     return [{k: float(v) for k, v in values.items() if v.numel() == 1 and k not in aliases}]
 
 
-def run_evaluation(run: Run, stage: str, limit: int | None = None, log: bool = True, zero_grad: bool = False) -> dict:
+def run_evaluation(run: Run, stage: str, limit: int | None = None, log: bool = True, zero_grad: bool = False,
+                   epoch_end: bool = False) -> dict:
     """One pass over the ``stage`` loaders in eval mode, no gradients; returns epoch metrics.
-    ``zero_grad``: inside fit, free the gradients first (``on_validation_model_zero_grad``)."""
+    ``zero_grad``: inside fit, free the gradients first (``on_validation_model_zero_grad``).
+    ``epoch_end``: the validation at a training epoch's end: once its values are recorded, a
+    checkpoint written in ``on_validation_end`` resumes after it (``resume.DataPosition``)."""
     module, hooks, state = run.module, run.hooks, run.state
     loaders = run.loaders.get(stage) or []
     name = "validation_step" if stage == "validate" else "test_step"
@@ -78,6 +81,7 @@ def run_evaluation(run: Run, stage: str, limit: int | None = None, log: bool = T
                     if log and not sanity_check:
                         _log_eval_step(run, collector, stage, dl_idx)
             values = _end_evaluation_epoch(run, collector, prefix, log and not sanity_check)
+            state.position.validated = epoch_end
             hooks(f"on_{prefix}_end")
     finally:
         state.stage = outer_stage

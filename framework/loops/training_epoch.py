@@ -187,9 +187,13 @@ def _end_train_epoch(run: Run, collector: MetricCollector, validate: bool) -> No
     epoch's values in ``callback_metrics``; ReduceLROnPlateau steps before the monitoring
     callbacks (ModelCheckpoint), so a checkpoint written there resumes exactly."""
     state, hooks, strategy, module = run.state, run.hooks, run.strategy, run.module
-    if (validate and run.loaders.get("validate") and _val_due_at_epoch_end(run)
+    position = state.position
+    if position.validated_values is not None:  # resumed from a checkpoint written at the end of this validation
+        run.metrics.restore(position.validated_values)
+        position.validated, position.validated_values = True, None
+    elif (validate and run.loaders.get("validate") and _val_due_at_epoch_end(run)
             and not _stopped_early_by_steps(run) and state.stop_reason != "preempted"):  # no time for it
-        run_evaluation(run, "validate", zero_grad=True)
+        run_evaluation(run, "validate", zero_grad=True, epoch_end=True)
     state.epoch_phase = 3
     collector.compute_epoch(strategy, module, final=False)
     run.metrics.record_epoch(collector)

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import torch.distributed
 
 from framework import checkpoint as ckpt
+from framework import checkpoint_index
 from framework.errors import CheckpointError
 from framework.rank_zero import rank_zero_warn
 
@@ -44,6 +45,8 @@ def save_from_rank_zero(strategy: Strategy, path: str, parts: CheckpointParts) -
         checkpoint = parts.assemble(per_rank if strategy.is_global_zero else [mine])
         if strategy.is_global_zero:
             ckpt.atomic_save(checkpoint, path)
+            if path.endswith(".ckpt"):  # a file of its own (not a sharded checkpoint's fw_state.pt)
+                checkpoint_index.note(path, checkpoint)
     except Exception as exc:  # disk full, permissions, a hook: the other ranks must not wait for it
         error = exc
     # every rank learns whether the write succeeded (this is also the barrier)

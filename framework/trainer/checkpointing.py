@@ -72,7 +72,7 @@ def parts_of(run: Run, for_fit: bool, path: str = "", on_read: Callable[[dict], 
     shared["fw/callback_hooks"] = OnLoad(lambda checkpoint: hooks.callbacks("on_load_checkpoint", checkpoint))
     shared["callbacks"] = Callbacks(run.callbacks)
     shared.update(run.trainer.checkpoint_parts)  # the user's own
-    shared["loop"] = progress_part(state)
+    shared["loop"] = progress_part(state, run.metrics)
     parts.per_rank = position_parts(run, resumed if resumed is not None else {})
     parts.on_write = lambda checkpoint: _on_save_hooks(run, checkpoint)
     end_of_fit.use(run.end_of_fit, parts)  # after a distributed fit: every rank's states, as it ended

@@ -114,6 +114,22 @@ class LoggedMetrics:
         self.epoch_flags = {k: (k in prog_bar, k in logged) for k in values}
         self._callback_metrics.clear()
 
+    def snapshot(self) -> dict[str, Any]:
+        """The values as they stand (on the CPU), for a checkpoint written at the end of an
+        epoch-end validation: the resumed epoch's end reads them (``restore``) instead of
+        validating again."""
+        def cpu(values: dict[str, Any]) -> dict[str, Any]:
+            return {k: v.detach().cpu() if isinstance(v, torch.Tensor) else v for k, v in values.items()}
+
+        return {"callback_metrics": cpu(self.callback_metrics), "epoch_values": cpu(self.epoch_values),
+                "epoch_flags": {k: list(flags) for k, flags in self.epoch_flags.items()}}
+
+    def restore(self, saved: dict[str, Any]) -> None:
+        """Hold the values of a ``snapshot`` as this run's latest."""
+        self.epoch_values.update(saved["epoch_values"])
+        self.epoch_flags.update({k: (bool(flags[0]), bool(flags[1])) for k, flags in saved["epoch_flags"].items()})
+        self._callback_metrics.update(saved["callback_metrics"])
+
     @property
     def callback_metrics(self) -> dict[str, torch.Tensor]:
         """One dict, kept for the run: the latest step values and every epoch aggregate.

@@ -34,6 +34,7 @@ from framework.trainer.parts import FromRanks, Stateful, Value
 if TYPE_CHECKING:
     from framework.trainer.carry_over import Carry
     from framework.trainer.metric_collector import MetricCollector
+    from framework.trainer.metrics import LoggedMetrics
     from framework.trainer.run import Run
     from framework.trainer.state import RunState
 
@@ -58,6 +59,9 @@ class DataPosition:
             moves to the start of the next epoch right after).
         epoch_start_rng: this rank's RNG state when ``epoch`` began (rebuilds its data order).
         cut: set when a stop cut the epoch short.
+        validated: the epoch-end validation of ``epoch`` has run (its values are the run's).
+        validated_values: from a checkpoint written at the end of that validation, its values,
+            which the resumed epoch's end takes instead of validating again.
         resume_from: where a resumed fit continues (set from a checkpoint, taken by the first
             epoch).
     """
@@ -67,6 +71,8 @@ class DataPosition:
     finished: bool = False
     epoch_start_rng: dict | None = None
     cut: CutEpoch | None = None
+    validated: bool = False
+    validated_values: dict | None = field(default=None, repr=False)
     resume_from: ResumePoint | None = field(default=None, repr=False)
 
     @property
@@ -75,7 +81,7 @@ class DataPosition:
         return self.batches > 0 and not self.finished
 
     def start(self, epoch: int) -> None:
-        self.epoch, self.batches, self.finished = epoch, 0, False
+        self.epoch, self.batches, self.finished, self.validated = epoch, 0, False, False
         self.epoch_start_rng, self.cut = get_rng_state(), None
 
     def cut_short(self, metrics: dict) -> None:
@@ -87,7 +93,7 @@ class DataPosition:
     def move_on(self, next_epoch: int) -> None:
         """The epoch was counted; a finished one moves the position to the next epoch's start."""
         if self.finished:
-            self.epoch, self.batches, self.finished = next_epoch, 0, False
+            self.epoch, self.batches, self.finished, self.validated = next_epoch, 0, False, False
 
     def continue_epoch(self, loader: Any, collector: MetricCollector, module: Any) -> tuple[Iterator, int]:
         """The epoch's iterator and first batch index: on a mid-epoch resume, after the batches
@@ -146,15 +152,19 @@ def start_at_sample(loader: Any, samples: int) -> int:
 
 
 # -- as checkpoint parts --------------------------------------------------------------------------
-def progress_part(state: RunState) -> Value:
+def progress_part(state: RunState, metrics: LoggedMetrics) -> Value:
     """The counters and the position, as one part (the file's ``loop`` entry): a fit resumed
-    from it continues at the next epoch if the saved one had finished, else in its middle."""
+    from it continues at the next epoch if the saved one had finished, else in its middle; one
+    written at the end of the epoch-end validation also holds that validation's values."""
     position = state.position
 
     def saved() -> dict[str, Any]:
-        return {"epoch": position.epoch, "global_step": state.global_step,
-                "batches_stepped": state.batches_that_stepped, "batches_done": position.batches,
-                "epoch_finished": position.finished, "stop_reason": state.stop_reason}
+        progress: dict[str, Any] = {"epoch": position.epoch, "global_step": state.global_step,
+                                    "batches_stepped": state.batches_that_stepped, "batches_done": position.batches,
+                                    "epoch_finished": position.finished, "stop_reason": state.stop_reason}
+        if position.validated and not position.finished:
+            progress["epoch_end_validation"] = metrics.snapshot()
+        return progress
 
     def load(saved: dict[str, Any]) -> None:
         state.global_step = int(saved["global_step"])
@@ -163,6 +173,7 @@ def progress_part(state: RunState) -> Value:
         state.epoch = position.epoch = int(saved["epoch"]) + (1 if finished else 0)
         position.batches = 0 if finished else int(saved["batches_done"])
         position.finished, position.cut = False, None
+        position.validated_values = None if finished else saved.get("epoch_end_validation")
         state.should_stop, state.stop_reason = False, None
 
     return Value(saved, load)

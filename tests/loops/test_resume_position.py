@@ -91,3 +91,52 @@ def test_loaders_with_workers_are_drawn_and_dropped_not_skipped_by_index():
     assert skipping_first_batches(DataLoader(data, batch_size=8), 2) is not None
     # worker processes seed their own RNG and take batches in turn: skipping would change both
     assert skipping_first_batches(DataLoader(data, batch_size=8, num_workers=2), 2) is None
+
+
+class PlateauMLP(DropoutMLP):
+    """Adam with ReduceLROnPlateau on the validation loss (read at each epoch's end), and a count
+    of the validations that ran."""
+
+    def __init__(self):
+        super().__init__()
+        self.validations = 0
+
+    def training_step(self, batch, batch_idx):
+        loss = super().training_step(batch, batch_idx)
+        self.log("train/loss", loss, on_epoch=True)
+        return loss
+
+    def on_validation_epoch_end(self):
+        self.validations += not self.trainer.sanity_checking
+
+    def configure_optimizers(self):
+        optimizer = torch.optim.Adam(self.parameters(), lr=1e-2)
+        plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, factor=0.5, patience=0, threshold=0.5)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": plateau, "monitor": "val/loss"}}
+
+
+def test_a_checkpoint_written_at_the_epoch_end_validation_resumes_after_it(tmp_path):
+    """ModelCheckpoint(save_on_train_epoch_end=False) writes at the end of the epoch-end validation,
+    before the epoch's end hooks: the resumed fit does not run that validation again (nor log it
+    again), and its epoch end reads the saved validation values (the plateau scheduler steps on
+    them), so it ends where the fit that never stopped ends."""
+    from framework.callbacks import ModelCheckpoint
+
+    def fit(ckpt=None):
+        fw.seed_everything(5)
+        model = PlateauMLP()
+        saver = ModelCheckpoint(dirpath=tmp_path / "ck", save_on_train_epoch_end=False, save_top_k=-1,
+                                filename="{epoch}")
+        trainer = fw.Trainer(**{**QUIET, "enable_checkpointing": True}, max_epochs=3, callbacks=[saver],
+                             default_root_dir=str(tmp_path))
+        data = regression_data(40)
+        trainer.fit(model, DataLoader(data, batch_size=8, shuffle=True), DataLoader(data, batch_size=16), ckpt_path=ckpt)
+        return trainer, model
+
+    straight_trainer, straight = fit()
+    resumed_trainer, resumed = fit(str(tmp_path / "ck" / "epoch=1.ckpt"))
+    assert straight.validations == 3 and resumed.validations == 1  # epoch 2's: epoch 1's was in the checkpoint
+    assert resumed_trainer.optimizers[0].param_groups[0]["lr"] == straight_trainer.optimizers[0].param_groups[0]["lr"]
+    for key, value in straight.state_dict().items():
+        assert torch.equal(resumed.state_dict()[key], value), key
+    assert resumed_trainer.callback_metrics.keys() == straight_trainer.callback_metrics.keys()

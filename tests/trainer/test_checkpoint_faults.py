@@ -47,7 +47,7 @@ def test_stale_temp_files_of_killed_writes_are_removed_at_the_next_start(tmp_pat
                          callbacks=[ModelCheckpoint(dirpath=ck, save_last=True)])
     trainer.fit(LinearModel(), loader(regression_data(16), 8))
     assert not stale.exists() and keep.exists()
-    assert sorted(os.listdir(ck)) == ["epoch=0-step=1.ckpt", "last.ckpt", "notes.txt"]
+    assert sorted(os.listdir(ck)) == [".fw-checkpoints.json", "epoch=0-step=1.ckpt", "last.ckpt", "notes.txt"]
 
 
 def test_a_resume_continues_in_the_same_version_folder_and_save_top_k_holds(tmp_path):
@@ -65,7 +65,7 @@ def test_a_resume_continues_in_the_same_version_folder_and_save_top_k_holds(tmp_
     run(4, ckpt=last)
     run(5, ckpt="last")
     assert sorted(os.listdir(tmp_path / "fw_logs")) == ["version_0"]
-    assert sorted(os.listdir(tmp_path / "fw_logs" / "version_0" / "checkpoints")) == [
+    assert sorted(os.listdir(tmp_path / "fw_logs" / "version_0" / "checkpoints")) == [".fw-checkpoints.json",
         "epoch=4-step=10.ckpt", "last.ckpt"]
 
 

@@ -84,4 +84,4 @@ def test_a_full_disk_keeps_the_earlier_checkpoints(mount):
     with pytest.raises(CheckpointError, match=r"writing the checkpoint '.*big.ckpt' failed \(OSError: No space left"):
         trainer.save_checkpoint(small / "big.ckpt")
     assert (small / "good.ckpt").read_bytes() == good
-    assert sorted(os.listdir(small)) == ["good.ckpt"]  # no half-written file left behind
+    assert sorted(os.listdir(small)) == [".fw-checkpoints.json", "good.ckpt"]  # no half-written file left behind
