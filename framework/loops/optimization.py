@@ -30,6 +30,7 @@ from framework.errors import ConfigError, TrainingError
 from framework.loops.batches import positional_arity
 from framework.loops.nonfinite import NonfiniteGuard, nonfinite_guard
 from framework.strategies.base import inside
+from framework.waits import waiting_in
 
 if TYPE_CHECKING:
     from framework.trainer.run import Run
@@ -124,10 +125,11 @@ def _closure_fn(run: Run, optimizer: torch.optim.Optimizer, guard: NonfiniteGuar
     zero_grad = hooks.module_fn("optimizer_zero_grad") if hooks.module_overrides("optimizer_zero_grad") else None
     default_zero_grad = hooks.timed(_hook_action(module, "optimizer_zero_grad"), optimizer.zero_grad)
     in_context = strategy.step_context() is not None  # model_parallel's loss parallel: step and backward inside
+    in_step, in_backward = waiting_in("training_step", user_code=True), waiting_in("the backward pass's gradient sync")
 
     def closure_for(batch: Any, batch_idx: int) -> Closure:
         def body(closure: Closure) -> Any:
-            with autocast() if autocast is not None else _NO_CONTEXT:
+            with autocast() if autocast is not None else _NO_CONTEXT, in_step:
                 outputs = closure.outputs = step(batch, batch_idx) if with_idx else step(batch)
             loss = _loss_of(outputs) if isinstance(outputs, dict) else outputs
             if loss is not None:
@@ -147,7 +149,8 @@ def _closure_fn(run: Run, optimizer: torch.optim.Optimizer, guard: NonfiniteGuar
                 loss = scaler.scale(loss)
             if before_backward is not None:
                 before_backward(loss)
-            backward(loss)
+            with in_backward:
+                backward(loss)
             if after_backward is not None:
                 after_backward()
             return loss

@@ -22,7 +22,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from framework import waits
 from framework.strategies.base import StepModule, Strategy
+from framework.waits import waiting_in
 
 if TYPE_CHECKING:
     from framework.module import TrainModule
@@ -127,10 +129,11 @@ class DistributedStrategy(Strategy):
     def on_exception(self, exc: BaseException) -> None:
         self._failed = True
         if "timed out" in str(exc).lower() and self.world_size > 1:
+            waited = waits.failed_in()
             sys.stderr.write(
                 f"fw: rank {self.global_rank} of {self.world_size} waited {self.timeout:g} s for the other ranks "
-                "in a collective (trainer.strategy.timeout): a rank stopped answering or died; its own "
-                "output says why\n")
+                f"in {waited or 'a collective'} (trainer.strategy.timeout): a rank stopped "
+                "answering or died; its own output says why\n")
         if self.dist.source == "slurm" and self.world_size > 1 and isinstance(exc, Exception):
             atexit.register(_end_slurm_step, self.global_rank)  # after the error is printed
 
@@ -150,28 +153,33 @@ class DistributedStrategy(Strategy):
     def all_reduce(self, tensor: torch.Tensor, op: str = "sum", group: Any = None) -> torch.Tensor:
         """``op`` over ``group``'s ranks (None: all of them), on a copy."""
         tensor = tensor.clone()
-        dist.all_reduce(tensor, op=getattr(dist.ReduceOp, _REDUCE_OPS[op]), group=group)
+        with waiting_in("an all-reduce"):
+            dist.all_reduce(tensor, op=getattr(dist.ReduceOp, _REDUCE_OPS[op]), group=group)
         if op in ("mean", "avg"):
             tensor = tensor / (self.world_size if group is None else dist.get_world_size(group))
         return tensor
 
     def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
         out = [torch.empty_like(tensor) for _ in range(self.world_size)]
-        dist.all_gather(out, tensor.contiguous())
+        with waiting_in("an all-gather"):
+            dist.all_gather(out, tensor.contiguous())
         return torch.stack(out)
 
     def all_gather_object(self, obj: Any) -> list[Any]:
         out: list[Any] = [None] * self.world_size
-        dist.all_gather_object(out, obj)
+        with waiting_in("an all-gather"):
+            dist.all_gather_object(out, obj)
         return out
 
     def broadcast(self, obj: Any, src: int = 0) -> Any:
         box = [obj]
-        dist.broadcast_object_list(box, src=src)
+        with waiting_in(f"a broadcast from rank {src}"):
+            dist.broadcast_object_list(box, src=src)
         return box[0]
 
     def barrier(self, name: str | None = None) -> None:
-        dist.barrier()
+        with waiting_in(f"a barrier ({name})" if name else "a barrier"):
+            dist.barrier()
 
     def average_gradients(self, params: list[nn.Parameter]) -> None:
         """One flat all-reduce per dtype and device, each gradient divided by the world size

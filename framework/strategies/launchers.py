@@ -43,8 +43,10 @@ if TYPE_CHECKING:
 _LAUNCHER_PID = "FW_LAUNCHER_PID"
 #: signals a worker turns into a clean stop with a checkpoint (trainer/preemption.py, default setup)
 _WORKERS_STOP_ON = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
-#: signals a worker starts with blocked, to act on once its fit can (a Ctrl-C still stops it at once)
-_BLOCKED_UNTIL_FIT = (signal.SIGTERM, signal.SIGUSR1)
+#: signals a worker starts with blocked, to act on once its fit can: the preemption signal, which
+#: SLURM sends early (``--signal=USR1@90``); not SIGTERM, with which the agent ends workers that
+#: failed to start (a blocked one would hold a restart for the agent's 30 s), nor a Ctrl-C
+_BLOCKED_UNTIL_FIT = (signal.SIGUSR1,)
 #: signals the elastic agent passes on to the workers (the one that ends a job is SIGTERM)
 _PASSED_ON = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1)
 

@@ -1,6 +1,6 @@
 """The processes a launcher started: find them all (``descendants``), end them all
 (``kill_tree``), and let a stopped worker act on the signal that ends its job
-(``resume_stopped_workers``), start them with the stop signals blocked (``started_blocking``),
+(``resume_stopped_workers``), start them with the preemption signal blocked (``started_blocking``),
 with a thread beside the block (``beside``).
 
 torch's elastic agent starts its workers in sessions of their own, out of reach of a

@@ -36,6 +36,7 @@ from framework.trainer.carry_over import (
 )
 from framework.trainer.parts import Callbacks, CheckpointParts, Each, OnLoad, Stateful, Value
 from framework.trainer.resume import position_parts, progress_part, resume_point
+from framework.waits import waiting_in
 
 if TYPE_CHECKING:
     from framework.trainer.run import Run
@@ -45,7 +46,7 @@ if TYPE_CHECKING:
 def save(run: Run, path: str | os.PathLike) -> None:
     """Write a checkpoint of ``run`` through its strategy (call on every rank)."""
     strategy = run.strategy
-    with run.hooks.profiled("save_checkpoint"):  # Lightning's action name for trainer.save_checkpoint
+    with run.hooks.profiled("save_checkpoint"), waiting_in(f"a checkpoint save of '{os.fspath(path)}'"):
         _refuse_nonfinite_weights(run, path, is_live(strategy))
         strategy.save_checkpoint(os.fspath(path), parts_of(run, for_fit=True))
 

@@ -3,7 +3,8 @@
 A rank that stops answering (SIGSTOP, a frozen node, a deadlock) leaves the others waiting in a
 collective until ``trainer.strategy.timeout``. So that they can say for whom while they wait,
 each rank runs a ``Heartbeat`` thread during a run: every few seconds it writes a beat count and
-where the rank is (stage, epoch, batch) to the store that the ranks met at, over a connection
+where the rank is (stage, epoch, batch, and the collective it waits in: the backward pass's
+gradient sync, a metric sync, a barrier, a checkpoint save) to the store that the ranks met at, over a connection
 of its own with a short timeout. When its own rank has made no progress for ``report_every``
 seconds, the thread reads everyone's beats and prints one line: which ranks stopped answering
 (their beat count stood still), which are elsewhere, or that all are alive in the same step (a
@@ -23,6 +24,8 @@ import time
 from typing import TYPE_CHECKING
 
 import torch.distributed as dist
+
+from framework import waits
 
 if TYPE_CHECKING:
     from framework.trainer.run import Run
@@ -69,29 +72,32 @@ class Heartbeat:
             return  # the store is gone already, or does not answer: the run is over or failing on its own
         keys = [f"fw/heartbeat/{run}/{r}" for r in range(size)]
         beats, last_progress, still_since, next_report = 0, None, time.monotonic(), self.report_every
+        store_gone = False
         seen: dict[int, tuple[str, float]] = {}  # rank -> (its last beat, when that changed)
         while beats == 0 or not self._stop.wait(self.beat_every):  # the first beat at once
             beats += 1
-            try:
-                store.set(keys[rank], f"{beats}|{self._where()}")
+            try:  # once the store is gone (its host stopped), not tried again: c10d warns at each try
+                if not store_gone:
+                    store.set(keys[rank], f"{beats}|{self._where()}")
             except (RuntimeError, dist.DistError):
-                pass  # the store's host may be the rank that stopped: said below
+                store_gone = True  # the store's host may be the rank that stopped: said below
             progress, now = self._progress(), time.monotonic()
             if progress != last_progress:
                 last_progress, still_since, next_report = progress, now, self.report_every
                 seen.clear()
                 continue
             # stalled: from now on watch the others' beats, to name the ones that stand still
-            answer = _read_beats(store, keys, rank, seen, now)
+            answer = _STORE_GONE if store_gone else _read_beats(store, keys, rank, seen, now)
+            store_gone = answer is not None
             if now - still_since < next_report:
                 continue
             next_report += self.report_every
             if answer is None:
                 answer = self._describe(seen, now)
             timeout = getattr(self.run.strategy, "timeout", 300.0)
+            waiting = "the other ranks may be waiting for it" if waits.in_user_code() else "waiting for the other ranks"
             sys.stderr.write(f"fw: rank {rank} of {size} has been {self._where()} for {now - still_since:.0f} s, "
-                             f"waiting for the other ranks: {answer} (the job ends after "
-                             f"trainer.strategy.timeout={timeout:g} s)\n")
+                             f"{waiting}: {answer} (the job ends after trainer.strategy.timeout={timeout:g} s)\n")
             sys.stderr.flush()
 
     def _progress(self) -> tuple:
@@ -99,10 +105,13 @@ class Heartbeat:
         return state.stage, state.epoch, state.global_step, state.position.batches, state.eval_batches
 
     def _where(self) -> str:
-        state = self.run.state
+        """Where the rank is, and what it waits in there (``framework/waits.py``)."""
+        state, waiting = self.run.state, waits.now()
         if state.stage == "train":
-            return f"in epoch {state.epoch}, batch {state.position.batches}"
-        return f"in {state.stage or 'set-up'} (epoch {state.epoch}, step {state.global_step})"
+            where = f"in epoch {state.epoch}, batch {state.position.batches}"
+        else:
+            where = f"in {state.stage or 'set-up'} (epoch {state.epoch}, step {state.global_step})"
+        return f"{where}, in {waiting}" if waiting else where
 
     def _describe(self, seen: dict[int, tuple[str, float]], now: float) -> str:
         silent, elsewhere = [], []
@@ -117,6 +126,9 @@ class Heartbeat:
         return "every rank is alive and at the same place (a slow step?)"
 
 
+_STORE_GONE = "the store the ranks met at does not answer (its host, usually rank 0, stopped?)"
+
+
 def _read_beats(store: dist.Store, keys: list[str], rank: int, seen: dict, now: float) -> str | None:
     """Update ``seen`` from the store; a message instead when the store does not answer."""
     others = [r for r in range(len(keys)) if r != rank]
@@ -124,7 +136,7 @@ def _read_beats(store: dist.Store, keys: list[str], rank: int, seen: dict, now: 
         present = [r for r in others if store.check([keys[r]])]
         values = store.multi_get([keys[r] for r in present]) if present else []
     except (RuntimeError, dist.DistError):
-        return "the store the ranks met at does not answer (its host, usually rank 0, stopped?)"
+        return _STORE_GONE
     found = dict(zip(present, (v.decode() for v in values), strict=True))
     for other in others:
         value = found.get(other, "")

@@ -17,6 +17,7 @@ from torch import nn
 
 from framework.errors import ConfigError
 from framework.rank_zero import rank_zero_warn
+from framework.waits import waiting_in
 
 if TYPE_CHECKING:
     from framework.strategies import Strategy
@@ -195,7 +196,8 @@ class MetricCollector:
         changed = {name for name, entry in self.entries.items()
                    if entry.on_epoch and (not self._first_pass_done or entry.version != entry.computed)}
         if strategy.is_distributed:  # one gather: the other ranks' entries and what changed there
-            changed |= self._adopt_entries_of_other_ranks(strategy, module, changed)
+            with waiting_in(f"the {self.stage} epoch's metric sync"):
+                changed |= self._adopt_entries_of_other_ranks(strategy, module, changed)
         return changed
 
     def _epoch_value(self, entry: _Entry, strategy: Strategy) -> torch.Tensor | None:

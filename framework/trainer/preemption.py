@@ -18,9 +18,10 @@ through the file (which left its temporary file behind, and no checkpoint of the
 A second Ctrl-C in a process that no launcher supervises stops at once (KeyboardInterrupt),
 also during that write: the temporary file is removed and earlier checkpoints stay intact.
 The handlers are installed for the fit only; the previous ones (and the signal mask) come back
-after it. fw's launcher starts its workers with SIGTERM and SIGUSR1 blocked, so that one that
-arrives before the fit (SLURM may signal a minute early) waits for it instead of killing the
-worker: the fit unblocks them, takes a waiting one as its stop request, and leaves them unblocked.
+after it. fw's launcher starts its workers with SIGUSR1 (the preemption signal) blocked, so that
+one that arrives before the fit (SLURM sends it early: ``--signal=USR1@90``) waits for it instead
+of killing the worker: the fit unblocks it, takes a waiting one as its stop request, and leaves it
+unblocked.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ import torch
 from framework.errors import ProgramEnds
 from framework.strategies.processes import BLOCKED_AT_START
 from framework.trainer.checkpointing import save
+from framework.waits import waiting_in
 
 if TYPE_CHECKING:
     from framework.trainer.run import Run
@@ -150,8 +152,9 @@ class StopCheck:
             per_batch = (now - self._since) / self.every  # at an epoch's end, fewer: an overestimate
             self._since = now
             strategy = self.run.strategy
-            both = strategy.all_reduce(torch.tensor([float(mine), per_batch], dtype=torch.float64,
-                                                    device=strategy.collective_device), "max").tolist()
+            with waiting_in("the stop check (stop signals, max_time)"):
+                both = strategy.all_reduce(torch.tensor([float(mine), per_batch], dtype=torch.float64,
+                                                        device=strategy.collective_device), "max").tolist()
             mine = int(both[0])
             self.every = max(1, min(self.MOST, int(self.TARGET_S / max(both[1], 1e-9))))
         if mine:

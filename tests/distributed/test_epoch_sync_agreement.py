@@ -40,7 +40,11 @@ for rank0_logs_more in (True, False):
     trainer = fw.Trainer(accelerator="cpu", devices=2, strategy="ddp_gloo", max_epochs=2, logger=False,
                          enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
     gathers, gather = [], trainer.strategy.all_gather_object
-    trainer.strategy.all_gather_object = lambda obj: gathers.append(obj) or gather(obj)  # counts them
+    def counted(obj, gather=gather, gathers=gathers):  # the gathers of the metric entries (the end of a fit gathers RNG states)
+        if isinstance(obj, tuple):
+            gathers.append(obj)
+        return gather(obj)
+    trainer.strategy.all_gather_object = counted
     trainer.fit(Model(rank0_logs_more), DataLoader(data, batch_size=4))
     result[str(rank0_logs_more)] = {"values": {k: float(v) for k, v in trainer.callback_metrics.items()},
                                     "gathers": len(gathers)}

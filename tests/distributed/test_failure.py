@@ -79,7 +79,7 @@ def test_a_missing_peer_is_announced_while_waiting_and_the_default_timeout_suits
 
 
 STOPPED = """
-import os, signal
+import os, signal, sys, time
 from torch.utils.data import DataLoader
 import framework as fw
 import workload
@@ -87,6 +87,11 @@ import workload
 class Freezes(workload.Regressor):
     def training_step(self, batch, batch_idx):
         if self.global_rank == 1 and batch_idx == 3:
+            if sys.argv[1:] == ["loop"]:  # stuck in user code: alive (its heartbeat goes on), not arriving
+                end = time.monotonic() + 20
+                while self.trainer.state.signal is None and time.monotonic() < end:  # until the job is stopped
+                    time.sleep(0.01)
+                os._exit(1)
             os.kill(os.getpid(), signal.SIGSTOP)  # stops answering, without dying
         return super().training_step(batch, batch_idx)
 
@@ -104,15 +109,28 @@ def test_a_rank_that_stops_answering_ends_the_job_after_the_timeout(tmp_path, la
     # --shutdown-timeout); fw's launcher resumes it at once (SIGCONT) so that it acts on the
     # SIGTERM (asserted below from its output: a bound on the wall time alone fails under load)
     assert result.wall_s < 80, f"took {result.wall_s:.1f} s"
-    assert "fw: rank 0 of 2 waited 5 s for the other ranks in a collective (trainer.strategy.timeout)" \
-        in result.output, result.output
-    # while it waits, rank 0 says for whom: rank 1's heartbeat stood still
-    waiting = [line for line in result.output.splitlines() if line.startswith("fw: rank 0 of 2 has been in epoch 0")]
+    # the job ends with the collective rank 0 waited in, and while it waits it says where and for whom
+    assert "fw: rank 0 of 2 waited 5 s for the other ranks in the backward pass's gradient sync " \
+        "(trainer.strategy.timeout)" in result.output, result.output
+    waiting = [line for line in result.output.splitlines()
+               if line.startswith("fw: rank 0 of 2 has been in epoch 0, batch 3, in the backward pass's gradient sync for")]
     assert any("rank 1 stopped answering" in line for line in waiting), result.output
     if launcher == "fw":
         assert "fw: error: worker rank 0" in result.output and "Timed out" in result.output, result.output
         assert "is stopped with SIGTERM pending: resumed it (SIGCONT)" in result.output, result.output
         assert "fw: rank 1 received SIGTERM" in result.output, result.output
+
+
+@pytest.mark.timeout(90)
+def test_a_rank_stuck_in_its_training_step_is_named_with_where_it_is(tmp_path):
+    """Alive but never arriving (a loop in user code): rank 0, waiting in the gradient sync, says
+    that rank 1 is in its training_step at the same batch, then the job ends at the timeout."""
+    result = run_script(write_script(tmp_path, STOPPED), "loop", launcher="fw", timeout=80)
+    assert result.returncode != 0, result.output
+    waiting = [line for line in result.output.splitlines()
+               if line.startswith("fw: rank 0 of 2 has been in epoch 0, batch 3, in the backward pass's gradient sync for")]
+    assert any("rank 1 is in epoch 0, batch 3, in training_step" in line for line in waiting), result.output
+    assert "fw: rank 0 of 2 waited 5 s for the other ranks in the backward pass's gradient sync" in result.output
 
 
 BOTH = """

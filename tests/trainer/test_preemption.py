@@ -260,18 +260,19 @@ trainer.fit(workload.Regressor(), DataLoader(workload.regression_data(64), batch
 
 @pytest.mark.timeout(60)
 def test_a_signal_before_the_fit_waits_for_it_and_stops_it_with_a_checkpoint(tmp_path):
-    """fw's launcher starts its workers with SIGTERM and SIGUSR1 blocked: a SIGTERM to a worker
-    before its fit installed its handlers (the default action would kill it) stops the fit at its
-    first check with a checkpoint, and the job ends cleanly."""
+    """fw's launcher starts its workers with SIGUSR1 (the preemption signal) blocked: one sent to
+    a worker before its fit installed its handlers (SLURM's --signal=USR1@90 may come that early;
+    the default action would kill it) stops the fit at its first check with a checkpoint, and the
+    job ends cleanly."""
     script = write_script(tmp_path, EARLY)
     proc = subprocess.Popen([PYTHON, str(script), str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, env=clean_env(), start_new_session=True)
     _wait_for(tmp_path / "early", proc)
-    os.kill(int((tmp_path / "early").read_text()), signal.SIGTERM)
+    os.kill(int((tmp_path / "early").read_text()), signal.SIGUSR1)
     (tmp_path / "sent").write_text("")
     output = _finish(proc)
     assert proc.returncode == 0, output
-    assert "fw: rank 1 received SIGTERM: stopping after this step" in output, output
+    assert "fw: rank 1 received SIGUSR1: stopping after this step" in output, output
     assert "fw: stopped by a signal to another rank at step 1" in output, output
     assert (tmp_path / "root" / "preempted.ckpt").is_file()
 
