@@ -100,7 +100,7 @@ def _fit_done(run: Run) -> bool:
         return True
     if state.stop_reason == "preempted":
         return True
-    if state.should_stop and state.epoch >= run.settings.min_epochs:
+    if state.should_stop and run.settings.may_stop(state):
         state.stop("should_stop")
         return True
     return False

@@ -100,15 +100,15 @@ def run_train_epoch(run: Run, loader, stops: StopCheck) -> None:
 
 
 def _stops_here(run: Run, stops: StopCheck, batch_idx: int) -> bool:
-    """After a batch: a stop asked for (by a callback, max_time) once ``min_epochs`` epochs are
-    done (Lightning's rule), ``max_steps`` reached, or a stop signal on any rank (at once)."""
+    """After a batch: a stop asked for (by a callback, max_time) once ``min_epochs`` epochs and
+    ``min_steps`` steps are done (Lightning's rule), ``max_steps`` reached, or a stop signal on any rank (at once)."""
     state, settings = run.state, run.settings
-    if state.should_stop and state.epoch >= settings.min_epochs:
+    if state.should_stop and settings.may_stop(state):
         return True
     if settings.max_steps >= 0 and state.global_step >= settings.max_steps:
         return True
     return every(stops.every, batch_idx + 1) and stops() and (
-        state.stop_reason == "preempted" or state.epoch >= settings.min_epochs)
+        state.stop_reason == "preempted" or settings.may_stop(state))
 
 
 def _begin_epoch(run: Run, loader) -> MetricCollector:

@@ -93,6 +93,7 @@ class FitLoopView:
     max_epochs = property(lambda self: self._setting("max_epochs"), lambda self, v: self._change("max_epochs", v))
     min_epochs = property(lambda self: self._setting("min_epochs"), lambda self, v: self._change("min_epochs", v))
     max_steps = property(lambda self: self._setting("max_steps"), lambda self, v: self._change("max_steps", v))
+    min_steps = property(lambda self: self._setting("min_steps"), lambda self, v: self._change("min_steps", v))
 
 
 class LightningViews:

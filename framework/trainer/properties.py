@@ -58,6 +58,7 @@ class TrainerProperties:
     # -- the settings, under their argument names --------------------------------------------
     max_epochs = _setting("max_epochs")
     min_epochs = _setting("min_epochs")
+    min_steps = _setting("min_steps")
     max_steps = _setting("max_steps")
     max_time = _setting("max_time")
     accumulate_grad_batches = _setting("accumulate_grad_batches")

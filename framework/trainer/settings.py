@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from framework.activation_checkpointing import policy_names
 from framework.compile import compile_options
 from framework.trainer import arguments as args
+
+if TYPE_CHECKING:
+    from framework.trainer.state import RunState
 
 
 @dataclass(frozen=True)
@@ -45,6 +48,7 @@ class Settings:
     max_epochs: int
     min_epochs: int
     max_steps: int
+    min_steps: int
     max_time: float | None
     limits: Limits
     val_check_interval: int | float | None
@@ -77,6 +81,11 @@ class Settings:
     activation_checkpointing: frozenset[str]
     compile: dict[str, Any] | None
 
+    def may_stop(self, state: RunState) -> bool:
+        """Is a stop asked for (``should_stop``, ``max_time``) taken now? Once ``min_epochs``
+        epochs and ``min_steps`` optimizer steps are done, as in Lightning."""
+        return state.epoch >= self.min_epochs and state.global_step >= self.min_steps
+
     @classmethod
     def resolve(cls, *, max_epochs: int | None, min_epochs: int | None, max_steps: int, max_time: Any,
                 limit_train_batches: Any, limit_val_batches: Any, limit_test_batches: Any, limit_predict_batches: Any,
@@ -88,7 +97,7 @@ class Settings:
                 overfit_batches: int | float, fast_dev_run: int | bool, reload_dataloaders_every_n_epochs: int,
                 benchmark: bool | None, detect_anomaly: bool, inference_mode: bool, use_distributed_sampler: bool,
                 sync_batchnorm: bool, max_restarts: int, rdzv_endpoint: str | None,
-                activation_checkpointing_policy: Any, compile: Any) -> Settings:
+                activation_checkpointing_policy: Any, compile: Any, min_steps: int | None) -> Settings:
         """Check every argument (a ConfigError names the first wrong one); apply the switches."""
         if max_epochs is None and max_steps == -1 and max_time is None:
             max_epochs = 1000
@@ -111,6 +120,7 @@ class Settings:
         _switch(switched, limits, bool(barebones), overfit, dev_run)
         return cls(
             min_epochs=min_epochs or 0,
+            min_steps=min_steps or 0,
             max_time=args.parse_max_time(max_time),
             limits=Limits(**limits),
             log_every_n_steps=args.positive_int("log_every_n_steps", log_every_n_steps),

@@ -60,7 +60,7 @@ class Trainer(TrainerProperties, LightningViews):
             mapping ``{name: ..., init_method: ..., timeout: ...}`` or a Strategy.
         precision: ``32-true`` (or ``32``), ``64-true``, ``bf16-mixed``, ``16-mixed``, ``bf16-true`` or
             ``16-true``, as in Lightning; ``trainer.precision`` is that name.
-        max_epochs, min_epochs, max_steps, max_time: when to stop (max_time: seconds,
+        max_epochs, min_epochs, max_steps, min_steps, max_time: when to stop (max_time: seconds,
             ``"DD:HH:MM:SS"`` or ``{days, hours, minutes, seconds}``).
         accumulate_grad_batches: optimiser step every k batches (DDP skips the all-reduce on
             the k-1 others).
@@ -103,7 +103,7 @@ class Trainer(TrainerProperties, LightningViews):
         reload_dataloaders_every_n_epochs: int = 0, benchmark: bool | None = None, detect_anomaly: bool = False,
         inference_mode: bool = True, use_distributed_sampler: bool = True, sync_batchnorm: bool = False,
         barebones: bool = False, profiler: Any = None, activation_checkpointing_policy: Any = None,
-        compile: Any = False,
+        compile: Any = False, min_steps: int | None = None,
     ) -> None:
         arguments = {name: value for name, value in locals().items() if name in _SETTINGS}
         self.settings = Settings.resolve(**arguments)

@@ -1,4 +1,4 @@
-"""A stop asked for before ``min_epochs`` are done (a callback's ``trainer.should_stop``,
+"""A stop asked for before ``min_epochs`` (or ``min_steps``) are done (a callback's ``trainer.should_stop``,
 ``max_time``) waits until they are, as in Lightning: the same steps and epochs on both, and
 ``max_time=0`` stops at once (it used to be read as no limit)."""
 
@@ -28,8 +28,9 @@ def _stops_at(trainer_cls, base, callback_base, **args) -> tuple[int, int]:
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("args", [dict(callback=True, min_epochs=3), dict(callback=True), dict(max_time={"seconds": 0}),
-                                  dict(max_time={"seconds": 0}, min_epochs=2)])
-def test_stops_wait_for_min_epochs_as_lightnings_do(args):
+                                  dict(max_time={"seconds": 0}, min_epochs=2), dict(callback=True, min_steps=40),
+                                  dict(callback=True, min_steps=40, min_epochs=1)])
+def test_stops_wait_for_min_epochs_and_min_steps_as_lightnings_do(args):
     theirs = _stops_at(pl.Trainer, pl.LightningModule, pl.Callback, **dict(args))
     ours = _stops_at(fw.Trainer, fw.TrainModule, fw.Callback, **dict(args))
     assert ours == theirs
