@@ -83,7 +83,7 @@ class DDPStrategy(DistributedStrategy):
         nproc = len(self.devices)
         if environment.launched_externally or nproc * num_nodes <= 1:
             return None
-        return ElasticLauncher(nproc, num_nodes, max_restarts, rdzv_endpoint, self.socket_ifname)
+        return ElasticLauncher(nproc, num_nodes, max_restarts, rdzv_endpoint, self.socket_ifname, self.timeout)
 
     # -- set-up ---------------------------------------------------------------------------
     def setup_environment(self) -> None:

@@ -35,12 +35,12 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from framework.errors import ConfigError, ProgramEnds
+from framework.strategies.processes import LAUNCHER_PID as _LAUNCHER_PID
 from framework.strategies.worker_failures import leave_tracebacks_to_the_launcher, report_failures
 
 if TYPE_CHECKING:
     from torch.distributed.launcher.api import LaunchConfig
 
-_LAUNCHER_PID = "FW_LAUNCHER_PID"
 #: signals a worker turns into a clean stop with a checkpoint (trainer/preemption.py, default setup)
 _WORKERS_STOP_ON = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
 #: signals a worker starts with blocked, to act on once its fit can: the preemption signal, which
@@ -85,15 +85,15 @@ class ElasticLauncher(Launcher):
     """One worker per device on this node, through torch's elastic agent (see the module doc)."""
 
     def __init__(self, nproc_per_node: int, num_nodes: int = 1, max_restarts: int = 0,
-                 rdzv_endpoint: str | None = None, socket_ifname: str | None = None) -> None:
+                 rdzv_endpoint: str | None = None, socket_ifname: str | None = None, timeout: float = 300.0) -> None:
         self.nproc_per_node, self.num_nodes, self.max_restarts = nproc_per_node, num_nodes, max_restarts
-        self.rdzv_endpoint, self.socket_ifname = rdzv_endpoint, socket_ifname
+        self.rdzv_endpoint, self.socket_ifname, self.timeout = rdzv_endpoint, socket_ifname, timeout
 
     def launch(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Each worker re-runs this program and makes the call itself (``fn`` runs there)."""
         current_command()  # refuses here, before anything starts, when there is no program to re-run
         raise JobEnded(launch_workers(self.nproc_per_node, self.num_nodes, self.max_restarts,
-                                      self.rdzv_endpoint, self.socket_ifname))
+                                      self.rdzv_endpoint, self.socket_ifname, self.timeout))
 
 
 def current_command() -> list[str]:
@@ -116,9 +116,10 @@ def current_command() -> list[str]:
 
 
 def launch_workers(nproc_per_node: int, num_nodes: int = 1, max_restarts: int = 0,
-                   rdzv_endpoint: str | None = None, socket_ifname: str | None = None) -> int:
+                   rdzv_endpoint: str | None = None, socket_ifname: str | None = None, timeout: float = 300.0) -> int:
     """Run the current command in ``nproc_per_node`` workers on this node; return the exit code
-    (the agent's configuration: ``_launch_config``)."""
+    (the agent's configuration: ``_launch_config``). At the job's end the agent waits for the
+    other nodes' agents at most ``timeout`` seconds (``processes.exit_barrier_within``)."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
@@ -129,10 +130,10 @@ def launch_workers(nproc_per_node: int, num_nodes: int = 1, max_restarts: int = 
     agent_log.setLevel(logging.CRITICAL if not os.environ.get("FW_DEBUG_LAUNCH") else logging.INFO)
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc_per_node)))
     os.environ[_LAUNCHER_PID] = str(os.getpid())  # workers die with this process (as_launcher_worker)
-    from framework.strategies.processes import resume_stopped_workers, started_blocking
+    from framework.strategies.processes import exit_barrier_within, resume_stopped_workers, started_blocking
 
     try:
-        with resume_stopped_workers(_PASSED_ON), started_blocking(_BLOCKED_UNTIL_FIT):
+        with resume_stopped_workers(_PASSED_ON), started_blocking(_BLOCKED_UNTIL_FIT), exit_barrier_within(timeout):
             _launch_hosting_once(config)
     except SignalException as err:
         name = signal.Signals(err.sigval).name

@@ -1,7 +1,9 @@
 """The processes a launcher started: find them all (``descendants``), end them all
 (``kill_tree``), and let a stopped worker act on the signal that ends its job
 (``resume_stopped_workers``), start them with the preemption signal blocked (``started_blocking``),
-with a thread beside the block (``beside``).
+with a thread beside the block (``beside``); in a worker, tell whether its launcher died
+(``launcher_lost``); in the launcher, wait at the job's end for the other nodes' agents no longer
+than the strategy's timeout (``exit_barrier_within``).
 
 torch's elastic agent starts its workers in sessions of their own, out of reach of a
 process-group signal, so the tree is read from ``/proc``.
@@ -12,9 +14,12 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import sys
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 
 def _process_table() -> dict[int, list[int]]:
@@ -115,6 +120,8 @@ def resume_stopped_workers(signals: Iterable[int], every: float = 1.0) -> Iterat
         yield
 
 
+#: tells a worker the pid of the fw launcher that started it (``launchers.as_launcher_worker``)
+LAUNCHER_PID = "FW_LAUNCHER_PID"
 #: tells a worker which signals its launcher blocked for it (``started_blocking``): a fit unblocks
 #: them for good once it can handle them (``trainer/preemption.py``)
 BLOCKED_AT_START = "FW_BLOCKED_AT_START"
@@ -157,3 +164,50 @@ def beside(target: Callable[[], None], name: str, done: threading.Event) -> Iter
     finally:
         done.set()
         thread.join()
+
+
+def launcher_lost(within: float = 0.2) -> bool:
+    """In a worker of fw's launcher, on a SIGTERM: has the launcher died (the kernel then sends
+    it)? The kernel sends it when the launcher's thread that started the worker dies, which may
+    be before the rest of the launcher: so watch it for ``within`` seconds."""
+    launcher = os.environ.get(LAUNCHER_PID)
+    if not launcher:
+        return False
+    end = time.monotonic() + within
+    while True:
+        try:
+            with open(f"/proc/{launcher}/stat") as stat:
+                state = stat.read().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            state = "gone"
+        if str(os.getppid()) != launcher or state in ("gone", "Z", "X"):
+            return True
+        if time.monotonic() >= end:
+            return False
+        time.sleep(0.01)
+
+
+@contextlib.contextmanager
+def exit_barrier_within(seconds: float) -> Iterator[None]:
+    """torch's agent waits up to 300 s at the end of the job for the other nodes' agents (its exit
+    barrier); a node whose launcher died never comes. Wait no longer than the strategy's timeout,
+    and say why when it runs out."""
+    from torch.distributed.elastic.agent.server.api import SimpleElasticAgent
+
+    original = SimpleElasticAgent._exit_barrier
+
+    def bounded(agent: Any) -> None:
+        agent._exit_barrier_timeout = min(agent._exit_barrier_timeout, seconds)
+        start = time.monotonic()
+        original(agent)
+        group = agent._worker_group
+        if group.group_world_size > 1 and time.monotonic() - start >= 0.9 * agent._exit_barrier_timeout:
+            sys.stderr.write(f"fw: launcher of node {group.group_rank}: a node's launcher did not reach the end of "
+                             f"the job within {seconds:g} s (trainer.strategy.timeout): it was lost; this node's "
+                             "workers ended as said above\n")
+
+    SimpleElasticAgent._exit_barrier = bounded  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        SimpleElasticAgent._exit_barrier = original  # type: ignore[method-assign]

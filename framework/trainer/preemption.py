@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from framework.errors import ProgramEnds
-from framework.strategies.processes import BLOCKED_AT_START
+from framework.strategies.processes import BLOCKED_AT_START, launcher_lost
 from framework.trainer.checkpointing import save
 from framework.waits import waiting_in
 
@@ -98,8 +98,13 @@ class SignalCatcher:
             self._while_writing(signum)
         elif self.state.signal is None:
             self.state.signal = signum
-            sys.stderr.write(f"fw: rank {self.rank} received {signal_name(signum)}: stopping after this step "
-                             "and writing a checkpoint\n")
+            if signum == signal.SIGTERM and launcher_lost():  # the kernel's SIGTERM: as_launcher_worker
+                self.state.lost_node = int(os.environ.get("GROUP_RANK") or 0)
+                sys.stderr.write(f"fw: rank {self.rank} lost its launcher (node {self.state.lost_node}): stopping "
+                                 "after this step and writing a checkpoint\n")
+            else:
+                sys.stderr.write(f"fw: rank {self.rank} received {signal_name(signum)}: stopping after this step "
+                                 "and writing a checkpoint\n")
             sys.stderr.flush()
         elif signum == signal.SIGINT and not self._supervised:
             raise KeyboardInterrupt  # a second Ctrl-C: stop now
@@ -148,6 +153,8 @@ class StopCheck:
     def __call__(self) -> bool:
         state, now = self.run.state, time.monotonic()
         mine = 2 if state.signal is not None else 1 if self.deadline is not None and now > self.deadline else 0
+        if state.lost_node is not None:
+            mine = 3 + state.lost_node  # which node: the ranks' largest such code names one of them
         if self.distributed:
             per_batch = (now - self._since) / self.every  # at an epoch's end, fewer: an overestimate
             self._since = now
@@ -157,6 +164,8 @@ class StopCheck:
                                                         device=strategy.collective_device), "max").tolist()
             mine = int(both[0])
             self.every = max(1, min(self.MOST, int(self.TARGET_S / max(both[1], 1e-9))))
+        if mine >= 3:
+            state.lost_node, mine = mine - 3, 2
         if mine:
             state.should_stop = True
             state.stop("preempted" if mine == 2 else "max_time")
@@ -179,6 +188,8 @@ def save_after_signal(run: Run) -> None:
     save(run, path)
     requeued = requeue_slurm_job() if run.settings.requeue and run.strategy.is_global_zero else None
     name = signal_name(run.state.signal) if run.state.signal else "a signal to another rank"
+    if run.state.lost_node is not None:
+        name = f"the loss of node {run.state.lost_node}'s launcher"
     rank_zero_info(f"fw: stopped by {name} at step {run.state.global_step}; checkpoint {path}"
                     + (f"; {requeued}" if requeued else f"; resume with ckpt_path={path}"))
 

@@ -57,6 +57,8 @@ class RunState:
             after ``on_train_epoch_start``; StochasticWeightAveraging's BatchNorm epoch sets it).
         signal: a stop signal this process received (SIGTERM, SIGINT, the preemption signal),
             until the ranks agree to stop on it (see ``trainer/preemption.py``).
+        lost_node: the node whose launcher died during the fit (its workers got SIGTERM from the
+            kernel), as the ranks learnt it at their stop check; None otherwise.
         stop_reason: why the last fit stopped, one of ``STOP_REASONS``.
         is_last_batch: the training batch being run is its epoch's last.
         ckpt_path: the checkpoint the current (or last) run started from, else None.
@@ -78,6 +80,7 @@ class RunState:
     skip_step: bool = False
     forward_only: bool = False
     signal: int | None = None
+    lost_node: int | None = None
     stop_reason: str | None = None
     is_last_batch: bool = False
     ckpt_path: str | None = None

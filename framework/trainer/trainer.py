@@ -224,7 +224,7 @@ class Trainer(TrainerProperties, LightningViews):
             raise ConfigError(f"trainer.{fn}(): the model is a {type(model).__module__}.{type(model).__qualname__}, "
                               "not a TrainModule; subclass framework.TrainModule (training_step, configure_optimizers)")
         state = self.state
-        state.fn, state.status, state.signal, state.stop_reason = fn, "running", None, None
+        state.fn, state.status, state.signal, state.stop_reason, state.lost_node = fn, "running", None, None, None
         run: Run | None = None
         failed = False
         signals = None  # the fit's stop-signal handlers (trainer/preemption.py), once the ranks are known

@@ -214,3 +214,66 @@ def test_two_nodes_launched_on_one_host_at_once_find_each_other(tmp_path):
                 proc.communicate()
     assert all(proc.returncode == 0 for proc in procs), "\n".join(outputs)
     assert (tmp_path / "rank0.pt").exists() and (tmp_path / "rank1.pt").exists()
+
+
+NODE_LOST = """
+import os, sys, time
+from torch.utils.data import DataLoader
+import framework as fw
+import workload
+
+node, ifname, endpoint, out = sys.argv[1:5]
+
+class Slow(workload.Regressor):
+    def training_step(self, batch, batch_idx):
+        time.sleep(0.05)
+        if self.global_rank == 1 and self.global_step == 3:
+            with open(f"{out}/launcher_of_rank1", "w") as f:
+                f.write(str(os.getppid()))  # fw's launcher on node B
+        return super().training_step(batch, batch_idx)
+
+trainer = fw.Trainer(devices=1, num_nodes=2, rdzv_endpoint=endpoint, max_epochs=50, accelerator="cpu",
+                     strategy={"name": "ddp_gloo", "socket_ifname": ifname, "timeout": 10}, logger=False,
+                     enable_progress_bar=False, num_sanity_val_steps=0, enable_checkpointing=False,
+                     default_root_dir=out)
+trainer.fit(Slow(), DataLoader(workload.regression_data(64), batch_size=4))
+"""
+
+
+@pytest.mark.timeout(90)
+def test_a_node_whose_launcher_dies_ends_the_job_on_the_other_node_naming_it(two_hosts, tmp_path):
+    """kill -9 of node B's launcher: its worker (SIGTERM from the kernel) tells the others at their
+    next stop check, every rank stops after the same step and helps write preempted.ckpt, and node A
+    ends cleanly (exit 0) within the timeout, with one line that names the node it lost (its agent
+    waited for B's only ``trainer.strategy.timeout``, not torch's 300 s)."""
+    import signal
+    import time
+
+    names, ifaces, addrs = two_hosts
+    script = write_script(tmp_path, NODE_LOST)
+    endpoint = f"{addrs['A']}:{free_port()}"
+    procs = {node: subprocess.Popen(
+        ["ip", "netns", "exec", names[node], sys.executable, str(script), node, ifaces[node], endpoint, str(tmp_path)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=clean_env(), cwd=REPO,
+        start_new_session=True) for node in "AB"}
+    outputs = {}
+    try:
+        marker, end = tmp_path / "launcher_of_rank1", time.monotonic() + 60
+        while not marker.exists() and time.monotonic() < end and all(p.poll() is None for p in procs.values()):
+            time.sleep(0.05)
+        assert marker.exists(), "training did not start"
+        time.sleep(0.2)
+        os.kill(int(marker.read_text()), signal.SIGKILL)
+        killed = time.monotonic()
+        outputs["A"], _ = procs["A"].communicate(timeout=60)
+        took = time.monotonic() - killed
+    finally:
+        for node, proc in procs.items():
+            if proc.poll() is None:
+                _kill_tree(proc.pid)
+            outputs[node] = outputs.get(node) or proc.communicate()[0]
+    assert procs["A"].returncode == 0, outputs["A"] + "\nnode B:\n" + outputs["B"]
+    assert took < 40, f"took {took:.0f} s:\n{outputs['A']}"
+    stopped = [line for line in outputs["A"].splitlines() if line.startswith("fw: stopped by the loss of node 1's launcher")]
+    assert stopped and "checkpoint" in stopped[0], outputs["A"] + "\nnode B:\n" + outputs["B"]
+    assert (tmp_path / "preempted.ckpt").is_file()
