@@ -14,7 +14,7 @@ writes (images, checkpoints, TensorBoard events).
 Ported: basics/autoencoder.py, basics/backbone_image_classifier.py, basics/transformer.py,
 bug_report/bug_report_model.py (its own ``run()``), domain_templates/generative_adversarial_net.py,
 domain_templates/reinforce_learn_Qnet.py, domain_templates/reinforce_learn_ppo.py (both need gym
-0.23: ``pip install gym==0.23.1 pygame``, else they skip), domain_templates/semantic_segmentation.py
+0.23 and pygame, in the dev extra; without them they skip), domain_templates/semantic_segmentation.py
 (it fails on Lightning itself: ``configure_optimizers`` reads ``self.learning_rate``, which it never
 sets; fw fails the same way). What stands in for what this machine cannot have: torchvision
 (``example_loading.torchvision_stand_in``; only while an example is imported), the MNIST download
