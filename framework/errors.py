@@ -65,6 +65,15 @@ def first_line(err: BaseException) -> str:
     return text.splitlines()[0] if text else type(err).__name__
 
 
+def require_package(module: str, who: str, install: str) -> None:
+    """Refuse ``who`` (a logger, an export, a callback) without the optional package ``module``
+    (found, not imported), saying how to ``install`` it."""
+    import importlib.util
+
+    if importlib.util.find_spec(module) is None:
+        raise ModuleNotFoundError(f"{who} needs the {module} package, which is not installed: {install}", name=module)
+
+
 def install_command(extra: str) -> str:
     """How to add an extra to this fw: from its clone when it runs from one (``pip install -e``
     of a checkout), else from the package index."""

@@ -5,12 +5,13 @@ checkpoint's hyperparameter keys). Each means what Lightning's does."""
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
+
+from framework.errors import require_package
 
 
 class ModuleExtras(nn.Module):
@@ -64,9 +65,7 @@ class ModuleExtras(nn.Module):
     def to_onnx(self, file_path: str | Path | Any = None, input_sample: Any = None, **kwargs: Any) -> Any:
         """The module exported with ``torch.onnx.export`` (``kwargs`` are its), traced with
         ``input_sample`` or ``example_input_array``; written to ``file_path`` when given."""
-        if importlib.util.find_spec("onnx") is None:
-            raise ModuleNotFoundError(f"{type(self).__name__}.to_onnx() needs the onnx package: pip install onnx "
-                                      "onnxscript")
+        require_package("onnx", f"{type(self).__name__}.to_onnx()", "pip install onnx onnxscript")
         mode = self.training
         sample = self._export_input(input_sample, "to_onnx()")
         path = str(file_path) if isinstance(file_path, Path) else file_path

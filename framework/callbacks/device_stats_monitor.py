@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from framework.callbacks.base import Callback
-from framework.errors import ConfigError
+from framework.errors import ConfigError, require_package
 
 if TYPE_CHECKING:
     from framework.module import TrainModule
@@ -70,10 +70,8 @@ class DeviceStatsMonitor(Callback):
                               "e.g. Trainer(logger=framework.loggers.CSVLogger('logs'))")
         on_cpu = trainer.strategy.root_device.type == "cpu"
         if self._cpu_stats is not False and (on_cpu or self._cpu_stats):
-            if importlib.util.find_spec("psutil") is None:
-                raise ModuleNotFoundError("DeviceStatsMonitor logs CPU statistics with psutil, which is not installed: "
-                                          "pip install psutil (or DeviceStatsMonitor(cpu_stats=False) on a GPU)",
-                                          name="psutil")
+            require_package("psutil", "DeviceStatsMonitor (its CPU statistics)",
+                            "pip install psutil (or DeviceStatsMonitor(cpu_stats=False) on a GPU)")
 
     def _log(self, trainer: Trainer, hook: str, count: int, step: int) -> None:
         """Log when ``count`` (Lightning's counter for this batch) falls on ``log_every_n_steps``."""

@@ -123,17 +123,6 @@ class Logger(ABC):
 
 
 # -- helpers shared by the loggers ----------------------------------------------------------
-def require(module: str, extra: str, who: str) -> None:
-    """Refuse to build ``who`` without the optional package ``module`` (found, not imported)."""
-    import importlib.util
-
-    if importlib.util.find_spec(module) is None:
-        from framework.errors import install_command
-
-        raise ModuleNotFoundError(f"{who} needs the {module} package, which is not installed: "
-                                  f"{install_command(extra)} (or pip install {module})", name=module)
-
-
 class NoExperiment:
     """What ``logger.experiment`` is on ranks other than 0 (Lightning's ``DummyExperiment``):
     every call does nothing, so user code that logs through it on every rank writes once."""

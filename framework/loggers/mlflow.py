@@ -33,8 +33,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import framework.loggers.checkpoint_uploads as uploads
-from framework.errors import ConfigError
-from framework.loggers.base import Logger, NoExperiment, flatten, require, to_float, to_plain
+from framework.errors import ConfigError, install_command, require_package
+from framework.loggers.base import Logger, NoExperiment, flatten, to_float, to_plain
 from framework.rank_zero import global_rank, rank_zero_info, rank_zero_only, rank_zero_warn
 
 if TYPE_CHECKING:
@@ -73,7 +73,7 @@ class MLFlowLogger(Logger):
                  save_dir: str | os.PathLike | None = "./mlruns", log_model: bool | Literal["all"] = False,
                  prefix: str = "", artifact_location: str | None = None, run_id: str | None = None,
                  synchronous: bool | None = None) -> None:
-        require("mlflow", "mlflow", "MLFlowLogger")
+        require_package("mlflow", "MLFlowLogger", f"{install_command('mlflow')} (or pip install mlflow)")
         super().__init__(save_dir=save_dir, name=None)
         self._uploads = uploads.CheckpointUploads(log_model, "MLFlowLogger")
         self._experiment_name = experiment_name

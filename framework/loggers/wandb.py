@@ -31,8 +31,8 @@ from typing import Any, Literal
 import torch
 
 import framework.loggers.checkpoint_uploads as uploads
-from framework.errors import ConfigError
-from framework.loggers.base import Logger, NoExperiment, require, to_float, to_plain
+from framework.errors import ConfigError, install_command, require_package
+from framework.loggers.base import Logger, NoExperiment, to_float, to_plain
 from framework.rank_zero import global_rank, rank_zero_info, rank_zero_only, rank_zero_warn
 
 STEP_KEY = "trainer/global_step"
@@ -73,7 +73,7 @@ class WandbLogger(Logger):
                  anonymous: bool | None = None, project: str | None = None, log_model: bool | Literal["all"] = False,
                  experiment: Any = None, prefix: str = "", checkpoint_name: str | None = None,
                  add_file_policy: Literal["mutable", "immutable"] = "mutable", **kwargs: Any) -> None:
-        require("wandb", "wandb", "WandbLogger")
+        require_package("wandb", "WandbLogger", f"{install_command('wandb')} (or pip install wandb)")
         if offline and log_model:
             raise ConfigError(f"WandbLogger(offline=True, log_model={log_model!r}): Lightning refuses this pair "
                               "(checkpoints are uploaded to W&B); set offline=False, or log_model=False")

@@ -107,5 +107,5 @@ def test_cpu_stats_without_psutil_are_refused_with_the_install_hint(monkeypatch,
     monkeypatch.setattr(util, "find_spec", lambda name, *a: None if name == "psutil" else real(name, *a))
     trainer = fw.Trainer(logger=CSVLogger(tmp_path), enable_checkpointing=False, enable_progress_bar=False,
                          accelerator="cpu", devices=1, max_epochs=1, callbacks=[DeviceStatsMonitor()])
-    with pytest.raises(ModuleNotFoundError, match=r"psutil, which is not installed: pip install psutil"):
+    with pytest.raises(ModuleNotFoundError, match=r"needs the psutil package, which is not installed: pip install psutil"):
         trainer.fit(LinearModel(), loader(regression_data(16), 8))
