@@ -160,7 +160,7 @@ def _run_on_both(two_hosts, script, tmp_path, *args: str, timeout: float = 120) 
     return outputs
 
 
-@pytest.mark.timeout(30 + 40 * int(os.environ.get("FW_RESTART_REPEATS", "1")))  # ~12 s a kill
+@pytest.mark.timeout(60 + 40 * int(os.environ.get("FW_RESTART_REPEATS", "1")))  # ~12 s a kill alone, 68 s for one beside the suite
 def test_a_worker_killed_on_either_node_restarts_both_and_resumes_bit_identically(two_hosts, tmp_path):
     """As tests/distributed/test_elastic_restart.py, across two nodes: the node whose worker
     died restarts it, the other node's agent restarts its own worker for the new round, and
