@@ -205,8 +205,9 @@ def newest_checkpoint_of_run(dirs: Sequence[str | None], match: dict[str, Any]) 
         except OSError:  # removed meanwhile (top-k pruning)
             continue
     indexes: dict[Path, dict] = {}
+    indexed = set(match) <= set(checkpoint_index.KEYS)  # the index holds every entry asked for
     for _, path in sorted(dated, reverse=True):
-        checkpoint = checkpoint_index.noted(path, indexes) if set(match) <= set(checkpoint_index.KEYS) else None
+        checkpoint = checkpoint_index.noted(path, indexes) if indexed else None
         try:
             checkpoint = checkpoint if checkpoint is not None else read_values(path)
         except CheckpointError:

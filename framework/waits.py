@@ -13,7 +13,8 @@ from typing import Any
 
 _NOW: list[str] = []  # the main thread's marks, outermost first
 _USER_CODE: set[str] = set()  # marks of the user's own code (training_step): no collective of fw's
-_FAILED: list[tuple[str, ...]] = [()]  # the marks of the last collective an error left
+_FAILED: list[tuple[str, ...]] = [()]  # the marks the last error left, innermost last
+_INNERMOST = [False]  # the next mark to be left is the innermost one open (an error there is new)
 
 
 class waiting_in:  # noqa: N801 (used as a context manager, like contextlib's)
@@ -28,10 +29,12 @@ class waiting_in:  # noqa: N801 (used as a context manager, like contextlib's)
 
     def __enter__(self) -> None:
         _NOW.append(self.what)
+        _INNERMOST[0] = True
 
     def __exit__(self, kind: Any, *exc: Any) -> None:
-        if kind is not None and len(_FAILED[0]) < len(_NOW):  # the innermost mark the error left
+        if kind is not None and _INNERMOST[0]:  # an error leaves its innermost mark first: the marks it left
             _FAILED[0] = tuple(_NOW)
+        _INNERMOST[0] = kind is None  # the same error leaving the outer marks is not a new one
         _NOW.pop()
 
 
@@ -48,9 +51,5 @@ def in_user_code() -> bool:
 
 
 def failed_in() -> str | None:
-    """What the last collective that raised (a timeout) was waiting in, or None."""
+    """What the last error that left a mark (a collective's timeout) was waiting in, or None."""
     return ": ".join(_FAILED[0]) if _FAILED[0] else None
-
-
-def forget_failure() -> None:
-    _FAILED[0] = ()

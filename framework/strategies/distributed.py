@@ -37,6 +37,10 @@ _GLOO_SETTLE_S = 0.03
 _REDUCE_OPS = {"sum": "SUM", "mean": "SUM", "avg": "SUM", "max": "MAX", "min": "MIN"}
 
 
+#: the marks of the collectives below (``framework/waits.py``), made once: all-reduces run every step
+_IN_ALL_REDUCE, _IN_ALL_GATHER = waiting_in("an all-reduce"), waiting_in("an all-gather")
+
+
 class DistributedStrategy(Strategy):
     """DDP on the default process group, which this strategy creates unless one exists.
 
@@ -153,7 +157,7 @@ class DistributedStrategy(Strategy):
     def all_reduce(self, tensor: torch.Tensor, op: str = "sum", group: Any = None) -> torch.Tensor:
         """``op`` over ``group``'s ranks (None: all of them), on a copy."""
         tensor = tensor.clone()
-        with waiting_in("an all-reduce"):
+        with _IN_ALL_REDUCE:
             dist.all_reduce(tensor, op=getattr(dist.ReduceOp, _REDUCE_OPS[op]), group=group)
         if op in ("mean", "avg"):
             tensor = tensor / (self.world_size if group is None else dist.get_world_size(group))
@@ -161,13 +165,13 @@ class DistributedStrategy(Strategy):
 
     def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
         out = [torch.empty_like(tensor) for _ in range(self.world_size)]
-        with waiting_in("an all-gather"):
+        with _IN_ALL_GATHER:
             dist.all_gather(out, tensor.contiguous())
         return torch.stack(out)
 
     def all_gather_object(self, obj: Any) -> list[Any]:
         out: list[Any] = [None] * self.world_size
-        with waiting_in("an all-gather"):
+        with _IN_ALL_GATHER:
             dist.all_gather_object(out, obj)
         return out
 
