@@ -50,6 +50,7 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import PythonCallbackWork
 
 from framework.strategies.mpi_exchange import ExchangeCollectives
+from framework.strategies.mpi_rollcall import RollCall
 from framework.strategies.mpi_staging import _REDUCE_AS, _done, _staged, _synchronous
 from framework.strategies.mpi_threads import CommThread, Watchdog, call_unwatched
 
@@ -119,7 +120,8 @@ class MPIProcessGroup(ExchangeCollectives, dist.ProcessGroup):  # type: ignore[m
         self._group_name = ""  # until c10d names it (name_as)
         self._watchdog: Watchdog | None = None
         if timeout is not None and self._size > 1:
-            self._watchdog = Watchdog(self._rank, self._size, timeout.total_seconds())
+            self._watchdog = Watchdog(self._rank, self._size, timeout.total_seconds(),
+                                      RollCall(comm) if threads else None)
         self._run: Callable[..., Any] = self._watchdog.watching if self._watchdog is not None else call_unwatched
         self._thread: CommThread | None = None  # started by the first asynchronous call
         self._starting = threading.Lock()

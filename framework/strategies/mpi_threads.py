@@ -17,6 +17,8 @@ from typing import Any, TextIO
 import torch
 import torch.distributed as dist
 
+from framework.strategies.mpi_rollcall import RollCall, describe_absent
+
 
 def call_unwatched(_what: str, call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     return call(*args, **kwargs)
@@ -32,10 +34,12 @@ class Watchdog:
     communication thread and the caller's (a ``recv``) can both wait at once.
     """
 
-    def __init__(self, rank: int, size: int, timeout_s: float) -> None:
+    def __init__(self, rank: int, size: int, timeout_s: float, roll: RollCall | None = None) -> None:
         self.where, self.timeout_s = f"rank {rank} of {size}", timeout_s
         self.report_every = min(30.0, timeout_s / 2)
+        self.roll = roll  # who else waits: names the ranks that did not arrive (None: not named)
         self._waits: dict[int, tuple[str, float]] = {}  # thread id -> (what, since)
+        self._announced: tuple[str, float] | None = None  # the wait the peers were told of
         self._thread = threading.Thread(target=self._watch, name="fw-mpi-watchdog", daemon=True)
         self._thread.start()
 
@@ -55,19 +59,37 @@ class Watchdog:
             time.sleep(min(1.0, self.report_every / 2))
             now = time.monotonic()
             waits = [(tid, what, since) for tid, (what, since) in self._waits.copy().items()]
+            self._tell_peers(waits, now)
             next_report = {w: next_report.get(w, self.report_every) for w in waits}
             for (tid, what, since), at in list(next_report.items()):
                 waited = now - since
                 if waited > self.timeout_s:
                     self._abort(f"fw: error: {self.where} waited {waited:.0f} s in MPI {what} for the other "
-                                f"ranks (timeout {self.timeout_s:g} s, trainer.strategy.timeout): a rank "
-                                "stopped answering; aborting the MPI job")
+                                f"ranks (timeout {self.timeout_s:g} s, trainer.strategy.timeout): "
+                                f"{self._who()}; aborting the MPI job")
                 if waited >= at:
                     next_report[tid, what, since] = at + self.report_every
                     stream = _real_stderr()
                     stream.write(f"fw: {self.where} has waited {waited:.0f} s in MPI {what} for the other "
-                                 f"ranks (aborting after {self.timeout_s:g} s, trainer.strategy.timeout)\n")
+                                 f"ranks (aborting after {self.timeout_s:g} s, trainer.strategy.timeout): "
+                                 f"{self._who()}\n")
                     stream.flush()
+
+    def _tell_peers(self, waits: list[tuple[int, str, float]], now: float) -> None:
+        """Tell the peers of a wait longer than a second, and of its end; read what they said."""
+        if self.roll is None:
+            return
+        long = [(what, since) for _, what, since in waits if now - since >= 1.0]
+        current = min(long, key=lambda w: w[1]) if long else None
+        if current != self._announced and (current is None or self._announced is None):
+            self.roll.announce(current[0] if current is not None else None)
+            self._announced = current
+        self.roll.read()
+
+    def _who(self) -> str:
+        if self.roll is None:
+            return "a rank stopped answering (which one is not known below MPI_THREAD_MULTIPLE)"
+        return describe_absent(self.roll.absent())
 
     def _abort(self, message: str) -> None:
         from mpi4py import MPI

@@ -212,8 +212,57 @@ def test_a_rank_that_stops_answering_ends_the_mpi_job_after_the_timeout(tmp_path
     assert proc.returncode != 0, output
     assert "fw: rank 0 of 2 has waited" in output and "in MPI all-reduce for the other ranks (aborting after 6 s" \
         in output, output
-    assert "fw: error: rank 0 of 2 waited" in output and "a rank stopped answering; aborting the MPI job" in output
+    assert "fw: error: rank 0 of 2 waited" in output and "rank 1 had not arrived" in output \
+        and "; aborting the MPI job" in output, output
     assert elapsed < 40, f"the job took {elapsed:.1f} s to end"
+
+
+STUCK = textwrap.dedent("""
+    import threading, time, torch
+    import framework as fw
+    from toy import LinearModel, regression_data
+
+    class Stuck(LinearModel):  # rank 2 never returns from its training_step
+        def training_step(self, batch, batch_idx):
+            if self.global_rank == 0 and batch_idx == 1:  # the others wait long once, then go on
+                time.sleep(2.5)
+            while self.global_rank == 2 and batch_idx == 2:
+                pass
+            return super().training_step(batch, batch_idx)
+
+    class Blocks(torch.utils.data.Dataset):  # rank 3's loader blocks at its third batch
+        def __init__(self):
+            self.data, self.taken = regression_data(64), 0
+        def __len__(self):
+            return len(self.data)
+        def __getitem__(self, i):
+            self.taken += 1
+            if self.taken > 8 and torch.distributed.get_rank() == 3:
+                threading.Event().wait()
+            return self.data[i]
+
+    trainer = fw.Trainer(accelerator="cpu", devices=4, strategy={"name": "mpi", "timeout": 6}, max_epochs=1,
+                         logger=False, enable_checkpointing=False, enable_progress_bar=False)
+    trainer.fit(Stuck(), torch.utils.data.DataLoader(Blocks(), batch_size=4))
+""")
+
+
+@pytest.mark.timeout(60)
+def test_ranks_stuck_in_user_code_or_a_loader_are_named_by_the_ranks_that_waited(tmp_path):
+    """4 ranks: rank 2 loops forever in its training_step, rank 3's data loader blocks. Ranks 0
+    and 1 wait in the gradient all-reduce; each names ranks 2 and 3 (not each other), then aborts.
+    A step before, ranks 1-3 waited 2.5 s for rank 0 and went on: they are not taken for waiting."""
+    script = tmp_path / "stuck.py"
+    script.write_text(STUCK)
+    start = time.monotonic()
+    proc = _mpirun(script, n=4, timeout=60)
+    elapsed = time.monotonic() - start
+    output = proc.stdout + proc.stderr
+    assert proc.returncode != 0, output
+    errors = [line for line in output.splitlines() if line.startswith("fw: error: rank")]
+    assert errors and all("in MPI all-reduce" in line and "ranks 2, 3 had not arrived" in line for line in errors), output
+    assert {line.split(" of ")[0] for line in errors} <= {"fw: error: rank 0", "fw: error: rank 1"}, output
+    assert elapsed < 50, f"the job took {elapsed:.1f} s to end"
 
 
 GLOO_UNDER_MPIEXEC = """
