@@ -127,18 +127,21 @@ class RecordingLogger(fw_loggers.Logger):
         pass
 
 
-def freezing_script(strategy: dict) -> str:
+def freezing_script(strategy: dict, pause: float = 0.0) -> str:
     """A 2-rank fit (``strategy``) whose rank 1 SIGSTOPs itself at batch 2: it stops answering
-    without dying, and the other rank must end the job after the timeout."""
+    without dying, and the other rank must end the job after the timeout. ``pause``: rank 0
+    sleeps that long at batch 1 first (rank 1 waits for it in a collective, then goes on)."""
     import textwrap
 
     return textwrap.dedent(f"""
-        import os, signal
+        import os, signal, time
         import framework as fw
         from toy import LinearModel, loader, regression_data
 
         class Freezes(LinearModel):
             def training_step(self, batch, batch_idx):
+                if self.global_rank == 0 and batch_idx == 1:
+                    time.sleep({pause!r})
                 if self.global_rank == 1 and batch_idx == 2:
                     os.kill(os.getpid(), signal.SIGSTOP)
                 return super().training_step(batch, batch_idx)

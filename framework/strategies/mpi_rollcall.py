@@ -49,6 +49,7 @@ class RollCall:
             self._sends = [(req, b) for req, b in self._sends if not req.Test()]
             for peer in self.peers:
                 self._sends.append((self.comm.Isend([buf, self._mpi.BYTE], dest=peer, tag=_TAG), buf))
+            self._mpi.Request.Testall([req for req, _ in self._sends])  # on its way before this rank goes on
 
     def read(self) -> None:
         """Take in what the peers said since the last read."""

@@ -39,7 +39,8 @@ class Watchdog:
         self.report_every = min(30.0, timeout_s / 2)
         self.roll = roll  # who else waits: names the ranks that did not arrive (None: not named)
         self._waits: dict[int, tuple[str, float]] = {}  # thread id -> (what, since)
-        self._announced: tuple[str, float] | None = None  # the wait the peers were told of
+        self._announced: tuple[int, str, float] | None = None  # (thread, what, since): the wait the peers know of
+        self._telling = threading.Lock()
         self._thread = threading.Thread(target=self._watch, name="fw-mpi-watchdog", daemon=True)
         self._thread.start()
 
@@ -52,6 +53,8 @@ class Watchdog:
             return call(*args, **kwargs)
         finally:
             del self._waits[me]
+            if self._announced is not None:  # told now, not at the watchdog's next look: this
+                self._told_done(me)  # rank may stop or hang (outside MPI) within that second
 
     def _watch(self) -> None:
         next_report: dict[tuple, float] = {}  # (thread, what, since) -> seconds waited at the next report
@@ -76,15 +79,25 @@ class Watchdog:
                     stream.flush()
 
     def _tell_peers(self, waits: list[tuple[int, str, float]], now: float) -> None:
-        """Tell the peers of a wait longer than a second, and of its end; read what they said."""
+        """Tell the peers of a wait longer than a second (its end is told by the waiting thread
+        itself, in ``watching``); read what they said."""
         if self.roll is None:
             return
-        long = [(what, since) for _, what, since in waits if now - since >= 1.0]
-        current = min(long, key=lambda w: w[1]) if long else None
-        if current != self._announced and (current is None or self._announced is None):
-            self.roll.announce(current[0] if current is not None else None)
-            self._announced = current
+        long = [w for w in waits if now - w[2] >= 1.0]
+        if long and self._announced is None:
+            with self._telling:
+                wait = self._announced = min(long, key=lambda w: w[2])
+                if self._waits.get(wait[0]) == wait[1:]:  # still waiting: else its thread saw None
+                    self.roll.announce(wait[1])
+                else:
+                    self._announced = None
         self.roll.read()
+
+    def _told_done(self, thread: int) -> None:
+        with self._telling:
+            if self.roll is not None and self._announced is not None and self._announced[0] == thread:
+                self._announced = None
+                self.roll.announce(None)
 
     def _who(self) -> str:
         if self.roll is None:

@@ -204,7 +204,7 @@ def test_a_failing_rank_ends_the_mpi_job_within_seconds(tmp_path, body, message)
 def test_a_rank_that_stops_answering_ends_the_mpi_job_after_the_timeout(tmp_path):
     """MPI collectives have no timeout: the group's watchdog says what it waits for, then aborts."""
     script = tmp_path / "stopped.py"
-    script.write_text(freezing_script({"name": "mpi", "timeout": 6}))
+    script.write_text(freezing_script({"name": "mpi", "timeout": 6}, pause=2.5))  # rank 1 stops right after a long wait
     start = time.monotonic()
     proc = _mpirun(script, timeout=60)
     elapsed = time.monotonic() - start
