@@ -57,7 +57,7 @@ def rank_0_without_its_peer():
 def test_missing_peer_times_out_with_clear_error(rank_0_without_its_peer):
     result = rank_0_without_its_peer
     assert result.returncode == 1, result.output
-    assert result.wall_s < 25, f"took {result.wall_s:.1f} s"
+    assert result.wall_s < 40, f"took {result.wall_s:.1f} s"
     error = [line for line in result.output.splitlines() if line.startswith("fw: error:")]
     assert error, result.output
     assert f"timed out after {PEER_TIMEOUT_S} s" in error[0] and "1 of 2 ranks arrived" in error[0], error[0]
