@@ -17,6 +17,7 @@ from typing import Any, TextIO
 import torch
 import torch.distributed as dist
 
+from framework import waits
 from framework.strategies.mpi_rollcall import RollCall, describe_absent
 
 
@@ -61,20 +62,20 @@ class Watchdog:
         while True:
             time.sleep(min(1.0, self.report_every / 2))
             now = time.monotonic()
-            waits = [(tid, what, since) for tid, (what, since) in self._waits.copy().items()]
-            self._tell_peers(waits, now)
-            next_report = {w: next_report.get(w, self.report_every) for w in waits}
+            current = [(tid, what, since) for tid, (what, since) in self._waits.copy().items()]
+            self._tell_peers(current, now)
+            next_report = {w: next_report.get(w, self.report_every) for w in current}
             for (tid, what, since), at in list(next_report.items()):
                 waited = now - since
                 if waited > self.timeout_s:
-                    self._abort(f"fw: error: {self.where} waited {waited:.0f} s in MPI {what} for the other "
-                                f"ranks (timeout {self.timeout_s:g} s, trainer.strategy.timeout): "
+                    self._abort(f"fw: error: {self.where} waited {waited:.0f} s in MPI {_for_what(what)} for the "
+                                f"other ranks (timeout {self.timeout_s:g} s, trainer.strategy.timeout): "
                                 f"{self._who()}; aborting the MPI job")
                 if waited >= at:
                     next_report[tid, what, since] = at + self.report_every
                     stream = _real_stderr()
-                    stream.write(f"fw: {self.where} has waited {waited:.0f} s in MPI {what} for the other "
-                                 f"ranks (aborting after {self.timeout_s:g} s, trainer.strategy.timeout): "
+                    stream.write(f"fw: {self.where} has waited {waited:.0f} s in MPI {_for_what(what)} for the "
+                                 f"other ranks (aborting after {self.timeout_s:g} s, trainer.strategy.timeout): "
                                  f"{self._who()}\n")
                     stream.flush()
 
@@ -112,6 +113,13 @@ class Watchdog:
         stream.flush()
         time.sleep(0.5)  # let the launcher forward the line before the abort tears it down
         MPI.COMM_WORLD.Abort(1)
+
+
+def _for_what(what: str) -> str:
+    """'all-reduce (the backward pass's gradient sync)': the MPI call, and what the main thread's
+    marks say it is for (``framework.waits``), unless the main thread is in the user's code."""
+    marks = waits.now()
+    return f"{what} ({marks})" if marks and not waits.in_user_code() else what
 
 
 def _real_stderr() -> TextIO:

@@ -48,7 +48,7 @@ def test_at_80_columns_count_times_and_speed_stay_and_metrics_are_cut(monkeypatc
     assert epoch, err
     last = epoch[-1]
     assert len(last) <= 80, last
-    assert re.search(r"8/8 \d:\d\d:\d\d < \d:\d\d:\d\d [\d.]+it/s train/", last), last
+    assert re.search(r"8/8 \d:\d\d:\d\d < \d:\d\d:\d\d [\d.]+it/s +train/", last), last
     assert last.rstrip().endswith("…"), last  # the metrics did not fit: they, and only they, are cut
     testing = [line for line in drawn_lines(err) if line.startswith("Testing")][-1]
     assert " 2/2 " in testing and "test/loss=" in testing and "train/" not in testing and "val/" not in testing, testing

@@ -210,7 +210,7 @@ def test_a_rank_that_stops_answering_ends_the_mpi_job_after_the_timeout(tmp_path
     elapsed = time.monotonic() - start
     output = proc.stdout + proc.stderr
     assert proc.returncode != 0, output
-    assert "fw: rank 0 of 2 has waited" in output and "in MPI all-reduce for the other ranks (aborting after 6 s" \
+    assert "fw: rank 0 of 2 has waited" in output and "in MPI all-reduce (the backward pass's gradient sync) for the other ranks (aborting after 6 s" \
         in output, output
     assert "fw: error: rank 0 of 2 waited" in output and "rank 1 had not arrived" in output \
         and "; aborting the MPI job" in output, output
@@ -260,7 +260,8 @@ def test_ranks_stuck_in_user_code_or_a_loader_are_named_by_the_ranks_that_waited
     output = proc.stdout + proc.stderr
     assert proc.returncode != 0, output
     errors = [line for line in output.splitlines() if line.startswith("fw: error: rank")]
-    assert errors and all("in MPI all-reduce" in line and "ranks 2, 3 had not arrived" in line for line in errors), output
+    assert errors and all("in MPI all-reduce (the backward pass's gradient sync) for" in line
+                          and "ranks 2, 3 had not arrived" in line for line in errors), output
     assert {line.split(" of ")[0] for line in errors} <= {"fw: error: rank 0", "fw: error: rank 1"}, output
     assert elapsed < 50, f"the job took {elapsed:.1f} s to end"
 
