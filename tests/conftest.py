@@ -18,15 +18,24 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import guards  # noqa: E402  (tests/ is importable from here on)
 import tiers  # noqa: E402
+import timescale  # noqa: E402
 
 
 def pytest_configure(config: pytest.Config) -> None:
     guards.watch_process_starts()
+    if not os.environ.get("PYTEST_XDIST_WORKER"):  # once, before the workers start: they inherit it
+        timescale.measure()
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    return f"time limits x{timescale.factor():.2f} for this machine (tests/timescale.py, {timescale.VARIABLE})"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     tiers.mark_tiers(items)
-    tiers.heaviest_files_first(items, float(config.getini("timeout") or 60))
+    default_timeout = float(config.getini("timeout") or 60)
+    tiers.heaviest_files_first(items, default_timeout)
+    tiers.scale_timeouts(items, default_timeout, timescale.factor())
 
 
 @pytest.hookimpl(tryfirst=True)

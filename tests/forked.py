@@ -152,7 +152,11 @@ def _enter(cwd: str | Path, env: dict[str, str], argv: list[str]) -> None:
 
 def _run_forked(bodies: list[Callable[[], int | None]], timeout: float) -> list[subprocess.CompletedProcess]:
     """Fork one child per body; each runs it with stdout and stderr going to files of its own,
-    as a fresh interpreter would (an uncaught exception prints its traceback and exits 1)."""
+    as a fresh interpreter would (an uncaught exception prints its traceback and exits 1).
+    ``timeout`` is for the reference machine (tests/timescale.py)."""
+    from timescale import scaled
+
+    timeout = scaled(timeout)
     with tempfile.TemporaryDirectory(prefix="fw-forked-") as out:
         paths = [[os.path.join(out, f"{i}.{name}") for name in ("stdout", "stderr")] for i in range(len(bodies))]
         for path in (p for pair in paths for p in pair):

@@ -178,3 +178,14 @@ def _refers(code: types.CodeType, namespace: dict) -> bool:
             return True
     nested = (const for const in code.co_consts if isinstance(const, types.CodeType))
     return any(_code_starts(const, namespace) for const in nested)
+
+
+def scale_timeouts(items: list[pytest.Item], default_timeout: float, factor: float) -> None:
+    """Every test's pytest-timeout limit (its own mark, or the default) times ``factor``
+    (tests/timescale.py): the mark put first is the one pytest-timeout reads."""
+    if factor == 1.0:
+        return
+    for item in items:
+        mark = item.get_closest_marker("timeout")
+        seconds = float(mark.args[0]) if mark and mark.args else default_timeout
+        item.add_marker(pytest.mark.timeout(seconds * factor), append=False)

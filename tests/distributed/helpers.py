@@ -18,6 +18,7 @@ from pathlib import Path
 
 from framework.strategies.processes import descendants as _descendants  # noqa: F401 (re-exported for the tests)
 from framework.strategies.processes import kill_tree as _kill_tree
+from timescale import scaled
 
 REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
@@ -64,8 +65,10 @@ def run_cmd(cmd: list[str], timeout: float, env: dict[str, str] | None = None, c
     """Run ``cmd``; on timeout stop it and every process it started, then fail the test.
 
     The elastic agent starts its workers in sessions of their own, so killing the launcher's
-    process group is not enough: the descendants are collected from ``/proc`` first.
+    process group is not enough: the descendants are collected from ``/proc`` first. ``timeout``
+    is for the reference machine (tests/timescale.py).
     """
+    timeout = scaled(timeout)
     start = time.monotonic()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env=env if env is not None else clean_env(), cwd=cwd or REPO,

@@ -25,7 +25,7 @@ def test_under_torchrun_devices_auto_follows_the_launcher_and_a_single_strategy_
     assert "torchrun started 2 processes but trainer.strategy=single" in result.output
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(180)
 def test_fw_fit_digits_under_fsdp_and_torchrun_gives_ddp_s_numbers(tmp_path):
     """The recipe with torchmetrics, validation every epoch, checkpoints and an LR schedule: from a
     plain shell with 2 devices, ``fw fit`` starts 2 Gloo workers and trains (rank 0 alone prints);

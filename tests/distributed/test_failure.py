@@ -53,7 +53,7 @@ def rank_0_without_its_peer():
     return run_cmd(cmd, timeout=45, env=env)
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(90)
 def test_missing_peer_times_out_with_clear_error(rank_0_without_its_peer):
     result = rank_0_without_its_peer
     assert result.returncode == 1, result.output
@@ -100,10 +100,10 @@ trainer.fit(Freezes(), DataLoader(workload.regression_data(64), batch_size=4))
 """
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(200)
 @pytest.mark.parametrize("launcher", ["fw", "torchrun"])
 def test_a_rank_that_stops_answering_ends_the_job_after_the_timeout(tmp_path, launcher):
-    result = run_script(write_script(tmp_path, STOPPED), launcher=launcher, timeout=100)
+    result = run_script(write_script(tmp_path, STOPPED), launcher=launcher, timeout=160)
     assert result.returncode != 0, result.output
     # torchrun's agent SIGKILLs the stopped worker 30 s after its SIGTERM (a fixed wait, not its
     # --shutdown-timeout); fw's launcher resumes it at once (SIGCONT) so that it acts on the

@@ -11,6 +11,7 @@ import subprocess
 import sys
 
 import pytest
+from timescale import scaled
 import torch
 
 from . import workload
@@ -148,7 +149,7 @@ def _run_on_both(two_hosts, script, tmp_path, *args: str, timeout: float = 120) 
     outputs = {}
     try:
         for node, proc in procs.items():
-            outputs[node], _ = proc.communicate(timeout=timeout)
+            outputs[node], _ = proc.communicate(timeout=scaled(timeout))
     finally:
         for proc in procs.values():
             if proc.poll() is None:
@@ -160,7 +161,7 @@ def _run_on_both(two_hosts, script, tmp_path, *args: str, timeout: float = 120) 
     return outputs
 
 
-@pytest.mark.timeout(60 + 40 * int(os.environ.get("FW_RESTART_REPEATS", "1")))  # ~12 s a kill alone, 68 s for one beside the suite
+@pytest.mark.timeout(80 + 80 * int(os.environ.get("FW_RESTART_REPEATS", "1")))  # ~12 s a kill alone, 68 s for one beside the suite
 def test_a_worker_killed_on_either_node_restarts_both_and_resumes_bit_identically(two_hosts, tmp_path):
     """As tests/distributed/test_elastic_restart.py, across two nodes: the node whose worker
     died restarts it, the other node's agent restarts its own worker for the new round, and
@@ -206,7 +207,7 @@ def test_two_nodes_launched_on_one_host_at_once_find_each_other(tmp_path):
     outputs = []
     try:
         for proc in procs:
-            outputs.append(proc.communicate(timeout=120)[0])
+            outputs.append(proc.communicate(timeout=scaled(120))[0])
     finally:
         for proc in procs:
             if proc.poll() is None:
@@ -240,7 +241,7 @@ trainer.fit(Slow(), DataLoader(workload.regression_data(64), batch_size=4))
 """
 
 
-@pytest.mark.timeout(90)
+@pytest.mark.timeout(120)
 def test_a_node_whose_launcher_dies_ends_the_job_on_the_other_node_naming_it(two_hosts, tmp_path):
     """kill -9 of node B's launcher: its worker (SIGTERM from the kernel) tells the others at their
     next stop check, every rank stops after the same step and helps write preempted.ckpt, and node A
@@ -265,7 +266,7 @@ def test_a_node_whose_launcher_dies_ends_the_job_on_the_other_node_naming_it(two
         time.sleep(0.2)
         os.kill(int(marker.read_text()), signal.SIGKILL)
         killed = time.monotonic()
-        outputs["A"], _ = procs["A"].communicate(timeout=60)
+        outputs["A"], _ = procs["A"].communicate(timeout=scaled(60))
         took = time.monotonic() - killed
     finally:
         for node, proc in procs.items():

@@ -200,7 +200,7 @@ def test_a_failing_rank_ends_the_mpi_job_within_seconds(tmp_path, body, message)
 
 
 @needs_mpi
-@pytest.mark.timeout(45)
+@pytest.mark.timeout(75)
 def test_a_rank_that_stops_answering_ends_the_mpi_job_after_the_timeout(tmp_path):
     """MPI collectives have no timeout: the group's watchdog says what it waits for, then aborts."""
     script = tmp_path / "stopped.py"
@@ -247,7 +247,7 @@ STUCK = textwrap.dedent("""
 """)
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(90)
 def test_ranks_stuck_in_user_code_or_a_loader_are_named_by_the_ranks_that_waited(tmp_path):
     """4 ranks: rank 2 loops forever in its training_step, rank 3's data loader blocks. Ranks 0
     and 1 wait in the gradient all-reduce; each names ranks 2 and 3 (not each other), then aborts.

@@ -51,6 +51,7 @@ def fit_and_predict(compile, root: str, ckpt_path: str | None = None, checkpoint
     return out
 
 
+@pytest.mark.timeout(120)  # three fits, forked: 17 s here
 def test_a_compiled_fit_trains_eager_s_numbers_keeps_the_names_and_resumes_compiled(tmp_path):
     eager = call(fit_and_predict, None, str(tmp_path / "eager"))
     compiled = call(fit_and_predict, AOT, str(tmp_path / "compiled"), checkpoints=True)

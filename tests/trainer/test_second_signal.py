@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+from timescale import scaled
 
 from distributed.helpers import PYTHON, _kill_tree, clean_env, write_script
 from framework.checkpoint import load_checkpoint
@@ -84,7 +85,7 @@ def test_a_second_signal_during_the_checkpoint_write(tmp_path, first, second):
         assert list(root.glob(".preempted.ckpt.*.tmp")), "the second signal must come while the file is written"
         os.kill(proc.pid, second)
         (tmp_path / "second_sent").write_text("")
-        output, _ = proc.communicate(timeout=60)
+        output, _ = proc.communicate(timeout=scaled(60))
     finally:
         if proc.poll() is None:
             _kill_tree(proc.pid)
