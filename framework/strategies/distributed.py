@@ -23,6 +23,7 @@ import torch.distributed as dist
 from torch import nn
 
 from framework import waits
+from framework.strategies import object_bytes
 from framework.strategies.base import StepModule, Strategy
 from framework.waits import waiting_in
 
@@ -170,10 +171,11 @@ class DistributedStrategy(Strategy):
         return torch.stack(out)
 
     def all_gather_object(self, obj: Any) -> list[Any]:
+        """Every rank's ``obj``, in rank order (CPU tensors travel as arrays: ``object_bytes``)."""
         out: list[Any] = [None] * self.world_size
         with _IN_ALL_GATHER:
-            dist.all_gather_object(out, obj)
-        return out
+            dist.all_gather_object(out, object_bytes.dumps(obj))
+        return [object_bytes.loads(data) for data in out]
 
     def broadcast(self, obj: Any, src: int = 0) -> Any:
         box = [obj]
