@@ -138,14 +138,15 @@ def _refuse_nonfinite_weights(run: Run, path: str | os.PathLike, live: bool) -> 
 
 
 # -- restore --------------------------------------------------------------------------------------
-def resolve_path(run: Run, ckpt_path: Any) -> str | None:
+def resolve_path(run: Run, ckpt_path: Any, restarts: int) -> str | None:
     """The checkpoint file a run starts from: ``ckpt_path`` itself, the newest ``last*.ckpt``
-    for ``"last"``, or, in a restarted or requeued job's fit, its own newest checkpoint."""
+    for ``"last"``, or, in a restarted or requeued job's fit, its own newest checkpoint
+    (``restarts``: the elastic agents' restarts so far, as the ranks agreed at set-up)."""
     fn = run.fn
     if fn == "fit":
         run.state.fit_index = _count_fit()
     if ckpt_path is None and fn == "fit":
-        return _checkpoint_to_restart_from(run)
+        return _checkpoint_to_restart_from(run, restarts)
     if ckpt_path == "best":
         return _best(run)
     if ckpt_path == "last":
@@ -227,12 +228,11 @@ def fits_not_counted() -> Iterator[None]:
         _fits_in_this_process = before
 
 
-def _checkpoint_to_restart_from(run: Run) -> str | None:
+def _checkpoint_to_restart_from(run: Run, restarts: int) -> str | None:
     """In a worker that the elastic agent restarted (``TORCHELASTIC_RESTART_COUNT`` > 0), or in
     a SLURM job that was requeued (``SLURM_RESTART_COUNT`` > 0), the newest checkpoint this run
     wrote before: rank 0 looks, every rank takes its answer. A first attempt resumes nothing."""
     env = os.environ
-    restarts = _elastic_restarts(run)
     if restarts and env.get("TORCHELASTIC_RUN_ID"):
         key, value, who = "run_id", env["TORCHELASTIC_RUN_ID"], "workers restarted by the elastic agent"
         count = str(restarts)
@@ -250,14 +250,3 @@ def _checkpoint_to_restart_from(run: Run) -> str | None:
     where = f"resuming from {path}" if path else "no checkpoint of this run was found, starting from scratch"
     rank_zero_info(f"fw: {who} (restart {count}): {where}")
     return path
-
-
-def _elastic_restarts(run: Run) -> int:
-    """How often the elastic agents restarted this job's workers, as every rank agrees: on
-    several nodes, the agent whose workers were healthy restarts them for the new round
-    without counting it, so its ``TORCHELASTIC_RESTART_COUNT`` stays behind the others'."""
-    restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT") or 0)
-    if os.environ.get("TORCHELASTIC_RUN_ID") and run.strategy.is_distributed:
-        mine = torch.tensor(restarts, device=run.strategy.collective_device)
-        restarts = int(run.strategy.all_reduce(mine, "max").item())
-    return restarts

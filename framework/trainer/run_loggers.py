@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from framework.checkpoint import check_writable_on_every_rank, plain_hparams
+from framework.checkpoint import plain_hparams
 from framework.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -31,9 +31,12 @@ def resolve_loggers(logger: Any) -> list:
     return loggers
 
 
-def setup_loggers(run: Run, resume_path: str | None) -> None:
+def setup_loggers(run: Run, resume_path: str | None, root_error: str | None) -> None:
+    """``root_error``: why rank 0 cannot write the run directory, as every rank agreed at set-up
+    (``trainer/agreement.py``); every rank raises it."""
     root, strategy = run.settings.default_root_dir, run.strategy
-    check_writable_on_every_rank(root, "trainer.default_root_dir", strategy)
+    if root_error:
+        raise ConfigError(root_error)
     for lg in run.loggers:
         lg.set_default_root(root, resume_from=resume_path)
     log_dir = run.loggers[0].log_dir if run.loggers and strategy.is_global_zero else None

@@ -27,8 +27,8 @@ from framework.optim import parse_optimizers
 from framework.profilers import timing
 from framework.rank_zero import rank_zero_warn
 from framework.seed import isolated_rng, sampler_seed
+from framework.trainer import agreement, checkpointing, end_of_fit, run_loggers
 from framework.trainer import arguments as args
-from framework.trainer import checkpointing, end_of_fit, run_loggers
 from framework.trainer.differences import note_differences
 from framework.trainer.run import Run
 
@@ -92,11 +92,11 @@ def setup(run: Run, loaders: dict, ckpt_path: Any) -> str | None:
         if datamodule is not None:
             hooks.datamodule_hook(datamodule, "prepare_data")
         hooks.module_hook("prepare_data")
-    strategy.barrier("prepare_data")
+    agreed = agreement.agree(run)  # every rank waits here for the others (the data is there)
     if datamodule is not None:
         hooks.datamodule_hook(datamodule, "setup", fn)
-    resume_path = checkpointing.resolve_path(run, ckpt_path)
-    run_loggers.setup_loggers(run, resume_path)  # the run directory, which the callbacks' setup may use
+    resume_path = checkpointing.resolve_path(run, ckpt_path, agreed.restarts)
+    run_loggers.setup_loggers(run, resume_path, agreed.root_error)  # the run directory, which the callbacks' setup may use
     timing.start_run(run)  # the profiler's stage, rank and folder (its report is written at teardown)
     hooks.callbacks("setup", fn)  # Lightning's order: the DataModule, the callbacks, the module
     hooks.module_hook("setup", fn)
