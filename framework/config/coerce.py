@@ -21,7 +21,9 @@ from typing import Any, Literal, Union
 
 from framework.errors import ConfigError
 
-_PLAIN_NAMES = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
+#: How a value of each plain type is named in an error (``expected an integer, got ...``); the
+#: recipe's schema errors (recipe.py) name them alike.
+PLAIN_NAMES = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
 
 
 class _Mismatch(Exception):
@@ -52,7 +54,12 @@ def coerce(value: Any, annotation: Any, key: str) -> Any:
     try:
         return _coerce(value, annotation)
     except _Mismatch as err:
-        raise ConfigError(f"{key}: expected {err}, got {value!r}; fix the value in the recipe or the override") from None
+        raise ConfigError(mismatch_message(key, str(err), value)) from None
+
+
+def mismatch_message(key: str, expected: str, value: Any) -> str:
+    """The line for a value of the wrong type (also for the schema's keys: recipe.py)."""
+    return f"{key}: expected {expected}, got {value!r}; fix the value in the recipe or the override"
 
 
 def _coerce(value: Any, annotation: Any) -> Any:
@@ -65,7 +72,7 @@ def _coerce(value: Any, annotation: Any) -> Any:
         if value in args:
             return value
         raise _Mismatch("one of " + ", ".join(repr(a) for a in args))
-    if annotation in _PLAIN_NAMES:
+    if annotation in PLAIN_NAMES:
         return _coerce_plain(value, annotation)
     if inspect.isclass(annotation) and issubclass(annotation, enum.Enum):
         return _coerce_enum(value, annotation)
@@ -93,7 +100,7 @@ def _coerce_union(value: Any, args: tuple) -> Any:
         raise _Mismatch(" or ".join(_describe(a) for a in members))
     # an exact fit first: 3 for int | float stays an int, "3" for int | str stays a string
     for member in members:
-        if member in _PLAIN_NAMES and type(value) is member:
+        if member in PLAIN_NAMES and type(value) is member:
             return value
     expected = []
     for member in members:
@@ -111,7 +118,7 @@ def _coerce_plain(value: Any, kind: type) -> Any:
         return float(value)
     if kind is str and type(value) is int:  # module.name=123: the digits as written
         return str(value)
-    raise _Mismatch(f"{_PLAIN_NAMES[kind]} ({kind.__name__})")
+    raise _Mismatch(f"{PLAIN_NAMES[kind]} ({kind.__name__})")
 
 
 def _coerce_enum(value: Any, kind: type[enum.Enum]) -> Any:
@@ -146,6 +153,6 @@ def _coerce_mapping(value: Any, args: tuple) -> Any:
 def _describe(annotation: Any) -> str:
     if annotation is type(None):
         return "null"
-    if annotation in _PLAIN_NAMES:
-        return _PLAIN_NAMES[annotation]
+    if annotation in PLAIN_NAMES:
+        return PLAIN_NAMES[annotation]
     return getattr(annotation, "__name__", None) or str(annotation).replace("typing.", "")

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from framework.config.coerce import PLAIN_NAMES, mismatch_message
 from framework.config.overrides import apply_override, parse_override, schema_defaults
 from framework.config.schema import RecipeConfig, TrainerConfig
 from framework.errors import ConfigError, did_you_mean, first_line
@@ -130,9 +131,7 @@ def _explain(err: Exception) -> str:
     key = getattr(err, "full_key", None) or ""
     text = first_line(err)
     if "could not be converted" in text or "Invalid type" in text or "is not a subclass" in text:
-        value = getattr(err, "value", None)
-        expected = _expected_type(key)
-        return f"{key}: expected {expected}, got {value!r}; fix the value in the recipe or the override"
+        return mismatch_message(key, _expected_type(key), getattr(err, "value", None))
     return f"{key}: {text}" if key else text
 
 
@@ -140,8 +139,8 @@ def _expected_type(key: str) -> str:
     schema = TrainerConfig if key.startswith("trainer.") else RecipeConfig
     fields = {f.name: f.type for f in dataclasses.fields(schema)}
     type_name = str(fields.get(key.rsplit(".", 1)[-1], "another type"))
-    for word, plain in (("bool", "true or false"), ("int", "an integer"), ("float", "a number"), ("str", "a string")):
-        if word in type_name:
+    for kind, plain in PLAIN_NAMES.items():
+        if kind.__name__ in type_name:
             return plain + (" or null" if "Optional" in type_name else "")
     return type_name
 

@@ -14,6 +14,7 @@ import torch
 
 from framework.errors import ConfigError
 from framework.loops.batches import num_batches, positional_arity, up_to
+from framework.loops.eval_batch import batch_call
 from framework.loops.transfer import batch_transfer_fn
 from framework.profilers.timing import EVAL_NEXT
 
@@ -57,8 +58,8 @@ def run_evaluation(run: Run, stage: str, limit: int | None = None, log: bool = T
         with run.metrics.evaluating(stage) as collector, no_grad:
             hooks(f"on_{prefix}_start")
             hooks(f"on_{prefix}_epoch_start")
-            batch_start = hooks.per_batch(f"on_{prefix}_batch_start")
-            batch_end = hooks.per_batch(f"on_{prefix}_batch_end")
+            call = batch_call(run, step_fn, arity, hooks.per_batch(f"on_{prefix}_batch_start"),
+                              hooks.per_batch(f"on_{prefix}_batch_end"), len(loaders))
             for dl_idx, loader in enumerate(loaders):
                 n = num_batches(loader, run.settings.limits[stage])
                 if limit is not None:  # the sanity check: at most ``limit`` of them
@@ -70,14 +71,7 @@ def run_evaluation(run: Run, stage: str, limit: int | None = None, log: bool = T
                         break
                     batch = run.metrics.current_batch = to_device(batch)
                     run.state.eval_batches += 1
-                    where = (batch_idx,) if len(loaders) == 1 else (batch_idx, dl_idx)  # Lightning's arguments
-                    if batch_start is not None:
-                        batch_start(batch, *where)
-                    with run.precision.forward_context():
-                        args = (batch, batch_idx) if len(loaders) == 1 else (batch, batch_idx, dl_idx)
-                        outputs = step_fn(*args[:arity])
-                    if batch_end is not None:
-                        batch_end(outputs, batch, *where)
+                    call(batch, batch_idx, dl_idx)
                     if log and not sanity_check:
                         _log_eval_step(run, collector, stage, dl_idx)
             values = _end_evaluation_epoch(run, collector, prefix, log and not sanity_check)

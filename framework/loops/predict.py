@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from framework.errors import ConfigError
 from framework.loops.batches import num_batches, positional_arity, up_to
+from framework.loops.eval_batch import batch_call
 from framework.loops.evaluation import ModuleModes
 from framework.loops.transfer import batch_transfer_fn
 from framework.profilers.timing import PREDICT_NEXT
@@ -31,8 +32,8 @@ def run_predict(run: Run) -> list | None:
     try:
         hooks("on_predict_start")
         hooks("on_predict_epoch_start")
-        batch_start = hooks.per_batch("on_predict_batch_start")
-        batch_end = hooks.per_batch("on_predict_batch_end")
+        call = batch_call(run, predict_step, arity, hooks.per_batch("on_predict_batch_start"),
+                          hooks.per_batch("on_predict_batch_end"), len(loaders))
         with run.strategy.no_grad(run.settings.inference_mode):
             for dl_idx, loader in enumerate(loaders):
                 predictions: list = []
@@ -43,15 +44,7 @@ def run_predict(run: Run) -> list | None:
                 for batch_idx, batch in enumerate(hooks.fetching(up_to(iter(loader), n), PREDICT_NEXT, n)):
                     if batch_idx >= n:
                         break
-                    batch = to_device(batch)
-                    where = (batch_idx,) if len(loaders) == 1 else (batch_idx, dl_idx)
-                    if batch_start is not None:
-                        batch_start(batch, *where)
-                    with run.precision.forward_context():
-                        args = (batch, batch_idx) if len(loaders) == 1 else (batch, batch_idx, dl_idx)
-                        out = predict_step(*args[:arity])
-                    if batch_end is not None:
-                        batch_end(out, batch, *where)
+                    out = call(to_device(batch), batch_idx, dl_idx)
                     if keep:
                         predictions.append(out)
         hooks("on_predict_epoch_end")

@@ -80,10 +80,9 @@ class DDPStrategy(DistributedStrategy):
 
     def launcher(self, environment: ClusterEnvironment, num_nodes: int, max_restarts: int,
                  rdzv_endpoint: str | None) -> Launcher | None:
-        nproc = len(self.devices)
-        if environment.launched_externally or nproc * num_nodes <= 1:
+        if not self._needs_launcher(environment, num_nodes):
             return None
-        return ElasticLauncher(nproc, num_nodes, max_restarts, rdzv_endpoint, self.socket_ifname, self.timeout)
+        return ElasticLauncher(len(self.devices), num_nodes, max_restarts, rdzv_endpoint, self.socket_ifname, self.timeout)
 
     # -- set-up ---------------------------------------------------------------------------
     def setup_environment(self) -> None:

@@ -28,6 +28,7 @@ from framework.strategies.base import StepModule, Strategy
 from framework.waits import waiting_in
 
 if TYPE_CHECKING:
+    from framework.environments import ClusterEnvironment
     from framework.module import TrainModule
 
 #: seconds to wait for every rank at start-up and in each collective: long enough for a slow
@@ -76,6 +77,11 @@ class DistributedStrategy(Strategy):
         self._owns_group = False
         self._excepthooks: tuple = (None, None)
         self._failed = False
+
+    def _needs_launcher(self, environment: ClusterEnvironment, num_nodes: int) -> bool:
+        """Whether fw starts this job's processes: not when one process is the whole job, nor
+        when a launcher (torchrun, srun, mpiexec) already started them."""
+        return not environment.launched_externally and len(self.devices) * num_nodes > 1
 
     # -- set-up ---------------------------------------------------------------------------
     def setup_environment(self) -> None:

@@ -66,10 +66,9 @@ class MPIStrategy(DistributedStrategy):
 
     def launcher(self, environment: ClusterEnvironment, num_nodes: int, max_restarts: int,
                  rdzv_endpoint: str | None) -> Launcher | None:
-        world = len(self.devices) * num_nodes
-        if environment.launched_externally or world <= 1:
+        if not self._needs_launcher(environment, num_nodes):
             return None
-        return MPIExecLauncher(world)
+        return MPIExecLauncher(len(self.devices) * num_nodes)
 
     def _init_process_group(self) -> None:
         from framework.strategies.mpi_backend import init_mpi_process_group

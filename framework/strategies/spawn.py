@@ -48,8 +48,7 @@ class SpawnDDPStrategy(DDPStrategy):
 
     def launcher(self, environment: ClusterEnvironment, num_nodes: int, max_restarts: int,
                  rdzv_endpoint: str | None) -> Launcher | None:
-        nproc = len(self.devices)
-        if environment.launched_externally or nproc * num_nodes <= 1:
+        if not self._needs_launcher(environment, num_nodes):
             return None
         if num_nodes > 1:
             raise ConfigError(f"trainer.strategy={self.name} starts workers on this machine only; for "
@@ -57,7 +56,7 @@ class SpawnDDPStrategy(DDPStrategy):
         if max_restarts:
             raise ConfigError(f"trainer.strategy={self.name} cannot restart workers; use ddp with "
                               "trainer.max_restarts (fw's launcher) for restarts")
-        return SpawnLauncher(nproc, self.start_method)
+        return SpawnLauncher(len(self.devices), self.start_method)
 
 
 class SpawnLauncher(Launcher):

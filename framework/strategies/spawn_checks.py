@@ -15,13 +15,12 @@ import ast
 import io
 import pickle
 import sys
-import time
-import traceback
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
 from framework.errors import ConfigError, first_line
+from framework.strategies.failure_stamp import FailureStamp, earliest_first
 
 
 def refuse_unguarded_main(strategy: str) -> None:
@@ -138,7 +137,8 @@ def _children(obj: Any) -> list[tuple[str, Any]]:
 
 def record_failure(out: str, rank: int, err: BaseException) -> None:
     """In a worker: keep ``err`` (itself where it pickles) and its traceback for the caller."""
-    record = {"time": time.time(), "rank": rank, "traceback": "".join(traceback.format_exception(err)), "error": err}
+    stamp = FailureStamp.of(err)
+    record = {"time": stamp.time, "rank": rank, "traceback": stamp.traceback, "error": err}
     try:
         data = pickle.dumps(record)
     except Exception:
@@ -157,7 +157,7 @@ def first_failure(out: str, strategy: str) -> BaseException | None:
             continue
     if not records:
         return None
-    first = min(records, key=lambda r: r["time"])
+    first = earliest_first(records, lambda r: r["time"])[0]
     where = f"rank {first['rank']} of the {strategy} workers raised it; its traceback:\n{first['traceback'].rstrip()}"
     error = first["error"]
     if isinstance(error, BaseException) and hasattr(error, "add_note"):

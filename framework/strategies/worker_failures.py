@@ -13,9 +13,9 @@ from __future__ import annotations
 import json
 import os
 import sys
-import time
-import traceback
 from typing import Any
+
+from framework.strategies.failure_stamp import FailureStamp, earliest_first
 
 _ERROR_FILE = "TORCHELASTIC_ERROR_FILE"
 
@@ -27,10 +27,10 @@ def record_worker_error(exc: BaseException) -> None:
     path = os.environ.get(_ERROR_FILE)
     if not path or isinstance(exc, (KeyboardInterrupt, SystemExit)) or os.path.exists(path):
         return
-    now = time.time()
+    stamp = FailureStamp.of(exc)
     data = {"message": {"message": f"{type(exc).__name__}: {exc}",
-                        "extraInfo": {"py_callstack": "".join(traceback.format_exception(exc)),
-                                      "timestamp": str(int(now)), "fw_time": now}}}
+                        "extraInfo": {"py_callstack": stamp.traceback,
+                                      "timestamp": str(int(stamp.time)), "fw_time": stamp.time}}}
     try:
         with open(path, "w") as fp:
             json.dump(data, fp)
@@ -65,7 +65,7 @@ def _last_attempt() -> bool:
 def report_failures(failures: dict[int, Any]) -> int:
     """The launcher's report of the workers that failed (``ChildFailedError.failures``): the
     first one's traceback, one line per other; the exit code to end with."""
-    ordered = sorted(failures.items(), key=lambda item: _failed_at(item[1]))
+    ordered = earliest_first(failures.items(), lambda item: _failed_at(item[1]))
     rank, first = ordered[0]
     code = first.exitcode if isinstance(first.exitcode, int) and first.exitcode > 0 else 1
     callstack = _extra(first).get("py_callstack", "")

@@ -1,6 +1,7 @@
 """Lightning-style modules written once, built on either base class: ``make_*(Base)`` with
 ``Base`` fw's ``TrainModule`` or pytorch_lightning's ``LightningModule``. The code inside uses
-only Lightning's API, as a user's LightningModule does."""
+only Lightning's API, as a user's LightningModule does. Their data, and the quiet Trainer
+settings (``QUIET``) the tests that compare fw with Lightning share, are here too."""
 
 from __future__ import annotations
 
@@ -154,3 +155,33 @@ def make_boring(Base):
             return {"optimizer": opt, "lr_scheduler": torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.7)}
 
     return BoringModel
+
+
+#: A quiet single-process run with no checkpoints and no sanity check, on fw's Trainer or Lightning's.
+QUIET = dict(accelerator="cpu", devices=1, max_epochs=2, enable_checkpointing=False, enable_progress_bar=False,
+             enable_model_summary=False, num_sanity_val_steps=0)
+
+
+def sum_data(n: int) -> TensorDataset:
+    """``n`` random 3-vectors (seed 0), each with its sum as the target."""
+    x = torch.randn(n, 3, generator=torch.Generator().manual_seed(0))
+    return TensorDataset(x, x.sum(1, keepdim=True))
+
+
+def make_summing(Base, lr: float):
+    class Summing(Base):
+        """A seeded ``Linear(3, 1)`` that learns ``sum_data``'s sums by SGD at ``lr``; the
+        subclass's steps log (``self.mse(batch)`` is the loss)."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            torch.manual_seed(0)
+            self.net = nn.Linear(3, 1)
+
+        def mse(self, batch):
+            return F.mse_loss(self.net(batch[0]), batch[1])
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=lr)
+
+    return Summing

@@ -5,52 +5,35 @@ on fw and on Lightning, after fit and after validate."""
 from __future__ import annotations
 
 import pytest
-import torch
-import torch.nn.functional as F
 from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader
 
 import framework as fw
+from lightning.modules import QUIET, make_summing, sum_data
 
 pl = pytest.importorskip("pytorch_lightning")
 
 
-def _data() -> TensorDataset:
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(24, 3, generator=g)
-    return TensorDataset(x, x.sum(1, keepdim=True))
-
-
 def _module(base: type) -> nn.Module:
-    class Logs(base):
-        def __init__(self) -> None:
-            super().__init__()
-            torch.manual_seed(0)
-            self.net = nn.Linear(3, 1)
-
+    class Logs(make_summing(base, lr=0.05)):
         def training_step(self, batch, batch_idx):
-            loss = F.mse_loss(self.net(batch[0]), batch[1])
+            loss = self.mse(batch)
             self.log("logged", loss)
             self.log("hidden", loss * 2, logger=False, prog_bar=True)
             self.log("both", loss * 3, on_step=True, on_epoch=True)
             return loss
 
         def validation_step(self, batch, batch_idx):
-            self.log("val_logged", F.mse_loss(self.net(batch[0]), batch[1]))
+            self.log("val_logged", self.mse(batch))
             self.log("val_hidden", 1.0, logger=False)
-
-        def configure_optimizers(self):
-            return torch.optim.SGD(self.parameters(), lr=0.05)
 
     return Logs()
 
 
 def _run(trainer_cls, base) -> tuple[dict, dict]:
-    trainer = trainer_cls(accelerator="cpu", devices=1, max_epochs=2, log_every_n_steps=1, logger=False,
-                          enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                          num_sanity_val_steps=0)
+    trainer = trainer_cls(log_every_n_steps=1, logger=False, **QUIET)
     model = _module(base)
-    loader = DataLoader(_data(), batch_size=8)
+    loader = DataLoader(sum_data(24), batch_size=8)
     trainer.fit(model, loader, loader)
     after_fit = {k: float(v) for k, v in trainer.logged_metrics.items()}
     trainer.validate(model, loader, verbose=False)

@@ -5,42 +5,30 @@ and its ThroughputMonitor land on (with gradient accumulation, where the counts 
 from __future__ import annotations
 
 import pytest
-import torch
-import torch.nn.functional as F
 from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader
 
 import framework as fw
 from framework.callbacks import StepTimeBreakdown, ThroughputMonitor
+from lightning.modules import QUIET, make_summing, sum_data
 
 pl = pytest.importorskip("pytorch_lightning")
 
-SETTINGS = dict(accelerator="cpu", devices=1, max_epochs=2, accumulate_grad_batches=2, log_every_n_steps=4,
-                enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                num_sanity_val_steps=0)
+SETTINGS = dict(accumulate_grad_batches=2, log_every_n_steps=4, **QUIET)
 
 
 def _module(base: type) -> nn.Module:
-    class Net(base):
-        def __init__(self) -> None:
-            super().__init__()
-            torch.manual_seed(0)
-            self.net = nn.Linear(3, 1)
-
+    class Net(make_summing(base, lr=0.01)):
         def training_step(self, batch, batch_idx):
-            loss = F.mse_loss(self.net(batch[0]), batch[1])
+            loss = self.mse(batch)
             self.log("loss", loss)
             return loss
-
-        def configure_optimizers(self):
-            return torch.optim.SGD(self.parameters(), lr=0.01)
 
     return Net()
 
 
 def _loader() -> DataLoader:
-    x = torch.randn(36, 3, generator=torch.Generator().manual_seed(0))
-    return DataLoader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=2)  # 18 batches, 9 steps an epoch
+    return DataLoader(sum_data(36), batch_size=2)  # 18 batches, 9 steps an epoch
 
 
 def _steps(rows: list[tuple[int, dict]], prefix: str) -> list[int]:

@@ -11,14 +11,14 @@ import time
 import urllib.request
 
 import pytest
-import torch.nn.functional as F
 import yaml
-from toy import LinearModel, ToyData, loader, regression_data
+from toy import LinearModel, ToyData
 
 import framework as fw
 from framework.callbacks import ModelCheckpoint
 from framework.errors import ConfigError
 from framework.loggers import MLFlowLogger
+from loggers.fits import SETTINGS, FailsAtStep3, LogsLosses, fit_alone, missing_package_error, sides
 from loggers.history import assert_same, recorder, sent
 
 mlflow = pytest.importorskip("mlflow", reason="MLFlowLogger needs mlflow: pip install -e '.[mlflow]'")
@@ -27,9 +27,6 @@ from mlflow.tracking import MlflowClient  # noqa: E402
 #: every test here starts processes: mlflow's run context asks ``git`` for the source's commit (the
 #: tags MLflow gives a new run, as under Lightning), and one test starts an ``mlflow server``
 pytestmark = pytest.mark.procs
-
-SETTINGS = dict(accelerator="cpu", devices=1, max_epochs=2, log_every_n_steps=2, enable_progress_bar=False,
-                enable_model_summary=False)
 
 
 @pytest.fixture(autouse=True)
@@ -146,15 +143,9 @@ def test_a_later_call_logs_into_the_same_run_and_a_failed_fit_ends_its_run_faile
     clone = pickle.loads(pickle.dumps(logger))  # what ddp_spawn hands its workers: no client, the same run
     assert clone._client is None and clone.version == logger.version
 
-    class Fails(LinearModel):
-        def training_step(self, batch, batch_idx):
-            if self.global_step == 3:
-                raise ZeroDivisionError("step 3")
-            return super().training_step(batch, batch_idx)
-
     failed = MLFlowLogger(tracking_uri=uri)
     with pytest.raises(ZeroDivisionError):
-        _fit(failed, module=Fails())
+        _fit(failed, module=FailsAtStep3())
     run = client.get_run(failed.run_id)
     assert run.info.status == "FAILED" and run.info.experiment_id == logger.experiment_id  # the same experiment
     with pytest.raises(ValueError, match="status is one of"):
@@ -168,27 +159,11 @@ def test_a_later_call_logs_into_the_same_run_and_a_failed_fit_ends_its_run_faile
 
 
 def _module(base):
-    class Net(base):
+    class Net(LogsLosses, base):
         def __init__(self, lr: float = 0.05, hidden: int = 3):
             super().__init__()
             self.save_hyperparameters()
-            import torch
-
-            torch.manual_seed(0)
-            self.net = torch.nn.Linear(4, 1)
-
-        def training_step(self, batch, batch_idx):
-            loss = F.mse_loss(self.net(batch[0]), batch[1])
-            self.log("train/loss", loss, on_epoch=True)
-            return loss
-
-        def validation_step(self, batch, batch_idx):
-            self.log("val/loss", F.mse_loss(self.net(batch[0]), batch[1]))
-
-        def configure_optimizers(self):
-            import torch
-
-            return torch.optim.SGD(self.parameters(), lr=self.hparams.lr)
+            self.seeded_net()
 
     return Net()
 
@@ -198,13 +173,10 @@ def test_the_same_names_and_steps_as_lightnings_mlflow_logger(tmp_path, file_sto
     from pytorch_lightning.loggers import MLFlowLogger as LightningMLFlowLogger
 
     runs = {}
-    for which, Trainer, Logger, Base in (("fw", fw.Trainer, MLFlowLogger, fw.TrainModule),
-                                         ("pl", pl.Trainer, LightningMLFlowLogger, pl.LightningModule)):
+    for which, Trainer, Logger, Base in sides(pl, MLFlowLogger, LightningMLFlowLogger):
         uri = f"file:{tmp_path / which}"
         logger = Logger(experiment_name="cmp", tracking_uri=uri)
-        trainer = Trainer(logger=logger, enable_checkpointing=False, num_sanity_val_steps=0, **SETTINGS)
-        data = regression_data(32)
-        trainer.fit(_module(Base), loader(data), loader(data))
+        fit_alone(Trainer, logger, _module(Base))
         client = MlflowClient(uri)
         run = client.get_run(logger.run_id)
         runs[which] = (run.info.status, run.data.params, _mlflow_history(client, logger.run_id))
@@ -259,15 +231,7 @@ def test_the_libraries_are_imported_at_first_use_only():
 
 
 def test_a_missing_mlflow_is_one_line_naming_the_install(monkeypatch):
-    monkeypatch.setitem(sys.modules, "mlflow", None)  # as if it were not installed
-    with pytest.raises(ModuleNotFoundError) as err:
-        MLFlowLogger()
-    message = str(err.value)
-    assert message.startswith("MLFlowLogger needs the mlflow package, which is not installed: pip install ")
-    assert "[mlflow]" in message and "\n" not in message and err.value.name == "mlflow"
-    from framework.cli import _missing_extra
-
-    assert "[mlflow]" in _missing_extra("mlflow")  # what `fw fit` prints as its one-line error
+    assert missing_package_error(monkeypatch, MLFlowLogger, "mlflow").name == "mlflow"
 
 
 @pytest.mark.timeout(150)

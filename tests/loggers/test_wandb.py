@@ -8,27 +8,22 @@ import json
 import os
 import pickle
 import struct
-import sys
 import time
 
 import pytest
-import torch
-import torch.nn.functional as F
-from toy import LinearModel, ToyData, loader, regression_data
+from toy import LinearModel, ToyData
 
 import framework as fw
 from framework.callbacks import ModelCheckpoint
 from framework.errors import ConfigError
 from framework.loggers import WandbLogger
+from loggers.fits import SETTINGS, FailsAtStep3, LogsLosses, fit_alone, missing_package_error, sides
 from loggers.history import assert_same, recorder, sent
 
 wandb = pytest.importorskip("wandb", reason="WandbLogger needs wandb: pip install -e '.[wandb]'")
 
 #: wandb.init starts wandb's service process (wandb-core); the fixture below ends it after each test
 pytestmark = pytest.mark.procs
-
-SETTINGS = dict(accelerator="cpu", devices=1, max_epochs=2, log_every_n_steps=2, enable_progress_bar=False,
-                enable_model_summary=False)
 
 
 @pytest.fixture(autouse=True)
@@ -159,16 +154,10 @@ def test_an_offline_fit_holds_the_config_every_step_and_the_checkpoints(tmp_path
 
 
 def test_a_failed_fit_exits_1_and_a_later_call_resumes_the_same_run(tmp_path):
-    class Fails(LinearModel):
-        def training_step(self, batch, batch_idx):
-            if self.global_step == 3:
-                raise ZeroDivisionError("step 3")
-            return super().training_step(batch, batch_idx)
-
     logger = WandbLogger(save_dir=str(tmp_path), log_model=True)
     trainer = fw.Trainer(logger=logger, callbacks=[ModelCheckpoint(every_n_train_steps=2)], **SETTINGS)
     with pytest.raises(ZeroDivisionError):
-        trainer.fit(Fails(), datamodule=ToyData())
+        trainer.fit(FailsAtStep3(), datamodule=ToyData())
     run_id = logger.version
     run = _read_run(str(tmp_path), run_id)
     assert run["exit_codes"] == [1]
@@ -184,23 +173,11 @@ def test_a_failed_fit_exits_1_and_a_later_call_resumes_the_same_run(tmp_path):
 
 
 def _module(base):
-    class Net(base):
+    class Net(LogsLosses, base):
         def __init__(self, lr: float = 0.05, sizes: dict | None = None):
             super().__init__()
             self.save_hyperparameters()
-            torch.manual_seed(0)
-            self.net = torch.nn.Linear(4, 1)
-
-        def training_step(self, batch, batch_idx):
-            loss = F.mse_loss(self.net(batch[0]), batch[1])
-            self.log("train/loss", loss, on_epoch=True)
-            return loss
-
-        def validation_step(self, batch, batch_idx):
-            self.log("val/loss", F.mse_loss(self.net(batch[0]), batch[1]))
-
-        def configure_optimizers(self):
-            return torch.optim.SGD(self.parameters(), lr=self.hparams.lr)
+            self.seeded_net()
 
     return Net(sizes={"hidden": 3, "act": "relu"})
 
@@ -210,14 +187,11 @@ def test_the_same_config_and_history_as_lightnings_wandb_logger(tmp_path):
     from pytorch_lightning.loggers import WandbLogger as LightningWandbLogger
 
     runs = {}
-    for which, Trainer, Logger, Base in (("fw", fw.Trainer, WandbLogger, fw.TrainModule),
-                                         ("pl", pl.Trainer, LightningWandbLogger, pl.LightningModule)):
+    for which, Trainer, Logger, Base in sides(pl, WandbLogger, LightningWandbLogger):
         # mode= goes to wandb.init in both: Lightning's offline=True sets WANDB_MODE=dryrun, which wandb 0.31
         # no longer takes for offline (it asks for a login instead)
         logger = Logger(save_dir=str(tmp_path / which), project="cmp", mode="offline")
-        trainer = Trainer(logger=logger, enable_checkpointing=False, num_sanity_val_steps=0, **SETTINGS)
-        data = regression_data(32)
-        trainer.fit(_module(Base), loader(data), loader(data))
+        fit_alone(Trainer, logger, _module(Base))
         run_id = logger.version
         if which == "pl":
             wandb.finish()  # Lightning leaves the run to wandb's exit hook
@@ -250,12 +224,4 @@ def test_other_ranks_get_a_stand_in_and_write_nothing(tmp_path, monkeypatch):
 
 
 def test_a_missing_wandb_is_one_line_naming_the_install(monkeypatch):
-    monkeypatch.setitem(sys.modules, "wandb", None)  # as if it were not installed
-    with pytest.raises(ModuleNotFoundError) as err:
-        WandbLogger()
-    message = str(err.value)
-    assert message.startswith("WandbLogger needs the wandb package, which is not installed: pip install ")
-    assert "[wandb]" in message and "\n" not in message
-    from framework.cli import _missing_extra
-
-    assert "[wandb]" in _missing_extra("wandb")
+    missing_package_error(monkeypatch, WandbLogger, "wandb")
