@@ -68,20 +68,27 @@ class TinyLM(nn.Module):
 
 
 class LM(fw.TrainModule):
-    def __init__(self, loss_parallel: bool = False, optimizer: str = "adamw", sequence_parallel: bool = False) -> None:
+    def __init__(self, loss_parallel: bool = False, optimizer: str = "adamw", sequence_parallel: bool = False,
+                 mlp_norm: bool = True) -> None:
         super().__init__()
         torch.manual_seed(0)
         self.model = TinyLM()
+        if not mlp_norm:  # the MLP sees the residual stream itself (under sequence parallel: this rank's part)
+            for block in self.model.blocks:
+                block.ln2 = nn.Identity()
         self.loss_parallel, self.optimizer, self.sequence_parallel = loss_parallel, optimizer, sequence_parallel
         self.saved_bytes = 0  # the most bytes a training step's forward kept for its backward
-        self.norm_tokens = 0  # the most tokens of a sequence that a block's first norm saw on this rank
-        self.model.blocks[0].ln1.register_forward_pre_hook(self._count_tokens)  # before any split's hook
+        self.norm_tokens = 0  # model_parallel: the most tokens of a sequence that a block's first norm saw
+        self.norm_tokens_counted = False
 
     def _count_tokens(self, module: nn.Module, args: tuple) -> None:
         self.norm_tokens = max(self.norm_tokens, args[0].shape[1])
 
     def configure_model(self) -> None:
         if self.device_mesh is not None:
+            if not self.norm_tokens_counted:  # once per module, before the split's hooks
+                self.model.blocks[0].ln1.register_forward_pre_hook(self._count_tokens)
+                self.norm_tokens_counted = True
             fw.parallel.parallelize(self.model, self.device_mesh, blocks={Block}, loss_parallel=self.loss_parallel,
                                     sequence_parallel=self.sequence_parallel)
 
@@ -140,7 +147,7 @@ class FullWeights(fw.Callback):
 
 def fit(strategy: Any, devices: int, data_parallel: int = 1, max_steps: int = STEPS, loss_parallel: bool = False,
         optimizer: str = "adamw", callbacks: list | None = None, ckpt_path: str | None = None, root: str = ".",
-        sequence_parallel: bool = False, **trainer_args: Any) -> dict:
+        sequence_parallel: bool = False, mlp_norm: bool = True, **trainer_args: Any) -> dict:
     """One fit with the global batch split over ``data_parallel`` replicas: the full weights,
     the validation values, the step."""
     weights = FullWeights()
@@ -148,7 +155,7 @@ def fit(strategy: Any, devices: int, data_parallel: int = 1, max_steps: int = ST
                          devices=devices, max_steps=max_steps, callbacks=[weights, *(callbacks or [])],
                          default_root_dir=root, val_check_interval=CHECKPOINT_EVERY)
     per_rank = GLOBAL_BATCH // data_parallel
-    model = LM(loss_parallel, optimizer, sequence_parallel)
+    model = LM(loss_parallel, optimizer, sequence_parallel, mlp_norm)
     with redirect_stderr(io.StringIO()):
         trainer.fit(model, DataLoader(data(), batch_size=per_rank, shuffle=True),
                     DataLoader(data(20), batch_size=per_rank), ckpt_path=ckpt_path)

@@ -64,12 +64,14 @@ TWO = [
     {"tag": "tp_adamw", "strategy": {"tensor_parallel_size": 2}, "fit": {}},
     {"tag": "tp_loss_parallel", "strategy": {"tensor_parallel_size": 2},
      "fit": {"optimizer": "sgd", "loss_parallel": True}},
-    # sequence parallel: alone, with AdamW, with loss parallel
+    # sequence parallel: alone, with AdamW, with loss parallel, an MLP given the residual stream's part itself
     {"tag": "tp_sequence_parallel", "strategy": {"tensor_parallel_size": 2},
      "fit": {"optimizer": "sgd", "sequence_parallel": True}},
     {"tag": "tp_sequence_parallel_adamw", "strategy": {"tensor_parallel_size": 2}, "fit": {"sequence_parallel": True}},
     {"tag": "tp_sequence_and_loss_parallel", "strategy": {"tensor_parallel_size": 2},
      "fit": {"optimizer": "sgd", "sequence_parallel": True, "loss_parallel": True}},
+    {"tag": "tp_sequence_parallel_mlp_without_norm", "strategy": {"tensor_parallel_size": 2},
+     "fit": {"optimizer": "sgd", "sequence_parallel": True, "mlp_norm": False}},
     {"tag": "resumed_1x2", "strategy": {"tensor_parallel_size": 2}, "fit": {"optimizer": "sgd"},
      "resume": "{out}/ck_2d_sgd/epoch=0-step=6.ckpt"},
     {"tag": "resumed_fsdp", "plain": {"name": "fsdp", "auto_wrap_policy": ["Block"]},
