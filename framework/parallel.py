@@ -81,7 +81,7 @@ def parallelize(model: nn.Module, device_mesh: Any, blocks: Iterable[type[nn.Mod
     Raises:
         ConfigError: no block given or found, a linear layer the plan cannot place, a head count
             the tensor-parallel size does not divide, a tied head under ``loss_parallel``; under
-            ``sequence_parallel``, at the first step, a sequence length it does not divide.
+            ``sequence_parallel``, at the forward that meets it, a sequence length it does not divide.
     """
     from torch.distributed.fsdp import FSDPModule, fully_shard
     from torch.distributed.tensor import DTensor

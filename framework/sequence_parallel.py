@@ -22,6 +22,7 @@ from typing import Any
 
 from torch import Tensor, nn
 
+from framework.activation_checkpointing import recomputing
 from framework.errors import ConfigError
 
 #: the dimension of a block's input and output that is split: (batch, sequence, width)
@@ -73,6 +74,8 @@ def _split(module: nn.Module, args: tuple, kwargs: dict, mesh: Any) -> tuple[tup
     from torch.distributed.tensor import DTensor, Replicate, Shard
 
     x = args[0] if args else None
+    if recomputing(module):  # activation checkpointing: ``args`` are the part this hook gave the first time
+        return args, kwargs
     size = mesh.size()
     if not isinstance(x, Tensor) or x.dim() < 2 or x.shape[SEQUENCE_DIM] % size:
         shape = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__

@@ -87,6 +87,8 @@ TWO = [
     {"tag": "ac_fsdp", "plain": {"name": "fsdp", "auto_wrap_policy": ["Block"], "activation_checkpointing_policy": ["Block"]},
      "fit": {"data_parallel": 2}},
     {"tag": "ac_tp", "strategy": {"tensor_parallel_size": 2}, "fit": {"activation_checkpointing_policy": ["Block"]}},
+    {"tag": "ac_sequence_parallel", "strategy": {"tensor_parallel_size": 2},
+     "fit": {"optimizer": "sgd", "sequence_parallel": True, "activation_checkpointing_policy": ["Block"]}},
     # compiled per block (aot_eager: traced, no C++ build), each beside the same run eagerly
     {"tag": "compiled_fsdp", "plain": {"name": "fsdp", "auto_wrap_policy": ["Block"]},
      "fit": {"data_parallel": 2, "compile": {"backend": "aot_eager"}}},
@@ -193,10 +195,12 @@ def test_a_2x2_checkpoint_resumes_on_another_mesh_where_the_run_went_on(job, tag
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize(("tag", "without"), [("ac_ddp", "ddp"), ("ac_fsdp", "fsdp"), ("ac_tp", "tp_adamw")])
+@pytest.mark.parametrize(("tag", "without"), [("ac_ddp", "ddp"), ("ac_fsdp", "fsdp"), ("ac_tp", "tp_adamw"),
+                                              ("ac_sequence_parallel", "tp_sequence_parallel")])
 def test_activation_checkpointing_trains_the_same_numbers_keeping_less(job, tag, without):
-    """Under DDP (the Trainer's argument), FSDP (the strategy's, as in Lightning) and tensor
-    parallel: the same weights bit for bit as the run without it, the forward keeping a fraction
+    """Under DDP (the Trainer's argument), FSDP (the strategy's, as in Lightning), tensor and
+    sequence parallel (whose split of the first block's input is not split again when the block
+    is recomputed): the same weights bit for bit as the run without it, the forward keeping a fraction
     of the bytes for the backward (the blocks keep only their inputs)."""
     checkpointed, plain = the_same_run(job, tag, without)
     assert checkpointed["saved_bytes"] < plain["saved_bytes"] / 3, (checkpointed["saved_bytes"], plain["saved_bytes"])
