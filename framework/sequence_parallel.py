@@ -8,11 +8,14 @@ Where the activations change layout, over the tensor-parallel ranks:
   backward gathers the parts' gradients, so the embeddings before it see the full gradient;
 - the block's norms run on their part (torch's ``SequenceParallel``: the weights are replicated
   ``DTensor``\\ s whose gradients are summed over the ranks);
-- an attention or MLP gathers its input once (the norm's output) for all the layers that open
-  its pair; the layer that closes the pair reduce-scatters its sums into sequence parts
+- an attention or MLP gathers its input once (the norm's output, or the residual stream's part
+  where no norm comes first) for all the layers that open its pair; the layer that closes the pair reduce-scatters its sums into sequence parts
   (``RowwiseParallel(output_layouts=Shard(1))``) where it would all-reduce them;
 - the last block's output is gathered, so what follows the blocks (final norm, head, loss) sees
   the full sequence as without sequence parallelism.
+
+Under activation checkpointing the first block is recomputed from the part its hook gave it,
+which is not cut again.
 """
 
 from __future__ import annotations
