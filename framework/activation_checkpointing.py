@@ -46,6 +46,16 @@ def checkpoint_activations(module: nn.Module, names: frozenset[str], key: str = 
     return len(blocks)
 
 
+def recomputing(module: nn.Module) -> bool:
+    """Is ``module`` running its forward again for the backward? Its own hooks run again then, on
+    the inputs the first run's hooks gave it (a split of them must not split them again)."""
+    if not module.__dict__.get(_APPLIED):
+        return False
+    from torch.distributed._composable import checkpoint
+
+    return not checkpoint.state(module).enable_hook  # turned off while it recomputes
+
+
 def one_policy(trainer_policy: frozenset[str], strategy_policy: Any) -> tuple[frozenset[str], str]:
     """The run's policy and the key it came from: the Trainer's or the strategy's (both given
     and different: refused)."""

@@ -17,6 +17,19 @@ standard block's attention reshapes with them (or with -1), never with the model
 ``torch.distributed.tensor.parallel.loss_parallel`` computes it, which the strategy enters around
 every step and its backward; no rank ever holds the full logits.
 
+``sequence_parallel=True`` also splits the activations between the blocks' pairs by sequence
+(Megatron's sequence parallelism, as torchtitan's ``parallelize_llama``): the residual stream of
+shape (batch, sequence, width) is split along dimension 1 at the first block's input and gathered
+at the last block's output, the block's own norm layers (its children that are ``LayerNorm``,
+``RMSNorm`` or of a class named ``...Norm``) run on their part of the sequence (``SequenceParallel``),
+the input of the layers that open a pair is gathered once per attention or MLP and the layers that
+close it reduce-scatter their sums back to sequence parts (instead of all-reducing them). The blocks
+are taken to run one after the other in the order the model holds them, each returning the
+residual stream, as a standard transformer's do; each rank's norms keep 1 / tensor-parallel size of
+their activations for the backward. A layer that opens a pair and that the block calls itself (not
+inside an attention or MLP) gathers its own input. ``loss_parallel`` goes with it (the head sees
+the gathered sequence).
+
 Over the data-parallel dimension (when it has more than one rank) every block and then the model
 are sharded with ``fully_shard``: 2-D parallelism, FSDP over the replicas of the tensor-parallel
 groups. Calling it again on a parallelized model does nothing (``configure_model`` runs for each
@@ -50,7 +63,8 @@ BLOCK = "_fw_block"
 
 
 def parallelize(model: nn.Module, device_mesh: Any, blocks: Iterable[type[nn.Module] | str],
-                plan: Mapping[str, str] | None = None, loss_parallel: bool = False) -> nn.Module:
+                plan: Mapping[str, str] | None = None, loss_parallel: bool = False,
+                sequence_parallel: bool = False) -> nn.Module:
     """Tensor parallel inside each of ``model``'s ``blocks`` over ``device_mesh["tensor_parallel"]``,
     then FSDP over ``device_mesh["data_parallel"]``; returns ``model``.
 
@@ -62,6 +76,12 @@ def parallelize(model: nn.Module, device_mesh: Any, blocks: Iterable[type[nn.Mod
         plan: ``{layer name inside a block: "colwise" | "rowwise"}`` for layers named otherwise
             than ``COLWISE``/``ROWWISE`` (or to override them).
         loss_parallel: split the output head (``HEADS``) by vocabulary too (see the module docstring).
+        sequence_parallel: split the activations between the pairs by sequence too (idem).
+
+    Raises:
+        ConfigError: no block given or found, a linear layer the plan cannot place, a head count
+            the tensor-parallel size does not divide, a tied head under ``loss_parallel``; under
+            ``sequence_parallel``, at the forward that meets it, a sequence length it does not divide.
     """
     from torch.distributed.fsdp import FSDPModule, fully_shard
     from torch.distributed.tensor import DTensor
@@ -82,14 +102,16 @@ def parallelize(model: nn.Module, device_mesh: Any, blocks: Iterable[type[nn.Mod
     plans = [(block, layer_plan(block, dict(plan or {}))) for block in found]  # refused before anything changes
     head = _vocab_head(model) if loss_parallel else None
     if tp.size() > 1:
-        from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
-
         for block, _ in plans:
             _divide_head_counts(block, tp.size(), apply=False)  # every block checked before any changes
         for block, kinds in plans:
             _divide_head_counts(block, tp.size())
-            parallelize_module(block, tp, {name: ColwiseParallel() if kind == "colwise" else RowwiseParallel()
-                                           for name, kind in kinds.items()})
+            _split_block(block, kinds, tp, sequence_parallel)
+        if sequence_parallel:
+            from framework.sequence_parallel import split_between
+
+            order = {id(m): i for i, m in enumerate(model.modules())}
+            split_between(min(found, key=lambda m: order[id(m)]), max(found, key=lambda m: order[id(m)]), tp)
         if head is not None:
             _vocab_parallel_head(model, head, tp)
     if dp.size() > 1:
@@ -97,6 +119,26 @@ def parallelize(model: nn.Module, device_mesh: Any, blocks: Iterable[type[nn.Mod
             fully_shard(block, mesh=dp)
         fully_shard(model, mesh=dp)
     return model
+
+
+def _split_block(block: nn.Module, kinds: dict[str, str], mesh: Any, sequence_parallel: bool) -> None:
+    """Megatron's plan on one block; with ``sequence_parallel`` the pairs take and give back
+    activations split by sequence, and the block's norms run on their part of it."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    between = Shard(1) if sequence_parallel else Replicate()  # the layout between the pairs
+    # a layer inside an attention or MLP gets its input gathered already (gather_once): asked to
+    # gather it again, its backward would all-reduce its own part of the gradient
+    styles: dict[str, Any] = {name: ColwiseParallel(input_layouts=between if "." not in name else Replicate())
+                              if kind == "colwise" else RowwiseParallel(output_layouts=between)
+                              for name, kind in kinds.items()}
+    if sequence_parallel:
+        from framework.sequence_parallel import gather_once, norms
+
+        styles.update(norms(block))
+        gather_once(block, [name for name, kind in kinds.items() if kind == "colwise"], mesh)
+    parallelize_module(block, mesh, styles)
 
 
 def layer_plan(block: nn.Module, plan: dict[str, str]) -> dict[str, str]:

@@ -255,6 +255,7 @@ def _check_whole_parameters_after_first_step(strategy: ModelParallelStrategy, op
             raise TrainingError(
                 f"strategy model_parallel: after the first step the parameter(s) {', '.join(apart[:5])} differ between "
                 "the ranks of a tensor-parallel group: they are left whole but see other activations on each rank "
-                "(e.g. a norm after a sequence-parallel split). Split them too (SequenceParallel in the plan)")
+                "(e.g. a norm after a sequence-parallel split). Split them too (SequenceParallel; "
+                "fw.parallel.parallelize(sequence_parallel=True) splits a block's children of a class named ...Norm)")
 
     after_first_step(optimizer, check)

@@ -1,8 +1,9 @@
 """``strategy="model_parallel"``: tensor parallel on 2 ranks and data x tensor parallel on 4 end
 where one process ends on the same global batches (shuffled); loss parallel over a vocabulary-split
-head; logged sums counted once per data-parallel replica; a sharded checkpoint of the 2 x 2 mesh
-resumes mid-epoch on a 1 x 2 mesh and under plain FSDP on 2 ranks; what would train silently wrong
-is refused.
+head; sequence parallel (alone, with loss parallel, on 2 x 2); logged sums counted once per
+data-parallel replica; a sharded checkpoint of the 2 x 2 mesh (SGD and AdamW) resumes mid-epoch on
+a 1 x 2 mesh and under plain FSDP on 2 ranks; Lightning's ModelParallelStrategy with the plan
+written by hand ends where fw's ends; what would train silently wrong is refused.
 
 The ranks are forked from the test process (tests/forked.py): no launcher is under test here.
 """
@@ -19,10 +20,13 @@ import forked
 from . import parallel_lm
 from .helpers import check_ok, write_script
 
-SGD_TOLERANCE = 1e-5  # measured: at most 1.2e-7 (the sums of split layers in another order)
-ADAMW_TOLERANCE = 1e-5  # measured over these 12 steps: 1.5e-6 (2 ranks; 2 x 2, no longer run here to keep the
-#                         suite short: 1.6e-6); over 20 steps 3.1e-5 and 3.9e-5: AdamW divides each step by its gradient's running size, so a
-#                         rounding difference in a small gradient moves a weight by up to lr x 1e-3
+SGD_TOLERANCE = 1e-5  # measured: at most 1.2e-7 (the sums of split layers in another order), sequence parallel
+#                       and resumes across meshes included
+ADAMW_TOLERANCE = 1e-5  # measured over these 12 steps: 4.3e-7 (2 ranks), 1.6e-6 (2 ranks, sequence parallel),
+#                         1.8e-6 (2 x 2); a 2 x 2 checkpoint resumed on 1 x 2 and under fsdp: 1.2e-7 from the run
+#                         that went on. Over 20 steps 3.1e-5 and 3.9e-5 (not run): AdamW divides each step by its
+#                         gradient's running size, so a rounding difference in a small gradient moves a weight by
+#                         up to lr x 1e-3
 
 SCRIPT = """
 import json, sys
@@ -37,16 +41,22 @@ for case in cfg["cases"]:
     if case.get("checkpoint"):
         callbacks = [ModelCheckpoint(dirpath=f"{cfg['out']}/ck_{case['tag']}", every_n_train_steps=parallel_lm.CHECKPOINT_EVERY, save_top_k=-1)]
     resume = case.get("resume")
-    out = parallel_lm.fit(strategy, devices=cfg["devices"], callbacks=callbacks, root=cfg["out"],
-                          ckpt_path=resume.format(out=cfg["out"]) if resume else None, **case.get("fit", {}))
+    if "lightning" in case:  # Lightning's ModelParallelStrategy, its configure_model applying the plan by hand
+        out = parallel_lm.lightning_fit(cfg["devices"], 2, root=cfg["out"], **case["lightning"])
+    else:
+        out = parallel_lm.fit(strategy, devices=cfg["devices"], callbacks=callbacks, root=cfg["out"],
+                              ckpt_path=resume.format(out=cfg["out"]) if resume else None, **case.get("fit", {}))
     if out["rank"] == 0:
         torch.save(out, f"{cfg['out']}/{case['tag']}.pt")
 """
 
-#: 4 ranks: data parallel 2 x tensor parallel 2 (a checkpoint at step 10 of 20, mid-epoch)
+#: 4 ranks: data parallel 2 x tensor parallel 2 (checkpoints at step 6 of 12, mid-epoch)
 MESH_2X2 = {"data_parallel_size": 2, "tensor_parallel_size": 2}
 FOUR = [
     {"tag": "2d_sgd", "strategy": MESH_2X2, "fit": {"data_parallel": 2, "optimizer": "sgd"}, "checkpoint": True},
+    {"tag": "2d_adamw", "strategy": MESH_2X2, "fit": {"data_parallel": 2}, "checkpoint": True},
+    {"tag": "2d_sequence_parallel", "strategy": MESH_2X2,
+     "fit": {"data_parallel": 2, "optimizer": "sgd", "sequence_parallel": True}},
 ]
 #: 2 ranks: tensor parallel 2 (then the 2 x 2 checkpoint resumed on 1 x 2, and under fsdp)
 TWO = [
@@ -54,10 +64,22 @@ TWO = [
     {"tag": "tp_adamw", "strategy": {"tensor_parallel_size": 2}, "fit": {}},
     {"tag": "tp_loss_parallel", "strategy": {"tensor_parallel_size": 2},
      "fit": {"optimizer": "sgd", "loss_parallel": True}},
+    # sequence parallel: alone, with AdamW, with loss parallel, an MLP given the residual stream's part itself
+    {"tag": "tp_sequence_parallel", "strategy": {"tensor_parallel_size": 2},
+     "fit": {"optimizer": "sgd", "sequence_parallel": True}},
+    {"tag": "tp_sequence_parallel_adamw", "strategy": {"tensor_parallel_size": 2}, "fit": {"sequence_parallel": True}},
+    {"tag": "tp_sequence_and_loss_parallel", "strategy": {"tensor_parallel_size": 2},
+     "fit": {"optimizer": "sgd", "sequence_parallel": True, "loss_parallel": True}},
+    {"tag": "tp_sequence_parallel_mlp_without_norm", "strategy": {"tensor_parallel_size": 2},
+     "fit": {"optimizer": "sgd", "sequence_parallel": True, "mlp_norm": False}},
     {"tag": "resumed_1x2", "strategy": {"tensor_parallel_size": 2}, "fit": {"optimizer": "sgd"},
      "resume": "{out}/ck_2d_sgd/epoch=0-step=6.ckpt"},
     {"tag": "resumed_fsdp", "plain": {"name": "fsdp", "auto_wrap_policy": ["Block"]},
      "fit": {"optimizer": "sgd", "data_parallel": 2}, "resume": "{out}/ck_2d_sgd/epoch=0-step=6.ckpt"},
+    {"tag": "resumed_1x2_adamw", "strategy": {"tensor_parallel_size": 2}, "fit": {},
+     "resume": "{out}/ck_2d_adamw/epoch=0-step=6.ckpt"},
+    {"tag": "resumed_fsdp_adamw", "plain": {"name": "fsdp", "auto_wrap_policy": ["Block"]},
+     "fit": {"data_parallel": 2}, "resume": "{out}/ck_2d_adamw/epoch=0-step=6.ckpt"},
     # activation checkpointing: each beside the same run without it (tp_adamw for tensor parallel)
     {"tag": "ddp", "plain": "ddp_gloo", "fit": {"data_parallel": 2}},
     {"tag": "ac_ddp", "plain": "ddp_gloo", "fit": {"data_parallel": 2, "activation_checkpointing_policy": ["Block"]}},
@@ -65,10 +87,15 @@ TWO = [
     {"tag": "ac_fsdp", "plain": {"name": "fsdp", "auto_wrap_policy": ["Block"], "activation_checkpointing_policy": ["Block"]},
      "fit": {"data_parallel": 2}},
     {"tag": "ac_tp", "strategy": {"tensor_parallel_size": 2}, "fit": {"activation_checkpointing_policy": ["Block"]}},
+    {"tag": "ac_sequence_parallel", "strategy": {"tensor_parallel_size": 2},
+     "fit": {"optimizer": "sgd", "sequence_parallel": True, "activation_checkpointing_policy": ["Block"]}},
     # compiled per block (aot_eager: traced, no C++ build), each beside the same run eagerly
     {"tag": "compiled_fsdp", "plain": {"name": "fsdp", "auto_wrap_policy": ["Block"]},
      "fit": {"data_parallel": 2, "compile": {"backend": "aot_eager"}}},
     {"tag": "compiled_tp", "strategy": {"tensor_parallel_size": 2}, "fit": {"compile": {"backend": "aot_eager"}}},
+    # last (Lightning leaves its settings behind): its ModelParallelStrategy beside tp_adamw, tp_sequence_parallel
+    {"tag": "lightning_tp_adamw", "lightning": {}},
+    {"tag": "lightning_sequence_parallel", "lightning": {"optimizer": "sgd", "sequence_parallel": True}},
 ]
 
 
@@ -84,8 +111,16 @@ def job(tmp_path_factory):
     return results, out
 
 
+_ONE_PROCESS: dict[str, dict] = {}
+
+
 def one_process(**fit) -> dict:
-    return parallel_lm.fit("single", devices=1, **fit)
+    """The run in one process on the global batch (the same for any split of it: computed once)."""
+    fit = {k: v for k, v in fit.items() if k not in ("data_parallel", "sequence_parallel")}
+    key = json.dumps(fit, sort_keys=True, default=str)
+    if key not in _ONE_PROCESS:
+        _ONE_PROCESS[key] = parallel_lm.fit("single", devices=1, **fit)
+    return _ONE_PROCESS[key]
 
 
 def the_same_run(job, tag: str, other: str) -> tuple[dict, dict]:
@@ -105,7 +140,7 @@ def apart(a: dict, b: dict) -> float:
 
 
 CASES = [(c["tag"], c["fit"]) for c in FOUR + TWO
-         if not {"resume", "plain"} & c.keys() and not c["tag"].startswith(("ac_", "compiled_"))]
+         if not {"resume", "plain", "lightning"} & c.keys() and not c["tag"].startswith(("ac_", "compiled_"))]
 
 
 @pytest.mark.timeout(300)
@@ -115,8 +150,10 @@ def test_model_parallel_ends_where_one_process_ends(job, tag, fit):
     for result in results:
         check_ok(result)
     run = torch.load(out / f"{tag}.pt")
-    single = one_process(**{k: v for k, v in fit.items() if k != "data_parallel"})
+    single = one_process(**fit)
     assert run["global_step"] == single["global_step"] == parallel_lm.STEPS
+    # sequence parallel: a block's norm saw this rank's half of each sequence
+    assert run["norm_tokens"] == parallel_lm.CONTEXT // (2 if fit.get("sequence_parallel") else 1)
     tolerance = SGD_TOLERANCE if fit.get("optimizer") == "sgd" else ADAMW_TOLERANCE
     assert apart(run["weights"], single["weights"]) < tolerance
     for name in ("train_loss", "val_loss"):
@@ -126,26 +163,44 @@ def test_model_parallel_ends_where_one_process_ends(job, tag, fit):
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("tag", ["resumed_1x2", "resumed_fsdp"])
-def test_a_2x2_checkpoint_resumes_on_another_mesh_where_the_run_went_on(job, tag):
-    """Written mid-epoch at step 6 of 12 on data parallel 2 x tensor parallel 2; resumed on 1 x 2 (the
-    same global batch on one replica) and on 2 ranks of fsdp: both end where the 2 x 2 run ended."""
+def test_sequence_parallel_keeps_half_of_what_the_norms_keep(job):
+    """What sequence parallel saves on the test's LM: each of its 4 block norms keeps its input and
+    its mean and 1/std per token (width + 2 floats) for half the sequence; the rest is as under
+    tensor parallel alone (the bytes of the DTensors counted as this rank's part)."""
     results, out = job
     for result in results:
         check_ok(result)
-    uninterrupted, resumed = torch.load(out / "2d_sgd.pt"), torch.load(out / f"{tag}.pt")
+    split, whole = torch.load(out / "tp_sequence_parallel.pt"), torch.load(out / "tp_sgd.pt")
+    half = parallel_lm.GLOBAL_BATCH * parallel_lm.CONTEXT // 2 * (parallel_lm.WIDTH + 2) * 4
+    assert whole["saved_bytes"] - split["saved_bytes"] == 4 * half
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(("tag", "uninterrupted", "tolerance"), [
+    ("resumed_1x2", "2d_sgd", SGD_TOLERANCE), ("resumed_fsdp", "2d_sgd", SGD_TOLERANCE),
+    ("resumed_1x2_adamw", "2d_adamw", ADAMW_TOLERANCE), ("resumed_fsdp_adamw", "2d_adamw", ADAMW_TOLERANCE)])
+def test_a_2x2_checkpoint_resumes_on_another_mesh_where_the_run_went_on(job, tag, uninterrupted, tolerance):
+    """Written mid-epoch at step 6 of 12 on data parallel 2 x tensor parallel 2; resumed on 1 x 2 (the
+    same global batch on one replica) and on 2 ranks of fsdp: both end where the 2 x 2 run ended
+    (with AdamW its moments come back sharded anew on the other mesh)."""
+    results, out = job
+    for result in results:
+        check_ok(result)
+    uninterrupted, resumed = torch.load(out / f"{uninterrupted}.pt"), torch.load(out / f"{tag}.pt")
     assert resumed["global_step"] == uninterrupted["global_step"] == parallel_lm.STEPS
     assert resumed["batches"] == parallel_lm.STEPS - parallel_lm.CHECKPOINT_EVERY and uninterrupted["batches"] == parallel_lm.STEPS
-    assert apart(resumed["weights"], uninterrupted["weights"]) < SGD_TOLERANCE
+    assert apart(resumed["weights"], uninterrupted["weights"]) < tolerance
     assert resumed["metrics"]["val_loss"] == pytest.approx(uninterrupted["metrics"]["val_loss"], abs=1e-5)
 
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize(("tag", "without"), [("ac_ddp", "ddp"), ("ac_fsdp", "fsdp"), ("ac_tp", "tp_adamw")])
+@pytest.mark.parametrize(("tag", "without"), [("ac_ddp", "ddp"), ("ac_fsdp", "fsdp"), ("ac_tp", "tp_adamw"),
+                                              ("ac_sequence_parallel", "tp_sequence_parallel")])
 def test_activation_checkpointing_trains_the_same_numbers_keeping_less(job, tag, without):
-    """Under DDP (the Trainer's argument), FSDP (the strategy's, as in Lightning) and tensor
-    parallel: the same weights bit for bit as the run without it, the forward keeping a fraction
+    """Under DDP (the Trainer's argument), FSDP (the strategy's, as in Lightning), tensor and
+    sequence parallel (whose split of the first block's input is not split again when the block
+    is recomputed): the same weights bit for bit as the run without it, the forward keeping a fraction
     of the bytes for the backward (the blocks keep only their inputs)."""
     checkpointed, plain = the_same_run(job, tag, without)
     assert checkpointed["saved_bytes"] < plain["saved_bytes"] / 3, (checkpointed["saved_bytes"], plain["saved_bytes"])
@@ -155,6 +210,23 @@ def test_activation_checkpointing_trains_the_same_numbers_keeping_less(job, tag,
 @pytest.mark.parametrize(("tag", "eager"), [("compiled_fsdp", "fsdp"), ("compiled_tp", "tp_adamw")])
 def test_blocks_compiled_one_by_one_under_fsdp_and_tensor_parallel_train_eager_s_numbers(job, tag, eager):
     the_same_run(job, tag, eager)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(("tag", "ours"), [("lightning_tp_adamw", "tp_adamw"),
+                                          ("lightning_sequence_parallel", "tp_sequence_parallel")])
+def test_lightning_model_parallel_strategy_ends_where_fw_s_ends(job, tag, ours):
+    """Lightning 2.6.6's ModelParallelStrategy runs on the CPU over Gloo (nothing refused); its
+    module's configure_model writes Megatron's plan out with torch's styles (and torchtitan's
+    sequence split). fw's one line makes the same collectives in the same order: the same weights
+    and logged loss, bit for bit (a gather asked for twice before a layer showed as 6e-8 here)."""
+    results, out = job
+    for result in results:
+        check_ok(result)
+    theirs, mine = torch.load(out / f"{tag}.pt"), torch.load(out / f"{ours}.pt")
+    assert theirs["global_step"] == mine["global_step"] == parallel_lm.STEPS
+    assert apart(theirs["weights"], mine["weights"]) == 0.0
+    assert theirs["metrics"]["train_loss"] == mine["metrics"]["train_loss"]
 
 
 def test_activation_checkpointing_in_one_process_trains_the_same_numbers_keeping_less():
@@ -224,19 +296,30 @@ class OptimizerFromInit(LM):
     def configure_optimizers(self):
         return self.early
 
+class OddSequence(LM):  # sequences of 7 tokens: 2 ranks cannot split them
+    def __init__(self):
+        super().__init__(sequence_parallel=True)
+
+    @staticmethod
+    def loader():
+        tokens, targets = parallel_lm.data(16).tensors
+        return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(tokens[:, :7], targets[:, :7]), batch_size=8)
+
 CASES = {"no_configure_model": (NoConfigureModel, {"tensor_parallel_size": 2}),
          "data_parallel_unsharded": (ShardsNothing, {"data_parallel_size": 2}),
          "tensor_parallel_unsplit": (ShardsNothing, {"tensor_parallel_size": 2}),
          "plan_of_another_model": (PlanOfAnotherModel, {"tensor_parallel_size": 2}),
          "fused_qkv": (FusedQKV, {"tensor_parallel_size": 2}),
          "optimizer_from_init": (OptimizerFromInit, {"tensor_parallel_size": 2}),
-         "whole_parameter_apart": (WholeScaleApart, {"tensor_parallel_size": 2})}
+         "whole_parameter_apart": (WholeScaleApart, {"tensor_parallel_size": 2}),
+         "sequence_not_divisible": (OddSequence, {"tensor_parallel_size": 2})}
 said = {}
 for tag, (cls, sizes) in CASES.items():
     trainer = fw.Trainer(**parallel_lm.QUIET, enable_checkpointing=False, devices=2, max_steps=2,
                          strategy={"name": "model_parallel", **sizes})
     try:
-        trainer.fit(cls(), torch.utils.data.DataLoader(parallel_lm.data(16), batch_size=8))
+        loader = cls.loader() if hasattr(cls, "loader") else torch.utils.data.DataLoader(parallel_lm.data(16), batch_size=8)
+        trainer.fit(cls(), loader)
         said[tag] = "no error"
     except (fw.ConfigError, TrainingError) as err:
         said[tag] = str(err)
@@ -253,6 +336,8 @@ EXPECTED = {
     "fused_qkv": "attn.c_attn is one layer for q, k and v",
     "optimizer_from_init": "not the model's after configure_model() parallelized it",
     "whole_parameter_apart": "model.blocks.0.mlp.scale, model.blocks.1.mlp.scale differ between the ranks",
+    "sequence_not_divisible": "Block's input (8, 7, 16) is not (batch, sequence, width) with a sequence that "
+                              "tensor_parallel_size=2 divides; give sequences of a multiple of 2 tokens",
 }
 
 
