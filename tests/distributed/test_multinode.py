@@ -1,7 +1,9 @@
 """Two "nodes" on one machine: two network namespaces joined by a veth pair, each with its own
 interface and address. fw's own launcher runs one worker per node (``num_nodes=2``,
 ``devices=1``), the rendezvous at node A's address, Gloo on the named interface; the result
-equals one process on the 2x batch. Needs root and iproute2 (CI has both); skips otherwise."""
+equals one process on the 2x batch; a worker killed on either node restarts the job under fw's
+launcher and under torchrun (one ``torchrun --nnodes 2`` per namespace). Needs root and iproute2
+(CI has both); skips otherwise."""
 
 from __future__ import annotations
 
