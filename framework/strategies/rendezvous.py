@@ -1,7 +1,8 @@
 """The stores DDP ranks meet through under torchrun or fw's launcher (``DDPStrategy._elastic_store``
 says why fw builds them): rank 0 of each attempt hosts a store of its own and publishes its
 address in the agent's store; each ``init_process_group`` gets its own key prefix in it. Under
-``mpiexec`` (no agent, no address given) rank 0's store address goes to the others over MPI."""
+``mpiexec`` (no agent, no address given) rank 0's store address goes to the others over MPI.
+``elastic_job_id`` names the job for its checkpoints by a nonce kept in the agent's store."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import uuid
 import torch.distributed as dist
 
 from framework.errors import DistributedSetupError
+from framework.rank_zero import rank_zero_warn
 
 
 def prefixed_by_init(store: dist.Store, rank: int) -> dist.Store:
@@ -49,6 +51,33 @@ def attempt_store(rank: int, world_size: int, timeout: datetime.timedelta, socke
         store = _connect_to_published(agent, timeout)
     _ATTEMPT = (key, store)
     return store
+
+
+def elastic_job_id(timeout: datetime.timedelta = datetime.timedelta(seconds=30)) -> str | None:
+    """The id a worker of the elastic agent gives its job's checkpoints, by which a restarted
+    worker finds them: ``TORCHELASTIC_RUN_ID`` and a nonce that the first worker to ask leaves
+    in the agent's store (None outside the agent).
+
+    The run id alone names a rendezvous, not a job: torchrun's ``--rdzv-id`` is ``none`` unless
+    given, and fw's launcher names a multi-node run by its endpoint, so a job restarted before
+    its first checkpoint resumed the newest checkpoint of an earlier job in the same folder and
+    ended with that job's weights. The agent's store lives as long as the job, its restarts
+    included, and no longer. Without it (a rendezvous backend that keeps no store for the
+    workers, such as etcd) the run id alone is used, with a warning on rank 0."""
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID")
+    if not run_id:
+        return None
+    try:
+        if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+            raise LookupError("the agent keeps no store for its workers")
+        agent = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                              timeout=timeout)
+        nonce = agent.compare_set(f"fw/job_nonce/{run_id}", "", uuid.uuid4().hex).decode()
+    except (LookupError, KeyError, ValueError, RuntimeError, dist.DistError) as err:
+        rank_zero_warn(f"checkpoints are named by the elastic run id '{run_id}' alone ({err}): give every job "
+                       "its own (torchrun --rdzv-id), or a restart may resume another job's checkpoint in the same folder")
+        return run_id
+    return f"{run_id}:{nonce}"
 
 
 def _connect_to_published(agent: dist.Store, timeout: datetime.timedelta) -> dist.Store:

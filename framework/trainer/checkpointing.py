@@ -26,6 +26,7 @@ from framework.errors import CheckpointError, TrainingError
 from framework.rank_zero import rank_zero_info, rank_zero_warn
 from framework.strategies.checkpoint_io import is_live
 from framework.strategies.optimizer_keys import numbered
+from framework.strategies.rendezvous import elastic_job_id
 from framework.trainer import end_of_fit
 from framework.trainer.carry_over import (
     Carry,
@@ -92,7 +93,7 @@ def _values(run: Run) -> dict[str, Any]:
         "train_batch_size": train_batch_size(run),  # the unit of a mid-epoch position ("loop")
         "train_order": train_order(run),  # what that position means in samples (carry_over.py)
         # a restarted (elastic) or requeued (SLURM) job looks for its own checkpoints by these
-        "run_id": os.environ.get("TORCHELASTIC_RUN_ID"),
+        "run_id": state.run_id,
         "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
         "fit_index": state.fit_index,
         **_datamodule_hparams(run),
@@ -145,6 +146,7 @@ def resolve_path(run: Run, ckpt_path: Any, restarts: int) -> str | None:
     fn = run.fn
     if fn == "fit":
         run.state.fit_index = _count_fit()
+        run.state.run_id = elastic_job_id()
     if ckpt_path is None and fn == "fit":
         return _checkpoint_to_restart_from(run, restarts)
     if ckpt_path == "best":
@@ -234,7 +236,7 @@ def _checkpoint_to_restart_from(run: Run, restarts: int) -> str | None:
     wrote before: rank 0 looks, every rank takes its answer. A first attempt resumes nothing."""
     env = os.environ
     if restarts and env.get("TORCHELASTIC_RUN_ID"):
-        key, value, who = "run_id", env["TORCHELASTIC_RUN_ID"], "workers restarted by the elastic agent"
+        key, value, who = "run_id", run.state.run_id, "workers restarted by the elastic agent"
         count = str(restarts)
     elif int(env.get("SLURM_RESTART_COUNT") or 0) and env.get("SLURM_JOB_ID"):
         key, value, who = "slurm_job_id", env["SLURM_JOB_ID"], f"SLURM job {env['SLURM_JOB_ID']} requeued"

@@ -49,6 +49,8 @@ class RunState:
             the progress that ``trainer/heartbeat.py`` watches).
         position: where the training stands in its data (``resume.DataPosition``).
         fit_index: which fit of this program the last fit was (1, 2, ...; see checkpointing).
+        run_id: the elastic job the last fit ran in, as its checkpoints name it
+            (``rendezvous.elastic_job_id``); None outside the elastic agent.
         should_stop: a request to stop (callbacks, max_time) at the next check.
         skip_step: the optimizer step due next throws its gradients away (a non-finite loss
             under ``on_nonfinite=skip``).
@@ -76,6 +78,7 @@ class RunState:
     eval_batches: int = 0
     position: DataPosition = field(default_factory=DataPosition)
     fit_index: int = 0
+    run_id: str | None = None
     should_stop: bool = False
     skip_step: bool = False
     forward_only: bool = False

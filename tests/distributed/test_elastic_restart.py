@@ -48,7 +48,7 @@ class KillOnce(fw.Callback):
         if first_attempt and trainer.global_rank == kill_rank and trainer.global_step == kill_step:
             os.kill(os.getpid(), signal.SIGKILL)
 
-fw.seed_everything(0)
+fw.seed_everything(int(os.environ.get("FW_TEST_SEED", "0")))
 model = Dropout()
 trainer = fw.Trainer(devices=2, strategy=strategy, max_epochs=2, accelerator="cpu", logger=False,
                      enable_progress_bar=False, num_sanity_val_steps=0, default_root_dir=f"{out}/{name}",
@@ -93,13 +93,35 @@ def test_a_worker_killed_at_a_random_step_restarts_and_resumes_bit_identically(t
             assert got["step"] == STEPS and got["w"] == straight[r]["w"], f"kill of rank {rank} at step {step}: rank {r}"
 
 
-def _torchrun_with_restarts(script, tmp_path, name, rank, step, strategy="ddp_gloo"):
+def _torchrun_with_restarts(script, tmp_path, name, rank, step, strategy="ddp_gloo", env=None):
+    """torchrun's command as users write it: no ``--rdzv-id``, so every such job's run id is ``none``."""
     from .helpers import PYTHON, free_port, run_cmd
 
     cmd = [PYTHON, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--max-restarts", "1",
            "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}", str(script),
            str(tmp_path), name, str(rank), str(step), strategy]
-    return run_cmd(cmd, timeout=90)
+    return run_cmd(cmd, timeout=90, env=env)
+
+
+@pytest.mark.timeout(120)  # two torchrun jobs, one of them restarted: 25 s alone
+def test_a_job_restarted_before_its_first_checkpoint_starts_over_not_from_an_earlier_jobs(tmp_path):
+    """Two torchrun jobs in one folder, both with torchrun's run id ``none``: the second, killed
+    before it wrote a checkpoint, starts over and ends with its own weights (was: it resumed the
+    first job's last checkpoint and ended with that job's weights, exit 0)."""
+    from .helpers import clean_env
+
+    script = write_script(tmp_path, SCRIPT)
+    check_ok(_torchrun_with_restarts(script, tmp_path, "shared", -1, -1, env=clean_env(FW_TEST_SEED="1")))
+    check_ok(forked.run_script(script, str(tmp_path), "alone", "-1", "-1", nprocs=2, timeout=30,
+                               env=clean_env(FW_TEST_SEED="2")))
+    result = _torchrun_with_restarts(script, tmp_path, "shared", 1, 0, env=clean_env(FW_TEST_SEED="2"))
+    check_ok(result)
+    assert "workers restarted by the elastic agent (restart 1): no checkpoint of this run was found" in result.output, \
+        result.output
+    for r in (0, 1):
+        got = json.loads((tmp_path / f"shared_rank{r}.json").read_text())
+        alone = json.loads((tmp_path / f"alone_rank{r}.json").read_text())
+        assert got["step"] == STEPS and got["w"] == alone["w"], f"rank {r}:\n{result.output}"
 
 
 ALWAYS_FAILS = """

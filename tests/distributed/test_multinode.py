@@ -1,7 +1,9 @@
 """Two "nodes" on one machine: two network namespaces joined by a veth pair, each with its own
 interface and address. fw's own launcher runs one worker per node (``num_nodes=2``,
 ``devices=1``), the rendezvous at node A's address, Gloo on the named interface; the result
-equals one process on the 2x batch. Needs root and iproute2 (CI has both); skips otherwise."""
+equals one process on the 2x batch; a worker killed on either node restarts the job under fw's
+launcher and under torchrun (one ``torchrun --nnodes 2`` per namespace). Needs root and iproute2
+(CI has both); skips otherwise."""
 
 from __future__ import annotations
 
@@ -47,9 +49,9 @@ def _skip_reason() -> str | None:
     return None
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def two_hosts():
-    """Namespaces A and B, veth pair A 10.231.N.1 <-> B 10.231.N.2; removed afterwards."""
+    """Namespaces A and B, veth pair A 10.231.N.1 <-> B 10.231.N.2; removed after the file's tests."""
     reason = _skip_reason()
     if reason:
         pytest.skip(reason)
@@ -97,6 +99,7 @@ import workload
 node, ifname, endpoint, out, name = sys.argv[1:6]
 kill_rank, kill_step = int(sys.argv[6]), int(sys.argv[7])
 marker = f"{out}/{name}.killed"  # the nodes' restart counts differ, so a file says "done once"
+first_attempt = not os.path.exists(marker)  # read once: the killer writes it while the others run
 
 class Dropout(workload.Regressor):
     def __init__(self):
@@ -111,7 +114,7 @@ class KillOnce(fw.Callback):
     # worker is still healthy when the new round starts: its agent restarts it as a membership
     # change, which the agent does not count as a restart
     def on_train_batch_start(self, trainer, module, batch, batch_idx):
-        if trainer.global_step != kill_step or os.path.exists(marker):
+        if trainer.global_step != kill_step or not first_attempt:
             return
         if trainer.global_rank == kill_rank:
             open(marker, "w").close()
@@ -129,19 +132,33 @@ trainer = fw.Trainer(devices=1, num_nodes=2, rdzv_endpoint=endpoint,
                      callbacks=[KillOnce(), ModelCheckpoint(every_n_train_steps=1, save_top_k=-1)])
 trainer.fit(model, DataLoader(workload.regression_data(64), batch_size=4, shuffle=True))
 with open(f"{out}/{name}_rank{trainer.global_rank}.json", "w") as f:
-    json.dump({"step": trainer.global_step,
+    json.dump({"step": trainer.global_step, "restarts": os.environ.get("TORCHELASTIC_RESTART_COUNT"),
                "w": torch.cat([p.detach().flatten() for p in model.parameters()]).tolist()}, f)
 """
 
 
-def _run_on_both(two_hosts, script, tmp_path, *args: str, timeout: float = 120) -> dict[str, str]:
-    """Run ``script NODE IFNAME ENDPOINT OUT *args`` in namespaces A and B; their outputs."""
+def _run_on_both(two_hosts, script, tmp_path, *args: str, timeout: float = 120,
+                 torchrun_restarts: int | None = None) -> dict[str, str]:
+    """Run ``script NODE IFNAME ENDPOINT OUT *args`` in namespaces A and B; their outputs. With
+    ``torchrun_restarts``, each node starts it under torchrun (1 worker, ``--max-restarts``
+    that many), the rendezvous at node A's address; else as a plain program (fw's launcher)."""
     names, ifaces, addrs = two_hosts
     endpoint = f"{addrs['A']}:{free_port()}"
+
+    def command(node: str) -> list[str]:
+        program = [str(script), node, ifaces[node], endpoint, str(tmp_path), *args]
+        if torchrun_restarts is None:
+            return [sys.executable, *program]
+        # the namespaces share the host's name, which resolves to neither veth address: each
+        # node names its own address, and node A says that it hosts the rendezvous
+        return [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
+                "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", "fw-two-nodes",
+                "--rdzv-conf", f"is_host={int(node == 'A')}", "--local-addr", addrs[node],
+                "--max-restarts", str(torchrun_restarts), *program]
+
     procs = {
         node: subprocess.Popen(
-            ["ip", "netns", "exec", names[node], sys.executable, str(script), node, ifaces[node], endpoint,
-             str(tmp_path), *args],
+            ["ip", "netns", "exec", names[node], *command(node)],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=clean_env(), cwd=REPO,
             start_new_session=True)
         for node in "AB"
@@ -161,29 +178,44 @@ def _run_on_both(two_hosts, script, tmp_path, *args: str, timeout: float = 120) 
     return outputs
 
 
+@pytest.fixture(scope="module")
+def straight(two_hosts, tmp_path_factory) -> list[dict]:
+    """The restart script's run never interrupted, per rank, under fw's launcher: torchrun's
+    ranks are the same, so both launchers' killed runs are held to this one run."""
+    import json
+
+    out = tmp_path_factory.mktemp("straight")
+    _run_on_both(two_hosts, write_script(out, RESTART_SCRIPT), out, "straight", "-1", "-1")
+    return [json.loads((out / f"straight_rank{r}.json").read_text()) for r in (0, 1)]
+
+
 @pytest.mark.timeout(80 + 80 * int(os.environ.get("FW_RESTART_REPEATS", "1")))  # ~12 s a kill alone, 68 s for one beside the suite
-def test_a_worker_killed_on_either_node_restarts_both_and_resumes_bit_identically(two_hosts, tmp_path):
+@pytest.mark.parametrize("launcher", ["fw", "torchrun"])
+def test_a_worker_killed_on_either_node_restarts_both_and_resumes_bit_identically(two_hosts, tmp_path, launcher,
+                                                                                  straight):
     """As tests/distributed/test_elastic_restart.py, across two nodes: the node whose worker
-    died restarts it, the other node's agent restarts its own worker for the new round, and
-    both resume from the newest checkpoint of the run (``FW_RESTART_REPEATS`` kills, 1 unless set)."""
+    died restarts it, the other node's agent restarts its own worker for the new round (without
+    counting it: the nodes' ``TORCHELASTIC_RESTART_COUNT`` then differ), and both resume from the
+    newest checkpoint of the run (``FW_RESTART_REPEATS`` kills, 1 unless set). Under fw's
+    launcher (``num_nodes=2``, ``max_restarts=1``) or torchrun (``--nnodes 2 --max-restarts 1``
+    on each node; fw takes its ranks)."""
     import json
     import random
 
     script = write_script(tmp_path, RESTART_SCRIPT)
-    _run_on_both(two_hosts, script, tmp_path, "straight", "-1", "-1")
-    straight = [json.loads((tmp_path / f"straight_rank{r}.json").read_text()) for r in (0, 1)]
     rng = random.Random()
     for attempt in range(int(os.environ.get("FW_RESTART_REPEATS", "1"))):
         rank, step = rng.randrange(2), rng.randrange(1, 16)
         name = f"killed{attempt}"
-        outputs = _run_on_both(two_hosts, script, tmp_path, name, str(rank), str(step))
+        outputs = _run_on_both(two_hosts, script, tmp_path, name, str(rank), str(step),
+                               torchrun_restarts=1 if launcher == "torchrun" else None)
         assert (tmp_path / f"{name}.killed").exists(), outputs
         both = outputs["A"] + outputs["B"]
         assert "workers restarted by the elastic agent" in both and "resuming from" in both, both
         for r in (0, 1):
             got = json.loads((tmp_path / f"{name}_rank{r}.json").read_text())
             assert got["step"] == 16 and got["w"] == straight[r]["w"], \
-                f"kill of rank {rank} at step {step}: rank {r}\n{both}"
+                f"kill of rank {rank} at step {step}: rank {r} (restart count {got['restarts']})\n{both}"
 
 
 SAME_HOST = """
