@@ -67,6 +67,16 @@ def elastic_job_id(timeout: datetime.timedelta = datetime.timedelta(seconds=30))
     run_id = os.environ.get("TORCHELASTIC_RUN_ID")
     if not run_id:
         return None
+    where = (run_id, os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT"))
+    if where not in _JOB_IDS:  # asked once a process: its fits belong to one job
+        _JOB_IDS[where] = _ask_for_job_id(run_id, timeout)
+    return _JOB_IDS[where]
+
+
+_JOB_IDS: dict[tuple[str, str | None, str | None], str] = {}
+
+
+def _ask_for_job_id(run_id: str, timeout: datetime.timedelta) -> str:
     try:
         if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
             raise LookupError("the agent keeps no store for its workers")

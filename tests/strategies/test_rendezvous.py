@@ -6,6 +6,7 @@ import pytest
 import torch.distributed as dist
 
 from framework.rank_zero import FwWarning
+from framework.strategies import rendezvous
 from framework.strategies.rendezvous import elastic_job_id
 
 
@@ -17,7 +18,10 @@ def test_the_job_id_is_the_run_id_and_one_nonce_per_agent_store(monkeypatch):
     for _ in range(2):  # two jobs, each with its own agent store
         agent = dist.TCPStore("127.0.0.1", 0, 1, is_master=True, wait_for_workers=False)
         monkeypatch.setenv("MASTER_PORT", str(agent.port))
-        first, again = elastic_job_id(), elastic_job_id()  # a restarted worker asks again
+        first = elastic_job_id()
+        assert elastic_job_id() == first  # the next fit of this process: asked once a process
+        rendezvous._JOB_IDS.clear()  # a restarted worker is a new process: it asks the store again
+        again = elastic_job_id()
         assert first == again and first.startswith("none:")
         ids.append(first)
         del agent
