@@ -78,6 +78,9 @@ TWO = [
      "fit": {"optimizer": "sgd", "data_parallel": 2}, "resume": "{out}/ck_2d_sgd/epoch=0-step=6.ckpt"},
     {"tag": "resumed_1x2_adamw", "strategy": {"tensor_parallel_size": 2}, "fit": {},
      "resume": "{out}/ck_2d_adamw/epoch=0-step=6.ckpt"},
+    # written without sequence parallel, resumed with it: it moves activations, not the weights' layout
+    {"tag": "resumed_1x2_sequence_parallel", "strategy": {"tensor_parallel_size": 2},
+     "fit": {"optimizer": "sgd", "sequence_parallel": True}, "resume": "{out}/ck_2d_sgd/epoch=0-step=6.ckpt"},
     {"tag": "resumed_fsdp_adamw", "plain": {"name": "fsdp", "auto_wrap_policy": ["Block"]},
      "fit": {"data_parallel": 2}, "resume": "{out}/ck_2d_adamw/epoch=0-step=6.ckpt"},
     # activation checkpointing: each beside the same run without it (tp_adamw for tensor parallel)
@@ -178,7 +181,8 @@ def test_sequence_parallel_keeps_half_of_what_the_norms_keep(job):
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize(("tag", "uninterrupted", "tolerance"), [
     ("resumed_1x2", "2d_sgd", SGD_TOLERANCE), ("resumed_fsdp", "2d_sgd", SGD_TOLERANCE),
-    ("resumed_1x2_adamw", "2d_adamw", ADAMW_TOLERANCE), ("resumed_fsdp_adamw", "2d_adamw", ADAMW_TOLERANCE)])
+    ("resumed_1x2_adamw", "2d_adamw", ADAMW_TOLERANCE), ("resumed_fsdp_adamw", "2d_adamw", ADAMW_TOLERANCE),
+    ("resumed_1x2_sequence_parallel", "2d_sgd", SGD_TOLERANCE)])
 def test_a_2x2_checkpoint_resumes_on_another_mesh_where_the_run_went_on(job, tag, uninterrupted, tolerance):
     """Written mid-epoch at step 6 of 12 on data parallel 2 x tensor parallel 2; resumed on 1 x 2 (the
     same global batch on one replica) and on 2 ranks of fsdp: both end where the 2 x 2 run ended
