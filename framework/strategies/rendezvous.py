@@ -53,7 +53,7 @@ def attempt_store(rank: int, world_size: int, timeout: datetime.timedelta, socke
     return store
 
 
-def elastic_job_id(timeout: datetime.timedelta = datetime.timedelta(seconds=30)) -> str | None:
+def elastic_job_id() -> str | None:
     """The id a worker of the elastic agent gives its job's checkpoints, by which a restarted
     worker finds them: ``TORCHELASTIC_RUN_ID`` and a nonce that the first worker to ask leaves
     in the agent's store (None outside the agent).
@@ -69,25 +69,46 @@ def elastic_job_id(timeout: datetime.timedelta = datetime.timedelta(seconds=30))
         return None
     where = (run_id, os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT"))
     if where not in _JOB_IDS:  # asked once a process: its fits belong to one job
-        _JOB_IDS[where] = _ask_for_job_id(run_id, timeout)
+        _JOB_IDS[where] = _ask_for_job_id(run_id)
     return _JOB_IDS[where]
 
 
 _JOB_IDS: dict[tuple[str, str | None, str | None], str] = {}
 
 
-def _ask_for_job_id(run_id: str, timeout: datetime.timedelta) -> str:
+def _ask_for_job_id(run_id: str) -> str:
     try:
         if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
             raise LookupError("the agent keeps no store for its workers")
-        agent = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
-                              timeout=timeout)
-        nonce = agent.compare_set(f"fw/job_nonce/{run_id}", "", uuid.uuid4().hex).decode()
+        nonce = _agent_store().compare_set(f"fw/job_nonce/{run_id}", "", uuid.uuid4().hex).decode()
     except (LookupError, KeyError, ValueError, RuntimeError, dist.DistError) as err:
         rank_zero_warn(f"checkpoints are named by the elastic run id '{run_id}' alone ({err}): give every job "
                        "its own (torchrun --rdzv-id), or a restart may resume another job's checkpoint in the same folder")
         return run_id
     return f"{run_id}:{nonce}"
+
+
+def _agent_store(tries: int = 4) -> dist.Store:
+    """The elastic agent's store: the connection this process's group met over when there is one
+    (the default group's store without the prefixes the agent and the group put on it: a
+    restarted worker's prefix names its attempt), else a new connection. A new connection to the
+    agent's store stalls now and then until its timeout (about 1 in 40 here, torch's agent and
+    client alone, no fw code), so a new one is tried a few times, briefly."""
+    from torch.distributed import distributed_c10d
+
+    address = (os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]))
+    if dist.is_initialized():
+        store = distributed_c10d._get_default_store()
+        while isinstance(store, dist.PrefixStore):
+            store = store.underlying_store
+        if isinstance(store, dist.TCPStore) and (store.host, store.port) == address:
+            return store
+    for _ in range(tries - 1):
+        try:
+            return dist.TCPStore(*address, is_master=False, timeout=datetime.timedelta(seconds=2))
+        except (RuntimeError, dist.DistError):
+            pass  # a stalled connection: a new one goes through
+    return dist.TCPStore(*address, is_master=False, timeout=datetime.timedelta(seconds=2))  # its error is the caller's
 
 
 def _connect_to_published(agent: dist.Store, timeout: datetime.timedelta) -> dist.Store:
