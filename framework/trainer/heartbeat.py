@@ -58,17 +58,14 @@ class Heartbeat:
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=10)
+        if self._thread is not None:  # a thread held up in a store call ends after it on its own (a daemon)
+            self._thread.join(timeout=_JOIN_S)
 
     # -- the thread ---------------------------------------------------------------------------
     def _run(self, address: tuple[str, int], run: str) -> None:
         rank, size = self.run.strategy.global_rank, self.run.strategy.world_size
-        try:  # a short connect: the run's teardown waits for this thread (a stalled connect held
-            # a 1-step fit for 5 s once in 20 under torchrun); then the beats' own timeout
-            store = dist.TCPStore(*address, is_master=False, timeout=datetime.timedelta(seconds=min(1.0, self.beat_every)))
-            store.set_timeout(datetime.timedelta(seconds=self.beat_every))
-        except (RuntimeError, dist.DistError):
+        store = _connection(address, connect_s=min(1.0, self.beat_every), timeout_s=self.beat_every)
+        if store is None:
             return  # the store is gone already, or does not answer: the run is over or failing on its own
         keys = [f"fw/heartbeat/{run}/{r}" for r in range(size)]
         beats, last_progress, still_since, next_report = 0, None, time.monotonic(), self.report_every
@@ -81,6 +78,7 @@ class Heartbeat:
                     store.set(keys[rank], f"{beats}|{self._where()}")
             except (RuntimeError, dist.DistError):
                 store_gone = True  # the store's host may be the rank that stopped: said below
+                _CONNECTIONS.pop(address, None)  # the next run connects anew
             progress, now = self._progress(), time.monotonic()
             if progress != last_progress:
                 last_progress, still_since, next_report = progress, now, self.report_every
@@ -127,6 +125,28 @@ class Heartbeat:
 
 
 _STORE_GONE = "the store the ranks met at does not answer (its host, usually rank 0, stopped?)"
+_JOIN_S = 1.0  # how long a run's end waits for its heartbeat thread
+#: one connection a process to each store the heartbeats write to, kept from run to run: a new
+#: connection to torchrun's agent store stalls until its timeout now and then (3 of 80 here,
+#: torch's client and agent alone), and a run whose thread stalled so had no heartbeat, and c10d
+#: printed a C++ stack trace for it
+_CONNECTIONS: dict[tuple[str, int], dist.TCPStore] = {}
+_CONNECTING = threading.Lock()
+
+
+def _connection(address: tuple[str, int], connect_s: float, timeout_s: float) -> dist.TCPStore | None:
+    """This process's heartbeat connection to the store at ``address`` (made on first use), or
+    None when it cannot be made now."""
+    with _CONNECTING:
+        store = _CONNECTIONS.get(address)
+        if store is None:
+            try:
+                store = dist.TCPStore(*address, is_master=False, timeout=datetime.timedelta(seconds=connect_s))
+            except (RuntimeError, dist.DistError):
+                return None
+            _CONNECTIONS[address] = store
+        store.set_timeout(datetime.timedelta(seconds=timeout_s))
+        return store
 
 
 def _read_beats(store: dist.Store, keys: list[str], rank: int, seen: dict, now: float) -> str | None:
