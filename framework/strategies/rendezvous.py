@@ -94,21 +94,30 @@ def _agent_store(tries: int = 4) -> dist.Store:
     restarted worker's prefix names its attempt), else a new connection. A new connection to the
     agent's store stalls now and then until its timeout (about 1 in 40 here, torch's agent and
     client alone, no fw code), so a new one is tried a few times, briefly."""
-    from torch.distributed import distributed_c10d
-
     address = (os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]))
-    if dist.is_initialized():
-        store = distributed_c10d._get_default_store()
-        while isinstance(store, dist.PrefixStore):
-            store = store.underlying_store
-        if isinstance(store, dist.TCPStore) and (store.host, store.port) == address:
-            return store
+    store = default_tcp_store()
+    if store is not None and (store.host, store.port) == address:
+        return store
     for _ in range(tries - 1):
         try:
             return dist.TCPStore(*address, is_master=False, timeout=datetime.timedelta(seconds=2))
         except (RuntimeError, dist.DistError):
             pass  # a stalled connection: a new one goes through
     return dist.TCPStore(*address, is_master=False, timeout=datetime.timedelta(seconds=2))  # its error is the caller's
+
+
+def default_tcp_store() -> dist.TCPStore | None:
+    """The TCP store the default process group met at, without the prefixes put on it (the
+    agent's per attempt, the group's own), or None (no group, or it met elsewhere)."""
+    from torch.distributed import distributed_c10d
+
+    try:
+        store = distributed_c10d._get_default_store()
+    except (RuntimeError, ValueError):
+        return None
+    while isinstance(store, dist.PrefixStore):
+        store = store.underlying_store
+    return store if isinstance(store, dist.TCPStore) else None
 
 
 def _connect_to_published(agent: dist.Store, timeout: datetime.timedelta) -> dist.Store:

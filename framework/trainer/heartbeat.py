@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 import torch.distributed as dist
 
 from framework import waits
+from framework.strategies.rendezvous import default_tcp_store
 
 if TYPE_CHECKING:
     from framework.trainer.run import Run
@@ -167,14 +168,5 @@ def _read_beats(store: dist.Store, keys: list[str], rank: int, seen: dict, now: 
 
 def _tcp_store() -> tuple[str, int] | None:
     """(host, port) of the TCP store the default process group met at, else None."""
-    from torch.distributed import distributed_c10d
-
-    try:
-        store = distributed_c10d._get_default_store()
-    except (RuntimeError, ValueError):
-        return None
-    while isinstance(store, dist.PrefixStore):
-        store = store.underlying_store
-    if isinstance(store, dist.TCPStore):
-        return store.host, store.port
-    return None
+    store = default_tcp_store()
+    return None if store is None else (store.host, store.port)
