@@ -125,14 +125,16 @@ def test_the_recommendation_follows_the_numbers(quick):
     _, doc, _ = quick
     fw_rows = [r for r in doc["train"] if r["side"] == "fw"]
     for workload in WORKLOADS:  # a refused value, overlapping spreads or a winner: as the numbers say
-        ranked = sorted((r for r in fw_rows if r["workload"] == workload), key=lambda r: -r["samples_per_s"])
-        best, nxt = ranked[:2]
+        ranked = sorted((r for r in fw_rows if r["workload"] == workload and r["precision"] == "32-true"),
+                        key=lambda r: -r["samples_per_s"])
+        best = ranked[0]  # a tie is any candidate whose spread meets the best's, not only the runner-up's
+        tied = [r for r in ranked[1:] if overlaps(best["spread_samples_per_s"], r["spread_samples_per_s"])]
         line = next(ln for ln in doc["recommendation"] if ln.startswith(f"{workload}:"))
         if any("untrusted" in r for r in doc["train"] if r["workload"] == workload):
             assert line.startswith(f"{workload}: no recommendation, the measurements are not trustworthy"), line
-        elif overlaps(best["spread_samples_per_s"], nxt["spread_samples_per_s"]):
+        elif tied:
             assert line.startswith(f"{workload}: not distinguishable here: `{best['strategy']}` x{best['world_size']}"), line
-            assert f"`{nxt['strategy']}` x{nxt['world_size']}" in line
+            assert all(f"`{r['strategy']}` x{r['world_size']}" in line for r in tied), line
         else:
             assert line.startswith(f"{workload}: train with `{best['strategy']}` on {best['world_size']} process"), line
     assert any(ln.startswith("DDP settings for gpt") for ln in doc["recommendation"])
