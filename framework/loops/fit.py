@@ -61,6 +61,7 @@ def run_fit(run: Run) -> None:
         with hooks.profiled("run_training_epoch"):
             run_train_epoch(run, loader, stops)
         stops()
+    stops.finish()
     state.stage = None
     hooks("on_train_end")
     hooks("on_fit_end")

@@ -107,8 +107,7 @@ def _stops_here(run: Run, stops: StopCheck, batch_idx: int) -> bool:
         return True
     if settings.max_steps >= 0 and state.global_step >= settings.max_steps:
         return True
-    return every(stops.every, batch_idx + 1) and stops() and (
-        state.stop_reason == "preempted" or settings.may_stop(state))
+    return stops.after_batch(batch_idx) and (state.stop_reason == "preempted" or settings.may_stop(state))
 
 
 def _begin_epoch(run: Run, loader) -> MetricCollector:

@@ -210,6 +210,11 @@ class Strategy(ABC):
     def all_reduce(self, tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
         return tensor
 
+    def all_reduce_later(self, tensor: torch.Tensor, op: str = "sum") -> Callable[[], torch.Tensor]:
+        """Start ``all_reduce`` of ``tensor`` and go on: returns what waits for the result."""
+        result = self.all_reduce(tensor, op)
+        return lambda: result
+
     def all_reduce_over_data(self, tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
         """``all_reduce`` over the ranks that read other data (all of them, except where ranks
         split a model between them: ``model_parallel``), for logged values and metrics."""

@@ -170,6 +170,21 @@ class DistributedStrategy(Strategy):
             tensor = tensor / (self.world_size if group is None else dist.get_world_size(group))
         return tensor
 
+    def all_reduce_later(self, tensor: torch.Tensor, op: str = "sum") -> Callable[[], torch.Tensor]:
+        """Start ``op`` over all ranks (``max``, ``min`` or ``sum``) without waiting: the ranks'
+        main threads go on, and the returned function waits for the result (a collective the
+        ranks reach at different moments costs no wait where the result is read later)."""
+        assert op in ("sum", "max", "min"), op
+        tensor = tensor.clone()
+        work = dist.all_reduce(tensor, op=getattr(dist.ReduceOp, _REDUCE_OPS[op]), async_op=True)
+
+        def result() -> torch.Tensor:
+            with _IN_ALL_REDUCE:
+                work.wait()
+            return tensor
+
+        return result
+
     def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
         out = [torch.empty_like(tensor) for _ in range(self.world_size)]
         with _IN_ALL_GATHER:

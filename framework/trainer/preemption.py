@@ -32,6 +32,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -125,11 +126,17 @@ class StopCheck:
     rank records the stop (``preempted`` wins over ``max_time``).
 
     In one process the loop asks after every batch. Distributed, the answer is a collective
-    (call it on every rank at the same batch), so the loop asks every ``every`` batches: as
-    rarely as every 20 batches, but at least about every 5 s of training, because a launcher
-    that passes on SIGTERM waits only so long (30 s for torch's agent) before it kills the
-    workers. The ranks agree on ``every``: the check's all-reduce carries each rank's seconds
-    per batch since the last check, and all derive the next interval from the largest.
+    (every rank asks at the same batch), so the loop asks every ``every`` batches: as rarely as
+    every 20 batches, but at least about every 5 s of training, because a launcher that passes
+    on SIGTERM waits only so long (30 s for torch's agent) before it kills the workers. The
+    ranks agree on ``every``: the check's all-reduce carries each rank's seconds per batch since
+    the last check, and all derive the next interval from the largest.
+
+    Between batches the question goes out without waiting (``after_batch``): asked after batch
+    ``k - 1``, its answer is read after batch ``k``, where every rank stops if any rank had a
+    stop by the end of batch ``k - 1``; meanwhile the collective completes beside the training
+    step, and no rank waits for the slowest one to reach it. At an epoch's end the loop asks and
+    waits (``__call__``).
     """
 
     TARGET_S, MOST = 5.0, 20
@@ -140,6 +147,7 @@ class StopCheck:
         self.distributed = run.strategy.is_distributed
         self.every = 1
         self._since = time.monotonic()
+        self._pending: Callable[[], torch.Tensor] | None = None  # the question asked after the last batch
 
     def start_clock(self) -> None:
         """Training starts now: ``max_time`` counts from here (set-up and sanity check excluded)."""
@@ -149,21 +157,60 @@ class StopCheck:
         if max_time == 0:  # up before the first batch: no step (Lightning's Timer checks at fit start)
             self.run.state.should_stop = True
             self.run.state.stop("max_time")
+        elif self.distributed:  # a stop from before the fit (a signal that waited for it): read after batch 0
+            self._pending = self.run.strategy.all_reduce_later(self._ask(batches=0), "max")
+
+    def finish(self) -> None:
+        """Training ended: a question still out is answered (a fit that ran no epoch)."""
+        if self._pending is not None:
+            self._read()
+
+    def after_batch(self, batch_idx: int) -> bool:
+        """After training batch ``batch_idx`` (every rank calls it for the same batches): stop
+        now? Distributed, reads the answer asked after the previous batch, if one was, and asks
+        again when the batch after this one is due for an answer."""
+        if not self.distributed:
+            return self._apply(self._mine()[0])
+        stop = self._read() if self._pending is not None else False
+        if (batch_idx + 2) % self.every == 0:
+            self._pending = self.run.strategy.all_reduce_later(self._ask(self.every), "max")
+        return stop
 
     def __call__(self) -> bool:
+        """Stop now? Asks every rank and waits for the answer (an epoch's end); a question still
+        out from the last batch is answered too."""
+        stop = self._read() if self._pending is not None else False
+        if not self.distributed:
+            return self._apply(self._mine()[0]) or stop
+        self._pending = lambda: self.run.strategy.all_reduce(self._ask(self.every), "max")
+        return self._read() or stop
+
+    def _mine(self, batches: int = 1) -> tuple[int, float]:
+        """This rank's stop code (0: none, 1: max_time, 2: a signal, 3 + n: node n lost its
+        launcher) and its seconds per batch over the ``batches`` since the last question (0:
+        none, nothing measured)."""
         state, now = self.run.state, time.monotonic()
         mine = 2 if state.signal is not None else 1 if self.deadline is not None and now > self.deadline else 0
         if state.lost_node is not None:
             mine = 3 + state.lost_node  # which node: the ranks' largest such code names one of them
-        if self.distributed:
-            per_batch = (now - self._since) / self.every  # at an epoch's end, fewer: an overestimate
-            self._since = now
-            strategy = self.run.strategy
-            with waiting_in("the stop check (stop signals, max_time)"):
-                both = strategy.all_reduce(torch.tensor([float(mine), per_batch], dtype=torch.float64,
-                                                        device=strategy.collective_device), "max").tolist()
-            mine = int(both[0])
-            self.every = max(1, min(self.MOST, int(self.TARGET_S / max(both[1], 1e-9))))
+        per_batch = (now - self._since) / batches if batches else 0.0  # at an epoch's end, fewer: an overestimate
+        self._since = now
+        return mine, per_batch
+
+    def _ask(self, batches: int) -> torch.Tensor:
+        return torch.tensor(self._mine(batches), dtype=torch.float64, device=self.run.strategy.collective_device)
+
+    def _read(self) -> bool:
+        assert self._pending is not None
+        pending, self._pending = self._pending, None
+        with waiting_in("the stop check (stop signals, max_time)"):
+            mine, per_batch = pending().tolist()
+        if per_batch > 0:
+            self.every = max(1, min(self.MOST, int(self.TARGET_S / per_batch)))
+        return self._apply(int(mine))
+
+    def _apply(self, mine: int) -> bool:
+        state = self.run.state
         if mine >= 3:
             state.lost_node, mine = mine - 3, 2
         if mine:

@@ -136,8 +136,8 @@ class Net(fw.TrainModule):
         self.kind = kind
         self.net = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Dropout(0.3), nn.Linear(16, 1))
     def training_step(self, batch, batch_idx):
-        if self.kind == "max_time" and self.global_step + 1 == stop_at:
-            time.sleep(2.5)
+        if self.kind == "max_time" and self.global_step + 2 == stop_at:  # the batch before the stop:
+            time.sleep(2.5)  # its check's answer is read after the next batch (StopCheck.after_batch)
         x, y = batch
         loss = F.mse_loss(self.net(x), y)
         self.log("train/loss", loss, on_step=True, on_epoch=True, sync_dist=True)
@@ -180,7 +180,8 @@ for kind in kinds:
     run("resumed", kind, f"{out}/{kind}/ck/last.ckpt")
 """
 
-DDP_STOP_AT = 25 + 20  # 25 batches per epoch; batch 20 of epoch 1 (max_time is read every 20 batches)
+DDP_STOP_AT = 25 + 20  # 25 batches per epoch; batch 20 of epoch 1 (max_time is read every 20 batches,
+# asked after batch 19 and answered after batch 20)
 
 
 @pytest.fixture(scope="module")
