@@ -40,7 +40,7 @@ class CSVLogger(Logger):
             raise ConfigError(f"CSVLogger(flush_logs_every_n_steps={flush_logs_every_n_steps}) must be >= 1")
         self.flush_logs_every_n_steps = flush_logs_every_n_steps
         self.hparams: dict[str, Any] = {}
-        self._rows: list[dict[str, float]] = []
+        self._rows: list[dict[str, float | int]] = []
         self._columns: list[str] | None = None  # header of the file on disk; None until read
 
     @property
@@ -49,7 +49,7 @@ class CSVLogger(Logger):
 
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
         row: dict[str, Any] = {self.STEP_KEY: int(step)}
-        row.update({key: to_float(value) for key, value in metrics.items() if key != self.STEP_KEY})
+        row.update({key: _cell(value) for key, value in metrics.items() if key != self.STEP_KEY})
         self._rows.append(row)
         if len(self._rows) >= self.flush_logs_every_n_steps:
             self.save()
@@ -100,3 +100,8 @@ class CSVLogger(Logger):
             writer.writerows(self._rows)
         os.replace(tmp, path)
         self._columns = columns
+
+
+def _cell(value: Any) -> float | int:
+    """A value as Lightning's CSV logger writes it: an int stays one (``epoch``: 0, not 0.0)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else to_float(value)

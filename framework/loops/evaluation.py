@@ -104,9 +104,10 @@ def _end_evaluation_epoch(run: Run, collector: MetricCollector, prefix: str, log
     seen by its hooks and dropped after it, as in Lightning."""
     strategy, module = run.strategy, run.module
     with run.metrics.kept(not log):
-        collector.compute_epoch(strategy, module, final=False)
+        hook = f"on_{prefix}_epoch_end"
+        collector.compute_epoch(strategy, module, final=False, hooks_may_log=run.hooks.epoch_end_may_log(hook))
         run.metrics.record_epoch(collector)
-        run.hooks(f"on_{prefix}_epoch_end")
+        run.hooks(hook)
         values = collector.compute_epoch(strategy, module, final=True)
         run.metrics.record_epoch(collector)
     if log:

@@ -35,16 +35,18 @@ from framework.profilers import timing
 if TYPE_CHECKING:
     from framework.module import TrainModule
     from framework.trainer import Trainer
+    from framework.trainer.metrics import LoggedMetrics
 
 _CALLBACK_HOOKS = [name for name in vars(Callback) if name.startswith(("on_", "setup", "teardown"))]
 F = TypeVar("F", bound=Callable[..., Any])
 
 
 class HookDispatcher:
-    def __init__(self, callbacks: Sequence[Callback], trainer: Trainer, module: TrainModule) -> None:
+    def __init__(self, callbacks: Sequence[Callback], trainer: Trainer, module: TrainModule,
+                 metrics: LoggedMetrics) -> None:
         from framework.callbacks import EarlyStopping, ModelCheckpoint
 
-        self.trainer, self.module = trainer, module
+        self.trainer, self.module, self.metrics = trainer, module, metrics
         #: what times the hooks (None: nothing is timed)
         self.profiler = timing.active(getattr(trainer, "profiler", None))
         self._by_hook: dict[str, tuple] = {
@@ -62,14 +64,29 @@ class HookDispatcher:
         return self.module_hook(name, *args)
 
     def callbacks(self, name: str, *args: Any) -> None:
-        for fn in self._by_hook[name]:
-            fn(self.trainer, self.module, *args)
+        callbacks = self._by_hook[name]
+        if not callbacks:
+            return
+        with self.running(name):
+            for fn in callbacks:
+                fn(self.trainer, self.module, *args)
 
     def module_hook(self, name: str, *args: Any, **kwargs: Any) -> Any:
         fn = getattr(self.module, name, None)
         if fn is None:
             return None
-        return (fn if self.profiler is None else self.module_fn(name))(*args, **kwargs)
+        with self.running(name):
+            return (fn if self.profiler is None else self.module_fn(name))(*args, **kwargs)
+
+    @contextlib.contextmanager
+    def running(self, name: str) -> Iterator[None]:
+        """Hook ``name`` runs inside: what ``self.log`` may do there (``trainer/log_options.py``)."""
+        metrics = self.metrics
+        outer, metrics.fx = metrics.fx, name
+        try:
+            yield
+        finally:
+            metrics.fx = outer
 
     def module_fn(self, name: str) -> Callable[..., Any]:
         """The module's ``name`` method (timed as ``[LightningModule]{Module}.{name}``)."""
@@ -103,10 +120,18 @@ class HookDispatcher:
         ``monitoring=True``, EarlyStopping and ModelCheckpoint (the loop does its epoch-end
         work between the two)."""
         others, monitors = self._epoch_end
-        for fn in monitors if monitoring else others:
-            fn(self.trainer, self.module)
+        with self.running("on_train_epoch_end"):
+            for fn in monitors if monitoring else others:
+                fn(self.trainer, self.module)
         if not monitoring:
             self.module_hook("on_train_epoch_end")
+
+    def epoch_end_may_log(self, name: str) -> bool:
+        """Could an epoch-end hook ``name`` log (``self.log``) before the loop computes its
+        second pass? Something runs there: the module's, or a callback's (for
+        ``on_train_epoch_end`` the monitoring ones run after that pass and do not count)."""
+        callbacks = self._epoch_end[0] if name == "on_train_epoch_end" else self._by_hook[name]
+        return bool(callbacks) or self.module_overrides(name)
 
     def module_overrides(self, name: str) -> bool:
         from framework.module import TrainModule

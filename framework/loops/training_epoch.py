@@ -78,12 +78,14 @@ def run_train_epoch(run: Run, loader, stops: StopCheck) -> None:
         if outputs is not None or manual:
             trained += 1
         if manual or steps_now:  # manual: every batch counts as one that stepped, as in Lightning
-            _count_the_step(run, collector, batch_idx, manual, schedulers)
+            _count_the_step(run, batch_idx, manual, schedulers)
         if last and schedulers:
             step_schedulers(run, "epoch", plateau=False)
         position.batches = batch_idx + 1
         if batch_end is not None:
             batch_end(_handed_on(outputs, 1 if manual else accumulate), batch, batch_idx)
+        if state.log_due and collector.step_dirty and run.loggers:  # after on_train_batch_end, as in Lightning
+            _log_step_metrics(run, collector)
         if val_every and batch_idx + 1 < limit and _val_due(run, batch_idx, limit, val_every):
             run_evaluation(run, "validate", zero_grad=steps_now)
         if schedulers and steps_now:
@@ -148,9 +150,9 @@ def _refuse_an_epoch_that_trained_nothing(state: RunState, start: int) -> None:
         )
 
 
-def _count_the_step(run: Run, collector: MetricCollector, batch_idx: int, manual: bool, schedulers: bool) -> None:
-    """A batch that stepped: the step count, step-interval schedulers, and every
-    ``log_every_n_steps`` a row of step values."""
+def _count_the_step(run: Run, batch_idx: int, manual: bool, schedulers: bool) -> None:
+    """A batch that stepped: the step count, step-interval schedulers, and whether a row of step
+    values is due (every ``log_every_n_steps``: ``log_due``)."""
     state = run.state
     if state.forward_only:  # no optimizer step ran
         return
@@ -160,8 +162,6 @@ def _count_the_step(run: Run, collector: MetricCollector, batch_idx: int, manual
             step_schedulers(run, "step", plateau=False, batch_idx=batch_idx)
     state.batches_that_stepped += 1
     state.log_due = every(run.settings.log_every_n_steps, state.batches_that_stepped) or state.should_stop
-    if state.log_due and collector.step_dirty and run.loggers:
-        _log_step_metrics(run, collector)
 
 
 def _handed_on(outputs: Any, accumulate: int) -> Any:
@@ -194,7 +194,7 @@ def _end_train_epoch(run: Run, collector: MetricCollector, validate: bool) -> No
             and not _stopped_early_by_steps(run) and state.stop_reason != "preempted"):  # no time for it
         run_evaluation(run, "validate", zero_grad=True, epoch_end=True)
     state.epoch_phase = 3
-    collector.compute_epoch(strategy, module, final=False)
+    collector.compute_epoch(strategy, module, final=False, hooks_may_log=hooks.epoch_end_may_log("on_train_epoch_end"))
     run.metrics.record_epoch(collector)
     hooks.train_epoch_end(monitoring=False)
     collector.compute_epoch(strategy, module, final=True)  # what the hooks logged

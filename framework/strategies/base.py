@@ -8,6 +8,7 @@ rank; none may sit inside a rank-zero-only branch.
 from __future__ import annotations
 
 import contextlib
+import zlib
 from abc import ABC
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
@@ -219,6 +220,15 @@ class Strategy(ABC):
         """``all_reduce`` over the ranks that read other data (all of them, except where ranks
         split a model between them: ``model_parallel``), for logged values and metrics."""
         return self.all_reduce(tensor, op)
+
+    def the_same_on_every_rank(self, text: str) -> bool:
+        """Do all ranks hold the same ``text``? One small all-reduce of two checksums of it (the
+        largest and the smallest over the ranks agree), not a gather."""
+        data = text.encode()
+        sums = [float(zlib.crc32(data)), float(zlib.adler32(data))]
+        both = self.all_reduce(torch.tensor(sums + [-x for x in sums], dtype=torch.float64,
+                                            device=self.collective_device), "max").tolist()
+        return both[0] == -both[2] and both[1] == -both[3]
 
     def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
         """Stack ``tensor`` from every rank along a new first dimension."""

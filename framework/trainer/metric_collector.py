@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-import zlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -67,6 +66,7 @@ class MetricCollector:
         self.epoch_flags: dict[str, tuple[bool, bool]] = {}  # key -> (prog_bar, logger)
         self.step_dirty = False
         self._first_pass_done = False  # compute_epoch(final=False) ran: the epoch-end hooks run now
+        self._second_pass_due = True  # some rank's epoch-end hooks may log (decided in the first pass)
 
     def log(self, name: str, value: Any, *, prog_bar: bool, logger: bool, on_step: bool | None,
             on_epoch: bool | None, reduce_fx: str, sync_dist: bool, batch_size: int | None) -> _Entry:
@@ -159,8 +159,8 @@ class MetricCollector:
         return {e.step_key: e.last for e in self.entries.values()
                 if e.on_step and e.last is not None and getattr(e, flag)}
 
-    def compute_epoch(self, strategy: Strategy, module: nn.Module | None = None, final: bool = True
-                      ) -> dict[str, torch.Tensor]:
+    def compute_epoch(self, strategy: Strategy, module: nn.Module | None = None, final: bool = True,
+                      hooks_may_log: bool = True) -> dict[str, torch.Tensor]:
         """Aggregate this epoch's values; with ``final``, reset every metric object after.
 
         The epoch end computes twice, as Lightning's lazily computed results amount to: once
@@ -168,8 +168,13 @@ class MetricCollector:
         once after (``final=True``), for what they logged themselves; the second pass computes
         only entries logged since the first. Collective when distributed (call on every rank):
         a rank that logged nothing (no batch in its shard) still takes part in each reduction.
+        ``hooks_may_log`` (first pass): this rank runs epoch-end hooks that could log; where no
+        rank does (its check settles that for all), the second pass computes and asks nothing.
         """
-        changed = self._changed_entries(strategy, module)
+        if final and self._first_pass_done and not self._second_pass_due:
+            changed: set[str] = set()  # nothing ran that could log, on any rank
+        else:
+            changed = self._changed_entries(strategy, module, hooks_may_log)
         values = dict(self.epoch_values) if self._first_pass_done else {}
         for name in sorted(changed):
             entry = self.entries[name]
@@ -184,20 +189,25 @@ class MetricCollector:
                 values[entry.name] = value
         self._first_pass_done = not final
         if final:
+            self._second_pass_due = True
             for entry in self.entries.values():  # every metric object starts the next epoch empty
                 if entry.metric is not None:
                     entry.metric.reset()
         self.epoch_values = values
         return values
 
-    def _changed_entries(self, strategy: Strategy, module: nn.Module | None) -> set[str]:
-        """Epoch entries to compute now: all of them in a first pass, else those logged since
-        (on any rank: every rank must join the same reductions)."""
+    def _changed_entries(self, strategy: Strategy, module: nn.Module | None, hooks_may_log: bool) -> set[str]:
+        """Epoch entries to compute now: all of them in a first pass, else those logged since (on
+        any rank: all must join the same reductions); a first pass settles if a second is due."""
         changed = {name for name, entry in self.entries.items()
                    if entry.on_epoch and (not self._first_pass_done or entry.version != entry.computed)}
+        due = hooks_may_log
         if strategy.is_distributed:  # one gather: the other ranks' entries and what changed there
             with waiting_in(f"the {self.stage} epoch's metric sync"):
-                changed |= self._adopt_entries_of_other_ranks(strategy, module, changed)
+                adopted, due = self._adopt_entries_of_other_ranks(strategy, module, changed, hooks_may_log)
+                changed |= adopted
+        if not self._first_pass_done:
+            self._second_pass_due = due
         return changed
 
     def _epoch_value(self, entry: _Entry, strategy: Strategy) -> torch.Tensor | None:
@@ -209,18 +219,19 @@ class MetricCollector:
             return None
         return entry.total / entry.weight if entry.reduce_fx == "mean" else entry.total
 
-    def _adopt_entries_of_other_ranks(self, strategy: Strategy, module: nn.Module | None, changed: set[str]
-                                      ) -> set[str]:
+    def _adopt_entries_of_other_ranks(self, strategy: Strategy, module: nn.Module | None, changed: set[str],
+                                      hooks_may_log: bool) -> tuple[set[str], bool]:
         """Make every rank hold the same synced entries, in the same order, before reducing;
         returns the entries any rank has in ``changed`` (each rank passes its own), and those
-        adopted here."""
+        adopted here; and whether any rank's ``hooks_may_log``."""
         specs = {name: _spec(entry, module) for name, entry in self.entries.items()
                  if entry.on_epoch and (entry.sync_dist or entry.metric is not None)}
-        if _the_same_on_every_rank(strategy, repr((sorted(specs.items()), sorted(changed)))):
-            return set(changed)  # nothing to adopt (the usual case): one small all-reduce, no gather
+        if strategy.the_same_on_every_rank(repr((sorted(specs.items()), sorted(changed), hooks_may_log))):
+            return set(changed), hooks_may_log  # nothing to adopt (the usual case): one small all-reduce
         changed_anywhere: set[str] = set()
-        gathered: list[tuple[dict[str, _Spec], list[str]]] = strategy.all_gather_object((specs, sorted(changed)))
-        for other, their_changed in gathered:
+        gathered: list[tuple[dict[str, _Spec], list[str], bool]] = strategy.all_gather_object(
+            (specs, sorted(changed), hooks_may_log))
+        for other, their_changed, _ in gathered:
             changed_anywhere.update(their_changed)
             for name, (flags, metric_path) in other.items():
                 if name in self.entries:
@@ -235,17 +246,8 @@ class MetricCollector:
                     )
                 self.entries[name] = _Entry(name, *flags[:6], metric=metric)
                 changed_anywhere.add(name)
-        return changed_anywhere & {name for name, entry in self.entries.items() if entry.on_epoch}
-
-
-def _the_same_on_every_rank(strategy: Strategy, text: str) -> bool:
-    """Do all ranks hold the same ``text``? (Two checksums of it, each the same on every rank:
-    the largest and the smallest over the ranks agree.)"""
-    data = text.encode()
-    sums = [float(zlib.crc32(data)), float(zlib.adler32(data))]
-    both = strategy.all_reduce(torch.tensor(sums + [-x for x in sums], dtype=torch.float64,
-                                            device=strategy.collective_device), "max").tolist()
-    return both[0] == -both[2] and both[1] == -both[3]
+        may_log = any(theirs for _, _, theirs in gathered)
+        return changed_anywhere & {name for name, entry in self.entries.items() if entry.on_epoch}, may_log
 
 
 def _spec(entry: _Entry, module: nn.Module | None) -> _Spec:

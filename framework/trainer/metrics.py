@@ -21,6 +21,7 @@ import torch
 
 from framework.data import batch_size_of
 from framework.errors import ConfigError
+from framework.trainer import log_options
 from framework.trainer.metric_collector import MetricCollector, _Entry
 
 if TYPE_CHECKING:
@@ -37,6 +38,10 @@ class LoggedMetrics:
         self.strategy: Strategy | None = None
         self.collector = MetricCollector("train", self.current_batch_size)
         self.training = self.collector  # this training epoch's, also while an evaluation runs
+        self._first_epoch_pending = True  # the first training epoch takes over what on_train_start logged
+        #: the hook that runs (set by ``HookDispatcher``; None in the steps and per-batch hooks):
+        #: where ``self.log`` may log and its defaults there (``log_options.py``)
+        self.fx: str | None = None
         self.epoch_values: dict[str, torch.Tensor] = {}
         self.epoch_flags: dict[str, tuple[bool, bool]] = {}  # epoch metric -> (progress bar, loggers)
         self._callback_metrics: dict[str, torch.Tensor] = {}
@@ -49,6 +54,9 @@ class LoggedMetrics:
 
     def log(self, name: str, value: Any, **options: Any) -> None:
         """``self.log`` of the module: record in the collector of the stage that runs."""
+        if self.fx is not None:
+            options["on_step"], options["on_epoch"] = log_options.resolve(
+                self.fx, name, options["on_step"], options["on_epoch"])
         entry = self.collector.log(name, value, **options)
         strategy = self.strategy
         if entry.on_step and entry.sync_dist and entry.metric is None and strategy is not None:
@@ -70,8 +78,11 @@ class LoggedMetrics:
         return value.to(last.device)
 
     def new_epoch(self, stage: str) -> MetricCollector:
-        """A fresh collector for a training epoch (its step values replace the last epoch's)."""
-        self.collector = self.training = MetricCollector(stage, self.current_batch_size)
+        """A fresh collector for a training epoch (its step values replace the last epoch's); the
+        run's first epoch keeps the one that on_train_start logged into, as Lightning does."""
+        if not self._first_epoch_pending:
+            self.collector = self.training = MetricCollector(stage, self.current_batch_size)
+        self._first_epoch_pending = False
         return self.collector
 
     @contextlib.contextmanager

@@ -103,10 +103,11 @@ class Run:
            datamodule: DataModule | None = None) -> Run:
         """A new call's Run: the Trainer's shared parts, a hook dispatcher over ``callbacks``, no
         metrics yet."""
+        metrics = LoggedMetrics()
         return cls(fn=fn, trainer=trainer, settings=trainer.settings, strategy=trainer.strategy,
                    accelerator=trainer.accelerator, precision=trainer.precision_plugin, state=trainer.state,
-                   metrics=LoggedMetrics(), loggers=trainer.loggers, callbacks=callbacks, module=module,
-                   hooks=HookDispatcher(callbacks, trainer, module), datamodule=datamodule,
+                   metrics=metrics, loggers=trainer.loggers, callbacks=callbacks, module=module,
+                   hooks=HookDispatcher(callbacks, trainer, module, metrics), datamodule=datamodule,
                    fit_batches=trainer.run.fit_batches if trainer.run is not None else None,
                    end_of_fit=trainer.run.end_of_fit if trainer.run is not None and fn != "fit" else None)
 
