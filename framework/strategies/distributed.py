@@ -163,24 +163,21 @@ class DistributedStrategy(Strategy):
 
     def all_reduce(self, tensor: torch.Tensor, op: str = "sum", group: Any = None) -> torch.Tensor:
         """``op`` over ``group``'s ranks (None: all of them), on a copy."""
-        tensor = tensor.clone()
-        with _IN_ALL_REDUCE:
-            dist.all_reduce(tensor, op=getattr(dist.ReduceOp, _REDUCE_OPS[op]), group=group)
-        if op in ("mean", "avg"):
-            tensor = tensor / (self.world_size if group is None else dist.get_world_size(group))
-        return tensor
+        return self.all_reduce_later(tensor, op, group)()
 
-    def all_reduce_later(self, tensor: torch.Tensor, op: str = "sum") -> Callable[[], torch.Tensor]:
-        """Start ``op`` over all ranks (``max``, ``min`` or ``sum``) without waiting: the ranks'
-        main threads go on, and the returned function waits for the result (a collective the
-        ranks reach at different moments costs no wait where the result is read later)."""
-        assert op in ("sum", "max", "min"), op
+    def all_reduce_later(self, tensor: torch.Tensor, op: str = "sum", group: Any = None
+                         ) -> Callable[[], torch.Tensor]:
+        """Start ``op`` over ``group``'s ranks (None: all of them), on a copy, without waiting:
+        the returned function waits for the result (a collective the ranks reach at different
+        moments costs no wait where the result is read later). ``all_reduce`` reads it at once."""
         tensor = tensor.clone()
-        work = dist.all_reduce(tensor, op=getattr(dist.ReduceOp, _REDUCE_OPS[op]), async_op=True)
+        work = dist.all_reduce(tensor, op=getattr(dist.ReduceOp, _REDUCE_OPS[op]), group=group, async_op=True)
 
         def result() -> torch.Tensor:
             with _IN_ALL_REDUCE:
                 work.wait()
+            if op in ("mean", "avg"):
+                return tensor / (self.world_size if group is None else dist.get_world_size(group))
             return tensor
 
         return result

@@ -162,8 +162,7 @@ class StopCheck:
 
     def finish(self) -> None:
         """Training ended: a question still out is answered (a fit that ran no epoch)."""
-        if self._pending is not None:
-            self._read()
+        self._read_pending()
 
     def after_batch(self, batch_idx: int) -> bool:
         """After training batch ``batch_idx`` (every rank calls it for the same batches): stop
@@ -171,19 +170,18 @@ class StopCheck:
         again when the batch after this one is due for an answer."""
         if not self.distributed:
             return self._apply(self._mine()[0])
-        stop = self._read() if self._pending is not None else False
+        stop = self._read_pending()
         if (batch_idx + 2) % self.every == 0:
             self._pending = self.run.strategy.all_reduce_later(self._ask(self.every), "max")
         return stop
 
     def __call__(self) -> bool:
         """Stop now? Asks every rank and waits for the answer (an epoch's end); a question still
-        out from the last batch is answered too."""
-        stop = self._read() if self._pending is not None else False
+        out from the last batch is answered first."""
         if not self.distributed:
-            return self._apply(self._mine()[0]) or stop
-        self._pending = lambda: self.run.strategy.all_reduce(self._ask(self.every), "max")
-        return self._read() or stop
+            return self._apply(self._mine()[0])
+        stop = self._read_pending()
+        return self._answer(self.run.strategy.all_reduce_later(self._ask(self.every), "max")) or stop
 
     def _mine(self, batches: int = 1) -> tuple[int, float]:
         """This rank's stop code (0: none, 1: max_time, 2: a signal, 3 + n: node n lost its
@@ -200,11 +198,15 @@ class StopCheck:
     def _ask(self, batches: int) -> torch.Tensor:
         return torch.tensor(self._mine(batches), dtype=torch.float64, device=self.run.strategy.collective_device)
 
-    def _read(self) -> bool:
-        assert self._pending is not None
+    def _read_pending(self) -> bool:
+        """The answer to the question still out, if one is (False: none is)."""
         pending, self._pending = self._pending, None
+        return self._answer(pending) if pending is not None else False
+
+    def _answer(self, result: Callable[[], torch.Tensor]) -> bool:
+        """Wait for ``result`` (the ranks' largest stop code and seconds per batch) and act on it."""
         with waiting_in("the stop check (stop signals, max_time)"):
-            mine, per_batch = pending().tolist()
+            mine, per_batch = result().tolist()
         if per_batch > 0:
             self.every = max(1, min(self.MOST, int(self.TARGET_S / per_batch)))
         return self._apply(int(mine))
