@@ -11,10 +11,13 @@ them; the ratio reported is the median over rounds of fw's time over the raw loo
     .venv/bin/python -m torch.distributed.run --standalone --nproc-per-node 2 benchmarks/bench_fit.py
     # one process
     .venv/bin/python benchmarks/bench_fit.py --single
+    # each rank on a core of its own (less noise from the scheduler moving them)
+    .venv/bin/python -m torch.distributed.run --standalone --nproc-per-node 2 benchmarks/bench_fit.py --pin
     # where fw's time goes (rank 0, one fw fit under cProfile)
     .venv/bin/python -m torch.distributed.run --standalone --nproc-per-node 2 benchmarks/bench_fit.py --profile
 
-``--lightning`` adds Lightning's Trainer as a third side. Results: a table, and JSON under
+``--lightning`` adds Lightning's Trainer as a third side. ``bench_fit_instructions.py`` counts
+the instructions of the same fits instead (valgrind): the work fw adds, free of the machine's noise. Results: a table, and JSON under
 ``benchmarks/results/`` (``--out``).
 """
 
@@ -104,12 +107,15 @@ def main() -> None:
                         help="wall: perf_counter; cpu: the process's CPU time (time the machine gave to"
                              " others is not counted; use with --threads 1)")
     parser.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: cores / ranks)")
+    parser.add_argument("--pin", action="store_true", help="pin rank r to core r (the scheduler does not move the ranks)")
     parser.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
     args = parser.parse_args()
     world = 1 if args.single else int(os.environ.get("WORLD_SIZE", "1"))
     if world > 1:
         dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=300))
     rank = dist.get_rank() if world > 1 else 0
+    if args.pin:
+        os.sched_setaffinity(0, {rank % (os.cpu_count() or 1)})
     torch.set_num_threads(args.threads or max(1, (os.cpu_count() or 1) // world))
     clock = time.process_time if args.clock == "cpu" else time.perf_counter
     g = torch.Generator().manual_seed(0)
