@@ -46,6 +46,10 @@ def make(Base):
             return torch.optim.SGD(self.parameters(), lr=0.1)
     return Logs()
 
+# Lightning's DistributedSampler takes its seed from PL_GLOBAL_SEED (default 0), fw's from its own
+# seed_everything (default 0): pinned here, since a run in the suite once read seed 3 on Lightning's side
+seen_seed = os.environ.get("PL_GLOBAL_SEED")
+os.environ["PL_GLOBAL_SEED"] = "0"
 g = torch.Generator().manual_seed(0)
 data = TensorDataset(torch.randn(32, 2, generator=g), torch.randn(32, 1, generator=g))
 out, result = sys.argv[1], {}
@@ -56,7 +60,7 @@ for name, Trainer, Base, Logger, strategy in [("lightning", pl.Trainer, pl.Light
                       enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0)
     with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
         trainer.fit(make(Base), DataLoader(data, batch_size=4, shuffle=True), DataLoader(data, batch_size=4))
-    result[name] = {"metrics": {k: float(v) for k, v in trainer.callback_metrics.items()}}
+    result[name] = {"metrics": {k: float(v) for k, v in trainer.callback_metrics.items()}, "seen_seed": seen_seed}
     if trainer.global_rank == 0:
         with open(f"{out}/{name}/run/version_0/metrics.csv", newline="") as f:
             result[name]["rows"] = [{k: v for k, v in row.items() if v != ""} for row in csv.DictReader(f)]
@@ -70,7 +74,8 @@ def test_sync_dist_values_of_steps_and_epoch_hooks_equal_lightnings_on_two_ranks
     check_ok(run_script(write_script(tmp_path, SCRIPT), str(tmp_path), launcher="torchrun", timeout=100))
     rank0, rank1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2))
     ours, theirs = rank0["fw"], rank0["lightning"]
-    assert ours["rows"] == theirs["rows"] and len(ours["rows"]) == 12  # 8 step rows, 2 validation, 2 epoch ends
+    assert ours["rows"] == theirs["rows"] and len(ours["rows"]) == 12, \
+        f"PL_GLOBAL_SEED the job found: {theirs['seen_seed']!r}"  # 8 step rows, 2 validation, 2 epoch ends
     assert ours["metrics"] == theirs["metrics"] == rank1["fw"]["metrics"]
     assert ours["metrics"]["epoch_end"] == 1.5 and ours["metrics"]["epoch_end_max"] == 1.0
     assert ours["metrics"]["val_epoch_end"] == 3.5 and ours["metrics"]["rank"] == 0.5
