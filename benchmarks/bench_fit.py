@@ -33,6 +33,7 @@ import pstats
 import random
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -96,6 +97,23 @@ def lightning_fit(net: nn.Module, data: TensorDataset, steps: int, world: int) -
         trainer.fit(LitMLP(), DataLoader(data, batch_size=PER_RANK_BATCH))
 
 
+def workload(steps: int, world: int) -> tuple[TensorDataset, Callable[[], nn.Module]]:
+    """The data of ``steps`` steps on ``world`` ranks, and a maker of the network, every time
+    with the same initial weights."""
+    g = torch.Generator().manual_seed(0)
+    n = steps * PER_RANK_BATCH * world
+    data = TensorDataset(torch.randn(n, SIZES[0], generator=g), torch.randint(0, SIZES[-1], (n,), generator=g))
+    torch.manual_seed(0)
+    initial = make_mlp(SIZES).state_dict()
+
+    def fresh() -> nn.Module:
+        net = make_mlp(SIZES)
+        net.load_state_dict(initial)
+        return net
+
+    return data, fresh
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=100)
@@ -118,17 +136,7 @@ def main() -> None:
         os.sched_setaffinity(0, {rank % (os.cpu_count() or 1)})
     torch.set_num_threads(args.threads or max(1, (os.cpu_count() or 1) // world))
     clock = time.process_time if args.clock == "cpu" else time.perf_counter
-    g = torch.Generator().manual_seed(0)
-    n = args.steps * PER_RANK_BATCH * world
-    data = TensorDataset(torch.randn(n, SIZES[0], generator=g), torch.randint(0, SIZES[-1], (n,), generator=g))
-    torch.manual_seed(0)
-    initial = make_mlp(SIZES).state_dict()
-
-    def fresh() -> nn.Module:
-        net = make_mlp(SIZES)
-        net.load_state_dict(initial)
-        return net
-
+    data, fresh = workload(args.steps, world)
     sides = {"raw": lambda: raw_fit(fresh(), data, args.steps, rank, world),
              "fw": lambda: fw_fit(fresh(), data, args.steps, world)}
     if args.lightning:

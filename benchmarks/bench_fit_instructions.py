@@ -74,20 +74,8 @@ def stretch_fw_clocks(slowdown: float) -> None:
 
 def ddp_sides(rank: int, world: int) -> dict[str, Callable[[int], None]]:
     import bench_fit as fits
-    import torch
 
-    g = torch.Generator().manual_seed(0)
-    n = max(STEPS["ddp"]) * fits.PER_RANK_BATCH * world
-    data = fits.TensorDataset(torch.randn(n, fits.SIZES[0], generator=g),
-                              torch.randint(0, fits.SIZES[-1], (n,), generator=g))
-    torch.manual_seed(0)
-    initial = fits.make_mlp(fits.SIZES).state_dict()
-
-    def fresh() -> torch.nn.Module:
-        net = fits.make_mlp(fits.SIZES)
-        net.load_state_dict(initial)
-        return net
-
+    data, fresh = fits.workload(max(STEPS["ddp"]), world)
     return {"raw": lambda steps: fits.raw_fit(fresh(), data, steps, rank, world),
             "fw": lambda steps: fits.fw_fit(fresh(), data, steps, world)}
 
