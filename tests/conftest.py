@@ -25,6 +25,20 @@ def pytest_configure(config: pytest.Config) -> None:
     guards.watch_process_starts()
     if not os.environ.get("PYTEST_XDIST_WORKER"):  # once, before the workers start: they inherit it
         timescale.measure()
+        write_bytecode()
+
+
+def write_bytecode() -> None:
+    """Compile fw's, the recipes' and the tests' sources into ``__pycache__`` once, before the
+    workers start. Where ``PYTHONDONTWRITEBYTECODE`` is set (container images often set it), Python
+    reads a cache but never writes one, so each of the suite's few hundred fresh processes compiled
+    the fw modules it imports again: 0.14 s of CPU a process (importing fw's modules, median of 6:
+    1.89 s uncached, 1.74 s cached). Up-to-date files are only looked at (0.5 s for all of them
+    when none is)."""
+    import compileall
+
+    for folder in ("framework", "recipes", "tests"):
+        compileall.compile_dir(ROOT / folder, quiet=2)
 
 
 def pytest_report_header(config: pytest.Config) -> str:
