@@ -23,9 +23,22 @@ import timescale  # noqa: E402
 
 def pytest_configure(config: pytest.Config) -> None:
     guards.watch_process_starts()
+    one_torch_thread()
     if not os.environ.get("PYTEST_XDIST_WORKER"):  # once, before the workers start: they inherit it
         timescale.measure()
         write_bytecode()
+
+
+def one_torch_thread() -> None:
+    """Torch computes on one thread in every test process, as in the processes the tests start
+    (``OMP_NUM_THREADS=1``; tests/forked.py's copies). By default each of the suite's workers ran
+    torch's kernels on one thread per core, all of them on the same cores: the fast tier (-n 2)
+    took 67.8-72.2 s of CPU and 41-44 s against 49.8-50.1 s and 33-34 s on one thread (two runs
+    each, 2 cores). The environment is left as it is, so the processes a test starts see the
+    settings the test gave them."""
+    import torch
+
+    torch.set_num_threads(1)
 
 
 def write_bytecode() -> None:

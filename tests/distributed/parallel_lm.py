@@ -87,7 +87,8 @@ class LM(fw.TrainModule):
     def configure_model(self) -> None:
         if self.device_mesh is not None:
             if not self.norm_tokens_counted:  # once per module, before the split's hooks
-                self.model.blocks[0].ln1.register_forward_pre_hook(self._count_tokens)
+                for block in self.model.blocks:  # every block alike: a compiled block's code is then traced once
+                    block.ln1.register_forward_pre_hook(self._count_tokens)
                 self.norm_tokens_counted = True
             fw.parallel.parallelize(self.model, self.device_mesh, blocks={Block}, loss_parallel=self.loss_parallel,
                                     sequence_parallel=self.sequence_parallel)

@@ -3,6 +3,7 @@ real ``mlflow server``; the same names and steps as Lightning's MLFlowLogger."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import pickle
 import subprocess
@@ -21,12 +22,18 @@ from framework.loggers import MLFlowLogger
 from loggers.fits import SETTINGS, FailsAtStep3, LogsLosses, fit_alone, missing_package_error, sides
 from loggers.history import assert_same, recorder, sent
 
-mlflow = pytest.importorskip("mlflow", reason="MLFlowLogger needs mlflow: pip install -e '.[mlflow]'")
-from mlflow.tracking import MlflowClient  # noqa: E402
-
 #: every test here starts processes: mlflow's run context asks ``git`` for the source's commit (the
 #: tags MLflow gives a new run, as under Lightning), and one test starts an ``mlflow server``
-pytestmark = pytest.mark.procs
+pytestmark = [pytest.mark.procs, pytest.mark.skipif(importlib.util.find_spec("mlflow") is None,
+                                                    reason="MLFlowLogger needs mlflow: pip install -e '.[mlflow]'")]
+
+
+def client_for(uri: str):
+    """MLflow's own client for ``uri``. mlflow is imported by the tests, not at collection: every
+    worker of the suite collects every file, and importing mlflow takes 2.4 s of CPU."""
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(uri)
 
 
 @pytest.fixture(autouse=True)
@@ -92,7 +99,7 @@ def test_a_fit_is_read_back_by_mlflows_client(tmp_path, capfd):
     assert logger.tracking_uri == _default_local_store(store)  # the default: a local store, no server
     if logger.tracking_uri.startswith("sqlite:"):
         assert "refuses the file store" in capfd.readouterr().err  # and it says why not the file store
-    client = MlflowClient(logger.tracking_uri)
+    client = client_for(logger.tracking_uri)
     run = client.get_run(logger.run_id)
     assert run.info.status == "FINISHED" and run.info.experiment_id == logger.experiment_id == logger.name
     assert run.info.artifact_uri.startswith(store.as_uri())  # the artifacts in the same folder
@@ -125,7 +132,7 @@ def test_log_model_true_uploads_the_files_left_at_the_end(tmp_path, file_store):
     checkpoint = ModelCheckpoint(monitor="val/loss", save_top_k=1, save_last=True)
     _fit(logger, callbacks=[checkpoint])
     assert logger.tracking_uri == f"file:{store}"  # the file store where it is allowed, as Lightning's default
-    client = MlflowClient(logger.tracking_uri)
+    client = client_for(logger.tracking_uri)
     assert client.get_run(logger.run_id).info.status == "FINISHED"
     # at the end: the best and last.ckpt; epoch 0's best was replaced (and deleted) before that
     assert {p.split("/")[0] for p in _artifacts(client, logger.run_id)} == {"epoch=1-step=8", "last"}
@@ -136,7 +143,7 @@ def test_a_later_call_logs_into_the_same_run_and_a_failed_fit_ends_its_run_faile
     logger = MLFlowLogger(tracking_uri=uri)
     trainer = _fit(logger)
     trainer.validate(datamodule=ToyData())
-    client = MlflowClient(uri)
+    client = client_for(uri)
     assert client.get_run(logger.run_id).info.status == "FINISHED"  # RUNNING again during validate, then ended
     assert len(client.get_metric_history(logger.run_id, "val/loss")) == 3  # two epochs of fit, then validate
     assert logger.save_dir == str(tmp_path / "mlruns")  # the folder of a file: URI, as Lightning reports it
@@ -177,7 +184,7 @@ def test_the_same_names_and_steps_as_lightnings_mlflow_logger(tmp_path, file_sto
         uri = f"file:{tmp_path / which}"
         logger = Logger(experiment_name="cmp", tracking_uri=uri)
         fit_alone(Trainer, logger, _module(Base))
-        client = MlflowClient(uri)
+        client = client_for(uri)
         run = client.get_run(logger.run_id)
         runs[which] = (run.info.status, run.data.params, _mlflow_history(client, logger.run_id))
     assert runs["fw"][:2] == runs["pl"][:2] == ("FINISHED", {"lr": "0.05", "hidden": "3"})
@@ -197,7 +204,7 @@ def test_a_recipe_builds_it_by_target_and_checks_its_arguments(tmp_path, file_st
         "callbacks": [{"_target_": "framework.callbacks.ModelCheckpoint"}]}))
     recipe, text = load_recipe(recipe_file)
     run_recipe("fit", recipe, text)
-    client = MlflowClient(f"file:{tmp_path / 'mlruns'}")
+    client = client_for(f"file:{tmp_path / 'mlruns'}")
     experiment = client.get_experiment_by_name("from-recipe")
     (run,) = client.search_runs([experiment.experiment_id])
     assert run.info.status == "FINISHED" and run.data.params["lr"] == "0.05"
@@ -253,7 +260,7 @@ def test_against_a_real_mlflow_server(tmp_path):
         logger = MLFlowLogger(experiment_name="served", tracking_uri=uri, log_model="all")
         checkpoint = ModelCheckpoint(save_last=True)
         trainer = _fit(logger, callbacks=[checkpoint], default_root_dir=str(tmp_path / "root"))
-        client = MlflowClient(uri)
+        client = client_for(uri)
         run = client.get_run(logger.run_id)
         assert run.info.status == "FINISHED" and run.data.params["lr"] == "0.05"
         assert_same(_mlflow_history(client, logger.run_id), sent(trainer))

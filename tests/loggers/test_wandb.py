@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import glob
+import importlib.util
 import json
 import os
 import pickle
@@ -20,16 +21,18 @@ from framework.loggers import WandbLogger
 from loggers.fits import SETTINGS, FailsAtStep3, LogsLosses, fit_alone, missing_package_error, sides
 from loggers.history import assert_same, recorder, sent
 
-wandb = pytest.importorskip("wandb", reason="WandbLogger needs wandb: pip install -e '.[wandb]'")
-
-#: wandb.init starts wandb's service process (wandb-core); the fixture below ends it after each test
-pytestmark = pytest.mark.procs
+#: wandb.init starts wandb's service process (wandb-core); the fixture below ends it after each test.
+#: wandb is imported by the tests, not at collection (every worker of the suite collects every file)
+pytestmark = [pytest.mark.procs, pytest.mark.skipif(importlib.util.find_spec("wandb") is None,
+                                                    reason="WandbLogger needs wandb: pip install -e '.[wandb]'")]
 
 
 @pytest.fixture(autouse=True)
 def no_login(tmp_path, monkeypatch):
     """No W&B credentials (so the logger goes offline by itself), and wandb's own folders in the
     test's; wandb's service is ended after the test (its variable goes with it)."""
+    import wandb
+
     for key in ("WANDB_API_KEY", "WANDB_IDENTITY_TOKEN_FILE", "WANDB_MODE", "WANDB_PROJECT", "WANDB_BASE_URL",
                 "WANDB_DIR", "WANDB_SERVICE"):
         monkeypatch.setenv(key, "")
@@ -183,6 +186,8 @@ def _module(base):
 
 
 def test_the_same_config_and_history_as_lightnings_wandb_logger(tmp_path):
+    import wandb
+
     pl = pytest.importorskip("pytorch_lightning")
     from pytorch_lightning.loggers import WandbLogger as LightningWandbLogger
 
@@ -214,6 +219,8 @@ def test_arguments_mean_what_lightnings_mean():
 
 
 def test_other_ranks_get_a_stand_in_and_write_nothing(tmp_path, monkeypatch):
+    import wandb
+
     monkeypatch.setenv("RANK", "1")
     logger = WandbLogger(save_dir=str(tmp_path / "wb"))
     logger.log_hyperparams({"a": 1})
