@@ -1,9 +1,10 @@
 """What the MLflow and W&B logger tests share: the Trainer's settings, a module that fails in the
 middle of a fit, the module and fit that put fw's logger beside Lightning's, and the check of the
-one-line error when the logger's package is not installed."""
+one-line error when the logger's package is not installed, and the mark that skips a test file then."""
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 
 import pytest
@@ -73,3 +74,10 @@ def missing_package_error(monkeypatch, logger: type, package: str) -> ModuleNotF
 
     assert f"[{package}]" in _missing_extra(package)  # what `fw fit` prints as its one-line error
     return err.value
+
+
+def needs(package: str, logger: str) -> pytest.MarkDecorator:
+    """Skips a test file when ``package`` is not installed, without importing it: every worker of
+    the suite collects every file, and the package is imported by the tests that run."""
+    return pytest.mark.skipif(importlib.util.find_spec(package) is None,
+                              reason=f"{logger} needs {package}: pip install -e '.[{package}]'")

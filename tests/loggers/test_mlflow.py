@@ -3,7 +3,6 @@ real ``mlflow server``; the same names and steps as Lightning's MLFlowLogger."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import pickle
 import subprocess
@@ -19,13 +18,12 @@ import framework as fw
 from framework.callbacks import ModelCheckpoint
 from framework.errors import ConfigError
 from framework.loggers import MLFlowLogger
-from loggers.fits import SETTINGS, FailsAtStep3, LogsLosses, fit_alone, missing_package_error, sides
+from loggers.fits import SETTINGS, FailsAtStep3, LogsLosses, fit_alone, missing_package_error, needs, sides
 from loggers.history import assert_same, recorder, sent
 
 #: every test here starts processes: mlflow's run context asks ``git`` for the source's commit (the
 #: tags MLflow gives a new run, as under Lightning), and one test starts an ``mlflow server``
-pytestmark = [pytest.mark.procs, pytest.mark.skipif(importlib.util.find_spec("mlflow") is None,
-                                                    reason="MLFlowLogger needs mlflow: pip install -e '.[mlflow]'")]
+pytestmark = [pytest.mark.procs, needs("mlflow", "MLFlowLogger")]
 
 
 def client_for(uri: str):

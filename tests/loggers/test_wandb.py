@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import glob
-import importlib.util
 import json
 import os
 import pickle
@@ -18,13 +17,11 @@ import framework as fw
 from framework.callbacks import ModelCheckpoint
 from framework.errors import ConfigError
 from framework.loggers import WandbLogger
-from loggers.fits import SETTINGS, FailsAtStep3, LogsLosses, fit_alone, missing_package_error, sides
+from loggers.fits import SETTINGS, FailsAtStep3, LogsLosses, fit_alone, missing_package_error, needs, sides
 from loggers.history import assert_same, recorder, sent
 
-#: wandb.init starts wandb's service process (wandb-core); the fixture below ends it after each test.
-#: wandb is imported by the tests, not at collection (every worker of the suite collects every file)
-pytestmark = [pytest.mark.procs, pytest.mark.skipif(importlib.util.find_spec("wandb") is None,
-                                                    reason="WandbLogger needs wandb: pip install -e '.[wandb]'")]
+#: wandb.init starts wandb's service process (wandb-core); the fixture below ends it after each test
+pytestmark = [pytest.mark.procs, needs("wandb", "WandbLogger")]
 
 
 @pytest.fixture(autouse=True)
