@@ -82,12 +82,14 @@ class LM(fw.TrainModule):
         self.norm_tokens_counted = False
 
     def _count_tokens(self, module: nn.Module, args: tuple) -> None:
+        if torch.compiler.is_compiling():  # compiled runs do not count: the count would guard the blocks'
+            return  # graph, each new value one more compile (the tensor-parallel case: 4 graphs a rank -> 3)
         self.norm_tokens = max(self.norm_tokens, args[0].shape[1])
 
     def configure_model(self) -> None:
         if self.device_mesh is not None:
             if not self.norm_tokens_counted:  # once per module, before the split's hooks
-                for block in self.model.blocks:  # all alike: compiled, the blocks share graphs (6 -> 4 a rank)
+                for block in self.model.blocks:  # all alike: compiled, the blocks share graphs
                     block.ln1.register_forward_pre_hook(self._count_tokens)
                 self.norm_tokens_counted = True
             fw.parallel.parallelize(self.model, self.device_mesh, blocks={Block}, loss_parallel=self.loss_parallel,
