@@ -7,7 +7,9 @@ alternating order. The hand-written side is what a user writes without a framewo
 ``fully_shard`` on each transformer block and then on the network, AdamW, a
 ``DistributedSampler``, and forward / backward / step / zero_grad. The fw side is
 ``Trainer(strategy={"name": "fsdp", "auto_wrap_policy": ["_TransformerBlock"]}).fit``. The
-ratio fw / hand-written is reported per round: its median and a 95 % bootstrap interval.
+ratio fw / hand-written is reported per round: its median and a 95 % bootstrap interval. An
+optimizer-step hook on both sides splits each call into its start-up (to the end of the first
+step), the steps after it and its end (after the last step), reported as medians.
 
 Run::
 
@@ -43,6 +45,20 @@ def tokens(n: int) -> TensorDataset:
     return TensorDataset(x, torch.roll(x, -1, dims=1))
 
 
+STEP_ENDS: list[float] = []  # when each optimizer step of the current call ended (perf_counter)
+
+
+def _step_ended(*_: object) -> None:
+    STEP_ENDS.append(time.perf_counter())
+
+
+class _TimedGPT(TinyGPT):
+    def configure_optimizers(self):
+        optimizer = super().configure_optimizers()
+        optimizer.register_step_post_hook(_step_ended)
+        return optimizer
+
+
 def hand_written(steps: int, batch: int) -> float:
     from torch.distributed.fsdp import fully_shard
 
@@ -53,6 +69,7 @@ def hand_written(steps: int, batch: int) -> float:
         fully_shard(block)
     fully_shard(model.net)
     opt = torch.optim.AdamW(model.net.parameters(), lr=model.lr, weight_decay=model.weight_decay)
+    opt.register_step_post_hook(_step_ended)
     data = tokens(steps * batch * dist.get_world_size())
     loader = DataLoader(data, batch_size=batch, sampler=DistributedSampler(data, shuffle=False))
     for x, y in loader:
@@ -67,7 +84,7 @@ def hand_written(steps: int, batch: int) -> float:
 def with_fw(steps: int, batch: int) -> float:
     start = time.perf_counter()
     torch.manual_seed(0)
-    model = TinyGPT(**GPT)
+    model = _TimedGPT(**GPT)
     trainer = fw.Trainer(strategy={"name": "fsdp", "auto_wrap_policy": ["_TransformerBlock"]}, devices=2,
                          accelerator="cpu", max_epochs=1, logger=False, enable_checkpointing=False,
                          enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0)
@@ -88,10 +105,15 @@ def main() -> None:
     logging.getLogger("framework").setLevel(logging.WARNING)  # fw's start-up lines, once per round
     with_fw(5, args.batch), hand_written(5, args.batch)  # warm-up: first imports and allocations
     times: dict[str, list[float]] = {"hand-written FSDP2": [], "fw fsdp": []}
+    phases: dict[str, list[tuple[float, float, float]]] = {name: [] for name in times}
     for round_ in range(args.rounds):
         sides = [("hand-written FSDP2", hand_written), ("fw fsdp", with_fw)]
         for name, side in sides if round_ % 2 == 0 else reversed(sides):
+            STEP_ENDS.clear()
+            begun = time.perf_counter()
             times[name].append(side(args.steps, args.batch))
+            ended = begun + times[name][-1]
+            phases[name].append((STEP_ENDS[0] - begun, STEP_ENDS[-1] - STEP_ENDS[0], ended - STEP_ENDS[-1]))
     if dist.get_rank() == 0:
         ratios = [f / h for f, h in zip(times["fw fsdp"], times["hand-written FSDP2"], strict=True)]
         low, high = median_interval(ratios)
@@ -99,8 +121,13 @@ def main() -> None:
         rows.append(["fw / hand-written", f"{median(ratios):.3f}", f"95 % interval {low:.3f}-{high:.3f}"])
         print_table(f"fit of {args.steps} steps, FSDP on 2 ranks, start-up included ({args.rounds} rounds)",
                     ["side", "median", "range"], rows)
+        split = [[name, *(f"{median([p[i] for p in values]) * scale:.1f} {unit}" for i, (scale, unit)
+                          in enumerate([(1e3, "ms"), (1e3 / (args.steps - 1), "ms"), (1e3, "ms")]))]
+                 for name, values in phases.items()]
+        print_table("medians of each call's parts (rank 0)", ["side", "start-up and first step", "each later step",
+                                                              "after the last step"], split)
         result = {**machine_info(), "args": vars(args), "times_s": times, "ratio_median": median(ratios),
-                  "ratio_interval": [low, high]}
+                  "ratio_interval": [low, high], "phases_s": phases}
         print(f"wrote {write_json(result_path('fsdp_step'), result)}")
     dist.destroy_process_group()
 
