@@ -112,7 +112,7 @@ def main() -> None:
             STEP_ENDS.clear()
             begun = time.perf_counter()
             times[name].append(side(args.steps, args.batch))
-            ended = begun + times[name][-1]
+            ended = time.perf_counter()
             phases[name].append((STEP_ENDS[0] - begun, STEP_ENDS[-1] - STEP_ENDS[0], ended - STEP_ENDS[-1]))
     if dist.get_rank() == 0:
         ratios = [f / h for f, h in zip(times["fw fsdp"], times["hand-written FSDP2"], strict=True)]
@@ -121,9 +121,11 @@ def main() -> None:
         rows.append(["fw / hand-written", f"{median(ratios):.3f}", f"95 % interval {low:.3f}-{high:.3f}"])
         print_table(f"fit of {args.steps} steps, FSDP on 2 ranks, start-up included ({args.rounds} rounds)",
                     ["side", "median", "range"], rows)
-        split = [[name, *(f"{median([p[i] for p in values]) * scale:.1f} {unit}" for i, (scale, unit)
-                          in enumerate([(1e3, "ms"), (1e3 / (args.steps - 1), "ms"), (1e3, "ms")]))]
-                 for name, values in phases.items()]
+        def ms(values: list[tuple[float, float, float]], part: int, per: int = 1) -> str:
+            return f"{median([v[part] for v in values]) * 1e3 / per:.1f} ms"
+
+        later = max(1, args.steps - 1)  # the steps after the first
+        split = [[name, ms(values, 0), ms(values, 1, later), ms(values, 2)] for name, values in phases.items()]
         print_table("medians of each call's parts (rank 0)", ["side", "start-up and first step", "each later step",
                                                               "after the last step"], split)
         result = {**machine_info(), "args": vars(args), "times_s": times, "ratio_median": median(ratios),
