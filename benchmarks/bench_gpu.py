@@ -87,10 +87,10 @@ def nccl_allreduce(quick: bool) -> list[dict]:
 def loop(quick: bool, out: Path) -> dict:
     cmd = [sys.executable, str(Path(__file__).with_name("bench_loop.py")), "--device", "cuda", "--out", str(out)]
     cmd += ["--quick"] if quick else ["--rounds", "16"]
+    path = result_path("loop", "cuda", out)  # the name bench_loop.py's run is about to take
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     if proc.returncode != 0:
         raise RuntimeError(f"bench_loop.py exited {proc.returncode}: {proc.stderr[-2000:]}")
-    path = result_path("loop", "cuda", out)
     full = json.loads(path.read_text())
     keep = ("raw_step_s", "fw_step_s", "ratio_fw_over_raw", "ratio_paired_median", "overhead_us_per_step", "exactness")
     return {"file": path.name, **{k: full[k] for k in keep}}

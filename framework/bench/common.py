@@ -56,9 +56,16 @@ def today() -> str:
 
 
 def result_path(name: str, device: str = "cpu", out: Path | None = None) -> Path:
+    """A new file for one run's results: ``name-DATE-HARDWARE.json``, then ``...-2.json``, ...
+    for later runs that day (a trial run never overwrites a result kept before it)."""
     out = Path(out) if out is not None else RESULTS
     out.mkdir(parents=True, exist_ok=True)
-    return out / f"{name}-{today()}-{hw_tag(device)}.json"
+    stem = f"{name}-{today()}-{hw_tag(device)}"
+    path, n = out / f"{stem}.json", 1
+    while path.exists():
+        n += 1
+        path = out / f"{stem}-{n}.json"
+    return path
 
 
 def machine_info(device: str = "cpu") -> dict[str, Any]:

@@ -142,7 +142,8 @@ class FSDPStrategy(DDPStrategy):
             for unit in blocks:
                 fully_shard(unit, **shard)
             root = StepModule(module)
-            fully_shard(root, **shard)
+            keep = None if self.reshard_after_forward else False  # None: the root keeps them for backward (fsdp_steps.py)
+            fully_shard(root, **{**shard, "reshard_after_forward": keep})
             materialize(module, self.root_device, self._init_rng)  # meta-built: shard by shard
             module.__dict__[_SHARDED] = (root, layout)  # not a submodule: the root holds the module
         self.model, self.module = root, module
@@ -165,12 +166,14 @@ class FSDPStrategy(DDPStrategy):
 
     def training_step_fn(self, module: TrainModule) -> Callable[..., Any]:
         assert self.model is not None, "setup_module() first"
-        return self.model  # the root's forward gathers its parameters, then runs the step
+        return self.step_fn(module, "training_step")
 
     def step_fn(self, module: TrainModule, name: str) -> Callable[..., Any]:
+        """The step in the root's forward, which gathers the parameters no smaller unit holds."""
+        from framework.strategies.fsdp_steps import fsdp_modules, resharding
+
         assert self.model is not None, "setup_module() first"
-        root = self.model
-        return lambda *args: root(*args, step=name)
+        return resharding(functools.partial(self.model, step=name), fsdp_modules(self.model))
 
     def check_optimizers(self, optimizers: list[torch.optim.Optimizer]) -> None:
         from torch.distributed.tensor import DTensor
@@ -247,6 +250,9 @@ class FSDPStrategy(DDPStrategy):
         if self.module is None:
             raise CheckpointError("an FSDP checkpoint is written and read while the run's process group is up "
                                   "(inside fit, validate, test or predict)")
+        from framework.strategies.fsdp_steps import reshard_all
+
+        reshard_all(self.model if isinstance(self.model, nn.Module) else self.module)  # a root gathered by evaluation
         return self.module
 
 

@@ -150,14 +150,18 @@ class ModelParallelStrategy(FSDPStrategy):
         return [m for m in module.modules() if m.__dict__.get(BLOCK)]
 
     def training_step_fn(self, module: TrainModule) -> Callable[..., Any]:
+        from framework.strategies.fsdp_steps import fsdp_modules, resharding
+
         step = module.training_step
-        if not self._loss_parallel or module.automatic_optimization:
-            return step  # automatic: the loop runs step and backward inside step_context()
-        return inside(self.step_context, step)  # manual: manual_backward runs inside training_step
+        if self._loss_parallel and not module.automatic_optimization:  # automatic: the loop runs step and
+            step = inside(self.step_context, step)  # backward inside step_context(); manual: the step does
+        return resharding(step, fsdp_modules(module))  # a root gathered by a step without backward reshards
 
     def step_fn(self, module: TrainModule, name: str) -> Callable[..., Any]:
+        from framework.strategies.fsdp_steps import fsdp_modules, resharding
+
         step = getattr(module, name)
-        return inside(self.step_context, step) if self._loss_parallel else step
+        return resharding(inside(self.step_context, step) if self._loss_parallel else step, fsdp_modules(module))
 
     def step_context(self) -> contextlib.AbstractContextManager | None:
         """``loss_parallel`` when the head is split by vocabulary (``fw.parallel``): the loss of
