@@ -13,6 +13,8 @@ class Accelerator(ABC):
     """Owns device choice and batch transfer; strategies ask it, never torch.cuda directly."""
 
     name: str = ""
+    #: Does ``batch_to_device`` change a batch? (The CPU's leaves it as the loader made it.)
+    moves_batches = True
 
     @staticmethod
     @abstractmethod

@@ -12,6 +12,7 @@ class CPUAccelerator(Accelerator):
     """CPU: every rank uses ``cpu``; batches are passed through untouched."""
 
     name = "cpu"
+    moves_batches = False
 
     @staticmethod
     def is_available() -> bool:

@@ -69,7 +69,7 @@ def run_evaluation(run: Run, stage: str, limit: int | None = None, log: bool = T
                 for batch_idx, batch in enumerate(hooks.fetching(up_to(iter(loader), n), EVAL_NEXT[stage], n)):
                     if batch_idx >= n:
                         break
-                    batch = run.metrics.current_batch = to_device(batch)
+                    batch = run.metrics.current_batch = to_device(batch) if to_device is not None else batch
                     run.state.eval_batches += 1
                     call(batch, batch_idx, dl_idx)
                     if log and not sanity_check:

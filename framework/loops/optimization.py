@@ -20,6 +20,7 @@ the obvious thing is done inline.
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -125,12 +126,18 @@ def _closure_fn(run: Run, optimizer: torch.optim.Optimizer, guard: NonfiniteGuar
     zero_grad = hooks.module_fn("optimizer_zero_grad") if hooks.module_overrides("optimizer_zero_grad") else None
     default_zero_grad = hooks.timed(_hook_action(module, "optimizer_zero_grad"), optimizer.zero_grad)
     in_context = strategy.step_context() is not None  # model_parallel's loss parallel: step and backward inside
-    in_step, in_backward = waiting_in("training_step", user_code=True), waiting_in("the backward pass's gradient sync")
+    marks = strategy.is_distributed  # where a rank waits, for the heartbeat and a collective's errors (waits.py)
+    in_step = waiting_in("training_step", user_code=True) if marks else _NO_CONTEXT
+    in_backward = waiting_in("the backward pass's gradient sync")
+    bare = autocast is None and not marks  # one process, no autocast: the step needs no context at all
 
     def closure_for(batch: Any, batch_idx: int) -> Closure:
         def body(closure: Closure) -> Any:
-            with autocast() if autocast is not None else _NO_CONTEXT, in_step:
+            if bare:
                 outputs = closure.outputs = step(batch, batch_idx) if with_idx else step(batch)
+            else:
+                with autocast() if autocast is not None else _NO_CONTEXT, in_step:
+                    outputs = closure.outputs = step(batch, batch_idx) if with_idx else step(batch)
             loss = _loss_of(outputs) if isinstance(outputs, dict) else outputs
             if loss is not None:
                 loss = guard(loss, batch_idx)
@@ -149,8 +156,11 @@ def _closure_fn(run: Run, optimizer: torch.optim.Optimizer, guard: NonfiniteGuar
                 loss = scaler.scale(loss)
             if before_backward is not None:
                 before_backward(loss)
-            with in_backward:
+            if not marks:
                 backward(loss)
+            else:
+                with in_backward:
+                    backward(loss)
             if after_backward is not None:
                 after_backward()
             return loss
@@ -172,6 +182,8 @@ def _step_fn(run: Run, optimizer: torch.optim.Optimizer, zero_after_step: bool) 
     zero_grad = hooks.timed(_hook_action(module, "optimizer_zero_grad"), optimizer.zero_grad)
     clip_val, clip_algorithm = run.settings.gradient_clip_val, run.settings.gradient_clip_algorithm
     reevaluates = isinstance(optimizer, torch.optim.LBFGS)  # calls its closure again: give it one
+    between = before_step is not None or custom_clip or bool(clip_val)  # anything between closure and step
+    optimizer_step = optimizer.step if scaler is None else functools.partial(precision.step, optimizer)
 
     def after_closure() -> None:
         if before_step is not None:
@@ -189,7 +201,8 @@ def _step_fn(run: Run, optimizer: torch.optim.Optimizer, zero_after_step: bool) 
             return loss
         if scaler is not None and loss is not None:
             precision.unscale(optimizer)  # hooks and clipping see the true gradients
-        after_closure()
+        if between:
+            after_closure()
         if reevaluates and closure is not None and scaler is None:
             first = [True]
 
@@ -205,7 +218,7 @@ def _step_fn(run: Run, optimizer: torch.optim.Optimizer, zero_after_step: bool) 
         else:
             result = loss
             if scaler is None or loss is not None:  # 16-mixed without a backward: nothing to step (Lightning)
-                precision.step(optimizer, **kwargs)
+                optimizer_step(**kwargs)
         if zero_after_step:
             zero_grad()
         return result

@@ -44,7 +44,7 @@ def run_predict(run: Run) -> list | None:
                 for batch_idx, batch in enumerate(hooks.fetching(up_to(iter(loader), n), PREDICT_NEXT, n)):
                     if batch_idx >= n:
                         break
-                    out = call(to_device(batch), batch_idx, dl_idx)
+                    out = call(to_device(batch) if to_device is not None else batch, batch_idx, dl_idx)
                     if keep:
                         predictions.append(out)
         hooks("on_predict_epoch_end")

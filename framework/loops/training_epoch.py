@@ -64,7 +64,7 @@ def run_train_epoch(run: Run, loader, stops: StopCheck) -> None:
     for batch_idx, batch in enumerate(iterator, start):
         if batch_idx >= limit:
             break
-        batch = metrics.current_batch = to_device(batch)
+        batch = metrics.current_batch = to_device(batch) if to_device is not None else batch
         state.batch_idx, state.log_due = batch_idx, False
         state.is_last_batch = last = batch_idx + 1 == limit or (lookahead is not None and lookahead.last)
         if batch_start is not None and batch_start(batch, batch_idx) == -1:
@@ -73,7 +73,7 @@ def run_train_epoch(run: Run, loader, stops: StopCheck) -> None:
                 step_schedulers(run, "step", plateau=False, batch_idx=batch_idx)
                 step_schedulers(run, "epoch", plateau=False)
             break
-        steps_now = last or every(accumulate, batch_idx + 1)
+        steps_now = accumulate == 1 or last or every(accumulate, batch_idx + 1)
         outputs = train_batch(batch, batch_idx, steps_now)
         if outputs is not None or manual:
             trained += 1

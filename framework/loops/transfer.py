@@ -16,11 +16,15 @@ if TYPE_CHECKING:
 _HOOKS = ("on_before_batch_transfer", "transfer_batch_to_device", "on_after_batch_transfer")
 
 
-def batch_transfer_fn(run: Run, dataloader_idx: int = 0) -> Callable[[Any], Any]:
-    """``batch -> batch on this rank's device``; looked up once per loader, not per batch."""
+def batch_transfer_fn(run: Run, dataloader_idx: int = 0) -> Callable[[Any], Any] | None:
+    """``batch -> batch on this rank's device``; looked up once per loader, not per batch. None
+    where nothing would touch a batch: no hook, an accelerator that leaves batches as they are
+    (the CPU), and no profiler to record the move."""
     device, move = run.strategy.root_device, run.accelerator.batch_to_device
     before, transfer, after = (_hook(run, name) for name in _HOOKS)
     if before is None and transfer is None and after is None:
+        if not run.accelerator.moves_batches and run.hooks.profiler is None:
+            return None
         return run.hooks.strategy_fn("batch_to_device", lambda batch: move(batch, device))
 
     def to_device(batch: Any) -> Any:

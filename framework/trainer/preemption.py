@@ -169,6 +169,9 @@ class StopCheck:
         now? Distributed, reads the answer asked after the previous batch, if one was, and asks
         again when the batch after this one is due for an answer."""
         if not self.distributed:
+            state, deadline = self.run.state, self.deadline
+            if state.signal is None and state.lost_node is None and (deadline is None or time.monotonic() <= deadline):
+                return False  # nothing to stop for (what _mine() would find, without its bookkeeping)
             return self._apply(self._mine()[0])
         stop = self._read_pending()
         if (batch_idx + 2) % self.every == 0:
