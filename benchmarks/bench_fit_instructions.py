@@ -13,8 +13,9 @@ long fit, per step and fixed, and fw over the hand-written side. fw's intervals 
 (the stop check's, the heartbeat's) are stretched by the slowdown (``stretch_fw_clocks``).
 
 Workloads: ``ddp`` is ``bench_fit.py``'s (MLP 64-512-512-10, 32 samples per rank per step,
-Adam, DDP); ``fsdp`` is ``bench_fsdp_step.py``'s (its GPT, FSDP2 on each block and the root,
-AdamW, 8 sequences per rank per step).
+Adam, DDP); ``single`` the same in one process (``bench_fit.py --single``, no launcher);
+``fsdp`` is ``bench_fsdp_step.py``'s (its GPT, FSDP2 on each block and the root, AdamW, 8
+sequences per rank per step).
 
 Instructions are not time: a collective's wait for the other rank, or a cache miss, costs time
 and few instructions. So this shows the work fw adds to a fit, and the timing benchmarks the
@@ -22,6 +23,7 @@ waits. ::
 
     .venv/bin/python benchmarks/bench_fit_instructions.py                   # ddp, 20 and 100 steps: 15 min
     .venv/bin/python benchmarks/bench_fit_instructions.py --workload fsdp   # 2 and 6 steps: an hour or more
+    .venv/bin/python benchmarks/bench_fit_instructions.py --workload single # one process: 10 min
 
 FSDP is slow under callgrind: here the hand-written side's 4-step fit took 9 minutes (2.9 G
 instructions), and its 12-step fit had not ended after 22 more; no fsdp run has been completed yet.
@@ -45,7 +47,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 SIDES = ("raw", "fw")
-STEPS = {"ddp": (20, 100), "fsdp": (2, 6)}
+STEPS = {"ddp": (20, 100), "fsdp": (2, 6), "single": (20, 100)}
 #: the call that marks a timed call's edges: callgrind dumps its counts before each entry to it
 #: (``os.getloadavg`` calls libc's ``getloadavg``; nothing else in a fit does)
 MARK = "getloadavg"
@@ -91,26 +93,30 @@ def fsdp_sides(rank: int, world: int) -> dict[str, Callable[[int], None]]:
 
 def worker(workload: str) -> None:
     """One rank: warm both sides up, then each side's short and long fit, each between two marks."""
-    sys.path.insert(0, str(HERE))
+    sys.path[:0] = [str(HERE), str(HERE.parent)]  # this tree's fw, not the installed one (an older tree beside it)
     import torch
     import torch.distributed as dist
 
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=3600))
-    rank, world = dist.get_rank(), dist.get_world_size()
+    single = workload == "single"
+    if not single:
+        dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=3600))
+    rank, world = (0, 1) if single else (dist.get_rank(), dist.get_world_size())
     (Path(os.environ[FOLDER]) / f"rank{rank}.pid").write_text(str(os.getpid()))  # callgrind's %p
     torch.set_num_threads(1)
     stretch_fw_clocks(SLOWDOWN)
-    sides = (ddp_sides if workload == "ddp" else fsdp_sides)(rank, world)
+    sides = (fsdp_sides if workload == "fsdp" else ddp_sides)(rank, world)
     for side in SIDES:
         sides[side](2)
     for side in SIDES:
         for steps in STEPS[workload]:
-            dist.barrier()
+            if not single:
+                dist.barrier()
             os.getloadavg()  # callgrind: the counts so far go to one file ...
             sides[side](steps)
             os.getloadavg()  # ... and this call's to the next
-    dist.barrier()
-    dist.destroy_process_group()
+    if not single:
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 def counts(folder: Path, ranks: int, workload: str) -> list[dict[str, dict[str, float]]]:
@@ -150,15 +156,17 @@ def main() -> None:
         raise SystemExit("valgrind is not installed (Debian: apt-get install valgrind)")
     with tempfile.TemporaryDirectory(prefix="fw-callgrind-") as tmp:
         folder = Path(tmp)
-        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                   "--no-python", "valgrind", "--tool=callgrind", f"--dump-before={MARK}",
+        ranks = 1 if args.workload == "single" else 2
+        launch = [] if ranks == 1 else [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                                        "--nproc-per-node", "2", "--no-python"]
+        command = [*launch, "valgrind", "--tool=callgrind", f"--dump-before={MARK}",
                    f"--callgrind-out-file={folder}/cg.%p.out", sys.executable, __file__, "--worker",
                    "--workload", args.workload]
         env = {**os.environ, "PYTHONHASHSEED": "0", FOLDER: tmp}  # PYTHONHASHSEED: the same set orders each run
         done = subprocess.run(command, env=env, capture_output=True, text=True)
         if done.returncode != 0:
             raise SystemExit(f"the callgrind run failed ({done.returncode}):\n{done.stderr[-4000:]}")
-        per_rank = counts(folder, 2, args.workload)
+        per_rank = counts(folder, ranks, args.workload)
     report(per_rank, args)
 
 
@@ -173,14 +181,15 @@ def report(per_rank: list[dict[str, dict[str, float]]], args: argparse.Namespace
         rows.append([f"rank {rank}", f"{raw['fit'] / 1e9:.4f} G", f"{fw['fit'] / 1e9:.4f} G", f"{fw['fit'] / raw['fit']:.4f}",
                      f"{raw['step'] / 1e6:.2f} M", f"{fw['step'] / 1e6:.2f} M", f"{fw['step'] / raw['step']:.4f}",
                      f"{raw['fixed'] / 1e6:.1f} M", f"{fw['fixed'] / 1e6:.1f} M"])
-    print_table(f"{args.workload}: whole fits on 2 ranks, instructions (callgrind, every thread); "
+    print_table(f"{args.workload}: whole fits on {len(per_rank)} rank(s), instructions (callgrind, every thread); "
                 f"a step and the fixed cost from the {short}- and {long}-step fits",
                 ["", f"raw {long}-step fit", f"fw {long}-step fit", "fw/raw", "raw step", "fw step", "fw/raw",
                  "raw fixed", "fw fixed"], rows)
     doc = {"machine": machine_info(), "workload": args.workload, "steps": [short, long], "instructions": per_rank,
            "fit_ratio": [found["fw"]["fit"] / found["raw"]["fit"] for found in per_rank],
            "step_ratio": [found["fw"]["step"] / found["raw"]["step"] for found in per_rank]}
-    print(f"wrote {write_json(result_path(f'fit_{args.workload}2_instructions', out=Path(args.out)), doc)}")
+    name = "fit_single_instructions" if len(per_rank) == 1 else f"fit_{args.workload}2_instructions"
+    print(f"wrote {write_json(result_path(name, out=Path(args.out)), doc)}")
 
 
 if __name__ == "__main__":

@@ -197,14 +197,17 @@ def _load_tensors(module: TrainModule, optimizers: list, checkpoint: dict, path:
         set_optimizer_state_dict,
     )
 
-    saved = checkpoint.get("optimizer_states") or []
+    saved = checkpoint.get("optimizer_states") or [] if optimizers else []  # validate, test, predict: none
     if optimizers:
         check_count(saved, optimizers, "optimizer", path)
     model = get_model_state_dict(module)
     states: list[dict[str, Any]] = [dict(get_optimizer_state_dict(module, opt)) for opt in optimizers]
     tensors, _ = _split(model, states)
     metadata = _metadata(path)
-    _refuse_other_tensors(path, tensors, metadata.state_dict_metadata)
+    saved_tensors = metadata.state_dict_metadata
+    if not optimizers:  # validate, test, predict: the weights alone, whatever optimizer state the folder holds
+        saved_tensors = {key: value for key, value in saved_tensors.items() if key.startswith("model/")}
+    _refuse_other_tensors(path, tensors, saved_tensors)
     dcp.load(tensors, storage_reader=_reader(path, metadata))
     set_model_state_dict(module, model)
     for opt, state, mine in zip(optimizers, saved, states, strict=True):

@@ -5,7 +5,8 @@ before that unit runs.
 The units are the submodules whose class is in ``auto_wrap_policy`` (Lightning's argument: a set
 of classes, or their names in a recipe), then the root. The root is a ``StepModule`` around the
 TrainModule, so every step (training, validation, test, predict) runs inside the root's forward
-and parameters owned by no smaller unit are gathered for it too. ``configure_model()`` has run
+and parameters owned by no smaller unit are gathered for it too (and kept for the backward:
+``fsdp_steps.py``). ``configure_model()`` has run
 before sharding; ``configure_optimizers()`` runs after it, so the optimizers see the sharded
 parameters (an optimizer over the unsharded ones would step tensors that no longer train: it is
 refused). ``HYBRID_SHARD`` shards over one dimension of a 2-D mesh and replicates over the other
@@ -56,10 +57,9 @@ class FSDPStrategy(DDPStrategy):
     Args:
         auto_wrap_policy: the submodule classes to shard as units of their own (a set of
             classes, or of class names as a recipe writes them); the root is always a unit.
-        sharding_strategy: ``FULL_SHARD`` (parameters resharded after each unit's forward) or
-            ``SHARD_GRAD_OP`` (kept gathered from forward to backward: more memory, fewer
-            all-gathers).
-            ``HYBRID_SHARD``: full shard within groups of ``device_mesh[1]`` ranks, replicated
+        sharding_strategy: ``FULL_SHARD`` (each unit's parameters resharded after its forward, the
+            root's after the backward), ``SHARD_GRAD_OP`` (all kept from forward to backward: more
+            memory, fewer all-gathers) or ``HYBRID_SHARD``: full shard within groups of ``device_mesh[1]`` ranks, replicated
             over ``device_mesh[0]`` such groups (default: shard within a node, replicate across).
         device_mesh: ``[replicas, shard size]`` for ``HYBRID_SHARD``.
         state_dict_type: ``sharded`` (a folder every rank writes its shards into:
@@ -112,6 +112,7 @@ class FSDPStrategy(DDPStrategy):
         self.cpu_offload = bool(cpu_offload)
         self.activation_checkpointing_policy = activation_checkpointing_policy  # Lightning's FSDP option
         self.module: TrainModule | None = None
+        self._after_call: TrainModule | None = None  # the last call's module: still sharded, its group up
         self._init_rng: torch.Tensor | None = None  # the RNG state trainer.init_module() ended with
         self.pending_save: PendingSave | None = None  # an asynchronous save in flight (dcp_async.py)
         self.checkpoint_group: Any = None  # the Gloo group asynchronous saves coordinate over
@@ -204,6 +205,7 @@ class FSDPStrategy(DDPStrategy):
         try:
             finish_pending(self, barrier=not self._failed)  # the call ends with its last checkpoint committed
         finally:
+            self._after_call = None if self._failed else self.module  # a save after fit writes it
             if self.module is not None and self._failed:
                 self.module.__dict__.pop(_SHARDED, None)
             elif self.module is not None and self._owns_group and dist.is_initialized():
@@ -233,8 +235,9 @@ class FSDPStrategy(DDPStrategy):
         rank gathers the full state (rank 0 keeps it, on the CPU), rank 0 writes it."""
         from framework.strategies import dcp_checkpoint, fsdp_checkpoint
 
-        if self.state_dict_type == "sharded":
-            dcp_checkpoint.save_sharded(self, self._sharded_module(), path, parts, asynchronous=self.async_save)
+        if self.state_dict_type == "sharded":  # asynchronous within a call only (whose end commits it)
+            asynchronous = self.async_save and self.module is not None
+            dcp_checkpoint.save_sharded(self, self._sharded_module(), path, parts, asynchronous=asynchronous)
         else:
             fsdp_checkpoint.save_full(self, self._sharded_module(), path, parts)
 
@@ -247,13 +250,19 @@ class FSDPStrategy(DDPStrategy):
         return load(self, self._sharded_module(), path, parts)
 
     def _sharded_module(self) -> TrainModule:
-        if self.module is None:
-            raise CheckpointError("an FSDP checkpoint is written and read while the run's process group is up "
-                                  "(inside fit, validate, test or predict)")
+        """The call's module, or the last call's while its group is up (``save_checkpoint`` after
+        ``fit``), holding only its shards (``fsdp_steps.py``)."""
+        import torch.distributed as dist
+
         from framework.strategies.fsdp_steps import reshard_all
 
-        reshard_all(self.model if isinstance(self.model, nn.Module) else self.module)  # a root gathered by evaluation
-        return self.module
+        module = self.module if self.module is not None else self._after_call
+        if module is None or not dist.is_initialized():
+            raise CheckpointError("an FSDP checkpoint is written and read while the run's process group is up "
+                                  "(during fit, validate, test or predict, or after one in the same process)")
+        kept = module.__dict__.get(_SHARDED)  # fsdp's root; model_parallel's is among the module's own
+        reshard_all(kept[0] if kept is not None else module)
+        return module
 
 
 #: where a sharded module keeps its root and the layout it was sharded with
@@ -279,18 +288,13 @@ def _sharded_before(module: nn.Module, layout: tuple) -> StepModule | None:
 
 @functools.cache
 def _destroy_the_group_at_exit() -> None:
+    """At exit the kept group goes as a group goes after DDP (``destroy_process_groups``: a barrier,
+    then a moment for Gloo's threads; seen here aborting 1 exit in about 10 without them); a peer
+    that is gone is not waited for more than 30 s."""
     import atexit
 
-    atexit.register(_destroy_at_exit)
-
-
-def _destroy_at_exit() -> None:
-    """The kept group goes as a group goes after DDP (``destroy_process_groups``: a barrier, then a
-    moment for Gloo's threads; seen here aborting 1 exit in about 10 without them); a peer that
-    is gone is not waited for more than 30 s."""
     import torch.distributed as dist
 
     from framework.strategies.distributed import destroy_process_groups
 
-    if dist.is_initialized():
-        destroy_process_groups(timeout=30.0)
+    atexit.register(lambda: destroy_process_groups(timeout=30.0) if dist.is_initialized() else None)

@@ -97,6 +97,8 @@ class Run:
     stop_check: StopCheck | None = None
     eval_steps: dict[tuple[str, int], int] = field(default_factory=dict)
     end_of_fit: EndOfFit | None = None
+    #: after a fit, a later call's Run keeps the fit's: what ``trainer.save_checkpoint`` then writes
+    last_fit: Run | None = None
 
     @classmethod
     def of(cls, trainer: Trainer, fn: str, module: TrainModule, callbacks: list[Callback],
@@ -104,12 +106,15 @@ class Run:
         """A new call's Run: the Trainer's shared parts, a hook dispatcher over ``callbacks``, no
         metrics yet."""
         metrics = LoggedMetrics()
+        before = trainer.run
+        last_fit = None if fn == "fit" or before is None else before if before.fn == "fit" else before.last_fit
         return cls(fn=fn, trainer=trainer, settings=trainer.settings, strategy=trainer.strategy,
                    accelerator=trainer.accelerator, precision=trainer.precision_plugin, state=trainer.state,
                    metrics=metrics, loggers=trainer.loggers, callbacks=callbacks, module=module,
                    hooks=HookDispatcher(callbacks, trainer, module, metrics), datamodule=datamodule,
                    fit_batches=trainer.run.fit_batches if trainer.run is not None else None,
-                   end_of_fit=trainer.run.end_of_fit if trainer.run is not None and fn != "fit" else None)
+                   end_of_fit=trainer.run.end_of_fit if trainer.run is not None and fn != "fit" else None,
+                   last_fit=last_fit)
 
 
 @dataclass(frozen=True)

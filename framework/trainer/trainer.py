@@ -185,10 +185,15 @@ class Trainer(TrainerProperties, LightningViews):
         return stack
 
     def save_checkpoint(self, path: str | os.PathLike) -> None:
-        """Write a checkpoint (call on every rank: rank 0 writes, the others wait)."""
-        if self.run is None:
+        """Write a checkpoint (call on every rank: rank 0 writes, the others wait). After a fit and
+        then ``validate``, ``test`` or ``predict`` of the same model, the fit's (its optimizers,
+        progress and data position as it ended) with the weights as they are now, as in Lightning."""
+        run = self.run
+        if run is None:
             raise ConfigError("save_checkpoint: no model yet; call it during or after fit/validate/test")
-        checkpointing.save(self.run, path)
+        if run.last_fit is not None and run.last_fit.module is run.module:
+            run = run.last_fit
+        checkpointing.save(run, path)
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
         """Send ``metrics`` to every logger (rank 0 only; other ranks do nothing)."""

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 from torch import nn
+from torch.utils.data import DataLoader
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "distributed"))
 import sharded  # noqa: E402
@@ -22,6 +23,8 @@ from forked import in_a_copy  # noqa: E402
 import framework as fw  # noqa: E402
 from framework.callbacks import ModelCheckpoint  # noqa: E402
 from framework.checkpoint import load_checkpoint  # noqa: E402
+
+FSDP = {"name": "fsdp", "auto_wrap_policy": ["Block"]}
 
 
 class SelfSharded(sharded.Blocks):
@@ -55,7 +58,7 @@ class Shards(fw.Callback):
 
 
 @pytest.mark.parametrize("strategy", [
-    {"name": "fsdp", "auto_wrap_policy": ["Block"]},
+    FSDP,
     {"name": "fsdp", "auto_wrap_policy": ["Block"], "sharding_strategy": "SHARD_GRAD_OP"},
     "model_parallel",
 ], ids=["full_shard", "shard_grad_op", "model_parallel"])
@@ -72,3 +75,34 @@ def test_a_checkpoint_after_validation_saves_the_shards_the_run_ends_with(tmp_pa
     assert saved["state_dict"].keys() == run["weights"].keys()
     assert all(torch.equal(saved["state_dict"][k], v) for k, v in run["weights"].items())
     assert Path(ckpt.best_model_path).is_dir()
+
+
+@in_a_copy
+def test_after_fit_test_and_predict_a_saved_checkpoint_resumes_where_the_fit_ended(tmp_path):
+    """Under fsdp, as in Lightning: ``trainer.save_checkpoint`` after the fit returned, and after a
+    ``test`` and a ``predict`` on the same trainer, writes the fit's checkpoint (optimizer state,
+    progress, the mid-epoch data position) with the sharded weights, and a fit resumed from it ends
+    where the uninterrupted fit ends, bit for bit. ``validate(ckpt_path=...)`` then reads the
+    weights of a folder that also holds optimizer state."""
+    def trainer(max_steps: int) -> fw.Trainer:
+        return fw.Trainer(**sharded.QUIET, enable_checkpointing=False, strategy=FSDP, devices=1, max_steps=max_steps,
+                          default_root_dir=str(tmp_path))
+
+    train = DataLoader(sharded.data(), batch_size=16)
+    val = DataLoader(sharded.data(64), batch_size=16)
+    model, first = sharded.Blocks(), trainer(30)  # 20 steps an epoch: it ends mid-epoch
+    first.fit(model, train, val)
+    first.test(model, val, verbose=False)
+    first.predict(model, val)
+    first.save_checkpoint(tmp_path / "after.ckpt")
+    saved = load_checkpoint(tmp_path / "after.ckpt")
+    assert saved["global_step"] == 30 and saved["optimizer_states"][0]["state"]
+    resumed, straight = sharded.Blocks(), sharded.Blocks()
+    trainer(40).fit(resumed, train, val, ckpt_path=str(tmp_path / "after.ckpt"))
+    trainer(40).fit(straight, train, val)
+    assert all(torch.equal(a.full_tensor(), b.full_tensor()) for a, b in zip(resumed.parameters(), straight.parameters(),
+                                                                             strict=True))
+    fresh = sharded.Blocks()
+    trainer(40).validate(fresh, val, ckpt_path=str(tmp_path / "after.ckpt"), verbose=False)
+    weights = {name: p.full_tensor() for name, p in fresh.named_parameters()}
+    assert all(torch.equal(weights[k], v) for k, v in saved["state_dict"].items())
