@@ -2,11 +2,14 @@
 task SIGUSR1 ahead of its time limit; fw stops after its step, writes a checkpoint and requeues
 the job (``trainer.requeue=true``); the requeued job resumes on its own from that checkpoint and
 ends bit-identical to a run never stopped. Slurm's shortest time limit is a minute and it may
-signal up to a minute early, so this test takes 1-3 minutes."""
+signal up to a minute early, so this test takes 1-3 minutes. The early signal may also reach a
+requeued attempt (seen on a loaded machine: while it still imported torch): it stops, checkpoints
+and requeues again, and the job still ends where the run never stopped ends."""
 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import textwrap
@@ -97,14 +100,15 @@ def test_sbatch_signal_stops_checkpoints_requeues_and_resumes_exactly(tmp_path):
     assert submitted.returncode == 0, submitted.stderr
     job = submitted.stdout.strip().split(";")[0]
     try:
-        end, hurried = time.monotonic() + 300, False
+        end, hurried = time.monotonic() + 300, set()
         while not (tmp_path / "job.json").exists() and time.monotonic() < end:
-            if not hurried and "Restarts=1" in _show(job) and _state(job) == "PENDING" and _node_idle():
+            restarts = re.search(r"Restarts=(\d+)", _show(job))
+            if restarts and int(restarts[1]) not in hurried | {0} and _state(job) == "PENDING" and _node_idle():
                 # Slurm holds a requeued job for 2 minutes; the test need not wait that long, but
-                # the first attempt must be cleaned up first ("Job credential revoked" otherwise)
+                # the attempt before must be cleaned up first ("Job credential revoked" otherwise)
                 time.sleep(3)
                 subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], capture_output=True, timeout=20)
-                hurried = True
+                hurried.add(int(restarts[1]))
             time.sleep(1)
         log = (tmp_path / "slurm.out").read_text() if (tmp_path / "slurm.out").exists() else ""
         assert (tmp_path / "job.json").exists(), f"job {job} ({_state(job)}) did not finish:\n{log}"
@@ -115,5 +119,5 @@ def test_sbatch_signal_stops_checkpoints_requeues_and_resumes_exactly(tmp_path):
     assert f"fw: SLURM job {job} requeued (restart 1): resuming from" in log, log
     result = json.loads((tmp_path / "job.json").read_text())
     reference = json.loads((tmp_path / "straight.json").read_text())
-    assert result["restarts"] == "1" and result["step"] == reference["step"] == 300
+    assert int(result["restarts"]) >= 1 and result["step"] == reference["step"] == 300
     assert result["w"] == reference["w"]
