@@ -197,7 +197,7 @@ def _load_tensors(module: TrainModule, optimizers: list, checkpoint: dict, path:
         set_optimizer_state_dict,
     )
 
-    saved = checkpoint.get("optimizer_states") or [] if optimizers else []  # validate, test, predict: none
+    saved = (checkpoint.get("optimizer_states") or []) if optimizers else []  # validate, test, predict: none
     if optimizers:
         check_count(saved, optimizers, "optimizer", path)
     model = get_model_state_dict(module)

@@ -2,17 +2,16 @@
 1/N of the parameters, gradients and optimizer state, and gathers a unit's parameters just
 before that unit runs.
 
-The units are the submodules whose class is in ``auto_wrap_policy`` (Lightning's argument: a set
-of classes, or their names in a recipe), then the root. The root is a ``StepModule`` around the
-TrainModule, so every step (training, validation, test, predict) runs inside the root's forward
-and parameters owned by no smaller unit are gathered for it too (and kept for the backward:
-``fsdp_steps.py``). ``configure_model()`` has run
-before sharding; ``configure_optimizers()`` runs after it, so the optimizers see the sharded
-parameters (an optimizer over the unsharded ones would step tensors that no longer train: it is
-refused). ``HYBRID_SHARD`` shards over one dimension of a 2-D mesh and replicates over the other
-(HSDP); ``bf16-mixed`` gathers and computes in bfloat16 and reduces in float32 into float32
-shards. Evaluation runs under ``no_grad``, never ``inference_mode`` (FSDP's buffers made there
-could not be written by the training step after it).
+The units are the submodules whose class is in ``auto_wrap_policy`` (Lightning's argument: a set of
+classes, or their names in a recipe), then the root. The root is a ``StepModule`` around the
+TrainModule, so every step (training, validation, test, predict) runs inside the root's forward and
+parameters owned by no smaller unit are gathered for it too (and kept for the backward:
+``fsdp_steps.py``). ``configure_model()`` has run before sharding; ``configure_optimizers()`` runs
+after it, so the optimizers see the sharded parameters (an optimizer over the unsharded ones would
+step tensors that no longer train: it is refused). ``HYBRID_SHARD`` shards over one dimension of a
+2-D mesh and replicates over the other (HSDP); ``bf16-mixed`` gathers and computes in bfloat16 and
+reduces in float32 into float32 shards. Evaluation runs under ``no_grad``, never ``inference_mode``
+(FSDP's buffers made there could not be written by the training step after it).
 
 After a call the module stays sharded and its group up (until the process ends) for the next
 call on it (``fit`` then ``test``), as in Lightning; sharding it another way is refused. A model
@@ -59,8 +58,9 @@ class FSDPStrategy(DDPStrategy):
             classes, or of class names as a recipe writes them); the root is always a unit.
         sharding_strategy: ``FULL_SHARD`` (each unit's parameters resharded after its forward, the
             root's after the backward), ``SHARD_GRAD_OP`` (all kept from forward to backward: more
-            memory, fewer all-gathers) or ``HYBRID_SHARD``: full shard within groups of ``device_mesh[1]`` ranks, replicated
-            over ``device_mesh[0]`` such groups (default: shard within a node, replicate across).
+            memory, fewer all-gathers) or ``HYBRID_SHARD``: full shard within groups of
+            ``device_mesh[1]`` ranks, replicated over ``device_mesh[0]`` such groups (default: shard
+            within a node, replicate across).
         device_mesh: ``[replicas, shard size]`` for ``HYBRID_SHARD``.
         state_dict_type: ``sharded`` (a folder every rank writes its shards into:
             ``dcp_checkpoint.py``) or ``full`` (one file, as for DDP, gathered through rank 0's CPU).
