@@ -169,10 +169,8 @@ class StopCheck:
         now? Distributed, reads the answer asked after the previous batch, if one was, and asks
         again when the batch after this one is due for an answer."""
         if not self.distributed:
-            state, deadline = self.run.state, self.deadline
-            if state.signal is None and state.lost_node is None and (deadline is None or time.monotonic() <= deadline):
-                return False  # nothing to stop for (what _mine() would find, without its bookkeeping)
-            return self._apply(self._mine()[0])
+            code = self._code()  # without _mine()'s bookkeeping, which only a collective reads
+            return self._apply(code) if code else False
         stop = self._read_pending()
         if (batch_idx + 2) % self.every == 0:
             self._pending = self.run.strategy.all_reduce_later(self._ask(self.every), "max")
@@ -186,17 +184,23 @@ class StopCheck:
         stop = self._read_pending()
         return self._answer(self.run.strategy.all_reduce_later(self._ask(self.every), "max")) or stop
 
-    def _mine(self, batches: int = 1) -> tuple[int, float]:
-        """This rank's stop code (0: none, 1: max_time, 2: a signal, 3 + n: node n lost its
-        launcher) and its seconds per batch over the ``batches`` since the last question (0:
-        none, nothing measured)."""
-        state, now = self.run.state, time.monotonic()
-        mine = 2 if state.signal is not None else 1 if self.deadline is not None and now > self.deadline else 0
+    def _code(self) -> int:
+        """This rank's stop code: 0 none, 1 max_time, 2 a signal, 3 + n node n lost its launcher
+        (the ranks' largest such code names one of them)."""
+        state = self.run.state
         if state.lost_node is not None:
-            mine = 3 + state.lost_node  # which node: the ranks' largest such code names one of them
+            return 3 + state.lost_node
+        if state.signal is not None:
+            return 2
+        return 1 if self.deadline is not None and time.monotonic() > self.deadline else 0
+
+    def _mine(self, batches: int = 1) -> tuple[int, float]:
+        """This rank's stop code (``_code``) and its seconds per batch over the ``batches`` since
+        the last question (0: none, nothing measured)."""
+        now = time.monotonic()
         per_batch = (now - self._since) / batches if batches else 0.0  # at an epoch's end, fewer: an overestimate
         self._since = now
-        return mine, per_batch
+        return self._code(), per_batch
 
     def _ask(self, batches: int) -> torch.Tensor:
         return torch.tensor(self._mine(batches), dtype=torch.float64, device=self.run.strategy.collective_device)

@@ -66,8 +66,10 @@ class Run:
         eval_steps: per (stage, loader), the evaluation batches run in this call: the step at
             which an evaluation's step values are logged (Lightning's per-loader count, which
             a fit's validations share).
-        end_of_fit: on rank 0, what the last distributed fit left for a ``save_checkpoint``
-            after it (``parts.EndOfFit``); kept by the calls after it, until the next fit.
+        end_of_fit: a distributed fit's, on rank 0: what it left for a ``save_checkpoint`` after
+            it (``parts.EndOfFit``); the calls after it reach it through ``last_fit``.
+        last_fit: in a call after a fit, the fit's Run: what ``trainer.save_checkpoint`` writes
+            then (for the same model), as in Lightning; None in a fit and before any.
     """
 
     fn: str
@@ -97,7 +99,6 @@ class Run:
     stop_check: StopCheck | None = None
     eval_steps: dict[tuple[str, int], int] = field(default_factory=dict)
     end_of_fit: EndOfFit | None = None
-    #: after a fit, a later call's Run keeps the fit's: what ``trainer.save_checkpoint`` then writes
     last_fit: Run | None = None
 
     @classmethod
@@ -106,14 +107,14 @@ class Run:
         """A new call's Run: the Trainer's shared parts, a hook dispatcher over ``callbacks``, no
         metrics yet."""
         metrics = LoggedMetrics()
-        before = trainer.run
-        last_fit = None if fn == "fit" or before is None else before if before.fn == "fit" else before.last_fit
+        before, last_fit = trainer.run, None
+        if fn != "fit" and before is not None:
+            last_fit = before if before.fn == "fit" else before.last_fit
         return cls(fn=fn, trainer=trainer, settings=trainer.settings, strategy=trainer.strategy,
                    accelerator=trainer.accelerator, precision=trainer.precision_plugin, state=trainer.state,
                    metrics=metrics, loggers=trainer.loggers, callbacks=callbacks, module=module,
                    hooks=HookDispatcher(callbacks, trainer, module, metrics), datamodule=datamodule,
                    fit_batches=trainer.run.fit_batches if trainer.run is not None else None,
-                   end_of_fit=trainer.run.end_of_fit if trainer.run is not None and fn != "fit" else None,
                    last_fit=last_fit)
 
 

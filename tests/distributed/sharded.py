@@ -107,7 +107,8 @@ class FullWeights(fw.Callback):
     def __init__(self) -> None:
         self.weights: dict[str, torch.Tensor] = {}
         self.local_numel = 0  # the parameter elements this rank holds
-        self.sharded = False  # every parameter a DTensor
+        self.sharded = False  # every parameter a DTensor after the first batch
+        self.sharded_at_end = False  # ... and at the fit's end (after its last validation)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if not self.local_numel:  # the fit's first batch (after a backward FSDP holds only the shards)
@@ -116,6 +117,7 @@ class FullWeights(fw.Callback):
             self.sharded = all(hasattr(p, "to_local") for p in params)
 
     def on_fit_end(self, trainer, pl_module) -> None:
+        self.sharded_at_end = all(hasattr(p, "to_local") for p in pl_module.parameters())
         self.weights = {name: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().cpu().clone()
                         for name, p in pl_module.named_parameters()}
 
@@ -148,5 +150,6 @@ def fit(strategy: Any, devices: int, max_steps: int = STEPS, callbacks: list | N
         predictions = trainer.predict(model, DataLoader(data(64), batch_size=per_rank)) if predict else None
     return {"weights": weights.weights, "val_loss": val_loss, "val_mae": val_mae,
             "global_step": trainer.global_step, "rank": trainer.global_rank,
-            "local_numel": weights.local_numel, "sharded": weights.sharded, "built_on_meta": built_on_meta,
+            "local_numel": weights.local_numel, "sharded": weights.sharded, "sharded_at_end": weights.sharded_at_end,
+            "built_on_meta": built_on_meta,
             "predictions": torch.cat(predictions) if predictions else None}
