@@ -44,20 +44,30 @@ WARM = ("torch._dynamo", "torchmetrics", "sklearn.datasets", "recipes.digits", "
 GRACE_S = 10.0
 
 
-def fw_command(*args: str, cwd: str | Path, env: dict[str, str], timeout: float = 60) -> subprocess.CompletedProcess:
+def fw_command(*args: str, cwd: str | Path, env: dict[str, str], timeout: float = 60,
+               nprocs: int = 1) -> subprocess.CompletedProcess:
     """``fw ARGS`` in ``cwd`` with the environment ``env``, as the installed command runs it
     (``sys.exit(framework.cli.main())``), in a forked copy of this process: its return code,
-    stdout and stderr."""
+    stdout and stderr. With ``nprocs`` > 1, as the ranks of one job that torchrun started (see
+    ``run_script``): the return code is the first failing rank's, the output the ranks' one after
+    the other."""
     _import_what_commands_import()
 
-    def command() -> int:
-        from framework.cli import main
+    def rank(number: int) -> Callable[[], int]:
+        def command() -> int:
+            from framework.cli import main
 
-        _enter(cwd, env, [FW, *args])
-        return main()
+            _enter(cwd, {**env, **job.rank(number)}, [FW, *args])
+            return main()
 
-    (done,) = _run_forked([command], timeout)
-    return done
+        return command
+
+    with _Job(nprocs) as job:
+        done = _run_forked([rank(n) for n in range(nprocs)], timeout)
+    if nprocs == 1:
+        return done[0]
+    code = next((d.returncode for d in done if d.returncode != 0), 0)
+    return subprocess.CompletedProcess([], code, "".join(d.stdout for d in done), "".join(d.stderr for d in done))
 
 
 def run_script(script: Path, *args: str, nprocs: int = 1, timeout: float = 60, env: dict[str, str] | None = None,
@@ -67,34 +77,52 @@ def run_script(script: Path, *args: str, nprocs: int = 1, timeout: float = 60, e
     workers: the variables (``RANK``, ``MASTER_PORT``, ``TORCHELASTIC_USE_AGENT_STORE``, one
     thread each) and the agent's store, which this process hosts. Returns ``helpers.Result`` as
     ``helpers.run_script`` does, the ranks' output one after the other."""
-    import torch.distributed as dist
     from distributed.helpers import Result, clean_env
 
     _import_what_commands_import()
     base = clean_env() if env is None else env
-    agent = dist.TCPStore("127.0.0.1", 0, nprocs, is_master=True, wait_for_workers=False) if nprocs > 1 else None
-    job = {} if agent is None else {
-        "WORLD_SIZE": str(nprocs), "LOCAL_WORLD_SIZE": str(nprocs), "GROUP_RANK": "0", "GROUP_WORLD_SIZE": "1",
-        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(agent.port), "OMP_NUM_THREADS": "1",
-        "TORCHELASTIC_RUN_ID": "forked", "TORCHELASTIC_USE_AGENT_STORE": "True", "TORCHELASTIC_RESTART_COUNT": "0",
-        "TORCHELASTIC_MAX_RESTARTS": "0"}  # fmt: skip
 
     def rank(number: int) -> Callable[[], None]:
         def run() -> None:
-            ranked = {"RANK": str(number), "LOCAL_RANK": str(number)} if job else {}
-            _enter(cwd, {**base, **job, **ranked}, [str(script), *args])
+            _enter(cwd, {**base, **job.rank(number)}, [str(script), *args])
             sys.path.insert(0, str(Path(script).parent))  # as `python script.py` does
             runpy.run_path(str(script), run_name="__main__")
 
         return run
 
     start = time.monotonic()
-    try:
+    with _Job(nprocs) as job:
         done = _run_forked([rank(n) for n in range(nprocs)], timeout)
-    finally:
-        del agent  # the store's server stops with its last reference
     code = next((d.returncode for d in done if d.returncode != 0), 0)
     return Result(code, "".join(d.stdout + d.stderr for d in done), time.monotonic() - start)
+
+
+class _Job:
+    """What torchrun gives the workers of one job of ``nprocs`` ranks (none for one process): the
+    variables, and the agent's store, which this process hosts while the job runs."""
+
+    def __init__(self, nprocs: int) -> None:
+        self.nprocs = nprocs
+        self.store: Any = None
+
+    def __enter__(self) -> _Job:
+        if self.nprocs > 1:
+            import torch.distributed as dist
+
+            self.store = dist.TCPStore("127.0.0.1", 0, self.nprocs, is_master=True, wait_for_workers=False)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.store = None  # the store's server stops with its last reference
+
+    def rank(self, number: int) -> dict[str, str]:
+        if self.store is None:
+            return {}
+        return {"WORLD_SIZE": str(self.nprocs), "LOCAL_WORLD_SIZE": str(self.nprocs), "GROUP_RANK": "0",
+                "GROUP_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(self.store.port),
+                "OMP_NUM_THREADS": "1", "TORCHELASTIC_RUN_ID": "forked", "TORCHELASTIC_USE_AGENT_STORE": "True",
+                "TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_MAX_RESTARTS": "0",
+                "RANK": str(number), "LOCAL_RANK": str(number)}
 
 
 def call(fn: Callable[..., Any], *args: Any, timeout: float = 120, **kwargs: Any) -> Any:

@@ -10,19 +10,20 @@ from .helpers import FW, REPO, run_cmd
 
 @pytest.mark.timeout(60)
 def test_under_torchrun_devices_auto_follows_the_launcher_and_a_single_strategy_is_refused(tmp_path):
-    from .helpers import PYTHON, free_port
+    """``fw fit`` as torchrun's 2 workers see it (its variables; the ranks forked from the test
+    process, tests/forked.py: the next test runs the real torchrun)."""
+    import forked
 
-    torchrun = [PYTHON, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-                "--master-port", str(free_port()), "-m", "framework.cli", "fit", "conf/regression.yaml",
-                "trainer.max_epochs=1", "logger=false", f"trainer.default_root_dir={tmp_path}"]
-    result = run_cmd([*torchrun, "trainer.devices=auto"], timeout=100, cwd=REPO)
-    assert result.returncode == 0, result.output
-    assert "strategy ddp_gloo" in result.output and "world size 2" in result.output
+    from .helpers import clean_env
 
-    torchrun[torchrun.index("--master-port") + 1] = str(free_port())
-    result = run_cmd([*torchrun, "trainer.devices=1"], timeout=100, cwd=REPO)
+    args = ["fit", "conf/regression.yaml", "trainer.max_epochs=1", "logger=false", f"trainer.default_root_dir={tmp_path}"]
+    result = forked.fw_command(*args, "trainer.devices=auto", cwd=REPO, env=clean_env(), nprocs=2)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "strategy ddp_gloo" in result.stderr and "world size 2" in result.stderr, result.stderr
+
+    result = forked.fw_command(*args, "trainer.devices=1", cwd=REPO, env=clean_env(), nprocs=2)
     assert result.returncode != 0
-    assert "torchrun started 2 processes but trainer.strategy=single" in result.output
+    assert "torchrun started 2 processes but trainer.strategy=single" in result.stderr, result.stderr
 
 
 @pytest.mark.timeout(180)

@@ -3,15 +3,17 @@ rank 0 only is still reduced on both ranks (the other rank joins the reduction w
 its own), and the ranks agree; when every rank logged the same names the epoch end skips the
 gather of the other ranks' entries (one small all-reduce says they agree). The second pass over
 the epoch's values (for what the epoch-end hooks logged) asks the other ranks nothing where no
-rank has such a hook, and runs on every rank where one rank has one."""
+rank has such a hook, and runs on every rank where one rank has one. The ranks are forked from the test process (tests/forked.py): no launcher is
+under test here."""
 
 from __future__ import annotations
 
 import json
 
+import forked
 import pytest
 
-from .helpers import check_ok, run_script, write_script
+from .helpers import check_ok, write_script
 
 SCRIPT = """
 import json, os, sys
@@ -69,7 +71,7 @@ with open(f"{sys.argv[1]}/rank{trainer.global_rank}.json", "w") as f:
 
 @pytest.mark.timeout(75)
 def test_a_value_logged_on_one_rank_is_reduced_on_both_and_they_agree(tmp_path):
-    check_ok(run_script(write_script(tmp_path, SCRIPT), str(tmp_path), launcher="torchrun", timeout=60))
+    check_ok(forked.run_script(write_script(tmp_path, SCRIPT), str(tmp_path), nprocs=2, timeout=60))
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     assert ranks[0] == ranks[1]
     differing, same, hook = ranks[0]["differing"], ranks[0]["same"], ranks[0]["hook_on_rank0"]

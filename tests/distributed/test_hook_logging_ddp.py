@@ -1,16 +1,18 @@
 """On 2 DDP ranks, ``self.log(..., sync_dist=True)`` in the steps and in the epoch-end hooks
-(a rank-dependent value; mean and max) gives the rows Lightning's DDP gives: one torchrun job
-fits the same module with Lightning's Trainer and with fw's, and rank 0's ``metrics.csv`` rows
-and ``callback_metrics`` are equal (the training loader is shuffled: fw reads
+(a rank-dependent value; mean and max) gives the rows Lightning's DDP gives: one job of 2 ranks
+(forked from the test process with torchrun's variables, tests/forked.py) fits the same module
+with Lightning's Trainer and with fw's, and rank 0's ``metrics.csv`` rows and
+``callback_metrics`` are equal (the training loader is shuffled: fw reads
 ``DistributedSampler``'s order, and without shuffle Lightning would impose one; see README)."""
 
 from __future__ import annotations
 
 import json
 
+import forked
 import pytest
 
-from .helpers import check_ok, run_script, write_script
+from .helpers import check_ok, write_script
 
 pytest.importorskip("pytorch_lightning")
 
@@ -71,7 +73,7 @@ with open(f"{out}/rank{os.environ['RANK']}.json", "w") as f:
 
 @pytest.mark.timeout(120)
 def test_sync_dist_values_of_steps_and_epoch_hooks_equal_lightnings_on_two_ranks(tmp_path):
-    check_ok(run_script(write_script(tmp_path, SCRIPT), str(tmp_path), launcher="torchrun", timeout=100))
+    check_ok(forked.run_script(write_script(tmp_path, SCRIPT), str(tmp_path), nprocs=2, timeout=100))
     rank0, rank1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2))
     ours, theirs = rank0["fw"], rank0["lightning"]
     assert ours["rows"] == theirs["rows"] and len(ours["rows"]) == 12, \
