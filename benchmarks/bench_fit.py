@@ -120,6 +120,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--single", action="store_true", help="one process (no torchrun)")
     parser.add_argument("--lightning", action="store_true", help="Lightning's Trainer as a third side")
+    parser.add_argument("--control", action="store_true",
+                        help="the hand-written loop again as a side of its own: what this method gives two equal sides")
     parser.add_argument("--profile", action="store_true", help="cProfile one fw fit on rank 0 instead")
     parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
                         help="wall: perf_counter; cpu: the process's CPU time (time the machine gave to"
@@ -139,6 +141,8 @@ def main() -> None:
     data, fresh = workload(args.steps, world)
     sides = {"raw": lambda: raw_fit(fresh(), data, args.steps, rank, world),
              "fw": lambda: fw_fit(fresh(), data, args.steps, world)}
+    if args.control:
+        sides["raw_again"] = lambda: raw_fit(fresh(), data, args.steps, rank, world)
     if args.lightning:
         sides["lightning"] = lambda: lightning_fit(fresh(), data, args.steps, world)
     if args.profile:
@@ -204,6 +208,7 @@ def report(times: dict[str, list[float]], args, world: int) -> None:
                   f"{r['ratio_to_raw']:.3f}", "{:.3f}-{:.3f}".format(*r["ratio_95ci"])] for r in rows])
     doc = {"machine": machine_info(), "world_size": world, "steps": args.steps, "rounds": args.rounds,
            "clock": args.clock, "threads": torch.get_num_threads(),
+           "malloc_env": {k: v for k, v in os.environ.items() if k.startswith("MALLOC_")},
            "sides": rows, "times": times}
     path = write_json(result_path(f"fit_{'single' if world == 1 else f'ddp{world}'}", out=Path(args.out)), doc)
     print(f"wrote {path}")
