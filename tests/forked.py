@@ -6,8 +6,10 @@ starts in milliseconds. The copy runs the real code in a process of its own, so 
 changes reaches the test process or the next case:
 
 - ``fw_command``: ``fw ARGS`` as the installed command runs it (``framework.cli.main``);
-- ``run_script``: ``python script.py ARGS``, in one process or as the ranks of one job, which
-  find each other from the variables torchrun gives its workers (``RANK``, ``MASTER_PORT``, ...).
+- ``run_script``: ``python script.py ARGS``;
+
+each in one process or as the ranks of one job, which find each other from the variables
+torchrun gives its workers (``RANK``, ``MASTER_PORT``, ...).
 
 What a launcher does (fw's, torchrun, mpiexec, srun, the signals sent to them) is still tested
 with real processes (tests/distributed/helpers.py). A copy shows fw's warnings on its stderr,

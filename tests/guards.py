@@ -6,7 +6,10 @@ it, naming what leaked, when it left behind
 - a thread it started that is still alive after a short grace: a non-daemon thread (it would keep
   the interpreter from exiting), or one of fw's own (``fw-*``, daemon or not: a heartbeat or an
   MPI watchdog that outlives its run is a bug);
-- a handler of SIGTERM, SIGINT, SIGUSR1, SIGUSR2 or SIGHUP that it did not restore;
+- a handler of SIGTERM, SIGINT, SIGUSR1, SIGUSR2 or SIGHUP that it did not restore, or one of
+  these blocked (or unblocked) in the main thread's signal mask: every process a later test
+  starts inherits the mask (a worker with SIGUSR1 blocked, resumed by fw's launcher, never acted
+  on it: a test that failed in CI after another had run in the same pytest worker);
 - an environment variable added, changed or removed (``monkeypatch`` restores its own);
 - an initialized ``torch.distributed`` default process group, or the native threads of one (Gloo's,
   a TCPStore's) still running after it was destroyed: something still holds the group (DTensor's
@@ -17,7 +20,7 @@ it, naming what leaked, when it left behind
   cluster job (``srun``, ``sbatch``, network namespaces) without the ``cluster`` mark.
 
 Each check costs microseconds; a guard that fails also restores what it can (variables, handlers,
-the process group) so that one leak is reported once, not again by every test after it.
+the signal mask, the process group) so that one leak is reported once, not again by every test after it.
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ QUICK_TOOLS = {"scontrol", "ip", "uname"}
 class Snapshot:
     threads: set[threading.Thread] = field(default_factory=lambda: set(threading.enumerate()))
     handlers: dict[int, object] = field(default_factory=lambda: {s: signal.getsignal(s) for s in SIGNALS})
+    blocked: set[int] = field(default_factory=lambda: _blocked())
     environ: dict[str, str] = field(default_factory=lambda: dict(os.environ))
     native: collections.Counter[str] = field(default_factory=lambda: _native_group_threads())
 
@@ -59,7 +63,8 @@ class Snapshot:
 def leaks(before: Snapshot) -> list[str]:
     """What changed since ``before``, one line each; variables, handlers and the process group
     are put back."""
-    return [*_threads(before), *_handlers(before), *_environ(before), *_process_group(), *_native(before)]
+    return [*_threads(before), *_handlers(before), *_mask(before), *_environ(before), *_process_group(),
+            *_native(before)]
 
 
 def _threads(before: Snapshot) -> list[str]:
@@ -80,6 +85,21 @@ def _handlers(before: Snapshot) -> list[str]:
             found.append(f"handler of {signal.Signals(signum).name} not restored: {handler!r} -> {now!r}")
             signal.signal(signum, handler)  # type: ignore[arg-type]
     return found
+
+
+def _blocked() -> set[int]:
+    """Which of ``SIGNALS`` the calling thread (the main one, in a test) blocks."""
+    return set(signal.pthread_sigmask(signal.SIG_BLOCK, [])) & set(SIGNALS)
+
+
+def _mask(before: Snapshot) -> list[str]:
+    now = _blocked()
+    if now == before.blocked:
+        return []
+    names = lambda signals: ", ".join(sorted(signal.Signals(s).name for s in signals)) or "none"  # noqa: E731
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, now - before.blocked)
+    signal.pthread_sigmask(signal.SIG_BLOCK, before.blocked - now)
+    return [f"signal mask not restored: blocked {names(now - before.blocked)}, unblocked {names(before.blocked - now)}"]
 
 
 def _environ(before: Snapshot) -> list[str]:

@@ -30,6 +30,14 @@ def test_a_variable_added_changed_or_removed_is_named_and_put_back(monkeypatch):
     assert os.environ["FW_GUARD_REMOVED"] == "there"
 
 
+def test_a_signal_left_blocked_is_named_and_unblocked():
+    before = guards.Snapshot()
+    signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGUSR1])
+    (found,) = guards.leaks(before)
+    assert found == "signal mask not restored: blocked SIGUSR1, unblocked none"
+    assert signal.SIGUSR1 not in signal.pthread_sigmask(signal.SIG_BLOCK, [])
+
+
 def test_a_signal_handler_left_behind_is_named_and_put_back():
     before = guards.Snapshot()
     previous = signal.signal(signal.SIGUSR1, lambda *_: None)

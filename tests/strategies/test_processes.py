@@ -13,12 +13,14 @@ import pytest
 
 from framework.strategies.processes import children, descendants, kill_tree, resume_stopped_workers
 
-# a worker's stand-in: handlers for the signals that end a job (as fw's trainer has), so a stopped
-# one cannot act on them until it runs again
+# a worker's stand-in: handlers for the signals that end a job, unblocked (as fw's fit has them: a
+# worker that fw's launcher starts has them blocked until then, and a child inherits its parent's
+# mask), so a stopped one cannot act on them until it runs again
 WORKER = """
 import signal, sys, time
 for s in (signal.SIGTERM, signal.SIGUSR1):
     signal.signal(s, lambda signum, frame: sys.exit(signum))
+signal.pthread_sigmask(signal.SIG_UNBLOCK, (signal.SIGTERM, signal.SIGUSR1))
 print('ready', flush=True)
 time.sleep(60)
 """

@@ -1,0 +1,169 @@
+"""Where a one-process fit's extra time goes, phase by phase, fw against the hand-written loop.
+
+``bench_fit.py --single`` times whole calls; this splits each step of the same fits at the same
+five points on both sides, with the same hooks (so their own cost lands on both): the network's
+forward pre- and post-hooks, the optimizer's step pre- and post-hooks, and the data loader
+iterator's ``__next__``. Per step:
+
+- ``forward``: the network's forward;
+- ``backward``: from the forward's end to the optimizer step (the loss, its backward, and fw's
+  closure around them);
+- ``optimizer``: the optimizer's step;
+- ``after step``: from the step's end to the next batch's fetch (``zero_grad``, and fw's
+  bookkeeping after a batch: step count, stop check);
+- ``fetch``: the loader's ``__next__``;
+- ``before forward``: from the fetch to the forward (fw: the batch's closure, ``training_step``).
+
+Each phase is summed over a fit's steps after the first; the table gives medians over rounds and
+the median of the paired ratios. ::
+
+    .venv/bin/python benchmarks/bench_fit_phases.py                    # MLP 64-512-512-10, 100 steps
+    .venv/bin/python benchmarks/bench_fit_phases.py --sizes 8,4 --steps 300   # the glue alone
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+import torch.utils.data.dataloader as dataloader  # noqa: E402
+from torch.utils.data import DataLoader  # noqa: E402
+
+import bench_fit  # noqa: E402
+import framework as fw  # noqa: E402
+from _modules import MLPModule, make_optimizer  # noqa: E402
+from framework.bench.common import machine_info, median, print_table, result_path, write_json  # noqa: E402
+
+PHASES = {"forward": ("f0", "f1"), "backward": ("f1", "s0"), "optimizer": ("s0", "s1"),
+          "after step": ("s1", "n0"), "fetch": ("n0", "n1"), "before forward": ("n1", "f0")}
+ORDER = ["f0", "f1", "s0", "s1", "n0", "n1"]
+
+
+class Marks:
+    """Timestamps of one fit's events, in order; ``phases()`` sums each phase over its steps."""
+
+    current: Marks | None = None  # the fit running: the loader's __next__ marks into it
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, int]] = []
+        Marks.current = self
+
+    def mark(self, name: str) -> None:
+        self.events.append((name, time.perf_counter_ns()))
+
+    def attach(self, net: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        net.register_forward_pre_hook(lambda *_: self.mark("f0"))
+        net.register_forward_hook(lambda *_: self.mark("f1"))
+        optimizer.register_step_pre_hook(lambda *_: self.mark("s0"))
+        optimizer.register_step_post_hook(lambda *_: self.mark("s1"))
+
+    def phases(self) -> dict[str, float]:
+        """Seconds in each phase over the steps after the first (a step: the six marks in order,
+        then the next forward's start)."""
+        names = [name for name, _ in self.events]
+        totals = dict.fromkeys(PHASES, 0)
+        for i in range(len(names) - len(ORDER)):
+            if names[i:i + len(ORDER) + 1] != [*ORDER, "f0"]:
+                continue
+            at = dict(zip(ORDER, (t for _, t in self.events[i:i + len(ORDER)]), strict=True))
+            at["f0_next"] = self.events[i + len(ORDER)][1]
+            for phase, (start, end) in PHASES.items():
+                totals[phase] += at["f0_next" if phase == "before forward" else end] - at[start]
+        return {phase: ns / 1e9 for phase, ns in totals.items()}
+
+
+def _marked_next(original):
+    def __next__(self):
+        marks = Marks.current
+        if marks is not None:
+            marks.mark("n0")
+        try:
+            return original(self)
+        finally:
+            if marks is not None:
+                marks.mark("n1")
+
+    return __next__
+
+
+class _Attach(fw.Callback):
+    def __init__(self, marks: Marks, net: torch.nn.Module) -> None:
+        self.marks, self.net = marks, net
+
+    def on_train_start(self, trainer, module) -> None:
+        self.marks.attach(self.net, trainer.optimizers[0])
+
+
+def raw_fit(net, data, steps: int) -> dict[str, float]:
+    marks = Marks()
+    loader = DataLoader(data, batch_size=bench_fit.PER_RANK_BATCH)
+    optimizer = make_optimizer(net.parameters())
+    marks.attach(net, optimizer)
+    net.train()
+    for step, (x, y) in enumerate(loader):
+        if step == steps:
+            break
+        F.cross_entropy(net(x), y).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    return marks.phases()
+
+
+def fw_fit(net, data, steps: int) -> dict[str, float]:
+    marks = Marks()
+    trainer = fw.Trainer(**bench_fit.QUIET, devices=1, strategy="single", max_steps=steps, callbacks=[_Attach(marks, net)])
+    with contextlib.redirect_stderr(io.StringIO()):
+        trainer.fit(MLPModule(net), DataLoader(data, batch_size=bench_fit.PER_RANK_BATCH))
+    return marks.phases()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--rounds", type=int, default=60)
+    parser.add_argument("--sizes", default=",".join(map(str, bench_fit.SIZES)), help="the MLP's widths")
+    parser.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    bench_fit.SIZES = tuple(int(w) for w in args.sizes.split(","))
+    dataloader._BaseDataLoaderIter.__next__ = _marked_next(dataloader._BaseDataLoaderIter.__next__)
+    data, fresh = bench_fit.workload(args.steps, 1)
+    sides = {"raw": lambda: raw_fit(fresh(), data, args.steps), "fw": lambda: fw_fit(fresh(), data, args.steps)}
+    for side in sides.values():  # warm-up
+        side()
+    phases: dict[str, list[dict[str, float]]] = {name: [] for name in sides}
+    wall: dict[str, list[float]] = {name: [] for name in sides}
+    for r in range(args.rounds):
+        for name in (list(sides) if r % 2 == 0 else list(sides)[::-1]):
+            start = time.perf_counter()
+            phases[name].append(sides[name]())
+            wall[name].append(time.perf_counter() - start)
+    rows = []
+    for phase in [*PHASES, "whole fit"]:
+        raw, ours = ((w if phase == "whole fit" else [p[phase] for p in phases[side]])
+                     for side, w in (("raw", wall["raw"]), ("fw", wall["fw"])))
+        rows.append({"phase": phase, "raw_s": median(raw), "fw_s": median(ours),
+                     "paired_ratio": median([b / a for a, b in zip(raw, ours, strict=True)]),
+                     "fw_minus_raw_us_per_step": (median(ours) - median(raw)) / (args.steps - 1) * 1e6
+                     if phase != "whole fit" else None})
+    print_table(f"{args.steps}-step fits, MLP {args.sizes}, {args.rounds} rounds: phases summed over steps 2-{args.steps}",
+                ["phase", "raw ms", "fw ms", "fw/raw (paired)", "fw - raw"],
+                [[r["phase"], f"{r['raw_s'] * 1e3:.2f}", f"{r['fw_s'] * 1e3:.2f}", f"{r['paired_ratio']:.4f}",
+                  f"{(r['fw_s'] - r['raw_s']) * 1e3:+.2f} ms a fit" if r["phase"] == "whole fit"
+                  else f"{r['fw_minus_raw_us_per_step']:+.1f} µs a step"] for r in rows])
+    doc = {"machine": machine_info(), "steps": args.steps, "rounds": args.rounds, "sizes": args.sizes,
+           "malloc_env": {k: v for k, v in os.environ.items() if k.startswith("MALLOC_")}, "rows": rows}
+    print(f"wrote {write_json(result_path('fit_phases', out=Path(args.out)), doc)}")
+
+
+if __name__ == "__main__":
+    main()
