@@ -1,9 +1,9 @@
 """Where a one-process fit's extra time goes, phase by phase, fw against the hand-written loop.
 
-``bench_fit.py --single`` times whole calls; this splits each step of the same fits at the same
-five points on both sides, with the same hooks (so their own cost lands on both): the network's
-forward pre- and post-hooks, the optimizer's step pre- and post-hooks, and the data loader
-iterator's ``__next__``. Per step:
+``bench_fit.py --single`` times whole calls; this splits each step of the same fits (its
+``raw_fit`` and ``fw_fit``, unchanged) at the same points on both sides, with the same global
+hooks (so their own cost lands on both): the network's forward pre- and post-hooks, every
+optimizer's step pre- and post-hooks, and the data loader iterator's ``__next__``. Per step:
 
 - ``forward``: the network's forward;
 - ``backward``: from the forward's end to the optimizer step (the loss, its backward, and fw's
@@ -24,8 +24,6 @@ the median of the paired ratios. ::
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
 import os
 import sys
 import time
@@ -33,14 +31,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-import torch.utils.data.dataloader as dataloader  # noqa: E402
-from torch.utils.data import DataLoader  # noqa: E402
-
 import bench_fit  # noqa: E402
-import framework as fw  # noqa: E402
-from _modules import MLPModule, make_optimizer  # noqa: E402
+import torch  # noqa: E402
+import torch.utils.data.dataloader as dataloader  # noqa: E402
+from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook  # noqa: E402
+
 from framework.bench.common import machine_info, median, print_table, result_path, write_json  # noqa: E402
 
 PHASES = {"forward": ("f0", "f1"), "backward": ("f1", "s0"), "optimizer": ("s0", "s1"),
@@ -51,20 +46,11 @@ ORDER = ["f0", "f1", "s0", "s1", "n0", "n1"]
 class Marks:
     """Timestamps of one fit's events, in order; ``phases()`` sums each phase over its steps."""
 
-    current: Marks | None = None  # the fit running: the loader's __next__ marks into it
+    current: Marks | None = None  # the fit running: the hooks below mark into it
 
     def __init__(self) -> None:
         self.events: list[tuple[str, int]] = []
         Marks.current = self
-
-    def mark(self, name: str) -> None:
-        self.events.append((name, time.perf_counter_ns()))
-
-    def attach(self, net: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
-        net.register_forward_pre_hook(lambda *_: self.mark("f0"))
-        net.register_forward_hook(lambda *_: self.mark("f1"))
-        optimizer.register_step_pre_hook(lambda *_: self.mark("s0"))
-        optimizer.register_step_post_hook(lambda *_: self.mark("s1"))
 
     def phases(self) -> dict[str, float]:
         """Seconds in each phase over the steps after the first (a step: the six marks in order,
@@ -81,48 +67,37 @@ class Marks:
         return {phase: ns / 1e9 for phase, ns in totals.items()}
 
 
-def _marked_next(original):
+def _mark(name: str) -> None:
+    if Marks.current is not None:
+        Marks.current.events.append((name, time.perf_counter_ns()))
+
+
+def install_marks() -> None:
+    """Global hooks, so that both sides run ``bench_fit``'s own fits unchanged: the network's
+    forward (the ``nn.Sequential``, not its layers), every optimizer's step, every loader's fetch."""
+    def forward(mark: str):
+        return lambda module, *_: _mark(mark) if isinstance(module, torch.nn.Sequential) else None
+
+    torch.nn.modules.module.register_module_forward_pre_hook(forward("f0"))
+    torch.nn.modules.module.register_module_forward_hook(forward("f1"))
+    register_optimizer_step_pre_hook(lambda *_: _mark("s0"))
+    register_optimizer_step_post_hook(lambda *_: _mark("s1"))
+    fetch = dataloader._BaseDataLoaderIter.__next__
+
     def __next__(self):
-        marks = Marks.current
-        if marks is not None:
-            marks.mark("n0")
+        _mark("n0")
         try:
-            return original(self)
+            return fetch(self)
         finally:
-            if marks is not None:
-                marks.mark("n1")
+            _mark("n1")
 
-    return __next__
-
-
-class _Attach(fw.Callback):
-    def __init__(self, marks: Marks, net: torch.nn.Module) -> None:
-        self.marks, self.net = marks, net
-
-    def on_train_start(self, trainer, module) -> None:
-        self.marks.attach(self.net, trainer.optimizers[0])
+    dataloader._BaseDataLoaderIter.__next__ = __next__
 
 
-def raw_fit(net, data, steps: int) -> dict[str, float]:
+def measured(fit) -> dict[str, float]:
     marks = Marks()
-    loader = DataLoader(data, batch_size=bench_fit.PER_RANK_BATCH)
-    optimizer = make_optimizer(net.parameters())
-    marks.attach(net, optimizer)
-    net.train()
-    for step, (x, y) in enumerate(loader):
-        if step == steps:
-            break
-        F.cross_entropy(net(x), y).backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-    return marks.phases()
-
-
-def fw_fit(net, data, steps: int) -> dict[str, float]:
-    marks = Marks()
-    trainer = fw.Trainer(**bench_fit.QUIET, devices=1, strategy="single", max_steps=steps, callbacks=[_Attach(marks, net)])
-    with contextlib.redirect_stderr(io.StringIO()):
-        trainer.fit(MLPModule(net), DataLoader(data, batch_size=bench_fit.PER_RANK_BATCH))
+    fit()
+    Marks.current = None
     return marks.phases()
 
 
@@ -135,9 +110,10 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     bench_fit.SIZES = tuple(int(w) for w in args.sizes.split(","))
-    dataloader._BaseDataLoaderIter.__next__ = _marked_next(dataloader._BaseDataLoaderIter.__next__)
+    install_marks()
     data, fresh = bench_fit.workload(args.steps, 1)
-    sides = {"raw": lambda: raw_fit(fresh(), data, args.steps), "fw": lambda: fw_fit(fresh(), data, args.steps)}
+    sides = {"raw": lambda: measured(lambda: bench_fit.raw_fit(fresh(), data, args.steps, 0, 1)),
+             "fw": lambda: measured(lambda: bench_fit.fw_fit(fresh(), data, args.steps, 1))}
     for side in sides.values():  # warm-up
         side()
     phases: dict[str, list[dict[str, float]]] = {name: [] for name in sides}

@@ -16,7 +16,7 @@ import forked
 import pytest
 from distributed.helpers import REPO, clean_env
 
-SHORT = ["trainer.max_steps=12", "trainer.val_check_interval=6", "trainer.limit_val_batches=2",
+SHORT = ["trainer.max_steps=12", "data.batch_size=8", "trainer.val_check_interval=6", "trainer.limit_val_batches=2",
          "data.max_bytes=150000", "trainer.log_every_n_steps=2", "module.warmup_steps=5", "trainer.enable_progress_bar=false", "logger=false"]
 
 

@@ -17,7 +17,8 @@ that starts a process unmarked, and the fix is ``@pytest.mark.procs`` on that te
 
 The suite runs on 3 workers (pytest-xdist, ``-n 3 --dist loadfile`` in pyproject.toml): most
 multi-process tests wait (on a timeout, a restart, a peer), so others fit beside them on 2 cores
-(7:36 on 3 workers where 2 took 9:15, the same 624 tests). Files go out heaviest first (``heaviest_files_first``), so that the last file to start is a
+(7:36 on 3 workers where 2 took 9:15, the same 624 tests; 4 took longer than 3, 10:39 against
+10:15-10:27 for 867 tests on 2026-12-05, with the cores already busy 99 % of the time on 3). Files go out heaviest first (``heaviest_files_first``), so that the last file to start is a
 short one and no worker finishes minutes before the other.
 """
 
