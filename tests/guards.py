@@ -61,8 +61,8 @@ class Snapshot:
 
 
 def leaks(before: Snapshot) -> list[str]:
-    """What changed since ``before``, one line each; variables, handlers and the process group
-    are put back."""
+    """What changed since ``before``, one line each; variables, handlers, the signal mask and the
+    process group are put back."""
     return [*_threads(before), *_handlers(before), *_mask(before), *_environ(before), *_process_group(),
             *_native(before)]
 
