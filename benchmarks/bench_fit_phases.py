@@ -38,32 +38,30 @@ from torch.optim.optimizer import register_optimizer_step_post_hook, register_op
 
 from framework.bench.common import machine_info, median, print_table, result_path, write_json  # noqa: E402
 
-PHASES = {"forward": ("f0", "f1"), "backward": ("f1", "s0"), "optimizer": ("s0", "s1"),
-          "after step": ("s1", "n0"), "fetch": ("n0", "n1"), "before forward": ("n1", "f0")}
-ORDER = ["f0", "f1", "s0", "s1", "n0", "n1"]
+#: a step's marks, from its forward's start to the next one's, and each phase as a pair of them
+STEP = ["f0", "f1", "s0", "s1", "n0", "n1", "f0"]
+PHASES = {"forward": (0, 1), "backward": (1, 2), "optimizer": (2, 3), "after step": (3, 4), "fetch": (4, 5),
+          "before forward": (5, 6)}
 
 
 class Marks:
     """Timestamps of one fit's events, in order; ``phases()`` sums each phase over its steps."""
 
-    current: Marks | None = None  # the fit running: the hooks below mark into it
+    current: Marks | None = None  # the fit running (``measured``): the hooks below mark into it
 
     def __init__(self) -> None:
         self.events: list[tuple[str, int]] = []
-        Marks.current = self
 
     def phases(self) -> dict[str, float]:
-        """Seconds in each phase over the steps after the first (a step: the six marks in order,
-        then the next forward's start)."""
+        """Seconds in each phase over the steps after the first (a step: ``STEP``'s marks in order;
+        the first forward has no fetch before it)."""
         names = [name for name, _ in self.events]
         totals = dict.fromkeys(PHASES, 0)
-        for i in range(len(names) - len(ORDER)):
-            if names[i:i + len(ORDER) + 1] != [*ORDER, "f0"]:
-                continue
-            at = dict(zip(ORDER, (t for _, t in self.events[i:i + len(ORDER)]), strict=True))
-            at["f0_next"] = self.events[i + len(ORDER)][1]
-            for phase, (start, end) in PHASES.items():
-                totals[phase] += at["f0_next" if phase == "before forward" else end] - at[start]
+        for i in range(len(names) - len(STEP) + 1):
+            if names[i:i + len(STEP)] == STEP:
+                times = [t for _, t in self.events[i:i + len(STEP)]]
+                for phase, (start, end) in PHASES.items():
+                    totals[phase] += times[end] - times[start]
         return {phase: ns / 1e9 for phase, ns in totals.items()}
 
 
@@ -95,9 +93,11 @@ def install_marks() -> None:
 
 
 def measured(fit) -> dict[str, float]:
-    marks = Marks()
-    fit()
-    Marks.current = None
+    Marks.current = marks = Marks()
+    try:
+        fit()
+    finally:
+        Marks.current = None
     return marks.phases()
 
 
@@ -123,10 +123,11 @@ def main() -> None:
             start = time.perf_counter()
             phases[name].append(sides[name]())
             wall[name].append(time.perf_counter() - start)
+    samples = {side: {**{phase: [p[phase] for p in phases[side]] for phase in PHASES}, "whole fit": wall[side]}
+               for side in sides}
     rows = []
     for phase in [*PHASES, "whole fit"]:
-        raw, ours = ((w if phase == "whole fit" else [p[phase] for p in phases[side]])
-                     for side, w in (("raw", wall["raw"]), ("fw", wall["fw"])))
+        raw, ours = samples["raw"][phase], samples["fw"][phase]
         rows.append({"phase": phase, "raw_s": median(raw), "fw_s": median(ours),
                      "paired_ratio": median([b / a for a, b in zip(raw, ours, strict=True)]),
                      "fw_minus_raw_us_per_step": (median(ours) - median(raw)) / (args.steps - 1) * 1e6

@@ -68,8 +68,8 @@ def fw_command(*args: str, cwd: str | Path, env: dict[str, str], timeout: float 
         done = _run_forked([rank(n) for n in range(nprocs)], timeout)
     if nprocs == 1:
         return done[0]
-    code = next((d.returncode for d in done if d.returncode != 0), 0)
-    return subprocess.CompletedProcess([], code, "".join(d.stdout for d in done), "".join(d.stderr for d in done))
+    return subprocess.CompletedProcess([], _job_code(done), "".join(d.stdout for d in done),
+                                       "".join(d.stderr for d in done))
 
 
 def run_script(script: Path, *args: str, nprocs: int = 1, timeout: float = 60, env: dict[str, str] | None = None,
@@ -95,8 +95,12 @@ def run_script(script: Path, *args: str, nprocs: int = 1, timeout: float = 60, e
     start = time.monotonic()
     with _Job(nprocs) as job:
         done = _run_forked([rank(n) for n in range(nprocs)], timeout)
-    code = next((d.returncode for d in done if d.returncode != 0), 0)
-    return Result(code, "".join(d.stdout + d.stderr for d in done), time.monotonic() - start)
+    return Result(_job_code(done), "".join(d.stdout + d.stderr for d in done), time.monotonic() - start)
+
+
+def _job_code(done: list[subprocess.CompletedProcess]) -> int:
+    """A job's return code: its first failing rank's, else 0."""
+    return next((d.returncode for d in done if d.returncode != 0), 0)
 
 
 class _Job:

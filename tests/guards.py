@@ -96,10 +96,14 @@ def _mask(before: Snapshot) -> list[str]:
     now = _blocked()
     if now == before.blocked:
         return []
-    names = lambda signals: ", ".join(sorted(signal.Signals(s).name for s in signals)) or "none"  # noqa: E731
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, now - before.blocked)
-    signal.pthread_sigmask(signal.SIG_BLOCK, before.blocked - now)
-    return [f"signal mask not restored: blocked {names(now - before.blocked)}, unblocked {names(before.blocked - now)}"]
+    blocked, unblocked = now - before.blocked, before.blocked - now
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, blocked)
+    signal.pthread_sigmask(signal.SIG_BLOCK, unblocked)
+    return [f"signal mask not restored: blocked {_names(blocked)}, unblocked {_names(unblocked)}"]
+
+
+def _names(signals: set[int]) -> str:
+    return ", ".join(sorted(signal.Signals(s).name for s in signals)) or "none"
 
 
 def _environ(before: Snapshot) -> list[str]:

@@ -3,8 +3,8 @@ rank 0 only is still reduced on both ranks (the other rank joins the reduction w
 its own), and the ranks agree; when every rank logged the same names the epoch end skips the
 gather of the other ranks' entries (one small all-reduce says they agree). The second pass over
 the epoch's values (for what the epoch-end hooks logged) asks the other ranks nothing where no
-rank has such a hook, and runs on every rank where one rank has one. The ranks are forked from the test process (tests/forked.py): no launcher is
-under test here."""
+rank has such a hook, and runs on every rank where one rank has one. The ranks are forked from
+the test process (tests/forked.py): no launcher is under test here."""
 
 from __future__ import annotations
 
