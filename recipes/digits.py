@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import gzip
+import importlib.util
+from pathlib import Path
+
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -27,9 +32,7 @@ class DigitsData(fw.DataModule):
         self.split_seed, self.num_workers, self.drop_last = split_seed, num_workers, drop_last
 
     def setup(self, stage: str) -> None:
-        from sklearn.datasets import load_digits
-
-        x, y = load_digits(return_X_y=True)
+        x, y = load_digits()
         x = torch.tensor(x, dtype=torch.float32) / 16.0
         y = torch.tensor(y, dtype=torch.long)
         order = torch.randperm(len(x), generator=torch.Generator().manual_seed(self.split_seed))
@@ -49,6 +52,28 @@ class DigitsData(fw.DataModule):
 
     def predict_dataloader(self) -> DataLoader:
         return DataLoader(TensorDataset(self.val_set.tensors[0]), batch_size=self.batch_size)
+
+
+def load_digits() -> tuple[np.ndarray, np.ndarray]:
+    """scikit-learn's ``load_digits(return_X_y=True)``: its bundled file read as it reads it, without
+    importing scikit-learn (0.7 s of CPU in every process that trains on the digits); through
+    ``load_digits`` itself when the file is not where scikit-learn keeps it."""
+    path = bundled_digits_file()
+    if path is None:
+        from sklearn.datasets import load_digits as from_sklearn
+
+        return from_sklearn(return_X_y=True)
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        data = np.loadtxt(f, delimiter=",")
+    return data[:, :-1], data[:, -1].astype(int, copy=False)
+
+
+def bundled_digits_file() -> Path | None:
+    spec = importlib.util.find_spec("sklearn")  # finds the package without importing it
+    if spec is None or spec.origin is None:
+        return None
+    path = Path(spec.origin).parent / "datasets" / "data" / "digits.csv.gz"
+    return path if path.is_file() else None
 
 
 class DigitsClassifier(fw.TrainModule):

@@ -40,7 +40,7 @@ FW = str(Path(sys.executable).parent / "fw")
 REPO = Path(__file__).resolve().parents[1]
 #: imported by a first ``fw fit`` (the digits recipe's data, torchmetrics, the torch.compile parts
 #: that an optimizer's constructor imports): seconds that every forked copy would pay again
-WARM = ("torch._dynamo", "torchmetrics", "sklearn.datasets", "recipes.digits", "framework.loggers.tensorboard")
+WARM = ("torch._dynamo", "torchmetrics", "recipes.digits", "framework.loggers.tensorboard")
 #: after the first rank fails, how long the others have to end before they are killed (a
 #: launcher stops them; in a collective they would wait for the strategy's timeout)
 GRACE_S = 10.0
