@@ -93,13 +93,15 @@ def test_validate_without_a_checkpoint_says_the_weights_are_fresh_unless_asked(t
 
 
 NO_SKLEARN = """
-import builtins, sys
-real = builtins.__import__
+import builtins, importlib.util, sys
+real, real_find_spec = builtins.__import__, importlib.util.find_spec
 def without_sklearn(name, *args, **kwargs):
     if name.split(".")[0] == "sklearn":
         raise ModuleNotFoundError(f"No module named {{name!r}}", name=name)
     return real(name, *args, **kwargs)
-builtins.__import__ = without_sklearn
+def find_spec_without_sklearn(name, *args, **kwargs):  # as for a package that is not installed
+    return None if name.split(".")[0] == "sklearn" else real_find_spec(name, *args, **kwargs)
+builtins.__import__, importlib.util.find_spec = without_sklearn, find_spec_without_sklearn
 from framework.cli import main
 sys.exit(main({argv!r}))
 """
