@@ -16,7 +16,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import guards  # noqa: E402  (tests/ is importable from here on)
+import cpu_report  # noqa: E402  (tests/ is importable from here on)
+import guards  # noqa: E402
 import tiers  # noqa: E402
 import timescale  # noqa: E402
 
@@ -68,6 +69,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
     guards.STARTS.begin(item)  # before any fixture: a module-scoped one may start processes too
+    cpu_report.start(item)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> pytest.TestReport:
+    report = yield
+    cpu_report.charge(item, report)
+    return report
+
+
+@pytest.hookimpl(trylast=True)  # after --durations' slowest
+def pytest_terminal_summary(terminalreporter) -> None:
+    cpu_report.summary(terminalreporter)
 
 
 @pytest.fixture(autouse=True)

@@ -163,20 +163,30 @@ def test_leaks_a_thread():
 
 def test_starts_a_process_the_marks_do_not_see():
     importlib.import_module("subprocess").call([sys.executable, "-c", "pass"])  # as framework code would
+
+import subprocess
+
+def test_burns_cpu_in_a_child():  # marked procs by tiers.py, which reads the body
+    subprocess.run([sys.executable, "-c", "sum(range(3 * 10**7))"], check=True)
 '''
 
 
 def test_the_conftest_fails_each_leaking_test_and_names_the_leak(tmp_path):
+    """... and lists the tests by their CPU, a child's included (cpu_report.py)."""
     from conftest import ROOT, subprocess_env
 
-    for name in ("conftest.py", "guards.py", "tiers.py"):
+    for name in ("conftest.py", "guards.py", "tiers.py", "cpu_report.py"):
         (tmp_path / name).write_text((ROOT / "tests" / name).read_text())
     (tmp_path / "test_inner.py").write_text(INNER)
+    (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n    procs\n    cluster\n")  # the tiers' marks
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_inner.py"],
                           cwd=tmp_path, env=subprocess_env(), capture_output=True, text=True, timeout=100)
     out = proc.stdout + proc.stderr
-    assert proc.returncode == 1 and "5 passed, 4 errors" in out, out  # the calls pass, four teardowns fail
+    assert proc.returncode == 1 and "6 passed, 4 errors" in out, out  # the calls pass, four teardowns fail
     assert "environment variable FW_INNER_LEAK added ('1')" in out
     assert "handler of SIGUSR2 not restored" in out
     assert "thread 'inner-sleeper' (non-daemon) still alive 2 s after the test" in out
     assert f"process '{sys.executable} -c pass' started, but the test is not marked procs" in out
+    report = out[out.index("heaviest by CPU"):].splitlines()
+    heaviest, seconds = report[1].split()[-1], float(report[1].split()[0])
+    assert heaviest == "test_inner.py::test_burns_cpu_in_a_child" and seconds >= 0.3, out  # ~0.7 s of the child's
