@@ -73,11 +73,12 @@ def fw_command(*args: str, cwd: str | Path, env: dict[str, str], timeout: float 
 
 
 def run_script(script: Path, *args: str, nprocs: int = 1, timeout: float = 60, env: dict[str, str] | None = None,
-               cwd: str | Path = REPO):
+               cwd: str | Path = REPO, run_id: str = "forked"):
     """``python script ARGS`` in ``cwd`` (the repository's root unless given) in ``nprocs`` forked
     copies of this process: one plain process, or the ranks of one job. These get what torchrun gives its
     workers: the variables (``RANK``, ``MASTER_PORT``, ``TORCHELASTIC_USE_AGENT_STORE``, one
-    thread each) and the agent's store, which this process hosts. Returns ``helpers.Result`` as
+    thread each; ``TORCHELASTIC_RUN_ID`` is ``run_id``: torchrun gives ``none`` without
+    ``--rdzv-id``) and the agent's store, which this process hosts. Returns ``helpers.Result`` as
     ``helpers.run_script`` does, the ranks' output one after the other."""
     from distributed.helpers import Result, clean_env
 
@@ -93,7 +94,7 @@ def run_script(script: Path, *args: str, nprocs: int = 1, timeout: float = 60, e
         return run
 
     start = time.monotonic()
-    with _Job(nprocs) as job:
+    with _Job(nprocs, run_id) as job:
         done = _run_forked([rank(n) for n in range(nprocs)], timeout)
     return Result(_job_code(done), "".join(d.stdout + d.stderr for d in done), time.monotonic() - start)
 
@@ -107,8 +108,8 @@ class _Job:
     """What torchrun gives the workers of one job of ``nprocs`` ranks (none for one process): the
     variables, and the agent's store, which this process hosts while the job runs."""
 
-    def __init__(self, nprocs: int) -> None:
-        self.nprocs = nprocs
+    def __init__(self, nprocs: int, run_id: str = "forked") -> None:
+        self.nprocs, self.run_id = nprocs, run_id
         self.store: Any = None
 
     def __enter__(self) -> _Job:
@@ -126,7 +127,7 @@ class _Job:
             return {}
         return {"WORLD_SIZE": str(self.nprocs), "LOCAL_WORLD_SIZE": str(self.nprocs), "GROUP_RANK": "0",
                 "GROUP_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(self.store.port),
-                "OMP_NUM_THREADS": "1", "TORCHELASTIC_RUN_ID": "forked", "TORCHELASTIC_USE_AGENT_STORE": "True",
+                "OMP_NUM_THREADS": "1", "TORCHELASTIC_RUN_ID": self.run_id, "TORCHELASTIC_USE_AGENT_STORE": "True",
                 "TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_MAX_RESTARTS": "0",
                 "RANK": str(number), "LOCAL_RANK": str(number)}
 

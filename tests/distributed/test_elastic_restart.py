@@ -111,7 +111,9 @@ def test_a_job_restarted_before_its_first_checkpoint_starts_over_not_from_an_ear
     from .helpers import clean_env
 
     script = write_script(tmp_path, SCRIPT)
-    check_ok(_torchrun_with_restarts(script, tmp_path, "shared", -1, -1, env=clean_env(FW_TEST_SEED="1")))
+    # the first job's ranks as torchrun starts them (run id none), forked: only the second job's restart is under test
+    check_ok(forked.run_script(script, str(tmp_path), "shared", "-1", "-1", "ddp_gloo", nprocs=2, timeout=30,
+                               env=clean_env(FW_TEST_SEED="1"), run_id="none"))
     check_ok(forked.run_script(script, str(tmp_path), "alone", "-1", "-1", nprocs=2, timeout=30,
                                env=clean_env(FW_TEST_SEED="2")))
     result = _torchrun_with_restarts(script, tmp_path, "shared", 1, 0, env=clean_env(FW_TEST_SEED="2"))

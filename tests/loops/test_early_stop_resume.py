@@ -186,13 +186,16 @@ DDP_STOP_AT = 25 + 20  # 25 batches per epoch; batch 20 of epoch 1 (max_time is 
 
 @pytest.fixture(scope="module")
 def ddp_runs(tmp_path_factory):
-    """Every kind of stop on 2 Gloo ranks, in one job: {(kind, name): [rank 0, rank 1]}."""
+    """Every kind of stop on 2 Gloo ranks, in one job of ranks forked from this process with
+    torchrun's variables (tests/forked.py: no launcher is under test here): {(kind, name): [rank 0, rank 1]}."""
     import json
 
-    from distributed.helpers import check_ok, run_script, write_script
+    import forked
+    from distributed.helpers import check_ok, write_script
 
     out = tmp_path_factory.mktemp("ddp_stops")
-    check_ok(run_script(write_script(out, DDP_SCRIPT), str(out), str(DDP_STOP_AT), *STOPS, timeout=150))
+    check_ok(forked.run_script(write_script(out, DDP_SCRIPT), str(out), str(DDP_STOP_AT), *STOPS, nprocs=2,
+                               timeout=150))
     runs = {("none", "straight"): [json.loads((out / f"none_straight_rank{r}.json").read_text()) for r in (0, 1)]}
     for kind in STOPS:
         for name in ("stopped", "resumed"):
