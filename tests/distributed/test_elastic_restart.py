@@ -103,15 +103,16 @@ def _torchrun_with_restarts(script, tmp_path, name, rank, step, strategy="ddp_gl
     return run_cmd(cmd, timeout=90, env=env)
 
 
-@pytest.mark.timeout(120)  # two torchrun jobs, one of them restarted: 25 s alone
+@pytest.mark.timeout(120)  # a forked job, then a torchrun job that is restarted: 25 s alone
 def test_a_job_restarted_before_its_first_checkpoint_starts_over_not_from_an_earlier_jobs(tmp_path):
-    """Two torchrun jobs in one folder, both with torchrun's run id ``none``: the second, killed
-    before it wrote a checkpoint, starts over and ends with its own weights (was: it resumed the
-    first job's last checkpoint and ended with that job's weights, exit 0)."""
+    """Two jobs in one folder, both with torchrun's run id ``none`` (the first as ranks forked with
+    torchrun's variables, the second under torchrun): the second, killed before it wrote a
+    checkpoint, starts over and ends with its own weights (was: it resumed the first job's last
+    checkpoint and ended with that job's weights, exit 0)."""
     from .helpers import clean_env
 
     script = write_script(tmp_path, SCRIPT)
-    # the first job's ranks as torchrun starts them (run id none), forked: only the second job's restart is under test
+    # only the second job's restart is under test: the first is forked ranks with torchrun's run id
     check_ok(forked.run_script(script, str(tmp_path), "shared", "-1", "-1", "ddp_gloo", nprocs=2, timeout=30,
                                env=clean_env(FW_TEST_SEED="1"), run_id="none"))
     check_ok(forked.run_script(script, str(tmp_path), "alone", "-1", "-1", nprocs=2, timeout=30,
