@@ -147,7 +147,7 @@ def test_a_test_is_procs_when_it_or_a_helper_it_calls_starts_a_process(function,
 
 
 INNER = '''
-import importlib, os, signal, sys, threading, time
+import importlib, os, signal, subprocess, sys, threading, time
 
 def test_clean():
     pass
@@ -163,8 +163,6 @@ def test_leaks_a_thread():
 
 def test_starts_a_process_the_marks_do_not_see():
     importlib.import_module("subprocess").call([sys.executable, "-c", "pass"])  # as framework code would
-
-import subprocess
 
 def test_burns_cpu_in_a_child():  # marked procs by tiers.py, which reads the body
     subprocess.run([sys.executable, "-c", "sum(range(3 * 10**7))"], check=True)
