@@ -185,6 +185,11 @@ def profile(sides: dict, rank: int, world: int) -> None:
         stats.print_callers("distributed_c10d.py.*(all_reduce|broadcast|barrier|all_gather|all_gather_object|broadcast_object_list)$")
 
 
+def malloc_env() -> dict[str, str]:
+    """The glibc allocator settings of this run (``MALLOC_*``): they move one-process timings by a few %."""
+    return {k: v for k, v in os.environ.items() if k.startswith("MALLOC_")}
+
+
 def median_interval(ratios: list[float], draws: int = 2000) -> tuple[float, float]:
     """A 95 % bootstrap interval of the median ratio: how far this run's noise leaves it open."""
     rng = random.Random(0)
@@ -208,7 +213,7 @@ def report(times: dict[str, list[float]], args, world: int) -> None:
                   f"{r['ratio_to_raw']:.3f}", "{:.3f}-{:.3f}".format(*r["ratio_95ci"])] for r in rows])
     doc = {"machine": machine_info(), "world_size": world, "steps": args.steps, "rounds": args.rounds,
            "clock": args.clock, "threads": torch.get_num_threads(),
-           "malloc_env": {k: v for k, v in os.environ.items() if k.startswith("MALLOC_")},
+           "malloc_env": malloc_env(),
            "sides": rows, "times": times}
     path = write_json(result_path(f"fit_{'single' if world == 1 else f'ddp{world}'}", out=Path(args.out)), doc)
     print(f"wrote {path}")

@@ -24,7 +24,6 @@ the median of the paired ratios. ::
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from pathlib import Path
@@ -138,7 +137,7 @@ def main() -> None:
                   f"{(r['fw_s'] - r['raw_s']) * 1e3:+.2f} ms a fit" if r["phase"] == "whole fit"
                   else f"{r['fw_minus_raw_us_per_step']:+.1f} µs a step"] for r in rows])
     doc = {"machine": machine_info(), "steps": args.steps, "rounds": args.rounds, "sizes": args.sizes,
-           "malloc_env": {k: v for k, v in os.environ.items() if k.startswith("MALLOC_")}, "rows": rows}
+           "malloc_env": bench_fit.malloc_env(), "rows": rows}
     print(f"wrote {write_json(result_path('fit_phases', out=Path(args.out)), doc)}")
 
 

@@ -38,10 +38,16 @@ def charge(item: pytest.Item, report: pytest.TestReport) -> None:
         report.user_properties.append((KEY, cpu_seconds() - item.stash[_START]))
 
 
+def _charged(report: object) -> float | None:
+    """The CPU a teardown report carries (None for other reports and entries)."""
+    if getattr(report, "when", None) != "teardown":
+        return None
+    return dict(getattr(report, "user_properties", ())).get(KEY)
+
+
 def summary(terminalreporter) -> None:
-    tests = {report.nodeid: dict(report.user_properties)[KEY]
-             for reports in terminalreporter.stats.values() for report in reports
-             if getattr(report, "when", None) == "teardown" and KEY in dict(getattr(report, "user_properties", ()))}
+    charged = ((report.nodeid, _charged(report)) for reports in terminalreporter.stats.values() for report in reports)
+    tests = {nodeid: seconds for nodeid, seconds in charged if seconds is not None}
     if not tests:
         return
     files: dict[str, float] = defaultdict(float)
