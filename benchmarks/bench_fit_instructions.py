@@ -19,11 +19,13 @@ sequences per rank per step).
 
 Instructions are not time: a collective's wait for the other rank, or a cache miss, costs time
 and few instructions. So this shows the work fw adds to a fit, and the timing benchmarks the
-waits. ::
+waits. ``--cache-sim`` also counts the misses of the first-level data cache and of the last-level
+cache, as callgrind simulates them (it has no second level). ::
 
     .venv/bin/python benchmarks/bench_fit_instructions.py                   # ddp, 20 and 100 steps: 15 min
     .venv/bin/python benchmarks/bench_fit_instructions.py --workload fsdp   # 2 and 6 steps: an hour or more
     .venv/bin/python benchmarks/bench_fit_instructions.py --workload single # one process: 10 min
+    .venv/bin/python benchmarks/bench_fit_instructions.py --workload single --cache-sim  # and cache misses: 20 min
 
 FSDP is slow under callgrind: here the hand-written side's 4-step fit took 9 minutes (2.9 G
 instructions), and its 12-step fit had not ended after 22 more; no fsdp run has been completed yet.
@@ -119,15 +121,15 @@ def worker(workload: str) -> None:
         dist.destroy_process_group()
 
 
-def counts(folder: Path, ranks: int, workload: str) -> list[dict[str, dict[str, float]]]:
-    """Per rank and side: the long fit's instructions, a step's and the fixed cost, from
-    callgrind's numbered dumps (the i-th timed call is dump ``2 i + 2``; the others hold what
-    came before and between)."""
+def counts(folder: Path, ranks: int, workload: str, event: str = "Ir") -> list[dict[str, dict[str, float]]]:
+    """Per rank and side: the long fit's count of ``event`` (instructions: ``Ir``), a step's and
+    the fixed cost, from callgrind's numbered dumps (the i-th timed call is dump ``2 i + 2``; the
+    others hold what came before and between)."""
     short, long = STEPS[workload]
     out = []
     for rank in range(ranks):
         pid = (folder / f"rank{rank}.pid").read_text()
-        calls = iter(_total(folder / f"cg.{pid}.out.{2 * i + 2}") for i in range(len(SIDES) * 2))
+        calls = iter(_totals(folder / f"cg.{pid}.out.{2 * i + 2}")[event] for i in range(len(SIDES) * 2))
         mine = {}
         for side in SIDES:
             a, b = next(calls), next(calls)
@@ -137,16 +139,28 @@ def counts(folder: Path, ranks: int, workload: str) -> list[dict[str, dict[str, 
     return out
 
 
-def _total(path: Path) -> int:
-    match = re.search(r"^(?:summary|totals):\s*(\d+)", path.read_text(), re.MULTILINE)
-    if match is None:
-        raise SystemExit(f"{path}: no instruction total in this callgrind file")
-    return int(match.group(1))
+def _totals(path: Path) -> dict[str, int]:
+    """A callgrind file's total of each event it counted (``Ir``; with ``--cache-sim`` also the
+    first-level and last-level misses: ``D1mr``, ``DLmr``, ...)."""
+    text = path.read_text()
+    events = re.search(r"^events:\s*(.+)$", text, re.MULTILINE)
+    totals = re.search(r"^(?:summary|totals):\s*([\d ]+)$", text, re.MULTILINE)
+    if events is None or totals is None:
+        raise SystemExit(f"{path}: no event totals in this callgrind file")
+    names, values = events.group(1).split(), [int(v) for v in totals.group(1).split()]
+    return dict(zip(names, values + [0] * (len(names) - len(values)), strict=True))  # trailing zeros are left out
+
+
+#: with --cache-sim: callgrind's simulated misses (reads and writes) of the first-level data
+#: cache and of the last-level cache, beside the instructions
+MISSES = {"D1 misses": ("D1mr", "D1mw"), "LL misses": ("DLmr", "DLmw")}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workload", choices=tuple(STEPS), default="ddp")
+    parser.add_argument("--cache-sim", action="store_true",
+                        help="also count data-cache misses (callgrind --cache-sim=yes: about twice as slow)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--out", default=str(HERE / "results"))
     args = parser.parse_args()
@@ -160,6 +174,7 @@ def main() -> None:
         launch = [] if ranks == 1 else [sys.executable, "-m", "torch.distributed.run", "--standalone",
                                         "--nproc-per-node", "2", "--no-python"]
         command = [*launch, "valgrind", "--tool=callgrind", f"--dump-before={MARK}",
+                   *(["--cache-sim=yes"] if args.cache_sim else []),
                    f"--callgrind-out-file={folder}/cg.%p.out", sys.executable, __file__, "--worker",
                    "--workload", args.workload]
         env = {**os.environ, "PYTHONHASHSEED": "0", FOLDER: tmp}  # PYTHONHASHSEED: the same set orders each run
@@ -167,29 +182,43 @@ def main() -> None:
         if done.returncode != 0:
             raise SystemExit(f"the callgrind run failed ({done.returncode}):\n{done.stderr[-4000:]}")
         per_rank = counts(folder, ranks, args.workload)
-    report(per_rank, args)
+        misses = {name: _summed(counts(folder, ranks, args.workload, e) for e in events)
+                  for name, events in MISSES.items()} if args.cache_sim else {}
+    report(per_rank, args, misses)
 
 
-def report(per_rank: list[dict[str, dict[str, float]]], args: argparse.Namespace) -> None:
+def _summed(parts) -> list[dict[str, dict[str, float]]]:
+    """Per rank and side, the sum of several events' counts (a cache's read and write misses)."""
+    parts = list(parts)
+    return [{side: {key: sum(part[rank][side][key] for part in parts) for key in parts[0][rank][side]}
+             for side in parts[0][rank]} for rank in range(len(parts[0]))]
+
+
+def report(per_rank: list[dict[str, dict[str, float]]], args: argparse.Namespace,
+           misses: dict[str, list[dict[str, dict[str, float]]]]) -> None:
     sys.path.insert(0, str(HERE.parent))
     from framework.bench.common import machine_info, print_table, result_path, write_json
 
     short, long = STEPS[args.workload]
-    rows = []
-    for rank, found in enumerate(per_rank):
-        raw, fw = found["raw"], found["fw"]
-        rows.append([f"rank {rank}", f"{raw['fit'] / 1e9:.4f} G", f"{fw['fit'] / 1e9:.4f} G", f"{fw['fit'] / raw['fit']:.4f}",
-                     f"{raw['step'] / 1e6:.2f} M", f"{fw['step'] / 1e6:.2f} M", f"{fw['step'] / raw['step']:.4f}",
-                     f"{raw['fixed'] / 1e6:.1f} M", f"{fw['fixed'] / 1e6:.1f} M"])
-    print_table(f"{args.workload}: whole fits on {len(per_rank)} rank(s), instructions (callgrind, every thread); "
-                f"a step and the fixed cost from the {short}- and {long}-step fits",
-                ["", f"raw {long}-step fit", f"fw {long}-step fit", "fw/raw", "raw step", "fw step", "fw/raw",
-                 "raw fixed", "fw fixed"], rows)
+    for what, found_per_rank in {"instructions": per_rank, **misses}.items():
+        unit, scale = ("G", 1e9) if what == "instructions" else ("M", 1e6)
+        rows = []
+        for rank, found in enumerate(found_per_rank):
+            raw, fw = found["raw"], found["fw"]
+            rows.append([f"rank {rank}", f"{raw['fit'] / scale:.4f} {unit}", f"{fw['fit'] / scale:.4f} {unit}",
+                         f"{fw['fit'] / raw['fit']:.4f}", f"{raw['step'] / 1e3:.1f} k", f"{fw['step'] / 1e3:.1f} k",
+                         f"{fw['step'] / raw['step']:.4f}", f"{raw['fixed'] / 1e3:.1f} k",
+                         f"{fw['fixed'] / 1e3:.1f} k"])
+        print_table(f"{args.workload}: whole fits on {len(per_rank)} rank(s), {what} (callgrind, every thread); "
+                    f"a step and the fixed cost from the {short}- and {long}-step fits",
+                    ["", f"raw {long}-step fit", f"fw {long}-step fit", "fw/raw", "raw step", "fw step", "fw/raw",
+                     "raw fixed", "fw fixed"], rows)
     doc = {"machine": machine_info(), "workload": args.workload, "steps": [short, long], "instructions": per_rank,
            "fit_ratio": [found["fw"]["fit"] / found["raw"]["fit"] for found in per_rank],
-           "step_ratio": [found["fw"]["step"] / found["raw"]["step"] for found in per_rank]}
+           "step_ratio": [found["fw"]["step"] / found["raw"]["step"] for found in per_rank],
+           **({"cache_misses": misses} if misses else {})}
     name = "fit_single_instructions" if len(per_rank) == 1 else f"fit_{args.workload}2_instructions"
-    print(f"wrote {write_json(result_path(name, out=Path(args.out)), doc)}")
+    print(f"wrote {write_json(result_path(name + ('-cache' if misses else ''), out=Path(args.out)), doc)}")
 
 
 if __name__ == "__main__":
