@@ -44,6 +44,35 @@ def slurm_cluster() -> None:
 
 
 needs_slurm = pytest.mark.usefixtures("slurm_cluster")
+#: a job's states once it has ended (``scontrol show job``)
+ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE",
+         "PREEMPTED"}
+
+
+def show_job(job: str) -> str:
+    return subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True, timeout=20).stdout
+
+
+def job_field(shown: str, name: str) -> str:
+    """A field of what ``scontrol show job`` showed (``JobState``, ``ExitCode``, ...); ``GONE``
+    where it showed nothing (the controller has forgotten the job)."""
+    for field in shown.split():
+        if field.startswith(f"{name}="):
+            return field.split("=", 1)[1]
+    return "GONE"
+
+
+def wait_for_job(job: str, timeout: float) -> tuple[str, str]:
+    """The job's end state and exit code (``1:0``), read twice a second: ``sbatch --wait``
+    checks after 2, 10 and then every 32 s, so a job that ends at 11 s is seen ended at 42 s."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        shown = show_job(job)
+        if job_field(shown, "JobState") in ENDED:
+            return job_field(shown, "JobState"), job_field(shown, "ExitCode")
+        time.sleep(0.5)
+    subprocess.run(["scancel", job], capture_output=True, timeout=20)
+    raise AssertionError(f"SLURM job {job} did not end within {timeout} s:\n{show_job(job)}")
 
 SCRIPT = textwrap.dedent(
     """
@@ -95,11 +124,11 @@ def test_sbatch_without_srun_is_explained_not_a_hang(tmp_path):
     batch = tmp_path / "job.sh"
     batch.write_text(f"#!/bin/bash\n{sys.executable} -m framework.cli env > /dev/null\n"
                      f"{sys.executable} {script} {tmp_path}\n")
-    proc = subprocess.run(
-        ["sbatch", "--wait", "-N1", "--ntasks=2", "--time=2", f"--output={log}", str(batch)],
-        env=subprocess_env(), capture_output=True, text=True, timeout=100,
-    )
-    assert proc.returncode != 0
+    submitted = subprocess.run(["sbatch", "--parsable", "-N1", "--ntasks=2", "--time=2", f"--output={log}", str(batch)],
+                               env=subprocess_env(), capture_output=True, text=True, timeout=30)
+    assert submitted.returncode == 0, submitted.stderr
+    state, exit_code = wait_for_job(submitted.stdout.strip().split(";")[0], timeout=50)
+    assert state == "FAILED" and exit_code != "0:0", (state, exit_code)
     text = log.read_text()
     assert "outside srun" in text and "srun" in text.split("outside srun", 1)[1]
     assert not (tmp_path / "rank0.pt").exists()

@@ -18,7 +18,7 @@ import time
 import pytest
 from conftest import subprocess_env
 
-from .test_slurm_cluster import needs_slurm, slurm_cluster  # noqa: F401 (the fixture needs_slurm asks for)
+from .test_slurm_cluster import job_field, needs_slurm, show_job, slurm_cluster  # noqa: F401 (the fixture needs_slurm asks for)
 
 pytestmark = pytest.mark.slurm
 
@@ -65,20 +65,9 @@ SCRIPT = textwrap.dedent(
 )
 
 
-def _show(job: str) -> str:
-    return subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True, timeout=20).stdout
-
-
 def _node_idle() -> bool:
     done = subprocess.run(["sinfo", "-h", "-o", "%t"], capture_output=True, text=True, timeout=20)
     return done.stdout.split() == ["idle"]
-
-
-def _state(job: str) -> str:
-    for field in _show(job).split():
-        if field.startswith("JobState="):
-            return field.split("=", 1)[1]
-    return "GONE"
 
 
 @needs_slurm
@@ -102,8 +91,10 @@ def test_sbatch_signal_stops_checkpoints_requeues_and_resumes_exactly(tmp_path):
     try:
         end, hurried = time.monotonic() + 300, set()
         while not (tmp_path / "job.json").exists() and time.monotonic() < end:
-            restarts = re.search(r"Restarts=(\d+)", _show(job))
-            if restarts and int(restarts[1]) not in hurried | {0} and _state(job) == "PENDING" and _node_idle():
+            shown = show_job(job)
+            restarts = re.search(r"Restarts=(\d+)", shown)
+            if restarts and int(restarts[1]) not in hurried | {0} and job_field(shown, "JobState") == "PENDING" \
+                    and _node_idle():
                 # Slurm holds a requeued job for 2 minutes; the test need not wait that long, but
                 # the attempt before must be cleaned up first ("Job credential revoked" otherwise)
                 time.sleep(3)
@@ -111,7 +102,8 @@ def test_sbatch_signal_stops_checkpoints_requeues_and_resumes_exactly(tmp_path):
                 hurried.add(int(restarts[1]))
             time.sleep(1)
         log = (tmp_path / "slurm.out").read_text() if (tmp_path / "slurm.out").exists() else ""
-        assert (tmp_path / "job.json").exists(), f"job {job} ({_state(job)}) did not finish:\n{log}"
+        state = job_field(show_job(job), "JobState")
+        assert (tmp_path / "job.json").exists(), f"job {job} ({state}) did not finish:\n{log}"
     finally:
         subprocess.run(["scancel", job], capture_output=True, timeout=20)
     assert "fw: rank 0 received SIGUSR1: stopping after this step" in log, log
