@@ -17,6 +17,7 @@ import time
 import pytest
 import torch
 from conftest import subprocess_env
+from timescale import scaled
 from toy import freezing_script
 
 pytestmark = pytest.mark.slurm
@@ -64,7 +65,9 @@ def job_field(shown: str, name: str) -> str:
 
 def wait_for_job(job: str, timeout: float) -> tuple[str, str]:
     """The job's end state and exit code (``1:0``), read twice a second: ``sbatch --wait``
-    checks after 2, 10 and then every 32 s, so a job that ends at 11 s is seen ended at 42 s."""
+    checks after 2, 10 and then every 32 s, so a job that ends at 11 s is seen ended at 42 s.
+    ``timeout`` is for the reference machine (tests/timescale.py)."""
+    timeout = scaled(timeout)
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         shown = show_job(job)
@@ -73,6 +76,7 @@ def wait_for_job(job: str, timeout: float) -> tuple[str, str]:
         time.sleep(0.5)
     subprocess.run(["scancel", job], capture_output=True, timeout=20)
     raise AssertionError(f"SLURM job {job} did not end within {timeout} s:\n{show_job(job)}")
+
 
 SCRIPT = textwrap.dedent(
     """
