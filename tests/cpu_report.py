@@ -7,7 +7,9 @@ is charged its worker's CPU from the start of its set-up to the end of its teard
 the processes it started and waited for (``RUSAGE_CHILDREN``: children once reaped, with their
 own reaped descendants). A module-scoped fixture is charged to the test that set it up, as
 ``--durations`` charges its time; the tasks of a SLURM job run under slurmd and are charged to
-nobody.
+nobody. The header says what the whole run took besides (pytest's process and its reaped
+children: under pytest-xdist, the workers, whose collection of every test and own bookkeeping no
+test is charged).
 """
 
 from __future__ import annotations
@@ -54,7 +56,8 @@ def summary(terminalreporter) -> None:
     for nodeid, seconds in tests.items():
         files[nodeid.partition("::")[0]] += seconds
     write = terminalreporter.write_line
-    terminalreporter.section(f"heaviest by CPU (the test's and its children's): {sum(tests.values()):.0f} s in all")
+    terminalreporter.section(f"heaviest by CPU (the test's and its children's): {sum(tests.values()):.0f} s in all, "
+                             f"of {cpu_seconds():.0f} s the whole run took")
     for nodeid, seconds in sorted(tests.items(), key=lambda kv: -kv[1])[:TESTS_SHOWN]:
         write(f"{seconds:7.1f} s  {nodeid}")
     write("files:")

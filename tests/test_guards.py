@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -188,3 +189,5 @@ def test_the_conftest_fails_each_leaking_test_and_names_the_leak(tmp_path):
     report = out[out.index("heaviest by CPU"):].splitlines()
     heaviest, seconds = report[1].split()[-1], float(report[1].split()[0])
     assert heaviest == "test_inner.py::test_burns_cpu_in_a_child" and seconds >= 0.3, out  # ~0.7 s of the child's
+    charged, whole = map(int, re.search(r": (\d+) s in all, of (\d+) s the whole run took", report[0]).groups())
+    assert whole >= charged >= round(seconds) and whole > 1, report[0]  # the run: its imports and collection too
