@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import os
 import re
 import shutil
@@ -121,15 +122,17 @@ def worker(workload: str) -> None:
         dist.destroy_process_group()
 
 
-def counts(folder: Path, ranks: int, workload: str, event: str = "Ir") -> list[dict[str, dict[str, float]]]:
-    """Per rank and side: the long fit's count of ``event`` (instructions: ``Ir``), a step's and
-    the fixed cost, from callgrind's numbered dumps (the i-th timed call is dump ``2 i + 2``; the
-    others hold what came before and between)."""
+def counts(folder: Path, ranks: int, workload: str, events: tuple[str, ...] = ("Ir",)
+           ) -> list[dict[str, dict[str, float]]]:
+    """Per rank and side: the long fit's count of ``events`` summed (instructions: ``Ir``), a
+    step's and the fixed cost, from callgrind's numbered dumps (the i-th timed call is dump
+    ``2 i + 2``; the others hold what came before and between)."""
     short, long = STEPS[workload]
     out = []
     for rank in range(ranks):
         pid = (folder / f"rank{rank}.pid").read_text()
-        calls = iter(_totals(folder / f"cg.{pid}.out.{2 * i + 2}")[event] for i in range(len(SIDES) * 2))
+        dumps = (_totals(folder / f"cg.{pid}.out.{2 * i + 2}") for i in range(len(SIDES) * 2))
+        calls = iter(sum(totals[event] for event in events) for totals in dumps)
         mine = {}
         for side in SIDES:
             a, b = next(calls), next(calls)
@@ -139,6 +142,7 @@ def counts(folder: Path, ranks: int, workload: str, event: str = "Ir") -> list[d
     return out
 
 
+@functools.cache  # each dump is read once, whichever events are asked of it
 def _totals(path: Path) -> dict[str, int]:
     """A callgrind file's total of each event it counted (``Ir``; with ``--cache-sim`` also the
     first-level and last-level misses: ``D1mr``, ``DLmr``, ...)."""
@@ -182,16 +186,9 @@ def main() -> None:
         if done.returncode != 0:
             raise SystemExit(f"the callgrind run failed ({done.returncode}):\n{done.stderr[-4000:]}")
         per_rank = counts(folder, ranks, args.workload)
-        misses = {name: _summed(counts(folder, ranks, args.workload, e) for e in events)
+        misses = {name: counts(folder, ranks, args.workload, events)
                   for name, events in MISSES.items()} if args.cache_sim else {}
     report(per_rank, args, misses)
-
-
-def _summed(parts) -> list[dict[str, dict[str, float]]]:
-    """Per rank and side, the sum of several events' counts (a cache's read and write misses)."""
-    parts = list(parts)
-    return [{side: {key: sum(part[rank][side][key] for part in parts) for key in parts[0][rank][side]}
-             for side in parts[0][rank]} for rank in range(len(parts[0]))]
 
 
 def report(per_rank: list[dict[str, dict[str, float]]], args: argparse.Namespace,
