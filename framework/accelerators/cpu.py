@@ -1,3 +1,5 @@
+"""The CPU accelerator: every rank on ``cpu``, batches used where the loader made them."""
+
 from __future__ import annotations
 
 import os

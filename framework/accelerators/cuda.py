@@ -1,3 +1,6 @@
+"""The CUDA accelerator: one GPU per local rank (``cuda:<local rank>``), batches copied there
+without blocking from pinned host memory."""
+
 from __future__ import annotations
 
 from typing import Any
