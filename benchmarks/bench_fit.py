@@ -16,7 +16,8 @@ them; the ratio reported is the median over rounds of fw's time over the raw loo
     # where fw's time goes (rank 0, one fw fit under cProfile)
     .venv/bin/python -m torch.distributed.run --standalone --nproc-per-node 2 benchmarks/bench_fit.py --profile
 
-``--lightning`` adds Lightning's Trainer as a third side. ``bench_fit_instructions.py`` counts
+``--lightning`` adds Lightning's Trainer as a third side; ``--setup-only`` a side that runs fw's
+fit with the loop's epoch inside (fw's set-up and teardown, not its per-batch path). ``bench_fit_instructions.py`` counts
 the instructions of the same fits instead (valgrind): the work fw adds, free of the machine's noise. Results: a table, and JSON under
 ``benchmarks/results/`` (``--out``).
 """
@@ -75,6 +76,30 @@ def fw_fit(net: nn.Module, data: TensorDataset, steps: int, world: int) -> None:
         trainer.fit(MLPModule(net), DataLoader(data, batch_size=PER_RANK_BATCH))
 
 
+def fw_fit_with_the_loops_epoch(net: nn.Module, data: TensorDataset, steps: int, world: int) -> None:
+    """fw's fit with its training epoch replaced by the hand-written loop's (on fw's loader, model
+    and optimizer; on several ranks through fw's DDP, whose forward is ``training_step``): fw's
+    set-up and teardown alone, and what they leave the steps to run beside."""
+    import framework.loops.fit as fit_loop
+
+    def the_loops_epoch(run, loader, stops) -> None:
+        model, opt = run.strategy.model, run.optimizers[0]
+        for step, (x, y) in enumerate(loader):
+            if step == steps:
+                break
+            loss = model((x, y), step) if world > 1 else F.cross_entropy(run.module.net(x), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        run.state.global_step = steps
+
+    fw_epoch, fit_loop.run_train_epoch = fit_loop.run_train_epoch, the_loops_epoch
+    try:
+        fw_fit(net, data, steps, world)
+    finally:
+        fit_loop.run_train_epoch = fw_epoch
+
+
 def lightning_fit(net: nn.Module, data: TensorDataset, steps: int, world: int) -> None:
     import pytorch_lightning as pl
 
@@ -122,6 +147,8 @@ def main() -> None:
     parser.add_argument("--lightning", action="store_true", help="Lightning's Trainer as a third side")
     parser.add_argument("--control", action="store_true",
                         help="the hand-written loop again as a side of its own: what this method gives two equal sides")
+    parser.add_argument("--setup-only", action="store_true",
+                        help="a side whose fit is fw's with the loop's epoch inside: fw's set-up and teardown alone")
     parser.add_argument("--profile", action="store_true", help="cProfile one fw fit on rank 0 instead")
     parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
                         help="wall: perf_counter; cpu: the process's CPU time (time the machine gave to"
@@ -143,6 +170,8 @@ def main() -> None:
              "fw": lambda: fw_fit(fresh(), data, args.steps, world)}
     if args.control:
         sides["raw_again"] = lambda: raw_fit(fresh(), data, args.steps, rank, world)
+    if args.setup_only:
+        sides["fw_setup_only"] = lambda: fw_fit_with_the_loops_epoch(fresh(), data, args.steps, world)
     if args.lightning:
         sides["lightning"] = lambda: lightning_fit(fresh(), data, args.steps, world)
     if args.profile:
