@@ -16,10 +16,11 @@ them; the ratio reported is the median over rounds of fw's time over the raw loo
     # where fw's time goes (rank 0, one fw fit under cProfile)
     .venv/bin/python -m torch.distributed.run --standalone --nproc-per-node 2 benchmarks/bench_fit.py --profile
 
-``--lightning`` adds Lightning's Trainer as a third side; ``--setup-only`` a side that runs fw's
-fit with the loop's epoch inside (fw's set-up and teardown, not its per-batch path). ``bench_fit_instructions.py`` counts
-the instructions of the same fits instead (valgrind): the work fw adds, free of the machine's noise. Results: a table, and JSON under
-``benchmarks/results/`` (``--out``).
+``--lightning`` adds Lightning's Trainer as a third side; ``--setup-only`` a side that runs fw's fit
+with the loop's epoch inside (fw's set-up and teardown, not its per-batch path).
+``bench_fit_instructions.py`` counts the instructions of the same fits instead (valgrind): the work
+fw adds, free of the machine's noise. Results: a table, and JSON under ``benchmarks/results/``
+(``--out``).
 """
 
 from __future__ import annotations
