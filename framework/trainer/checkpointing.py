@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from framework import checkpoint as ckpt
-from framework.errors import CheckpointError, TrainingError
+from framework.errors import CheckpointError, ConfigError, TrainingError
 from framework.rank_zero import rank_zero_info, rank_zero_warn
 from framework.strategies.checkpoint_io import is_live
 from framework.strategies.optimizer_keys import numbered
@@ -41,6 +41,7 @@ from framework.waits import waiting_in
 
 if TYPE_CHECKING:
     from framework.trainer.run import Run
+    from framework.trainer.trainer import Trainer
 
 
 # -- save -----------------------------------------------------------------------------------------
@@ -162,6 +163,23 @@ def resolve_path(run: Run, ckpt_path: Any, restarts: int) -> str | None:
                            "(give ckpt_path=PATH to resume a checkpoint kept elsewhere)")
         return found
     return None if ckpt_path is None else str(ckpt_path)
+
+
+def lightnings_default(fn: str, ckpt_path: Any, model_given: bool, trainer: Trainer) -> Any:
+    """Lightning's rule for ``validate``/``test``/``predict`` called without a model and without
+    ``ckpt_path`` on a Trainer that has run one: the best checkpoint of this Trainer's fit (with
+    Lightning's warning), and an error where it has none, never the weights left in memory."""
+    if fn == "fit" or model_given or ckpt_path is not None or trainer.lightning_module is None:
+        return ckpt_path
+    callback = trainer.checkpoint_callback
+    best = callback.best_model_path if callback is not None else ""
+    if not best:
+        raise ConfigError(f"trainer.{fn}() without a model runs the best checkpoint of this Trainer's fit, as in "
+                          "Lightning, but no ModelCheckpoint of this Trainer recorded one: pass the model "
+                          f"(trainer.{fn}(model, ...)) to use the weights in memory, or ckpt_path=PATH")
+    rank_zero_warn(f"trainer.{fn}() without a model uses the best checkpoint of the previous fit ({best}), as in "
+                   "Lightning; pass ckpt_path='best' or 'last' to choose, or the model to use the weights in memory")
+    return best
 
 
 def _best(run: Run) -> str:

@@ -11,6 +11,7 @@ loop (``framework.loops``) inside the stop-signal handlers and the heartbeat, an
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import inspect
 import os
 from collections.abc import Callable
@@ -207,6 +208,8 @@ class Trainer(TrainerProperties, LightningViews):
         """Here, or as every rank of the workers the launcher starts: rank 0's outcome comes back
         and is applied here (``outcome.py``); fw's own launcher ends this process instead
         (``JobEnded``: its workers re-ran the whole program)."""
+        call = dataclasses.replace(call, ckpt_path=checkpointing.lightnings_default(
+            call.fn, call.ckpt_path, call.model is not None, self))
         if self.launcher is None:
             return self._run_here(call)
         model = call.model if call.model is not None else self.lightning_module

@@ -17,7 +17,7 @@ import torch
 
 import framework as fw
 from framework.callbacks import ModelCheckpoint
-from framework.errors import CheckpointError
+from framework.errors import CheckpointError, ConfigError
 from framework.rank_zero import FwWarning
 from lightning.modules import make_boring
 
@@ -56,9 +56,12 @@ def _fit_then_test(which: str, root, ckpt_path: str, checkpoint: dict | None, **
         warnings.simplefilter("ignore")
         trainer.fit(model)
         fit = {k: float(v) for k, v in trainer.callback_metrics.items()}
-        tested = trainer.test(model, ckpt_path=ckpt_path, verbose=False)
+        # ckpt_path None: test() without the model, after a fit: Lightning's default is the best checkpoint
+        tested = trainer.test(model, ckpt_path=ckpt_path, verbose=False) if ckpt_path is not None else \
+            trainer.test(verbose=False)
     loaded = torch.load(trainer.ckpt_path, weights_only=False)
-    return {"fit": fit, "test": tested, "file": os.path.basename(trainer.ckpt_path), "step": loaded["global_step"]}
+    return {"fit": fit, "test": tested, "file": os.path.basename(trainer.ckpt_path), "step": loaded["global_step"],
+            "steps": trainer.global_step}
 
 
 @pytest.mark.parametrize("ckpt_path, checkpoint, trainer_kwargs", [
@@ -73,14 +76,33 @@ def _fit_then_test(which: str, root, ckpt_path: str, checkpoint: dict | None, **
     ("last", dict(save_last=True), dict(max_epochs=3, check_val_every_n_epoch=2)),
     # validation once an epoch: saved at the training epoch's end, as before
     ("best", dict(monitor="valid_loss", save_last=True), dict(max_epochs=2)),
+    # test() without a model: the best (here the first epoch's, by mode="max"), not the weights in memory
+    (None, dict(monitor="valid_loss", mode="max"), dict(max_epochs=3)),
 ], ids=["best-every-5", "last-every-5", "monitored-every-5", "train-metric-quarters", "best-every-2nd-epoch",
-        "last-every-2nd-epoch", "monitored-every-epoch"])
+        "last-every-2nd-epoch", "monitored-every-epoch", "no-model-means-best"])
 def test_ckpt_path_loads_the_checkpoint_lightning_loads(tmp_path, ckpt_path, checkpoint, trainer_kwargs):
     ours = _fit_then_test("fw", tmp_path / "fw", ckpt_path, checkpoint, **trainer_kwargs)
     theirs = _fit_then_test("lightning", tmp_path / "pl", ckpt_path, checkpoint, **trainer_kwargs)
     assert ours["fit"] == theirs["fit"]  # the fit itself is Lightning's...
     assert (ours["file"], ours["step"]) == (theirs["file"], theirs["step"])  # ...and so is what it saved when
     assert ours["test"] == theirs["test"]
+    if ckpt_path is None:
+        assert ours["step"] < ours["steps"]  # an earlier checkpoint than the weights the fit ended with
+
+
+def test_a_test_without_a_model_or_a_best_checkpoint_is_refused_as_lightning_refuses_it(tmp_path):
+    """After a fit without ModelCheckpoint, ``test()`` without the model has no best checkpoint to
+    run; Lightning refuses rather than scoring the weights in memory, and so does fw."""
+    for which, error in (("fw", ConfigError), ("lightning", ValueError)):
+        lib, Base, _, _ = _lib(which)
+        lib.seed_everything(7)
+        model = make_boring(Base)()
+        trainer = _trainer(which, tmp_path / which, logger=False, max_epochs=1, enable_checkpointing=False)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            trainer.fit(model)
+            with pytest.raises(error, match="ModelCheckpoint"):
+                trainer.test(verbose=False)
 
 
 def test_best_without_any_save_point_is_refused_as_lightning_refuses_it(tmp_path):

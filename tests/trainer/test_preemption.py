@@ -172,11 +172,12 @@ def test_after_a_stop_on_a_signal_the_same_trainer_validates_normally(tmp_path):
                 os.kill(os.getpid(), signal.SIGTERM)
 
     trainer = fw.Trainer(**QUIET, max_epochs=5, default_root_dir=str(tmp_path), callbacks=[SignalAtStep3()])
+    model = LinearModel()
     with pytest.raises(SystemExit) as stopped:  # a notebook catches this
-        trainer.fit(LinearModel(), loader(regression_data(32), 8), loader(regression_data(16), 8))
+        trainer.fit(model, loader(regression_data(32), 8), loader(regression_data(16), 8))
     assert stopped.value.code == 0 and trainer.global_step == 3 and (tmp_path / "preempted.ckpt").is_file()
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL or callable(signal.getsignal(signal.SIGTERM))
-    results = trainer.validate(dataloaders=loader(regression_data(16), 8))  # no second exit
+    results = trainer.validate(model, loader(regression_data(16), 8))  # no second exit
     assert "val/loss" in results[0] and trainer.state.stop_reason is None
 
 
