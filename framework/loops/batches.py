@@ -9,6 +9,8 @@ import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from framework.errors import ConfigError
+
 
 def num_batches(loader, limit: int | float | None) -> float:
     """Batches to run: the loader's length (``inf`` without one), cut by ``limit`` (a count, or
@@ -23,6 +25,23 @@ def num_batches(loader, limit: int | float | None) -> float:
     if isinstance(limit, float):
         return math.inf if math.isinf(total) else int(total * limit)
     return min(total, limit)
+
+
+#: each stage's ``limit_*_batches`` argument
+LIMIT_ARGUMENTS = {"train": "limit_train_batches", "validate": "limit_val_batches", "test": "limit_test_batches",
+                   "predict": "limit_predict_batches"}
+
+
+def refuse_a_fraction_of_no_batch(loader: Any, limit: int | float | None, stage: str) -> None:
+    """A fraction of a loader that leaves no batch (0.1 of 4) is refused, as Lightning refuses it,
+    rather than run as a stage of no batches (0, the int, still turns the stage off)."""
+    if not isinstance(limit, float) or limit <= 0:
+        return
+    total = num_batches(loader, None)
+    if math.isinf(total) or total == 0 or int(total * limit) > 0:
+        return
+    raise ConfigError(f"trainer.{LIMIT_ARGUMENTS[stage]}={limit} of {int(total)} batches leaves no batch: give at least "
+                      f"{1 / total:.4g} (one batch), a number of batches (an int), or 0 to skip the stage")
 
 
 class LookAhead:

@@ -45,6 +45,11 @@ def run_fit(run: Run) -> None:
         hooks.callbacks("on_sanity_check_end")
     if state.position.resume_from is not None:
         state.position.resume_from.restore_rng()
+    if run.num_training_batches == 0:  # limit_train_batches=0: the sanity check alone, as in Lightning
+        state.stop("no_training_batches")
+        state.stage = None
+        hooks("on_fit_end")
+        return
     state.stage = "train"
     run.fit_batches = run.num_training_batches
     _warn_if_modules_in_eval_mode(run.module)
@@ -88,7 +93,7 @@ def _check_there_is_something_to_train(run: Run, loader) -> None:
         )
     if run.num_training_batches == 0:
         rank_zero_warn(f"trainer.limit_train_batches={run.settings.limits['train']!r} leaves 0 training batches: "
-                       "fit trains nothing; raise it to train")
+                       "fit runs the sanity check alone and trains nothing, as in Lightning; raise it to train")
 
 
 def _fit_done(run: Run) -> bool:

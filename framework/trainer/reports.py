@@ -69,6 +69,8 @@ def _why_it_stopped(run: Run) -> str:
         return f"max_time={settings.max_time:g}s reached"
     if reason == "preempted":
         return "stopped by a signal"
+    if reason == "no_training_batches":
+        return f"limit_train_batches={settings.limits['train']!r} left no training batch"
     for cb in run.callbacks:  # EarlyStopping (and any callback that says why it stopped the fit)
         message = getattr(cb, "stopping_reason_message", None)
         if isinstance(message, str) and message:

@@ -20,6 +20,7 @@ from framework.compile import compile_model
 from framework.data import DataModule
 from framework.data.run_loaders import LOADER_METHODS, LoaderSource
 from framework.errors import ConfigError
+from framework.loops.batches import refuse_a_fraction_of_no_batch
 from framework.loops.hooks import overrides
 from framework.loops.optimization import check_one_optimizer
 from framework.module import TrainModule
@@ -115,6 +116,9 @@ def setup(run: Run, loaders: dict, ckpt_path: Any) -> str | None:
     made = {key: _loaders(run, key) if _needs_loader(run, key, loaders[key], source) else []
             for key in sorted(wanted, key=lambda key: key != "validate" or settings.num_sanity_val_steps == 0)}
     run.loaders = {key: made[key] for key in wanted}
+    for key, stage_loaders in run.loaders.items():
+        for loader in stage_loaders:
+            refuse_a_fraction_of_no_batch(loader, settings.limits[key], key)
     run.precision.convert_module(model)
     strategy.setup_module(model)
     compiled = compile_model(model, settings.compile, strategy.compile_units(model), strategy.root_device.type)

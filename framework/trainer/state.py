@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from framework.trainer.resume import DataPosition
 
 #: Why a fit stopped (``RunState.stop_reason``).
-STOP_REASONS = ("max_epochs", "max_steps", "max_time", "should_stop", "preempted")
+STOP_REASONS = ("max_epochs", "max_steps", "max_time", "should_stop", "preempted", "no_training_batches")
 
 
 @dataclass
