@@ -240,31 +240,25 @@ class TrainModule(HyperparametersMixin, ModuleHooks, ModuleExtras, nn.Module):
             self.untoggle_optimizer(optimizer)
 
     # -- logging ------------------------------------------------------------------------------
-    def log(
-        self,
-        name: str,
-        value: Any,
-        prog_bar: bool = False,
-        logger: bool = True,
-        on_step: bool | None = None,
-        on_epoch: bool | None = None,
-        reduce_fx: str = "mean",
-        sync_dist: bool = False,
-        batch_size: int | None = None,
-    ) -> None:
-        """Log a tensor, a number or a torchmetrics ``Metric``.
+    def log(self, name: str, value: Any, prog_bar: bool = False, logger: bool = True, on_step: bool | None = None,
+            on_epoch: bool | None = None, reduce_fx: Any = "mean", enable_graph: bool = False, sync_dist: bool = False,
+            sync_dist_group: Any = None, add_dataloader_idx: bool = True, batch_size: int | None = None,
+            metric_attribute: str | None = None, rank_zero_only: bool = False) -> None:
+        """Log a tensor, a number or a torchmetrics ``Metric`` (Lightning's arguments, in its order).
 
         Defaults follow Lightning: in ``training_step`` ``on_step=True, on_epoch=False``;
         in validation/test ``on_step=False, on_epoch=True``. Epoch values are the mean weighted
         by batch size (``batch_size`` or the size of the batch's first tensor); a ``Metric`` is
-        computed at epoch end and reset. ``sync_dist=True`` reduces the epoch value across ranks.
+        computed at epoch end and reset. ``sync_dist=True`` reduces the epoch value across ranks
+        (not with ``rank_zero_only=True``, as in Lightning); see ``trainer/log_options.py``.
         """
         if self._trainer is None:
             return
         self._trainer.metrics.log(
-            name, value, prog_bar=prog_bar, logger=logger, on_step=on_step, on_epoch=on_epoch,
-            reduce_fx=reduce_fx, sync_dist=sync_dist, batch_size=batch_size,
-        )
+            name, value, prog_bar=prog_bar, logger=logger, on_step=on_step, on_epoch=on_epoch, reduce_fx=reduce_fx,
+            enable_graph=enable_graph, sync_dist=sync_dist, sync_dist_group=sync_dist_group,
+            add_dataloader_idx=add_dataloader_idx, batch_size=batch_size, metric_attribute=metric_attribute,
+            rank_zero_only=rank_zero_only)
 
     def log_dict(self, dictionary: Mapping[str, Any], **kwargs: Any) -> None:
         for name, value in dictionary.items():

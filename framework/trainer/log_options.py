@@ -13,6 +13,10 @@ per-batch hooks the stage decides (training: per step; evaluation: per epoch), w
 
 from __future__ import annotations
 
+from typing import Any
+
+import torch
+
 from framework.errors import ConfigError
 
 _Options = tuple[tuple[bool, ...], tuple[bool, ...], bool, bool]
@@ -67,3 +71,36 @@ def resolve(fx: str, name: str, on_step: bool | None, on_epoch: bool | None) -> 
                 f"as in Lightning (the hook runs once an epoch or a stage); drop {flag}"
             )
     return on_step, on_epoch
+
+
+#: the reductions Lightning takes as functions, by fw's names for them
+_TORCH_REDUCTIONS = {torch.mean: "mean", torch.sum: "sum", torch.max: "max", torch.min: "min"}
+
+
+def in_fw_terms(name: str, options: dict[str, Any]) -> dict[str, Any]:
+    """``self.log``'s Lightning arguments as the collector takes them: ``reduce_fx`` by name
+    (Lightning also takes ``torch.mean``/``sum``/``max``/``min`` and ``"avg"``), ``sync_dist`` off
+    under ``rank_zero_only`` (Lightning's meaning: only rank 0 logs it, so nothing to reduce);
+    ``add_dataloader_idx`` and ``metric_attribute`` change nothing fw does; a value with its graph
+    or a reduction over a group of the caller's choosing it cannot give, and refuses."""
+    options = dict(options)
+    reduce_fx = options["reduce_fx"]
+    if callable(reduce_fx):
+        if reduce_fx not in _TORCH_REDUCTIONS:
+            raise ConfigError(f"self.log('{name}', reduce_fx={getattr(reduce_fx, '__name__', reduce_fx)}): use mean, "
+                              "sum, max or min (or torch.mean, torch.sum, torch.max, torch.min), as in Lightning; "
+                              "for another reduction log a torchmetrics Metric")
+        options["reduce_fx"] = _TORCH_REDUCTIONS[reduce_fx]
+    elif isinstance(reduce_fx, str):
+        options["reduce_fx"] = "mean" if reduce_fx.lower() == "avg" else reduce_fx.lower()
+    if options.pop("enable_graph"):
+        raise ConfigError(f"self.log('{name}', enable_graph=True): fw keeps logged values without their graph; "
+                          "drop enable_graph (log the value itself)")
+    rank_zero_only, group = options.pop("rank_zero_only"), options.pop("sync_dist_group")
+    options["sync_dist"] = bool(options["sync_dist"]) and not rank_zero_only
+    if options["sync_dist"] and group is not None:
+        raise ConfigError(f"self.log('{name}', sync_dist=True, sync_dist_group=...): fw reduces over the "
+                          "data-parallel ranks of the run; leave sync_dist_group unset")
+    options.pop("add_dataloader_idx")
+    options.pop("metric_attribute")
+    return options

@@ -54,6 +54,7 @@ class LoggedMetrics:
 
     def log(self, name: str, value: Any, **options: Any) -> None:
         """``self.log`` of the module: record in the collector of the stage that runs."""
+        options = log_options.in_fw_terms(name, options)
         if self.fx is not None:
             options["on_step"], options["on_epoch"] = log_options.resolve(
                 self.fx, name, options["on_step"], options["on_epoch"])
