@@ -11,12 +11,33 @@ instead when given.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from framework.errors import ConfigError, did_you_mean
 
 if TYPE_CHECKING:
     from framework.trainer import Trainer
+
+
+def check_arguments(monitor: str | None, mode: str, save_top_k: int, save_on_exception: bool,
+                    save_weights_only: bool, train_time_interval: Any) -> None:
+    """Refuse what ModelCheckpoint cannot do: a ``mode`` or ``save_top_k`` out of range, several
+    files without a monitor to rank them, and Lightning's options fw does not have, unless off."""
+    if mode not in ("min", "max"):
+        raise ConfigError(f"ModelCheckpoint(mode={mode!r}) must be 'min' or 'max'{did_you_mean(mode, ['min', 'max'])}")
+    if not isinstance(save_top_k, int) or save_top_k < -1:
+        raise ConfigError(f"ModelCheckpoint(save_top_k={save_top_k!r}) must be an int >= -1 (-1 keeps all)")
+    if monitor is None and save_top_k not in (-1, 0, 1):
+        raise ConfigError(f"ModelCheckpoint(save_top_k={save_top_k}) needs a monitor to rank checkpoints by. "
+                          "HINT: set monitor='val/loss' (or save_top_k to -1, 0 or 1).")
+    instead = {"save_weights_only": (save_weights_only, "fw's checkpoints hold the whole run so that they resume; "
+                                     "read the weights alone with Model.load_from_checkpoint(path)"),
+               "train_time_interval": (train_time_interval is not None, "use every_n_train_steps"),
+               "save_on_exception": (save_on_exception, "a stop signal already saves preempted.ckpt; catch the "
+                                     "exception and call trainer.save_checkpoint(path) for others")}
+    for name, (given, what) in instead.items():
+        if given:
+            raise ConfigError(f"ModelCheckpoint({name}=...) is not supported by fw: {what}")
 
 
 def save_intervals(every_n_epochs: int | None, every_n_train_steps: int | None) -> tuple[int, int]:

@@ -48,15 +48,19 @@ class EarlyStopping(Callback):
         stopping_threshold: Stop as soon as the metric is better than this.
         divergence_threshold: Stop as soon as the metric is worse than this.
         check_finite: Stop when the metric becomes NaN or infinite.
+        log_rank_zero_only: Lightning's choice of which ranks print ``verbose``'s lines; fw
+            prints them on rank 0 either way.
+
+    The arguments are Lightning's, in its order.
 
     Raises:
         ConfigError: On an invalid ``mode`` or ``patience``, and (``strict``) a missing metric.
     """
 
-    def __init__(self, monitor: str, mode: str = "min", patience: int = 3, min_delta: float = 0.0,
-                 check_on_train_epoch_end: bool | None = None, strict: bool = True, verbose: bool = False,
+    def __init__(self, monitor: str, min_delta: float = 0.0, patience: int = 3, verbose: bool = False,
+                 mode: str = "min", strict: bool = True, check_finite: bool = True,
                  stopping_threshold: float | None = None, divergence_threshold: float | None = None,
-                 check_finite: bool = True) -> None:
+                 check_on_train_epoch_end: bool | None = None, log_rank_zero_only: bool = False) -> None:
         if mode not in ("min", "max"):
             raise ConfigError(f"EarlyStopping(mode={mode!r}) must be 'min' or 'max'{did_you_mean(mode, ['min', 'max'])}")
         if not isinstance(patience, int) or patience < 0:

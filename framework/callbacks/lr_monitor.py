@@ -1,8 +1,10 @@
-"""Log the learning rate (and optionally the momentum) of every optimizer.
+"""Log the learning rate (and optionally the momentum and weight decay) of every optimizer.
 
 Names: ``lr-<OptimizerClass>`` or the scheduler config's ``name``; with several parameter
-groups ``/pg1``, ``/pg2``... (or a group's own ``"name"``); a repeated name gets ``-1``, ``-2``.
-Momentum is logged as ``<name>-momentum`` (SGD's ``momentum``, or ``betas[0]`` for Adam-likes).
+groups ``/pg1``, ``/pg2``... (or a group's own ``"name"``, also where it is the only group); a
+repeated name gets ``-1``, ``-2``. Momentum is logged as ``<name>-momentum`` (SGD's ``momentum``,
+or ``betas[0]`` for Adam-likes), weight decay as ``<name>-weight_decay``, each after the group's
+suffix (``lr-SGD/pg2-momentum``), as Lightning names them.
 
 With ``logging_interval=None`` each scheduler is logged at its own interval (every optimizer
 step for ``interval="step"``, every epoch otherwise) and optimizers without a scheduler once per
@@ -37,17 +39,19 @@ class LearningRateMonitor(Callback):
     Args:
         logging_interval: ``None`` (each scheduler at its own interval), ``"step"`` or ``"epoch"``.
         log_momentum: Also log the momentum of each parameter group.
+        log_weight_decay: Also log the weight decay of each parameter group.
 
     Raises:
         ConfigError: On an unknown ``logging_interval``.
     """
 
-    def __init__(self, logging_interval: str | None = None, log_momentum: bool = False) -> None:
+    def __init__(self, logging_interval: str | None = None, log_momentum: bool = False,
+                 log_weight_decay: bool = False) -> None:
         if logging_interval not in (None, *_INTERVALS):
             raise ConfigError(f"LearningRateMonitor(logging_interval={logging_interval!r}) must be None, "
                               f"'step' or 'epoch'{did_you_mean(logging_interval, _INTERVALS)}")
         self.logging_interval = logging_interval
-        self.log_momentum = log_momentum
+        self.log_momentum, self.log_weight_decay = log_momentum, log_weight_decay
         # (name, optimizer, interval) per optimizer; resolved in on_train_start.
         self._tracked: list[tuple[str, torch.optim.Optimizer, str]] = []
         self._last_step_logged = -1
@@ -99,18 +103,29 @@ class LearningRateMonitor(Callback):
         trainer.log_metrics(stats, step=trainer.state.batches_that_stepped)
 
     def extract_stats(self, interval: str | None = None) -> dict[str, float]:
-        """Current learning rates (and momenta) by logged name."""
+        """Current learning rates (and momenta, weight decays) by logged name, Lightning's."""
         stats: dict[str, float] = {}
         for name, optimizer, opt_interval in self._tracked:
             if interval is not None and opt_interval != interval:
                 continue
             groups = optimizer.param_groups
             for i, group in enumerate(groups):
-                key = name if len(groups) == 1 else f"{name}/{group.get('name', f'pg{i + 1}')}"
+                key = name + _suffix(groups, i)
                 stats[key] = float(group["lr"])
                 if self.log_momentum:
                     stats[f"{key}-momentum"] = _momentum(group)
+                if self.log_weight_decay:
+                    stats[f"{key}-weight_decay"] = float(group.get("weight_decay", 0.0))
         return stats
+
+
+def _suffix(groups: list[dict], i: int) -> str:
+    """Lightning's: ``/<group's name>`` (``/pg<i+1>`` unnamed) where there are several groups, or
+    the one group has a name."""
+    named = groups[i].get("name")
+    if len(groups) > 1:
+        return f"/{named or f'pg{i + 1}'}"
+    return f"/{named}" if named else ""
 
 
 def _momentum(group: dict) -> float:

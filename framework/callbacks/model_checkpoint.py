@@ -30,8 +30,8 @@ import framework.callbacks.checkpoint_schedule as schedule
 from framework.callbacks.base import Callback
 from framework.callbacks.checkpoint_resume import not_restored_warning, why_not_continued
 from framework.counting import every
-from framework.errors import ConfigError, did_you_mean
-from framework.rank_zero import rank_zero_warn
+from framework.errors import ConfigError
+from framework.rank_zero import rank_zero_info, rank_zero_warn
 
 if TYPE_CHECKING:
     from framework.module import TrainModule
@@ -58,9 +58,11 @@ class ModelCheckpoint(Callback):
             (``True``) or at the end of each validation run (``False``); ``None`` (default)
             decides per run as Lightning does (``checkpoint_schedule.py``).
         auto_insert_metric_name: ``"{epoch}"`` -> ``"epoch=3"`` rather than ``"3"``.
+        verbose: a line at each save. enable_version_counter: ``False`` replaces a file of the same
+            name (no ``-v1``). save_weights_only, train_time_interval, save_on_exception: refused unless off.
 
     Raises:
-        ConfigError: On an invalid ``mode``, ``save_top_k`` or interval, and when ``monitor``
+        ConfigError: On an invalid ``mode``, ``save_top_k``, interval or option, and when ``monitor``
             is missing from ``trainer.callback_metrics`` once validation has run.
     """
 
@@ -71,19 +73,14 @@ class ModelCheckpoint(Callback):
     STARTING_VERSION = 1
 
     def __init__(self, dirpath: str | os.PathLike | None = None, filename: str | None = None,
-                 monitor: str | None = None, mode: str = "min", save_top_k: int = 1,
-                 save_last: bool | None = None, every_n_epochs: int | None = None,
-                 every_n_train_steps: int | None = None, save_on_train_epoch_end: bool | None = None,
-                 auto_insert_metric_name: bool = True) -> None:
-        if mode not in ("min", "max"):
-            raise ConfigError(f"ModelCheckpoint(mode={mode!r}) must be 'min' or 'max'{did_you_mean(mode, ['min', 'max'])}")
-        if not isinstance(save_top_k, int) or save_top_k < -1:
-            raise ConfigError(f"ModelCheckpoint(save_top_k={save_top_k!r}) must be an int >= -1 (-1 keeps all)")
-        if monitor is None and save_top_k not in (-1, 0, 1):
-            raise ConfigError(f"ModelCheckpoint(save_top_k={save_top_k}) needs a monitor to rank checkpoints by. "
-                              "HINT: set monitor='val/loss' (or save_top_k to -1, 0 or 1).")
+                 monitor: str | None = None, verbose: bool = False, save_last: bool | None = None,
+                 save_top_k: int = 1, save_on_exception: bool = False, save_weights_only: bool = False,
+                 mode: str = "min", auto_insert_metric_name: bool = True, every_n_train_steps: int | None = None,
+                 train_time_interval: Any = None, every_n_epochs: int | None = None,
+                 save_on_train_epoch_end: bool | None = None, enable_version_counter: bool = True) -> None:
+        schedule.check_arguments(monitor, mode, save_top_k, save_on_exception, save_weights_only, train_time_interval)
         self.every_n_epochs, self.every_n_train_steps = schedule.save_intervals(every_n_epochs, every_n_train_steps)
-
+        self.verbose, self.enable_version_counter = verbose, enable_version_counter
         self._dirpath_given = dirpath is not None
         self.dirpath = os.path.realpath(os.path.expanduser(os.fspath(dirpath))) if dirpath is not None else None
         self.filename = filename
@@ -250,7 +247,8 @@ class ModelCheckpoint(Callback):
     def _unused_filepath(self, trainer: Trainer, candidates: dict[str, float], reuse: str | None) -> str:
         """Format the name; if that file exists (and is not ``reuse``), add ``-v1``, ``-v2``..."""
         filepath = files.unused_path(lambda ver: self.format_checkpoint_name(candidates, ver=ver), reuse,
-                                     self.STARTING_VERSION)
+                                     self.STARTING_VERSION) if self.enable_version_counter \
+            else self.format_checkpoint_name(candidates)  # Lightning's: the file of that name is replaced
         # Ranks may see different file systems: everyone uses rank 0's answer.
         return trainer.strategy.broadcast(filepath)
 
@@ -259,6 +257,8 @@ class ModelCheckpoint(Callback):
         if trainer.is_global_zero:
             os.makedirs(os.path.dirname(filepath), exist_ok=True)
         trainer.save_checkpoint(filepath)  # on every rank: it gathers state, rank 0 writes
+        if self.verbose:
+            rank_zero_info(f"Epoch {trainer.current_epoch}, global step {trainer.global_step}: saved {filepath}")
         files.tell_loggers(trainer, self)  # Lightning's logger.after_save_checkpoint (log_model uploads)
 
     def _remove_checkpoint(self, trainer: Trainer, filepath: str, keep: str) -> None:

@@ -1,0 +1,107 @@
+"""ModelCheckpoint, EarlyStopping and LearningRateMonitor take Lightning's arguments, in
+Lightning's order and with its meaning: a callback written for Lightning runs on fw, positional
+arguments included, and what fw cannot do is refused by name."""
+
+from __future__ import annotations
+
+import inspect
+import os
+import warnings
+
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+import framework as fw
+from framework.callbacks import EarlyStopping, LearningRateMonitor, ModelCheckpoint
+from framework.errors import ConfigError
+from lightning.modules import QUIET, make_summing, sum_data
+
+pl = pytest.importorskip("pytorch_lightning")
+
+PAIRS = [(ModelCheckpoint, pl.callbacks.ModelCheckpoint), (EarlyStopping, pl.callbacks.EarlyStopping),
+         (LearningRateMonitor, pl.callbacks.LearningRateMonitor)]
+
+
+@pytest.mark.parametrize("ours, theirs", PAIRS, ids=[p[0].__name__ for p in PAIRS])
+def test_the_arguments_are_lightnings_in_lightnings_order(ours, theirs):
+    def names(cls):
+        return [name for name in inspect.signature(cls.__init__).parameters if name != "self"]
+
+    assert names(ours) == names(theirs)
+
+
+def _fit(which: str, callbacks: list, root, optimizer=None, logger=False, max_epochs=2):
+    lib, base = (fw, fw.TrainModule) if which == "fw" else (pl, pl.LightningModule)
+
+    class Model(make_summing(base, lr=0.05)):
+        def training_step(self, batch, batch_idx):
+            return self.mse(batch)
+
+        def configure_optimizers(self):
+            return optimizer(self) if optimizer is not None else super().configure_optimizers()
+
+    settings = {**QUIET, "max_epochs": max_epochs, "enable_checkpointing": True}
+    trainer = lib.Trainer(default_root_dir=str(root), callbacks=callbacks, logger=logger, log_every_n_steps=1,
+                          **settings)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.fit(Model(), DataLoader(sum_data(24), batch_size=8))
+    return trainer
+
+
+def _groups(module):
+    params = list(module.parameters())
+    return torch.optim.SGD([{"params": params[:1], "weight_decay": 0.1}, {"params": params[1:], "lr": 0.02}],
+                           lr=0.05, momentum=0.9)
+
+
+def _one_named_group(module):
+    return torch.optim.SGD([{"params": list(module.parameters()), "name": "all", "weight_decay": 0.2}],
+                           lr=0.05, momentum=0.9)
+
+
+@pytest.mark.parametrize("optimizer", [_groups, _one_named_group], ids=["two-groups", "one-named-group"])
+def test_learning_rates_momenta_and_weight_decays_are_logged_under_lightnings_names(tmp_path, optimizer):
+    from pytorch_lightning.loggers import CSVLogger as LightningCSV
+
+    from framework.loggers import CSVLogger
+
+    logged = {}
+    for which, monitor, logger in (("fw", LearningRateMonitor, CSVLogger), ("pl", pl.callbacks.LearningRateMonitor,
+                                                                              LightningCSV)):
+        trainer = _fit(which, [monitor(log_momentum=True, log_weight_decay=True)], tmp_path / which, optimizer,
+                       logger=logger(str(tmp_path / which)))
+        logged[which] = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("lr-")}
+    assert logged["fw"] == logged["pl"] and any(k.endswith("-weight_decay") for k in logged["fw"])
+
+
+def test_positional_arguments_mean_what_they_mean_in_lightning():
+    stop = EarlyStopping("loss", 0.5, 7)  # monitor, min_delta, patience
+    assert (stop.min_delta, stop.patience) == (0.5, 7)
+    checkpoint = ModelCheckpoint(None, "{epoch}", "loss", True, True, 2)  # ..., verbose, save_last, save_top_k
+    assert (checkpoint.verbose, checkpoint.save_last, checkpoint.save_top_k) == (True, True, 2)
+
+
+@pytest.mark.parametrize("counter", [True, False])
+def test_enable_version_counter_as_in_lightning(tmp_path, counter):
+    """Two fits into one folder with one file name: ``-v1`` beside it, or the file replaced."""
+    files = {}
+    for which, cls in (("fw", ModelCheckpoint), ("pl", pl.callbacks.ModelCheckpoint)):
+        folder = tmp_path / which / "checkpoints"
+        for _ in range(2):
+            _fit(which, [cls(dirpath=str(folder), filename="fixed", enable_version_counter=counter)], tmp_path / which)
+        files[which] = sorted(f for f in os.listdir(folder) if f.endswith(".ckpt"))  # fw keeps an index beside
+    assert files["fw"] == files["pl"] == (["fixed-v1.ckpt", "fixed.ckpt"] if counter else ["fixed.ckpt"])
+
+
+def test_verbose_says_where_each_checkpoint_went(tmp_path, capsys):
+    _fit("fw", [ModelCheckpoint(verbose=True)], tmp_path, max_epochs=1)
+    assert "saved " in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argument", [dict(save_weights_only=True), dict(train_time_interval=60),
+                                      dict(save_on_exception=True)], ids=lambda a: next(iter(a)))
+def test_what_fw_does_not_have_is_refused_by_name(argument):
+    with pytest.raises(ConfigError, match=next(iter(argument))):
+        ModelCheckpoint(**argument)
