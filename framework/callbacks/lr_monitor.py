@@ -6,10 +6,12 @@ repeated name gets ``-1``, ``-2``. Momentum is logged as ``<name>-momentum`` (SG
 or ``betas[0]`` for Adam-likes), weight decay as ``<name>-weight_decay``, each after the group's
 suffix (``lr-SGD/pg2-momentum``), as Lightning names them.
 
-With ``logging_interval=None`` each scheduler is logged at its own interval (every optimizer
-step for ``interval="step"``, every epoch otherwise) and optimizers without a scheduler once per
-epoch; ``"step"`` or ``"epoch"`` logs all of them at that interval. Step logs honour
-``trainer.log_every_n_steps`` when the Trainer has it.
+With ``logging_interval=None`` each scheduler is logged at its own interval (at step rows for
+``interval="step"``, at epoch starts otherwise) and optimizers without a scheduler at both;
+``"step"`` or ``"epoch"`` logs all of them at that interval. Step rows are Lightning's: at the
+start of a batch whose step is a logging one (``(step + 1) % trainer.log_every_n_steps == 0``, or
+the fit stops), once per step under gradient accumulation (Lightning writes the same row again
+for each accumulated batch).
 
 Values go to ``trainer.log_metrics`` (which writes on rank 0 only) and into
 ``trainer.callback_metrics`` on every rank. No collective is involved.
@@ -69,9 +71,9 @@ class LearningRateMonitor(Callback):
             name = config.name or f"lr-{type(optimizer).__name__}"
             self._tracked.append((self._unique(name, used), optimizer, config.interval))
         for optimizer in trainer.optimizers:
-            if id(optimizer) not in scheduled:
+            if id(optimizer) not in scheduled:  # logged at every step row and every epoch start
                 name = f"lr-{type(optimizer).__name__}"
-                self._tracked.append((self._unique(name, used), optimizer, "epoch"))
+                self._tracked.append((self._unique(name, used), optimizer, "any"))
 
     @staticmethod
     def _unique(name: str, used: dict[str, int]) -> str:
@@ -83,8 +85,10 @@ class LearningRateMonitor(Callback):
         if self.logging_interval == "epoch":
             return
         step = trainer.state.batches_that_stepped  # Lightning's step for logged rows (manual: one per batch)
-        # Several batches share a step under gradient accumulation: log once.
-        if step == self._last_step_logged or not every(max(1, getattr(trainer, "log_every_n_steps", 1)), step):
+        # Lightning's rule: where the step about to be taken is a logging one (or the fit stops);
+        # several batches share a step under gradient accumulation: logged once.
+        n = getattr(trainer, "log_every_n_steps", 1)
+        if step == self._last_step_logged or not n or not (every(n, step + 1) or trainer.should_stop):
             return
         self._last_step_logged = step
         self._log(trainer, interval=None if self.logging_interval == "step" else "step")
@@ -106,7 +110,7 @@ class LearningRateMonitor(Callback):
         """Current learning rates (and momenta, weight decays) by logged name, Lightning's."""
         stats: dict[str, float] = {}
         for name, optimizer, opt_interval in self._tracked:
-            if interval is not None and opt_interval != interval:
+            if interval is not None and opt_interval not in (interval, "any"):
                 continue
             groups = optimizer.param_groups
             for i, group in enumerate(groups):

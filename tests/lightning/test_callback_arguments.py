@@ -31,7 +31,7 @@ def test_the_arguments_are_lightnings_in_lightnings_order(ours, theirs):
     assert names(ours) == names(theirs)
 
 
-def _fit(which: str, callbacks: list, root, optimizer=None, logger=False, max_epochs=2):
+def _fit(which: str, callbacks: list, root, optimizer=None, logger=False, max_epochs=2, log_every_n_steps=1):
     lib, base = (fw, fw.TrainModule) if which == "fw" else (pl, pl.LightningModule)
 
     class Model(make_summing(base, lr=0.05)):
@@ -42,8 +42,8 @@ def _fit(which: str, callbacks: list, root, optimizer=None, logger=False, max_ep
             return optimizer(self) if optimizer is not None else super().configure_optimizers()
 
     settings = {**QUIET, "max_epochs": max_epochs, "enable_checkpointing": True}
-    trainer = lib.Trainer(default_root_dir=str(root), callbacks=callbacks, logger=logger, log_every_n_steps=1,
-                          **settings)
+    trainer = lib.Trainer(default_root_dir=str(root), callbacks=callbacks, logger=logger,
+                          log_every_n_steps=log_every_n_steps, **settings)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         trainer.fit(Model(), DataLoader(sum_data(24), batch_size=8))
@@ -105,3 +105,34 @@ def test_verbose_says_where_each_checkpoint_went(tmp_path, capsys):
 def test_what_fw_does_not_have_is_refused_by_name(argument):
     with pytest.raises(ConfigError, match=next(iter(argument))):
         ModelCheckpoint(**argument)
+
+
+def _lr_rows(which: str, root, scheduled: bool, every: int) -> list[tuple[int, float]]:
+    import csv
+
+    from pytorch_lightning.loggers import CSVLogger as LightningCSV
+
+    from framework.loggers import CSVLogger
+
+    def optimizer(module):
+        opt = torch.optim.SGD(module.parameters(), lr=0.1)
+        if not scheduled:
+            return opt
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": torch.optim.lr_scheduler.StepLR(opt, 1, 0.5),
+                                                   "interval": "step"}}
+
+    monitor, logger = (LearningRateMonitor, CSVLogger) if which == "fw" else \
+        (pl.callbacks.LearningRateMonitor, LightningCSV)
+    trainer = _fit(which, [monitor()], root, optimizer, logger=logger(str(root)), log_every_n_steps=every)
+    trainer.logger.finalize("success")
+    with open(os.path.join(trainer.logger.log_dir, "metrics.csv")) as f:
+        return [(int(row["step"]), float(row["lr-SGD"])) for row in csv.DictReader(f) if row.get("lr-SGD")]
+
+
+@pytest.mark.parametrize("scheduled, every", [(True, 2), (False, 1), (False, 2)],
+                         ids=["step-scheduler-every-2", "no-scheduler-every-step", "no-scheduler-every-2"])
+def test_learning_rates_are_logged_at_lightnings_steps(tmp_path, scheduled, every):
+    """At the batches whose step is a logging one (Lightning's ``(step + 1) % n``), and, for an
+    optimizer without a scheduler, also at each epoch's start."""
+    ours, theirs = _lr_rows("fw", tmp_path / "fw", scheduled, every), _lr_rows("pl", tmp_path / "pl", scheduled, every)
+    assert ours == theirs and len(ours) > 2
