@@ -32,7 +32,9 @@ def run_eval_stage(run: Run) -> list[dict]:
         raise ConfigError(f"{fn} needs data: pass dataloaders= or a datamodule with {_LOADER_NAMES[fn]}()")
     values = run_evaluation(run, fn)
     aliases = {k for k in values if f"{k}_epoch" in values}  # Lightning returns ``x_epoch`` only
-    return [{k: float(v) for k, v in values.items() if v.numel() == 1 and k not in aliases}]
+    logged = run.metrics.epoch_flags  # and only what went to the loggers (not ``logger=False``)
+    return [{k: float(v) for k, v in values.items()
+             if v.numel() == 1 and k not in aliases and logged.get(k, (False, True))[1]}]
 
 
 def run_evaluation(run: Run, stage: str, limit: int | None = None, log: bool = True, zero_grad: bool = False,
