@@ -79,6 +79,8 @@ def run_train_epoch(run: Run, loader, stops: StopCheck) -> None:
             trained += 1
         if manual or steps_now:  # manual: every batch counts as one that stepped, as in Lightning
             _count_the_step(run, batch_idx, manual, schedulers)
+        else:  # only accumulated: a validation after it logs at the count so far (logger_step)
+            state.uncounted_batch = (state.epoch, batch_idx)
         if last and schedulers:
             step_schedulers(run, "epoch", plateau=False)
         position.batches = batch_idx + 1

@@ -64,6 +64,8 @@ class RunState:
         stop_reason: why the last fit stopped, one of ``STOP_REASONS``.
         is_last_batch: the training batch being run is its epoch's last.
         ckpt_path: the checkpoint the current (or last) run started from, else None.
+        uncounted_batch: ``(epoch, batch_idx)`` of the last training batch that only accumulated
+            (not counted in ``batches_that_stepped``: ``logger_step`` tells it apart).
     """
 
     fn: str | None = None
@@ -87,6 +89,7 @@ class RunState:
     stop_reason: str | None = None
     is_last_batch: bool = False
     ckpt_path: str | None = None
+    uncounted_batch: tuple[int, int] | None = None
 
     def advance_epoch(self) -> None:
         """Count the epoch (finished or cut); a finished one moves the position on."""
@@ -104,5 +107,9 @@ class RunState:
     def logger_step(self) -> int:
         """The step a logged row carries, Lightning's: during a fit, the batches that stepped
         before the current one (its rows, validation and epoch end all come before Lightning
-        counts the batch); in a stand-alone validate/test, all of them."""
-        return max(self.batches_that_stepped - 1, 0) if self.fn == "fit" else self.batches_that_stepped
+        counts the batch, and a batch that only accumulates is never counted); in a stand-alone
+        validate/test, all of them."""
+        if self.fn != "fit":
+            return self.batches_that_stepped
+        counted = self.uncounted_batch != (self.epoch, self.batch_idx)
+        return max(self.batches_that_stepped - counted, 0)

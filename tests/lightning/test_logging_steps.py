@@ -64,3 +64,38 @@ def test_self_log_throughput_and_step_time_land_on_the_same_steps_as_lightnings(
     lightning.fit(_module(pl.LightningModule), _loader())
     assert _steps(pl_logger.rows, "loss") == logged
     assert _steps(pl_logger.rows, "train/") == logged  # Lightning's throughput keys
+
+
+@pytest.mark.timeout(60)
+def test_a_validation_after_a_batch_that_only_accumulates_logs_at_lightnings_step():
+    """Validation every 3 batches, a step every 2: the validations after batches 3 and 9 follow
+    batches that only accumulated, whose steps Lightning never counts."""
+    from toy import RecordingLogger
+
+    class Validated(make_summing(fw.TrainModule, lr=0.01)):
+        def training_step(self, batch, batch_idx):
+            return self.mse(batch)
+
+        def validation_step(self, batch, batch_idx):
+            self.log("val", self.mse(batch))
+
+    settings = {**SETTINGS, "val_check_interval": 3, "max_epochs": 1}
+    ours = RecordingLogger()
+    fw.Trainer(logger=ours, **settings).fit(Validated(), _loader(), _loader())
+
+    class LightningValidated(make_summing(pl.LightningModule, lr=0.01)):
+        training_step, validation_step = Validated.training_step, Validated.validation_step
+
+    class LightningRecorder(pl.loggers.Logger):
+        name, version = "rec", 0
+        rows: list = []
+
+        def log_metrics(self, metrics, step=None):
+            self.rows.append((step, dict(metrics)))
+
+        def log_hyperparams(self, *args, **kwargs):
+            pass
+
+    theirs = LightningRecorder()
+    pl.Trainer(logger=theirs, **settings).fit(LightningValidated(), _loader(), _loader())
+    assert _steps(ours.rows, "val") == _steps(theirs.rows, "val") == [1, 2, 4, 5, 7, 8]
