@@ -60,7 +60,8 @@ def run_train_epoch(run: Run, loader, stops: StopCheck) -> None:
     accumulate, val_every = run.settings.accumulate_grad_batches, _val_check_batches(run, limit)
     schedulers, metrics = bool(run.lr_scheduler_configs), run.metrics
 
-    trained, rest_skipped = 0, False  # batches whose training_step returned a loss; on_train_batch_start gave -1
+    # batches whose training_step returned a loss; on_train_batch_start gave -1; the last batch validated after
+    trained, rest_skipped, validated_after = 0, False, -1
     for batch_idx, batch in enumerate(iterator, start):
         if batch_idx >= limit:
             break
@@ -77,10 +78,7 @@ def run_train_epoch(run: Run, loader, stops: StopCheck) -> None:
         outputs = train_batch(batch, batch_idx, steps_now)
         if outputs is not None or manual:
             trained += 1
-        if manual or steps_now:  # manual: every batch counts as one that stepped, as in Lightning
-            _count_the_step(run, batch_idx, manual, schedulers)
-        else:  # only accumulated: a validation after it logs at the count so far (logger_step)
-            state.uncounted_batch = (state.epoch, batch_idx)
+        _count_the_step(run, batch_idx, manual or steps_now, manual, schedulers)  # manual: every batch counts
         if last and schedulers:
             step_schedulers(run, "epoch", plateau=False)
         position.batches = batch_idx + 1
@@ -90,6 +88,7 @@ def run_train_epoch(run: Run, loader, stops: StopCheck) -> None:
             _log_step_metrics(run, collector)
         if val_every and batch_idx + 1 < limit and _val_due(run, batch_idx, limit, val_every):
             run_evaluation(run, "validate", zero_grad=steps_now)
+            validated_after = batch_idx
         if schedulers and steps_now:
             step_schedulers(run, "step", plateau=True, batch_idx=batch_idx)
         if _stops_here(run, stops, batch_idx):
@@ -100,7 +99,7 @@ def run_train_epoch(run: Run, loader, stops: StopCheck) -> None:
     at_end = position.batches >= limit if lookahead is None else lookahead.last or not position.batches
     if not at_end and position.batches and not rest_skipped:  # a stop cut the epoch short: a resume continues it
         position.cut_short(collector.state_dict(run.module))
-    _end_train_epoch(run, collector, validate=not rest_skipped)
+    _end_train_epoch(run, collector, validate=not rest_skipped and validated_after != position.batches - 1)
 
 
 def _stops_here(run: Run, stops: StopCheck, batch_idx: int) -> bool:
@@ -152,10 +151,15 @@ def _refuse_an_epoch_that_trained_nothing(state: RunState, start: int) -> None:
         )
 
 
-def _count_the_step(run: Run, batch_idx: int, manual: bool, schedulers: bool) -> None:
-    """A batch that stepped: the step count, step-interval schedulers, and whether a row of step
-    values is due (every ``log_every_n_steps``: ``log_due``)."""
+def _count_the_step(run: Run, batch_idx: int, stepped: bool, manual: bool, schedulers: bool) -> None:
+    """A batch that stepped (in manual optimization every batch, as in Lightning): the step
+    count, step-interval schedulers, and whether a row of step values is due (every
+    ``log_every_n_steps``: ``log_due``). A batch that only accumulated is remembered: a
+    validation after it logs at the count so far (``RunState.logger_step``)."""
     state = run.state
+    if not stepped:
+        state.uncounted_batch = (state.epoch, batch_idx)
+        return
     if state.forward_only:  # no optimizer step ran
         return
     if not manual:
@@ -192,7 +196,7 @@ def _end_train_epoch(run: Run, collector: MetricCollector, validate: bool) -> No
     if position.validated_values is not None:  # resumed from a checkpoint written at the end of this validation
         run.metrics.restore(position.validated_values)
         position.validated, position.validated_values = True, None
-    elif (validate and run.loaders.get("validate") and _val_due_at_epoch_end(run)
+    elif (validate and run.loaders.get("validate") and (_val_due_at_epoch_end(run) or _stops_early(run))
             and not _stopped_early_by_steps(run) and state.stop_reason != "preempted"):  # no time for it
         run_evaluation(run, "validate", zero_grad=True, epoch_end=True)
     state.epoch_phase = 3
@@ -207,6 +211,14 @@ def _end_train_epoch(run: Run, collector: MetricCollector, validate: bool) -> No
         state.position.finished = True  # its epoch-end hooks still see ``epoch``
     hooks.train_epoch_end(monitoring=True)
     state.advance_epoch()
+
+
+def _stops_early(run: Run) -> bool:
+    """Lightning validates after the batch at which a stop was asked for (``trainer.should_stop``,
+    once it may stop), in an epoch that validates, unless a validation just ran there."""
+    state, settings = run.state, run.settings
+    return state.should_stop and settings.may_stop(state) and (
+        settings.check_val_every_n_epoch is None or every(settings.check_val_every_n_epoch, state.epoch + 1))
 
 
 def _stopped_early_by_steps(run: Run) -> bool:

@@ -44,14 +44,16 @@ def default_callbacks(callbacks: list, enable_checkpointing: bool, enable_progre
     from framework.callbacks import ModelCheckpoint, RichProgressBar
 
     callbacks = list(callbacks)
+    for off, kind, name in ((not enable_checkpointing, ModelCheckpoint, "enable_checkpointing"),
+                            (not enable_progress_bar, RichProgressBar, "enable_progress_bar")):
+        given = next((c for c in callbacks if isinstance(c, kind)), None)
+        if off and given is not None:  # Lightning refuses it too: the callback would be dropped unseen
+            raise ConfigError(f"trainer.{name}=false, but the callbacks hold a {type(given).__name__}: remove it, "
+                              f"or set trainer.{name}=true to use it")
     if enable_checkpointing and not any(isinstance(c, ModelCheckpoint) for c in callbacks):
         callbacks.append(ModelCheckpoint())
-    if not enable_checkpointing:
-        callbacks = [c for c in callbacks if not isinstance(c, ModelCheckpoint)]
     if enable_progress_bar and not any(isinstance(c, RichProgressBar) for c in callbacks):
         callbacks.append(RichProgressBar())
-    if not enable_progress_bar:
-        callbacks = [c for c in callbacks if not isinstance(c, RichProgressBar)]
     # checkpointing runs last so it sees what early stopping and others decided
     return sorted(callbacks, key=lambda c: isinstance(c, ModelCheckpoint))
 

@@ -136,3 +136,16 @@ def test_learning_rates_are_logged_at_lightnings_steps(tmp_path, scheduled, ever
     optimizer without a scheduler, also at each epoch's start."""
     ours, theirs = _lr_rows("fw", tmp_path / "fw", scheduled, every), _lr_rows("pl", tmp_path / "pl", scheduled, every)
     assert ours == theirs and len(ours) > 2
+
+
+@pytest.mark.parametrize("flag, callback", [("enable_checkpointing", "ModelCheckpoint"),
+                                            ("enable_progress_bar", "RichProgressBar")])
+def test_a_callback_its_flag_turns_off_is_refused_as_lightning_refuses_it(flag, callback):
+    """Turned off by its flag and given in the callbacks: Lightning refuses it; fw used to drop
+    the callback without a word (a ModelCheckpoint that never saved)."""
+    from lightning_fabric.utilities.exceptions import MisconfigurationException
+
+    with pytest.raises(MisconfigurationException, match=flag):
+        pl.Trainer(**{flag: False}, callbacks=[getattr(pl.callbacks, callback)()])
+    with pytest.raises(ConfigError, match=f"{flag}=false.*{callback}"):
+        fw.Trainer(**{flag: False}, callbacks=[getattr(fw.callbacks, callback)()])

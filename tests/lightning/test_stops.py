@@ -35,3 +35,42 @@ def test_stops_wait_for_min_epochs_and_min_steps_as_lightnings_do(args):
     ours = _stops_at(fw.Trainer, fw.TrainModule, fw.Callback, **dict(args))
     assert ours == theirs
     assert ours[0] < 1000  # it stopped (16 batches an epoch)
+
+
+def _validations_around_a_stop(trainer_cls, base, root, where: str) -> tuple[list, int, list]:
+    """Validation every 3 batches; a stop asked for in training_step at step 4, or in the first
+    validation's on_validation_epoch_end (as EarlyStopping asks): which validations run, and what
+    ModelCheckpoint saved after them."""
+    import os
+
+    class Stopping(make_boring(base)):
+        validations: list = []
+
+        def training_step(self, batch):
+            if where == "step" and self.global_step == 4:
+                self.trainer.should_stop = True
+            return super().training_step(batch)
+
+        def on_validation_epoch_end(self):
+            if not self.trainer.sanity_checking:
+                self.validations.append(self.global_step)
+                self.trainer.should_stop = self.trainer.should_stop or where == "validation"
+
+    callbacks = (fw.callbacks.ModelCheckpoint if trainer_cls is fw.Trainer else pl.callbacks.ModelCheckpoint)(
+        dirpath=str(root), filename="{step}", save_top_k=-1, monitor="valid_loss")
+    model = Stopping()
+    model.validations = []
+    trainer = trainer_cls(**{**QUIET, "max_epochs": 3, "enable_checkpointing": True}, val_check_interval=3, callbacks=[callbacks],
+                          default_root_dir=str(root))
+    trainer.fit(model)
+    return model.validations, trainer.global_step, sorted(f for f in os.listdir(root) if f.endswith(".ckpt"))
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("where", ["step", "validation"])
+def test_a_stop_between_validations_validates_where_lightning_does(tmp_path, where):
+    """Lightning validates once more after the batch at which a stop was asked for, and never
+    twice after one batch: a stop asked for by a validation ends the epoch without another."""
+    ours = _validations_around_a_stop(fw.Trainer, fw.TrainModule, tmp_path / "fw", where)
+    theirs = _validations_around_a_stop(pl.Trainer, pl.LightningModule, tmp_path / "pl", where)
+    assert ours == theirs and ours[0] == ([3, 5] if where == "step" else [3])

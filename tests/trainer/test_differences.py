@@ -87,9 +87,10 @@ def test_last_checkpoint_difference_is_said_with_a_monitor_and_save_last(tmp_pat
     assert len(said()) == 1 and "last.ckpt is written at every save point" in said()[0]
 
 
-def test_nothing_is_said_when_the_run_does_not_rely_on_a_difference(said):
+def test_nothing_is_said_when_the_run_does_not_rely_on_a_difference(said, tmp_path):
     data = loader(regression_data(16))
-    fw.Trainer(max_epochs=1, callbacks=[ModelCheckpoint()], **QUIET).fit(LinearModel(), data, data)
+    fw.Trainer(max_epochs=1, callbacks=[ModelCheckpoint()], **{**QUIET, "enable_checkpointing": True},
+               default_root_dir=str(tmp_path)).fit(LinearModel(), data, data)
     assert said() == []
 
 
