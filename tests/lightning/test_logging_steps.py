@@ -27,6 +27,22 @@ def _module(base: type) -> nn.Module:
     return Net()
 
 
+class LightningRecorder(pl.loggers.Logger):
+    """Lightning's rows as they reach a logger: ``(step, metrics)``."""
+
+    name, version = "rec", 0
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rows: list = []
+
+    def log_metrics(self, metrics, step=None):
+        self.rows.append((step, dict(metrics)))
+
+    def log_hyperparams(self, *args, **kwargs):
+        pass
+
+
 def _loader() -> DataLoader:
     return DataLoader(sum_data(36), batch_size=2)  # 18 batches, 9 steps an epoch
 
@@ -47,16 +63,6 @@ def test_self_log_throughput_and_step_time_land_on_the_same_steps_as_lightnings(
     assert logged == [3, 7, 11, 15]  # Lightning's _batches_that_stepped before the 4th, 8th, ... step
     assert _steps(fw_logger.rows, "throughput/") == logged
     assert _steps(fw_logger.rows, "step_time/") == logged
-
-    class LightningRecorder(pl.loggers.Logger):
-        name, version = "rec", 0
-        rows: list = []
-
-        def log_metrics(self, metrics, step=None):
-            self.rows.append((step, dict(metrics)))
-
-        def log_hyperparams(self, *args, **kwargs):
-            pass
 
     pl_logger = LightningRecorder()
     lightning = pl.Trainer(logger=pl_logger, callbacks=[pl.callbacks.ThroughputMonitor(batch_size_fn=len,
@@ -85,16 +91,6 @@ def test_a_validation_after_a_batch_that_only_accumulates_logs_at_lightnings_ste
 
     class LightningValidated(make_summing(pl.LightningModule, lr=0.01)):
         training_step, validation_step = Validated.training_step, Validated.validation_step
-
-    class LightningRecorder(pl.loggers.Logger):
-        name, version = "rec", 0
-        rows: list = []
-
-        def log_metrics(self, metrics, step=None):
-            self.rows.append((step, dict(metrics)))
-
-        def log_hyperparams(self, *args, **kwargs):
-            pass
 
     theirs = LightningRecorder()
     pl.Trainer(logger=theirs, **settings).fit(LightningValidated(), _loader(), _loader())
