@@ -215,7 +215,8 @@ def _end_train_epoch(run: Run, collector: MetricCollector, validate: bool) -> No
 
 def _stops_early(run: Run) -> bool:
     """Lightning validates after the batch at which a stop was asked for (``trainer.should_stop``,
-    once it may stop), in an epoch that validates, unless a validation just ran there."""
+    once it may stop), in an epoch that validates (the caller skips it where a validation has
+    just run after that batch)."""
     state, settings = run.state, run.settings
     return state.should_stop and settings.may_stop(state) and (
         settings.check_val_every_n_epoch is None or every(settings.check_val_every_n_epoch, state.epoch + 1))

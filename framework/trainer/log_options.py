@@ -82,8 +82,8 @@ def in_fw_terms(name: str, options: dict[str, Any]) -> dict[str, Any]:
     (Lightning also takes ``torch.mean``/``sum``/``max``/``min`` and ``"avg"``), ``sync_dist`` off
     under ``rank_zero_only`` (Lightning's meaning: only rank 0 logs it, so nothing to reduce);
     ``add_dataloader_idx`` and ``metric_attribute`` change nothing fw does; a value with its graph
-    or a reduction over a group of the caller's choosing it cannot give, and refuses."""
-    options = dict(options)
+    or a reduction over a group of the caller's choosing it cannot give, and refuses. ``options``
+    is changed in place (the ``**options`` of ``LoggedMetrics.log``, made for this call)."""
     reduce_fx = options["reduce_fx"]
     if callable(reduce_fx):
         if reduce_fx not in _TORCH_REDUCTIONS:

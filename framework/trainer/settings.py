@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from framework.activation_checkpointing import policy_names
 from framework.compile import compile_options
+from framework.loops.batches import LIMIT_ARGUMENTS
 from framework.trainer import arguments as args
 
 if TYPE_CHECKING:
@@ -101,9 +102,9 @@ class Settings:
         """Check every argument (a ConfigError names the first wrong one); apply the switches."""
         if max_epochs is None and max_steps == -1 and max_time is None:
             max_epochs = 1000
-        limits = {stage: args.limit_arg(name, value) for stage, name, value in (
-            ("train", "limit_train_batches", limit_train_batches), ("validate", "limit_val_batches", limit_val_batches),
-            ("test", "limit_test_batches", limit_test_batches), ("predict", "limit_predict_batches", limit_predict_batches))}
+        limits = {stage: args.limit_arg(LIMIT_ARGUMENTS[stage], value) for stage, value in (
+            ("train", limit_train_batches), ("validate", limit_val_batches), ("test", limit_test_batches),
+            ("predict", limit_predict_batches))}
         switched: dict[str, Any] = dict(
             max_epochs=max_epochs if max_epochs is not None else -1,
             max_steps=int(max_steps),
