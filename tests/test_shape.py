@@ -5,12 +5,14 @@ outside ``framework/trainer/`` assigning an attribute of the Trainer."""
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "framework"
 MAX_FILE_LINES, MAX_FUNCTION_LINES = 300, 60
 
 
+@functools.cache  # one parse of the package for the four tests
 def _files() -> list[tuple[str, ast.Module, int]]:
     found = []
     for path in sorted(PACKAGE.rglob("*.py")):
