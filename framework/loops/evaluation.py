@@ -26,15 +26,26 @@ _LOADER_NAMES = {"validate": "val_dataloader", "test": "test_dataloader"}
 
 
 def run_eval_stage(run: Run) -> list[dict]:
-    """``trainer.validate()`` / ``trainer.test()``: one pass, its scalar results."""
+    """``trainer.validate()`` / ``trainer.test()``: one pass, its scalar results: one dict per
+    loader, each with that loader's values and those logged outside its batches (the epoch
+    hooks'), as Lightning returns them."""
     fn = run.fn
-    if not run.loaders.get(fn):
+    loaders = run.loaders.get(fn)
+    if not loaders:
         raise ConfigError(f"{fn} needs data: pass dataloaders= or a datamodule with {_LOADER_NAMES[fn]}()")
     values = run_evaluation(run, fn)
-    aliases = {k for k in values if f"{k}_epoch" in values}  # Lightning returns ``x_epoch`` only
+    aliases = {k for k in values if f"{k}_epoch" in values or _forked(k, values)}  # Lightning returns x_epoch only
     logged = run.metrics.epoch_flags  # and only what went to the loggers (not ``logger=False``)
-    return [{k: float(v) for k, v in values.items()
-             if v.numel() == 1 and k not in aliases and logged.get(k, (False, True))[1]}]
+    results = {k: float(v) for k, v in values.items()
+               if v.numel() == 1 and k not in aliases and logged.get(k, (False, True))[1]}
+    loader_of = run.metrics.epoch_loaders
+    return [{k: v for k, v in results.items() if loader_of.get(k) in (None, i)} for i in range(len(loaders))]
+
+
+def _forked(key: str, values: dict) -> bool:
+    """Is ``key`` a loader's ``x/dataloader_idx_N`` whose ``x_epoch/dataloader_idx_N`` is there too?"""
+    name, cut, idx = key.rpartition("/dataloader_idx_")
+    return bool(cut) and f"{name}_epoch{cut}{idx}" in values
 
 
 def run_evaluation(run: Run, stage: str, limit: int | None = None, log: bool = True, zero_grad: bool = False,
@@ -63,6 +74,7 @@ def run_evaluation(run: Run, stage: str, limit: int | None = None, log: bool = T
             call = batch_call(run, step_fn, arity, hooks.per_batch(f"on_{prefix}_batch_start"),
                               hooks.per_batch(f"on_{prefix}_batch_end"), len(loaders))
             for dl_idx, loader in enumerate(loaders):
+                run.metrics.dataloader_idx = dl_idx if len(loaders) > 1 else None  # x/dataloader_idx_N
                 n = num_batches(loader, run.settings.limits[stage])
                 if limit is not None:  # the sanity check: at most ``limit`` of them
                     n = min(n, limit)
@@ -76,11 +88,12 @@ def run_evaluation(run: Run, stage: str, limit: int | None = None, log: bool = T
                     call(batch, batch_idx, dl_idx)
                     if log and not sanity_check:
                         _log_eval_step(run, collector, stage, dl_idx)
+            run.metrics.dataloader_idx = None  # the epoch hooks log for every loader
             values = _end_evaluation_epoch(run, collector, prefix, log and not sanity_check)
             state.position.validated = epoch_end
             hooks(f"on_{prefix}_end")
     finally:
-        state.stage = outer_stage
+        state.stage, run.metrics.dataloader_idx = outer_stage, None
         if hooks.module_overrides(f"on_{prefix}_model_train"):
             hooks.module_hook(f"on_{prefix}_model_train")
         else:
@@ -94,9 +107,11 @@ def _log_eval_step(run: Run, collector: MetricCollector, stage: str, dl_idx: int
     key = (stage, dl_idx)
     step = run.eval_steps.get(key, 0)
     run.eval_steps[key] = step + 1
-    values = collector.step_values_for("logger")
+    loader = run.metrics.dataloader_idx
+    run.metrics.eval_step_bar.update(collector.step_values_for("prog_bar", loader))
+    values = collector.step_values_for("logger", loader)  # this loader's alone
+    run.metrics.eval_step_logged.update(values)
     if values and run.loggers:
-        run.metrics.eval_step_logged.update(values)
         run.trainer.log_metrics({k: float(v) for k, v in values.items()}, step)
 
 

@@ -81,9 +81,11 @@ def in_fw_terms(name: str, options: dict[str, Any]) -> dict[str, Any]:
     """``self.log``'s Lightning arguments as the collector takes them: ``reduce_fx`` by name
     (Lightning also takes ``torch.mean``/``sum``/``max``/``min`` and ``"avg"``), ``sync_dist`` off
     under ``rank_zero_only`` (Lightning's meaning: only rank 0 logs it, so nothing to reduce);
-    ``add_dataloader_idx`` and ``metric_attribute`` change nothing fw does; a value with its graph
-    or a reduction over a group of the caller's choosing it cannot give, and refuses. ``options``
-    is changed in place (the ``**options`` of ``LoggedMetrics.log``, made for this call)."""
+    ``metric_attribute`` changes nothing fw does; a name with ``/dataloader_idx_`` in it is refused
+    under ``add_dataloader_idx=True`` (which adds that itself, as in Lightning); a value with its
+    graph or a reduction over a group of the caller's choosing it cannot give, and refuses.
+    ``options`` is changed in place (the ``**options`` of ``LoggedMetrics.log``, made for this
+    call); ``add_dataloader_idx`` stays in it, for the caller."""
     reduce_fx = options["reduce_fx"]
     if callable(reduce_fx):
         if reduce_fx not in _TORCH_REDUCTIONS:
@@ -101,6 +103,8 @@ def in_fw_terms(name: str, options: dict[str, Any]) -> dict[str, Any]:
     if options["sync_dist"] and group is not None:
         raise ConfigError(f"self.log('{name}', sync_dist=True, sync_dist_group=...): fw reduces over the "
                           "data-parallel ranks of the run; leave sync_dist_group unset")
-    options.pop("add_dataloader_idx")
+    if options["add_dataloader_idx"] and "/dataloader_idx_" in name:
+        raise ConfigError(f"self.log('{name}'): with several loaders fw adds '/dataloader_idx_N' to the name itself, "
+                          "as Lightning does; log it without that part, or pass add_dataloader_idx=False")
     options.pop("metric_attribute")
     return options

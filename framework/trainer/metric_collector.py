@@ -7,7 +7,7 @@ aggregates (``state_dict``)."""
 from __future__ import annotations
 
 import dataclasses
-import sys
+import re
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -16,6 +16,7 @@ from torch import nn
 
 from framework.errors import ConfigError
 from framework.rank_zero import rank_zero_warn
+from framework.trainer.logged_value import as_scalar, at_least_float32, is_metric
 from framework.waits import waiting_in
 
 if TYPE_CHECKING:
@@ -45,14 +46,22 @@ class _Entry:
     last: torch.Tensor | None = None
     version: int = 0  # values logged so far this epoch
     computed: int = -1  # the version the epoch value was last computed at
+    #: with several evaluation loaders: the loader that logged it, and ``/dataloader_idx_N``
+    #: after its name (unless logged with ``add_dataloader_idx=False``), as in Lightning
+    dataloader_idx: int | None = None
+    suffix: str = ""
 
     @property
-    def step_key(self) -> str:
-        return f"{self.name}_step" if self.on_epoch else self.name
+    def key(self) -> str:
+        return self.name + self.suffix
+
+    @property
+    def step_key(self) -> str:  # the suffix after the fork, as Lightning names it: x_step/dataloader_idx_0
+        return f"{self.name}_step{self.suffix}" if self.on_epoch else self.key
 
     @property
     def epoch_key(self) -> str:
-        return f"{self.name}_epoch" if self.on_step else self.name
+        return f"{self.name}_epoch{self.suffix}" if self.on_step else self.key
 
 
 class MetricCollector:
@@ -64,17 +73,27 @@ class MetricCollector:
         self.entries: dict[str, _Entry] = {}
         self.epoch_values: dict[str, torch.Tensor] = {}
         self.epoch_flags: dict[str, tuple[bool, bool]] = {}  # key -> (prog_bar, logger)
+        self.epoch_loaders: dict[str, int | None] = {}  # key -> the evaluation loader that logged it (of several)
         self.step_dirty = False
         self._first_pass_done = False  # compute_epoch(final=False) ran: the epoch-end hooks run now
         self._second_pass_due = True  # some rank's epoch-end hooks may log (decided in the first pass)
 
     def log(self, name: str, value: Any, *, prog_bar: bool, logger: bool, on_step: bool | None,
-            on_epoch: bool | None, reduce_fx: str, sync_dist: bool, batch_size: int | None) -> _Entry:
-        """Record one logged value; the entry it went into."""
-        scalar = None if _is_metric(value) else _as_scalar(name, value)
-        entry = self.entries.get(name)
+            on_epoch: bool | None, reduce_fx: str, sync_dist: bool, batch_size: int | None,
+            dataloader_idx: int | None = None, suffix: str = "") -> _Entry:
+        """Record one logged value; the entry it went into (``dataloader_idx``: the evaluation
+        loader it came from, when there are several; ``suffix``: what its name gets for it)."""
+        scalar = None if is_metric(value) else as_scalar(name, value)
+        entry = self.entries.get(name + suffix)
         if entry is None:
             entry = self._new_entry(name, value, prog_bar, logger, on_step, on_epoch, reduce_fx, sync_dist)
+            entry.dataloader_idx, entry.suffix = dataloader_idx, suffix
+            self.entries[entry.key] = entry
+        elif dataloader_idx is not None and entry.dataloader_idx not in (None, dataloader_idx):
+            raise ConfigError(
+                f"self.log('{name}', add_dataloader_idx=False) in loader {dataloader_idx} after loader "
+                f"{entry.dataloader_idx} logged '{name}': their values would mix (Lightning refuses it too); give each "
+                f"loader a name of its own, or leave add_dataloader_idx=True ('{name}/dataloader_idx_N')")
         entry.version += 1
         if entry.metric is not None:
             if entry.on_step:
@@ -101,10 +120,8 @@ class MetricCollector:
         training = self.stage == "train"
         on_step = training if on_step is None else on_step
         on_epoch = (not training) if on_epoch is None else on_epoch
-        metric = value if _is_metric(value) else None
-        entry = _Entry(name, bool(on_step), bool(on_epoch), prog_bar, logger, sync_dist, reduce_fx, metric)
-        self.entries[name] = entry
-        return entry
+        metric = value if is_metric(value) else None
+        return _Entry(name, bool(on_step), bool(on_epoch), prog_bar, logger, sync_dist, reduce_fx, metric)
 
     def _accumulate(self, entry: _Entry, value: torch.Tensor, batch_size: int | None) -> None:
         if entry.reduce_fx == "mean":
@@ -141,7 +158,7 @@ class MetricCollector:
 
     def load_state_dict(self, saved: dict, module: nn.Module) -> None:
         for name, item in saved.items():
-            entry = _Entry(name, *item["flags"][:6])
+            entry = _entry_named(name, item["flags"])
             if "metric_path" in item:
                 entry.metric = module.get_submodule(item["metric_path"])
                 for key, value in item["metric_state"].items():
@@ -155,9 +172,11 @@ class MetricCollector:
     def step_values(self) -> dict[str, torch.Tensor]:
         return {e.step_key: e.last for e in self.entries.values() if e.on_step and e.last is not None}
 
-    def step_values_for(self, flag: str) -> dict[str, torch.Tensor]:
+    def step_values_for(self, flag: str, loader: int | None = None) -> dict[str, torch.Tensor]:
+        """The step values logged with ``flag`` (``logger``, ``prog_bar``); given a ``loader``
+        (of several), only its own (Lightning's evaluation rows hold the loader's alone)."""
         return {e.step_key: e.last for e in self.entries.values()
-                if e.on_step and e.last is not None and getattr(e, flag)}
+                if e.on_step and e.last is not None and getattr(e, flag) and (loader is None or e.dataloader_idx == loader)}
 
     def compute_epoch(self, strategy: Strategy, module: nn.Module | None = None, final: bool = True,
                       hooks_may_log: bool = True) -> dict[str, torch.Tensor]:
@@ -182,11 +201,12 @@ class MetricCollector:
             entry.computed = entry.version
             if value is None:
                 continue
-            value = _at_least_float32(value.reshape(()) if value.numel() == 1 else value)
+            value = at_least_float32(value.reshape(()) if value.numel() == 1 else value)
             values[entry.epoch_key] = value
             self.epoch_flags[entry.epoch_key] = (entry.prog_bar, entry.logger)
+            self.epoch_loaders[entry.epoch_key] = entry.dataloader_idx
             if entry.on_step:  # the plain name also carries the epoch value, as in Lightning
-                values[entry.name] = value
+                values[entry.key] = value
         self._first_pass_done = not final
         if final:
             self._second_pass_due = True
@@ -244,10 +264,19 @@ class MetricCollector:
                         f"self.log('{name}', metric) ran on some ranks only, and the metric is not an "
                         "attribute of the module, so the other ranks cannot join its sync; make it one"
                     )
-                self.entries[name] = _Entry(name, *flags[:6], metric=metric)
+                self.entries[name] = _entry_named(name, flags, metric)
                 changed_anywhere.add(name)
         may_log = any(theirs for _, _, theirs in gathered)
         return changed_anywhere & {name for name, entry in self.entries.items() if entry.on_epoch}, may_log
+
+
+def _entry_named(key: str, flags: _Flags, metric: Any = None) -> _Entry:
+    """The entry of ``key`` with ``flags`` (another rank's, or a checkpoint's): a key that ends
+    in ``/dataloader_idx_N`` is loader N's."""
+    found = re.fullmatch(r"(.*)(/dataloader_idx_(\d+))", key)
+    if found is None:
+        return _Entry(key, *flags[:6], metric=metric)
+    return _Entry(found[1], *flags[:6], metric=metric, dataloader_idx=int(found[3]), suffix=found[2])
 
 
 def _spec(entry: _Entry, module: nn.Module | None) -> _Spec:
@@ -269,32 +298,3 @@ def _reduce_across_ranks(entry: _Entry, strategy: Strategy) -> torch.Tensor:
     neutral = {"sum": 0.0, "max": float("-inf"), "min": float("inf")}[entry.reduce_fx]
     total = entry.total.float().cpu() if entry.total is not None else torch.tensor(neutral)
     return strategy.all_reduce_over_data(total.to(device), entry.reduce_fx).cpu()
-
-
-def _is_metric(value: Any) -> bool:
-    """Is ``value`` a torchmetrics ``Metric``? (If torchmetrics was never imported, it is not.)"""
-    torchmetrics = sys.modules.get("torchmetrics")
-    return torchmetrics is not None and isinstance(value, torchmetrics.Metric)
-
-
-def _as_scalar(name: str, value: Any) -> torch.Tensor:
-    """A logged number or one-element tensor as a float32 (or float64) scalar tensor (detached)."""
-    if isinstance(value, torch.Tensor):
-        value = value.detach()
-        if type(value) is not torch.Tensor and hasattr(value, "full_tensor"):  # a DTensor: a loss parallel loss
-            value = value.full_tensor()
-        if value.numel() != 1:
-            raise ValueError(f"self.log('{name}'): expected a scalar, got a tensor of shape {tuple(value.shape)}")
-        value = value.reshape(())
-    elif hasattr(value, "__float__") and not isinstance(value, (str, bytes)):  # int, float, bool, a numpy number
-        value = torch.tensor(float(value))
-    else:
-        raise ValueError(f"self.log('{name}', {value!r}): the value must be a number, a one-element tensor or a "
-                         f"torchmetrics Metric, not {type(value).__name__}")
-    return _at_least_float32(value)
-
-
-def _at_least_float32(value: torch.Tensor) -> torch.Tensor:
-    """float32, or float64 where it is that: Lightning keeps a logged value "in float32 or
-    higher to maintain accuracy" (a float64 loss is logged and averaged in float64)."""
-    return value if value.dtype in (torch.float32, torch.float64) else value.float()

@@ -42,12 +42,17 @@ class LoggedMetrics:
         #: the hook that runs (set by ``HookDispatcher``; None in the steps and per-batch hooks):
         #: where ``self.log`` may log and its defaults there (``log_options.py``)
         self.fx: str | None = None
+        #: the evaluation loader whose batch runs, where there are several (else None): what
+        #: its step and batch hooks log is that loader's own (``x/dataloader_idx_N``)
+        self.dataloader_idx: int | None = None
+        self.epoch_loaders: dict[str, int | None] = {}  # epoch metric -> the loader that logged it (of several)
         self.epoch_values: dict[str, torch.Tensor] = {}
         self.epoch_flags: dict[str, tuple[bool, bool]] = {}  # epoch metric -> (progress bar, loggers)
         self._callback_metrics: dict[str, torch.Tensor] = {}
-        #: step values an evaluation sent to the loggers (``val_loss_step``): kept in
-        #: ``logged_metrics`` after it, as Lightning keeps them
+        #: an evaluation's step values for the loggers (``val_loss_step``) and the progress bar:
+        #: kept in ``logged_metrics`` and ``progress_bar_metrics`` after it, as Lightning keeps them
         self.eval_step_logged: dict[str, torch.Tensor] = {}
+        self.eval_step_bar: dict[str, torch.Tensor] = {}
 
     def current_batch_size(self) -> int:
         return batch_size_of(self.current_batch)
@@ -58,7 +63,9 @@ class LoggedMetrics:
         if self.fx is not None:
             options["on_step"], options["on_epoch"] = log_options.resolve(
                 self.fx, name, options["on_step"], options["on_epoch"])
-        entry = self.collector.log(name, value, **options)
+        add_idx, loader = options.pop("add_dataloader_idx"), self.dataloader_idx if self.fx is None else None
+        suffix = f"/dataloader_idx_{loader}" if loader is not None and add_idx else ""  # an epoch hook's: none
+        entry = self.collector.log(name, value, dataloader_idx=loader, suffix=suffix, **options)
         strategy = self.strategy
         if entry.on_step and entry.sync_dist and entry.metric is None and strategy is not None:
             entry.last = self._synced_step_value(entry, strategy)
@@ -116,6 +123,7 @@ class LoggedMetrics:
         """Keep ``collector``'s epoch aggregates as the run's latest values."""
         self.epoch_values.update(collector.epoch_values)
         self.epoch_flags.update(collector.epoch_flags)
+        self.epoch_loaders.update(collector.epoch_loaders)
 
     def take_values(self, values: dict[str, torch.Tensor], prog_bar: set[str], logged: set[str]) -> None:
         """Hold ``values`` as the latest metrics (the results of a run made in other
@@ -173,6 +181,7 @@ class LoggedMetrics:
 
     @property
     def progress_bar_metrics(self) -> dict[str, float]:
-        values = self.collector.step_values_for("prog_bar")
+        values = dict(self.eval_step_bar)
+        values.update(self.collector.step_values_for("prog_bar"))
         values.update({k: v for k, v in self.epoch_values.items() if self.epoch_flags.get(k, (False, False))[0]})
         return {k: float(v) for k, v in values.items() if v.numel() == 1}

@@ -97,6 +97,8 @@ def print_results(fn: str, results: list[dict[str, float]]) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    if len(results) > 1:  # one row per metric, a column per loader, as in Lightning
+        results = [{k.rpartition("/dataloader_idx_")[0] or k: v for k, v in r.items()} for r in results]
     names = sorted({name for per_loader in results for name in per_loader})
     if not names:
         return

@@ -64,6 +64,17 @@ for case in ("differing", "same", "hook_on_rank0"):
     trainer.fit(Model(rank0_logs_more), DataLoader(data, batch_size=4))
     result[case] = {"values": {k: float(v) for k, v in trainer.callback_metrics.items()},
                     "gathers": len(gathers), "checks": len(checks)}
+
+class TwoLoaders(Model):  # loader 1 has one sample: rank 1 runs no batch of it, and joins its sum with nothing
+    def validation_step(self, batch, batch_idx, dataloader_idx=0):
+        self.log("y", batch[1].sum(), sync_dist=True, reduce_fx="sum")
+
+trainer = fw.Trainer(accelerator="cpu", devices=2, strategy="ddp_gloo", logger=False, enable_progress_bar=False,
+                     enable_model_summary=False)
+loaders = [DataLoader(TensorDataset(data.tensors[0][:8], data.tensors[1][:8]), batch_size=2),
+           DataLoader(TensorDataset(data.tensors[0][8:9], data.tensors[1][8:9]), batch_size=2)]
+result["two_loaders"] = {"returned": trainer.validate(TwoLoaders(), loaders, verbose=False),
+                         "expected": [float(data.tensors[1][:8].sum()), float(data.tensors[1][8])]}
 with open(f"{sys.argv[1]}/rank{trainer.global_rank}.json", "w") as f:
     json.dump(result, f)
 """
@@ -84,3 +95,8 @@ def test_a_value_logged_on_one_rank_is_reduced_on_both_and_they_agree(tmp_path):
     # each pass gathered (the ranks differ in their hooks, then in the entry), rank 1 adopted the
     # entry and joined its reduction
     assert hook["checks"] == 4 and hook["gathers"] == 4 and hook["values"]["at_end"] == 7.0
+    # two validation loaders, the second's one sample on rank 0 only: rank 1 adopts its entry
+    # (y/dataloader_idx_1, loader 1's) and both return each loader's own sum
+    two = ranks[0]["two_loaders"]
+    assert [list(d) for d in two["returned"]] == [["y/dataloader_idx_0"], ["y/dataloader_idx_1"]]
+    assert [next(iter(d.values())) for d in two["returned"]] == pytest.approx(two["expected"])
