@@ -56,9 +56,10 @@ def save(run: Run, path: str | os.PathLike) -> None:
 def parts_of(run: Run, for_fit: bool, path: str = "", on_read: Callable[[dict], None] | None = None,
              resumed: dict | None = None) -> CheckpointParts:
     """The run as the parts of a checkpoint (``parts.py``), in load order. For a fit all of
-    them; else the weights (and the DataModule's state) alone. ``on_read`` runs before any part
-    loads (the refusals, ``on_load_checkpoint``); ``resumed`` receives this rank's per-rank parts."""
-    module, state, hooks = run.module, run.state, run.hooks
+    them; else the weights, the DataModule's state and the callbacks' (as Lightning restores
+    them). ``on_read`` runs before any part loads (the refusals, ``on_load_checkpoint``);
+    ``resumed`` receives this rank's per-rank parts."""
+    module, state = run.module, run.state
     shared: dict[str, Stateful | OnLoad] = {}
     if on_read is not None:
         shared["fw/on_read"] = OnLoad(on_read)
@@ -66,20 +67,27 @@ def parts_of(run: Run, for_fit: bool, path: str = "", on_read: Callable[[dict], 
     if run.datamodule is not None:
         shared[type(run.datamodule).__qualname__] = run.datamodule
     parts = CheckpointParts(shared=shared, values=_values(run))
-    if not for_fit:
+    if not for_fit:  # the callbacks' states too, as Lightning restores them for evaluation and predict
+        shared.update(_callback_parts(run))
         return parts
     renamed = functools.partial(numbered, module=module, path=path)  # an FSDP checkpoint's names
     shared["optimizer_states"] = Each(run.optimizers, "optimizer", path, prepare=renamed)
     shared["lr_schedulers"] = Each([cfg.scheduler for cfg in run.lr_scheduler_configs], "LR scheduler", path)
     shared["precision"] = run.precision
-    shared["fw/callback_hooks"] = OnLoad(lambda checkpoint: hooks.callbacks("on_load_checkpoint", checkpoint))
-    shared["callbacks"] = Callbacks(run.callbacks)
+    shared.update(_callback_parts(run))
     shared.update(run.trainer.checkpoint_parts)  # the user's own
     shared["loop"] = progress_part(state, run.metrics)
     parts.per_rank = position_parts(run, resumed if resumed is not None else {})
     parts.on_write = lambda checkpoint: _on_save_hooks(run, checkpoint)
     end_of_fit.use(run.end_of_fit, parts)  # after a distributed fit: every rank's states, as it ended
     return parts
+
+
+def _callback_parts(run: Run) -> dict[str, Stateful | OnLoad]:
+    """The callbacks' ``on_load_checkpoint``, then their states (``load_state_dict``)."""
+    hooks = run.hooks
+    return {"fw/callback_hooks": OnLoad(lambda checkpoint: hooks.callbacks("on_load_checkpoint", checkpoint)),
+            "callbacks": Callbacks(run.callbacks)}
 
 
 def _values(run: Run) -> dict[str, Any]:

@@ -208,3 +208,52 @@ def test_a_run_resumed_from_another_folder_writes_only_under_its_own_root(tmp_pa
     assert ours["first"] in said[0] and ours["restored"]["dirpath"] in said[0] and "Only best_model_path" in said[0]
     if checkpoint.get("save_top_k") == 2:
         assert "no longer exists" in said[0] and "best_k_models (2 files)" in said[0] and "last_model_path" in said[0]
+
+
+def _evaluated_from_a_checkpoint(which: str, root) -> dict:
+    """A fit that saves, then a fresh Trainer's validate(ckpt_path=...) and test(ckpt_path=...):
+    the callbacks' states as the checkpoint had them (Lightning restores them for evaluation too)."""
+    lib, Base, ModelCheckpoint, Callback = _lib(which)
+
+    class Counter(Callback):
+        def __init__(self) -> None:
+            self.batches, self.loaded = 0, []
+
+        def on_train_batch_end(self, *args) -> None:
+            self.batches += 1
+
+        def state_dict(self) -> dict:
+            return {"batches": self.batches}
+
+        def load_state_dict(self, state: dict) -> None:
+            self.batches = state["batches"]
+
+        def on_load_checkpoint(self, trainer, module, checkpoint) -> None:
+            self.loaded.append(checkpoint["global_step"])
+
+    def callbacks() -> list:
+        return [Counter(), lib.callbacks.EarlyStopping(monitor="valid_loss", patience=5),
+                ModelCheckpoint(monitor="valid_loss", save_top_k=2, mode="max")]
+
+    lib.seed_everything(7)
+    model = make_boring(Base)()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer = lib.Trainer(default_root_dir=str(root), callbacks=callbacks(), logger=False, max_epochs=3, **QUIET)
+        trainer.fit(model)
+        path = trainer.checkpoint_callback.best_model_path  # the first epoch's (mode="max")
+        out = {}
+        for fn in ("validate", "test"):
+            counter, stopping, checkpoint = cbs = callbacks()
+            fresh = lib.Trainer(default_root_dir=str(root), callbacks=cbs, logger=False, **QUIET)
+            getattr(fresh, fn)(model, ckpt_path=path, verbose=False)
+            out[fn] = {"counter": (counter.batches, counter.loaded), "stopping": (stopping.wait_count,
+                       float(stopping.best_score)), "best": (os.path.basename(checkpoint.best_model_path),
+                       float(checkpoint.best_model_score)), "top": sorted(map(os.path.basename, checkpoint.best_k_models))}
+    return out
+
+
+def test_validate_and_test_from_a_checkpoint_restore_the_callbacks_as_lightning_does(tmp_path):
+    ours, theirs = _evaluated_from_a_checkpoint("fw", tmp_path / "fw"), _evaluated_from_a_checkpoint("pl", tmp_path / "pl")
+    assert ours == theirs
+    assert ours["validate"]["counter"] == (16, [16])  # the first epoch's 16 batches, its hook called once
