@@ -3,9 +3,10 @@
 The folder is ``<trainer.log_dir>/checkpoints`` (``<default_root_dir>/checkpoints`` without a
 logger) unless ``dirpath`` names one; every rank uses rank 0's, checked writable before a fit.
 
-A name comes from the ``filename`` template: ``"{epoch}-{val/acc:.3f}"`` with
-``{"epoch": 3, "val/acc": 0.95123}`` gives ``epoch=3-val_acc=0.951`` ("/" in a metric name
-becomes "_"; a key missing from the metrics formats as 0). A name whose file exists already gets
+A name comes from the ``filename`` template: ``"{epoch}-{val_acc:.3f}"`` with
+``{"epoch": 3, "val_acc": 0.95123}`` gives ``epoch=3-val_acc=0.951`` (a key missing from the
+metrics formats as 0; a "/" in a metric's name makes a folder, ``epoch=3-val/acc=0.951``, as in
+Lightning: ``auto_insert_metric_name=False`` leaves the names out). A name whose file exists already gets
 ``-v1``, ``-v2``, ... A file is deleted only by rank 0, and only inside the run's own
 checkpoint folder: a file elsewhere (the ``best_model_path`` a resume kept) is another run's.
 """
@@ -57,7 +58,7 @@ def format_name(template: str, metrics: Mapping[str, float], auto_insert_metric_
     # Longest first, so that "{val/acc}" is not rewritten inside "{val/acc_top5}".
     for group in sorted(set(re.findall(r"(\{.*?)[:}]", template)), key=len, reverse=True):
         key = group[1:]
-        label = key.replace("/", "_") + equals if auto_insert_metric_name else ""
+        label = key + equals if auto_insert_metric_name else ""
         # "{0[key]}" lets keys hold "/" and "." which plain format fields cannot.
         template = template.replace(group, f"{label}{{0[{key}]")
         values.setdefault(key, 0)

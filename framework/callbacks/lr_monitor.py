@@ -56,7 +56,6 @@ class LearningRateMonitor(Callback):
         self.log_momentum, self.log_weight_decay = log_momentum, log_weight_decay
         # (name, optimizer, interval) per optimizer; resolved in on_train_start.
         self._tracked: list[tuple[str, torch.optim.Optimizer, str]] = []
-        self._last_step_logged = -1
 
     def on_train_start(self, trainer: Trainer, module: TrainModule) -> None:
         if not trainer.loggers:
@@ -86,11 +85,10 @@ class LearningRateMonitor(Callback):
             return
         step = trainer.state.batches_that_stepped  # Lightning's step for logged rows (manual: one per batch)
         # Lightning's rule: where the step about to be taken is a logging one (or the fit stops);
-        # several batches share a step under gradient accumulation: logged once.
+        # under gradient accumulation each batch of that step logs (the same values), as in Lightning
         n = getattr(trainer, "log_every_n_steps", 1)
-        if step == self._last_step_logged or not n or not (every(n, step + 1) or trainer.should_stop):
+        if not n or not (every(n, step + 1) or trainer.should_stop):
             return
-        self._last_step_logged = step
         self._log(trainer, interval=None if self.logging_interval == "step" else "step")
 
     def on_train_epoch_start(self, trainer: Trainer, module: TrainModule) -> None:

@@ -50,10 +50,10 @@ def test_step_scheduler_logged_every_step_and_kept_in_callback_metrics(tmp_path)
         sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
-    # 2 batches per step (accumulation): several batches share a global_step, logged once
+    # 2 batches per step (accumulation): each batch of a step logs its rate, as in Lightning
     trainer, recorder = fit(tmp_path, make, LearningRateMonitor(), batches=6, log_every_n_steps=1,
                             accumulate_grad_batches=2)
-    assert recorder.lr_rows() == [(0, {"lr-SGD": 1.0}), (1, {"lr-SGD": 0.5}), (2, {"lr-SGD": 0.25})]
+    assert recorder.lr_rows() == [(step, {"lr-SGD": lr}) for step, lr in ((0, 1.0), (1, 0.5), (2, 0.25)) for _ in "ab"]
     # the real Trainer's callback_metrics keeps what the callback wrote
     assert isinstance(trainer.callback_metrics["lr-SGD"], torch.Tensor)
     assert trainer.callback_metrics["lr-SGD"].item() == 0.25

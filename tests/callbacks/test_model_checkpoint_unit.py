@@ -70,18 +70,21 @@ def files(dirpath):
     return sorted(os.listdir(dirpath))
 
 
-def test_format_checkpoint_name():
-    cb = ModelCheckpoint(dirpath="/ck", filename="{epoch}-{val/acc:.3f}")
-    assert cb.format_checkpoint_name({"epoch": 3, "val/acc": 0.95123}) == "/ck/epoch=3-val_acc=0.951.ckpt"
-    cb = ModelCheckpoint(dirpath="/ck")
-    assert cb.format_checkpoint_name({"epoch": 3, "step": 120}) == "/ck/epoch=3-step=120.ckpt"
-    assert cb.format_checkpoint_name({"epoch": 3, "step": 120}, ver=2) == "/ck/epoch=3-step=120-v2.ckpt"
-    cb = ModelCheckpoint(dirpath="/ck", filename="best-{epoch:02d}-{val/acc:.2f}", auto_insert_metric_name=False)
-    assert cb.format_checkpoint_name({"epoch": 3, "val/acc": 0.5}) == "/ck/best-03-0.50.ckpt"
+@pytest.mark.parametrize("args, metrics, ver, expected", [
+    (dict(filename="{epoch}-{val/acc:.3f}"), {"epoch": 3, "val/acc": 0.95123}, None, "epoch=3-val/acc=0.951.ckpt"),
+    ({}, {"epoch": 3, "step": 120}, None, "epoch=3-step=120.ckpt"),
+    ({}, {"epoch": 3, "step": 120}, 2, "epoch=3-step=120-v2.ckpt"),
+    (dict(filename="best-{epoch:02d}-{val/acc:.2f}", auto_insert_metric_name=False), {"epoch": 3, "val/acc": 0.5},
+     None, "best-03-0.50.ckpt"),
     # keys that prefix each other, dots, and a missing key (formats as 0)
-    cb = ModelCheckpoint(dirpath="/ck", filename="{val/acc}-{val/acc_top5:.1f}-{a.b}-{missing}")
-    name = cb.format_checkpoint_name({"val/acc": 0.5, "val/acc_top5": 0.75, "a.b": 2})
-    assert name == "/ck/val_acc=0.5-val_acc_top5=0.8-a.b=2-missing=0.ckpt"
+    (dict(filename="{val/acc}-{val/acc_top5:.1f}-{a.b}-{missing}"), {"val/acc": 0.5, "val/acc_top5": 0.75, "a.b": 2},
+     None, "val/acc=0.5-val/acc_top5=0.8-a.b=2-missing=0.ckpt"),
+])
+def test_format_checkpoint_name_is_lightnings(args, metrics, ver, expected):
+    assert ModelCheckpoint(dirpath="/ck", **args).format_checkpoint_name(metrics, ver=ver) == "/ck/" + expected
+    pl = pytest.importorskip("pytorch_lightning")
+    tensors = {k: torch.tensor(v) for k, v in metrics.items()}
+    assert pl.callbacks.ModelCheckpoint(dirpath="/ck", **args).format_checkpoint_name(tensors, ver=ver) == "/ck/" + expected
 
 
 def test_default_dirpath_from_log_dir_or_root(tmp_path):

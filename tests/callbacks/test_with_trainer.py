@@ -37,9 +37,9 @@ def test_top_k_keeps_the_best_files_on_disk(tmp_path):
                            filename="{epoch}-{val/score:.2f}", save_last=True)
     data = regression_data(16)
     _trainer(tmp_path, [ckpt], 5).fit(ScriptedMetric(scores), loader(data, 8), loader(data, 8))
-    files = sorted(p.name for p in (tmp_path / "ck").iterdir() if p.name != ".fw-checkpoints.json")  # the index
-    assert files == ["epoch=1-val_score=0.90.ckpt", "epoch=3-val_score=0.95.ckpt", "last.ckpt"]
-    assert ckpt.best_model_path.endswith("epoch=3-val_score=0.95.ckpt")
+    files = sorted(str(p.relative_to(tmp_path / "ck")) for p in (tmp_path / "ck").rglob("*.ckpt"))
+    assert files == ["epoch=1-val/score=0.90.ckpt", "epoch=3-val/score=0.95.ckpt", "last.ckpt"]  # "/": a folder,
+    assert ckpt.best_model_path.endswith("epoch=3-val/score=0.95.ckpt")                         # as in Lightning
     assert abs(float(ckpt.best_model_score) - 0.95) < 1e-6  # logged as float32
     best = torch.load(ckpt.best_model_path, weights_only=True)
     assert best["epoch"] == 3 and best["global_step"] == 8

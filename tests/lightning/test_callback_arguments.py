@@ -31,7 +31,8 @@ def test_the_arguments_are_lightnings_in_lightnings_order(ours, theirs):
     assert names(ours) == names(theirs)
 
 
-def _fit(which: str, callbacks: list, root, optimizer=None, logger=False, max_epochs=2, log_every_n_steps=1):
+def _fit(which: str, callbacks: list, root, optimizer=None, logger=False, max_epochs=2, log_every_n_steps=1,
+         **trainer_args):
     lib, base = (fw, fw.TrainModule) if which == "fw" else (pl, pl.LightningModule)
 
     class Model(make_summing(base, lr=0.05)):
@@ -41,7 +42,7 @@ def _fit(which: str, callbacks: list, root, optimizer=None, logger=False, max_ep
         def configure_optimizers(self):
             return optimizer(self) if optimizer is not None else super().configure_optimizers()
 
-    settings = {**QUIET, "max_epochs": max_epochs, "enable_checkpointing": True}
+    settings = {**QUIET, "max_epochs": max_epochs, "enable_checkpointing": True, **trainer_args}
     trainer = lib.Trainer(default_root_dir=str(root), callbacks=callbacks, logger=logger,
                           log_every_n_steps=log_every_n_steps, **settings)
     with warnings.catch_warnings():
@@ -107,7 +108,7 @@ def test_what_fw_does_not_have_is_refused_by_name(argument):
         ModelCheckpoint(**argument)
 
 
-def _lr_rows(which: str, root, scheduled: bool, every: int) -> list[tuple[int, float]]:
+def _lr_rows(which: str, root, scheduled: bool, every: int, accumulate: int) -> list[tuple[int, float]]:
     import csv
 
     from pytorch_lightning.loggers import CSVLogger as LightningCSV
@@ -123,18 +124,22 @@ def _lr_rows(which: str, root, scheduled: bool, every: int) -> list[tuple[int, f
 
     monitor, logger = (LearningRateMonitor, CSVLogger) if which == "fw" else \
         (pl.callbacks.LearningRateMonitor, LightningCSV)
-    trainer = _fit(which, [monitor()], root, optimizer, logger=logger(str(root)), log_every_n_steps=every)
+    trainer = _fit(which, [monitor()], root, optimizer, logger=logger(str(root)), log_every_n_steps=every,
+                   accumulate_grad_batches=accumulate)
     trainer.logger.finalize("success")
     with open(os.path.join(trainer.logger.log_dir, "metrics.csv")) as f:
         return [(int(row["step"]), float(row["lr-SGD"])) for row in csv.DictReader(f) if row.get("lr-SGD")]
 
 
-@pytest.mark.parametrize("scheduled, every", [(True, 2), (False, 1), (False, 2)],
-                         ids=["step-scheduler-every-2", "no-scheduler-every-step", "no-scheduler-every-2"])
-def test_learning_rates_are_logged_at_lightnings_steps(tmp_path, scheduled, every):
-    """At the batches whose step is a logging one (Lightning's ``(step + 1) % n``), and, for an
-    optimizer without a scheduler, also at each epoch's start."""
-    ours, theirs = _lr_rows("fw", tmp_path / "fw", scheduled, every), _lr_rows("pl", tmp_path / "pl", scheduled, every)
+@pytest.mark.parametrize("scheduled, every, accumulate", [(True, 2, 1), (False, 1, 1), (False, 2, 1), (True, 1, 2)],
+                         ids=["step-scheduler-every-2", "no-scheduler-every-step", "no-scheduler-every-2",
+                              "step-scheduler-accumulating"])
+def test_learning_rates_are_logged_at_lightnings_steps(tmp_path, scheduled, every, accumulate):
+    """At the batches whose step is a logging one (Lightning's ``(step + 1) % n``: under gradient
+    accumulation each batch of that step), and, for an optimizer without a scheduler, also at
+    each epoch's start."""
+    ours = _lr_rows("fw", tmp_path / "fw", scheduled, every, accumulate)
+    theirs = _lr_rows("pl", tmp_path / "pl", scheduled, every, accumulate)
     assert ours == theirs and len(ours) > 2
 
 

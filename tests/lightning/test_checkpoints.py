@@ -257,3 +257,35 @@ def test_validate_and_test_from_a_checkpoint_restore_the_callbacks_as_lightning_
     ours, theirs = _evaluated_from_a_checkpoint("fw", tmp_path / "fw"), _evaluated_from_a_checkpoint("pl", tmp_path / "pl")
     assert ours == theirs
     assert ours["validate"]["counter"] == (16, [16])  # the first epoch's 16 batches, its hook called once
+
+
+def _files_saved_by_a_metric_with_a_slash(which: str, root) -> tuple[list[str], str]:
+    from torch.utils.data import DataLoader
+
+    from lightning.modules import make_summing, sum_data
+
+    lib, Base, ModelCheckpoint, _ = _lib(which)
+
+    class Slashed(make_summing(Base, lr=0.05)):
+        def training_step(self, batch, batch_idx):
+            return self.mse(batch)
+
+        def validation_step(self, batch, batch_idx):
+            self.log("val/loss", self.mse(batch))
+
+    checkpoint = ModelCheckpoint(dirpath=str(root), filename="{epoch}-{val/loss:.3f}", monitor="val/loss",
+                                 save_top_k=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer = lib.Trainer(callbacks=[checkpoint], logger=False, max_epochs=4, **QUIET)
+        loader = DataLoader(sum_data(16), batch_size=4)
+        trainer.fit(Slashed(), loader, loader)
+    saved = sorted(os.path.relpath(os.path.join(folder, name), root) for folder, _, names in os.walk(root)
+                   for name in names if name.endswith(".ckpt"))
+    return saved, os.path.relpath(checkpoint.best_model_path, root)
+
+
+def test_a_metric_name_with_a_slash_saves_into_a_folder_as_lightning_does(tmp_path):
+    ours = _files_saved_by_a_metric_with_a_slash("fw", tmp_path / "fw")
+    assert ours == _files_saved_by_a_metric_with_a_slash("pl", tmp_path / "pl")
+    assert len(ours[0]) == 2 and all(path.startswith("epoch=") and "-val/loss=" in path for path in ours[0])
