@@ -17,7 +17,8 @@ them; the ratio reported is the median over rounds of fw's time over the raw loo
     .venv/bin/python -m torch.distributed.run --standalone --nproc-per-node 2 benchmarks/bench_fit.py --profile
 
 ``--lightning`` adds Lightning's Trainer as a third side; ``--setup-only`` a side that runs fw's fit
-with the loop's epoch inside (fw's set-up and teardown, not its per-batch path).
+with the loop's epoch inside (fw's set-up and teardown, not its per-batch path); ``--closure`` a
+side whose batches all take the closure path (fw before the batch without one).
 ``bench_fit_instructions.py`` counts the instructions of the same fits instead (valgrind): the work
 fw adds, free of the machine's noise. Results: a table, and JSON under ``benchmarks/results/``
 (``--out``).
@@ -101,6 +102,18 @@ def fw_fit_with_the_loops_epoch(net: nn.Module, data: TensorDataset, steps: int,
         fit_loop.run_train_epoch = fw_epoch
 
 
+def fw_fit_with_closures(net: nn.Module, data: TensorDataset, steps: int, world: int) -> None:
+    """fw's fit with every batch through the closure, as before the batch without one
+    (``loops/optimization.py``'s ``_plain_batch_fn``): what that path saves, in the same run."""
+    import framework.loops.optimization as optimization
+
+    plain, optimization._nothing_between = optimization._nothing_between, lambda run, optimizer: False
+    try:
+        fw_fit(net, data, steps, world)
+    finally:
+        optimization._nothing_between = plain
+
+
 def lightning_fit(net: nn.Module, data: TensorDataset, steps: int, world: int) -> None:
     import pytorch_lightning as pl
 
@@ -141,8 +154,11 @@ def workload(steps: int, world: int) -> tuple[TensorDataset, Callable[[], nn.Mod
 
 
 def main() -> None:
+    global SIZES
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--sizes", default=",".join(map(str, SIZES)),
+                        help="the MLP's layer sizes (8,16,4: a network whose step is Python's)")
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--single", action="store_true", help="one process (no torchrun)")
     parser.add_argument("--lightning", action="store_true", help="Lightning's Trainer as a third side")
@@ -150,6 +166,8 @@ def main() -> None:
                         help="the hand-written loop again as a side of its own: what this method gives two equal sides")
     parser.add_argument("--setup-only", action="store_true",
                         help="a side whose fit is fw's with the loop's epoch inside: fw's set-up and teardown alone")
+    parser.add_argument("--closure", action="store_true",
+                        help="a side whose fit takes the closure path on every batch (fw before the plain batch)")
     parser.add_argument("--profile", action="store_true", help="cProfile one fw fit on rank 0 instead")
     parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
                         help="wall: perf_counter; cpu: the process's CPU time (time the machine gave to"
@@ -158,6 +176,7 @@ def main() -> None:
     parser.add_argument("--pin", action="store_true", help="pin rank r to core r (the scheduler does not move the ranks)")
     parser.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
     args = parser.parse_args()
+    SIZES = tuple(int(size) for size in args.sizes.split(","))
     world = 1 if args.single else int(os.environ.get("WORLD_SIZE", "1"))
     if world > 1:
         dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=300))
@@ -173,6 +192,8 @@ def main() -> None:
         sides["raw_again"] = lambda: raw_fit(fresh(), data, args.steps, rank, world)
     if args.setup_only:
         sides["fw_setup_only"] = lambda: fw_fit_with_the_loops_epoch(fresh(), data, args.steps, world)
+    if args.closure:
+        sides["fw_closure"] = lambda: fw_fit_with_closures(fresh(), data, args.steps, world)
     if args.lightning:
         sides["lightning"] = lambda: lightning_fit(fresh(), data, args.steps, world)
     if args.profile:
@@ -241,7 +262,7 @@ def report(times: dict[str, list[float]], args, world: int) -> None:
                 f"{args.rounds} rounds, {args.clock} clock, {torch.get_num_threads()} thread(s)", ["side", "median s", "min s", "max s", "/raw (median of rounds)", "95% interval"],
                 [[r["side"], f"{r['median_s']:.3f}", f"{r['min_s']:.3f}", f"{r['max_s']:.3f}",
                   f"{r['ratio_to_raw']:.3f}", "{:.3f}-{:.3f}".format(*r["ratio_95ci"])] for r in rows])
-    doc = {"machine": machine_info(), "world_size": world, "steps": args.steps, "rounds": args.rounds,
+    doc = {"machine": machine_info(), "world_size": world, "steps": args.steps, "sizes": list(SIZES), "rounds": args.rounds,
            "clock": args.clock, "threads": torch.get_num_threads(),
            "malloc_env": malloc_env(),
            "sides": rows, "times": times}
