@@ -119,3 +119,25 @@ def test_one_loader_has_no_suffix():
     trainer = fw.Trainer(logger=False, **QUIET)
     [values] = trainer.validate(_module(fw.TrainModule), [_loaders()[0]], verbose=False)
     assert "val_loss" in values and not any("dataloader_idx" in k for k in values)
+
+
+def _skipped(trainer_cls, base) -> tuple[list, list[str]]:
+    class Recorded(type(_module(base))):
+        calls: list[str] = []
+
+        def on_validation_start(self):
+            self.calls.append("on_validation_start")
+
+        def on_validation_model_eval(self):
+            self.calls.append("on_validation_model_eval")
+            super().on_validation_model_eval()
+
+    model = Recorded()
+    trainer = trainer_cls(logger=False, limit_val_batches=0, **QUIET)
+    return trainer.validate(model, _loaders(), verbose=False), model.calls
+
+
+@pytest.mark.timeout(30)
+def test_no_batch_to_validate_returns_nothing_and_calls_no_validation_hook_as_in_lightning():
+    ours, theirs = _skipped(fw.Trainer, fw.TrainModule), _skipped(pl.Trainer, pl.LightningModule)
+    assert ours == theirs == ([], [])
