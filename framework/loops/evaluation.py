@@ -33,7 +33,8 @@ def run_eval_stage(run: Run) -> list[dict]:
     loaders = run.loaders.get(fn)
     if not loaders:
         raise ConfigError(f"{fn} needs data: pass dataloaders= or a datamodule with {_LOADER_NAMES[fn]}()")
-    if all(num_batches(loader, run.settings.limits[fn]) == 0 for loader in loaders):
+    nothing = all(num_batches(loader, run.settings.limits[fn]) == 0 for loader in loaders)
+    if run.strategy.reduce_boolean_decision(nothing, all=True):  # on no rank (a rank's shard may be empty)
         return []  # no batch to run (limit_*_batches=0): Lightning skips the stage, its hooks too
     values = run_evaluation(run, fn)
     aliases = {k for k in values if f"{k}_epoch" in values or _forked(k, values)}  # Lightning returns x_epoch only
