@@ -249,12 +249,17 @@ def build_from_hparams(cls: type, saved: dict, overrides: dict) -> Any:
 
 
 def load_from_checkpoint(cls, path: str | os.PathLike, map_location: Any = None, strict: bool | None = None,
-                         **overrides: Any):
+                         hparams_file: Any = None, **overrides: Any):
     """``cls`` built from the hyperparameters saved in the checkpoint at ``path`` (``overrides``
     win; only names ``__init__`` takes, unless it takes ``**kwargs``), its ``on_load_checkpoint``
     run, the weights loaded (``strict`` by default) and the module moved where they were
-    loaded to (``map_location``, the CPU when None). As Lightning's ``load_from_checkpoint``."""
+    loaded to (``map_location``, the CPU when None); ``hparams_file`` (YAML or CSV) replaces the
+    saved hyperparameters. As Lightning's ``load_from_checkpoint``."""
     checkpoint = load_checkpoint(path, map_location=map_location if map_location is not None else "cpu")
+    if hparams_file is not None:
+        from framework.hparams import hparams_from_file
+
+        checkpoint["hyper_parameters"] = hparams_from_file(hparams_file)
     module = build_from_hparams(cls, checkpoint.get("hyper_parameters", {}), overrides)
     module.on_load_checkpoint(checkpoint)
     chosen = module.__dict__.get("_strict_loading")  # set in __init__ (module.strict_loading = False)

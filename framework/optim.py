@@ -23,13 +23,15 @@ class LRSchedulerConfig:
 def parse_optimizers(result: Any) -> tuple[list[torch.optim.Optimizer], list[LRSchedulerConfig]]:
     """Accept an optimizer, a list of them, ``(optimizers, schedulers)``, or a dict with
     ``optimizer`` and ``lr_scheduler`` (a scheduler or ``{scheduler, interval, frequency,
-    monitor, name}``)."""
+    monitor, name}``) and, for a scheduler given bare, ``monitor`` (Lightning's rules: a
+    ReduceLROnPlateau needs a monitor, there or in its own dict)."""
     if isinstance(result, torch.optim.Optimizer):
         return [result], []
     if isinstance(result, dict):
         if "optimizer" not in result:
             raise ConfigError("configure_optimizers() returned a dict without 'optimizer'")
-        schedulers = [_scheduler_config(result["lr_scheduler"])] if result.get("lr_scheduler") else []
+        schedulers = [_scheduler_config(result["lr_scheduler"], result.get("monitor"))] if result.get("lr_scheduler") \
+            else []
         return [result["optimizer"]], schedulers
     if isinstance(result, (list, tuple)):
         if len(result) == 2 and isinstance(result[0], (list, tuple)):
@@ -45,7 +47,7 @@ def parse_optimizers(result: Any) -> tuple[list[torch.optim.Optimizer], list[LRS
     )
 
 
-def _scheduler_config(spec: Any) -> LRSchedulerConfig:
+def _scheduler_config(spec: Any, monitor: str | None = None) -> LRSchedulerConfig:
     if isinstance(spec, dict):
         if "scheduler" not in spec:
             raise ConfigError("lr_scheduler dict needs a 'scheduler' key")
@@ -54,7 +56,11 @@ def _scheduler_config(spec: Any) -> LRSchedulerConfig:
             raise ConfigError(f"lr_scheduler: unknown keys {sorted(unknown)}")
         config = LRSchedulerConfig(**spec)
     else:
-        config = LRSchedulerConfig(scheduler=spec)
+        config = LRSchedulerConfig(scheduler=spec, monitor=monitor)
+    if isinstance(config.scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau) and config.monitor is None:
+        raise ConfigError("configure_optimizers(): a ReduceLROnPlateau needs the metric it watches, as in Lightning: "
+                          "{'optimizer': optimizer, 'lr_scheduler': scheduler, 'monitor': 'val_loss'} (or 'monitor' "
+                          "in the lr_scheduler dict)")
     if config.interval not in ("step", "epoch"):
         raise ConfigError(f"lr_scheduler interval '{config.interval}': use 'step' or 'epoch'")
     if config.frequency < 1:

@@ -68,7 +68,7 @@ class EarlyStopping(Callback):
         self.monitor = monitor
         self.mode = mode
         self.patience = patience
-        self.min_delta = abs(float(min_delta))
+        self.min_delta = float(min_delta)  # signed, as in Lightning: a negative one lets a slight worsening count
         self.check_on_train_epoch_end = check_on_train_epoch_end
         self.strict = strict
         self.verbose = verbose

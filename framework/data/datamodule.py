@@ -68,6 +68,10 @@ class DataModule(HyperparametersMixin):
         from framework.checkpoint import build_from_hparams, load_checkpoint
 
         checkpoint = load_checkpoint(checkpoint_path, map_location=map_location if map_location is not None else "cpu")
+        if hparams_file is not None:
+            from framework.hparams import hparams_from_file
+
+            checkpoint[cls.CHECKPOINT_HYPER_PARAMS_KEY] = hparams_from_file(hparams_file)
         datamodule = build_from_hparams(cls, checkpoint.get(cls.CHECKPOINT_HYPER_PARAMS_KEY, {}), kwargs)
         state = checkpoint.get(cls.__qualname__)
         if state:

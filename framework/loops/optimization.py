@@ -61,10 +61,11 @@ def automatic_step_fn(run: Run) -> tuple[Callable[[Any, int, bool], Any], Callab
     wrapped = module.optimizers()  # what optimizer_step gets: Lightning's LightningOptimizer
     # Nobody to see when the gradients are zeroed: zero them right after the step, as a
     # hand-written loop does (the same numbers; the old gradients are freed before the next
-    # forward, not after it: measurably faster on the CPU). Else at each window's start.
+    # forward, not after it: measurably faster on the CPU). Else at each window's start (and in
+    # each call of LBFGS's closure, which it calls several times a step: each sees its own gradients).
     user_step = hooks.module_fn("optimizer_step") if hooks.module_overrides("optimizer_step") else None
     zero_after_step = user_step is None and not hooks.module_overrides("optimizer_zero_grad") \
-        and hooks.per_batch("on_before_zero_grad") is None
+        and hooks.per_batch("on_before_zero_grad") is None and not isinstance(optimizer, torch.optim.LBFGS)
     if zero_after_step:
         optimizer.zero_grad()  # gradients left from before this epoch (a backward outside fit) do not count
     guard = nonfinite_guard(run)

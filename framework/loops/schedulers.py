@@ -43,7 +43,8 @@ def step_schedulers(run: Run, interval: str, plateau: bool, batch_idx: int = 0) 
 
 
 def _monitored(run: Run, cfg: LRSchedulerConfig) -> torch.Tensor | None:
-    monitor = cfg.monitor or "val_loss"
+    monitor = cfg.monitor
+    assert monitor is not None, "parse_optimizers refuses a ReduceLROnPlateau without a monitor"
     metrics = run.metrics.callback_metrics
     if monitor in metrics:
         return metrics[monitor]

@@ -197,11 +197,13 @@ class Trainer(TrainerProperties, LightningViews):
         checkpointing.save(run, path)
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
-        """Send ``metrics`` to every logger (rank 0 only; other ranks do nothing)."""
+        """Send ``metrics`` to every logger (rank 0 only; other ranks do nothing), each then
+        asked to ``save()``, as Lightning asks after every row."""
         if not self.is_global_zero or not metrics:
             return
         for lg in self.loggers:
             lg.log_metrics(metrics, step)
+            lg.save()
 
     # -- orchestration --------------------------------------------------------------------------
     def _call(self, call: Call) -> Any:
