@@ -99,6 +99,10 @@ def _last_checkpoint_is_the_latest(run: Run, fn: str, _: str | None) -> bool:
                                for cb in run.callbacks)
 
 
+def _fp16_autocast_on_the_cpu(run: Run, fn: str, _: str | None) -> bool:
+    return run.precision.precision == "16-mixed" and run.precision.device_type == "cpu"
+
+
 _DIFFERENCES: list[tuple[str, Callable[[Run, str, str | None], bool], str]] = [
     ("no forced shuffle", _unshuffled_training_under_ddp,
      "the training loader is not shuffled, and fw keeps its order on every rank (Lightning would shuffle it "
@@ -122,6 +126,9 @@ _DIFFERENCES: list[tuple[str, Callable[[Run, str, str | None], bool], str]] = [
     ("plateau before checkpoint", _plateau_before_checkpoint,
      "ReduceLROnPlateau steps before EarlyStopping's and ModelCheckpoint's on_train_epoch_end (Lightning: "
      "after), so a checkpoint saved there holds the stepped scheduler and resumes exactly"),
+    ("16-mixed on the CPU", _fp16_autocast_on_the_cpu,
+     "precision=16-mixed on the CPU runs float16 autocast with a GradScaler, as asked (Lightning 2.6 runs "
+     "bf16-mixed there instead); pass precision='bf16-mixed' for Lightning's numbers"),
     ("last.ckpt", _last_checkpoint_is_the_latest,
      "last.ckpt is written at every save point (Lightning 2.6 with a monitor: only when a top-k checkpoint "
      "is saved), so it always holds the latest weights"),

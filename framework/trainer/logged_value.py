@@ -1,12 +1,17 @@
 """What ``self.log`` may log, as the metric collector keeps it: a number or a one-element tensor
-(detached, at least float32, as Lightning keeps it), or a torchmetrics ``Metric``."""
+(detached, at least float32, as Lightning keeps it), or a torchmetrics ``Metric``; and how a
+value logged with ``sync_dist=True`` is reduced over the ranks."""
 
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    from framework.strategies import Strategy
+    from framework.trainer.metric_collector import _Entry as Entry
 
 
 def is_metric(value: Any) -> bool:
@@ -36,3 +41,16 @@ def at_least_float32(value: torch.Tensor) -> torch.Tensor:
     """float32, or float64 where it is that: Lightning keeps a logged value "in float32 or
     higher to maintain accuracy" (a float64 loss is logged and averaged in float64)."""
     return value if value.dtype in (torch.float32, torch.float64) else value.float()
+
+
+def reduce_across_ranks(entry: Entry, strategy: Strategy) -> torch.Tensor:
+    """An entry's epoch value logged with ``sync_dist=True``: the sum (a weighted mean), sum, max or
+    min over the ranks; a rank with no value adds nothing."""
+    device = strategy.collective_device
+    if entry.reduce_fx == "mean":
+        total = entry.total.float().cpu() if entry.total is not None else torch.tensor(0.0)
+        pair = strategy.all_reduce_over_data(torch.stack([total, torch.tensor(float(entry.weight))]).to(device), "sum").cpu()
+        return pair[0] / pair[1]
+    neutral = {"sum": 0.0, "max": float("-inf"), "min": float("inf")}[entry.reduce_fx]
+    total = entry.total.float().cpu() if entry.total is not None else torch.tensor(neutral)
+    return strategy.all_reduce_over_data(total.to(device), entry.reduce_fx).cpu()

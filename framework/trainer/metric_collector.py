@@ -16,7 +16,7 @@ from torch import nn
 
 from framework.errors import ConfigError
 from framework.rank_zero import rank_zero_warn
-from framework.trainer.logged_value import as_scalar, at_least_float32, is_metric
+from framework.trainer.logged_value import as_scalar, at_least_float32, is_metric, reduce_across_ranks
 from framework.waits import waiting_in
 
 if TYPE_CHECKING:
@@ -172,6 +172,12 @@ class MetricCollector:
     def step_values(self) -> dict[str, torch.Tensor]:
         return {e.step_key: e.last for e in self.entries.values() if e.on_step and e.last is not None}
 
+    def newer_step_values(self) -> dict[str, torch.Tensor]:
+        """``x`` of each ``on_step`` and ``on_epoch`` value logged since its epoch value: its latest
+        step's, as Lightning's ``callback_metrics`` holds it during the epoch."""
+        return {e.key: e.last for e in self.entries.values()
+                if e.on_step and e.on_epoch and e.last is not None and e.version != e.computed}
+
     def step_values_for(self, flag: str, loader: int | None = None) -> dict[str, torch.Tensor]:
         """The step values logged with ``flag`` (``logger``, ``prog_bar``); given a ``loader``
         (of several), only its own (Lightning's evaluation rows hold the loader's alone)."""
@@ -234,7 +240,7 @@ class MetricCollector:
         if entry.metric is not None:
             return entry.metric.compute().detach()  # torchmetrics syncs its state across ranks
         if entry.sync_dist and strategy.is_distributed:
-            return _reduce_across_ranks(entry, strategy)
+            return reduce_across_ranks(entry, strategy)
         if entry.total is None:
             return None
         return entry.total / entry.weight if entry.reduce_fx == "mean" else entry.total
@@ -286,15 +292,3 @@ def _spec(entry: _Entry, module: nn.Module | None) -> _Spec:
     if entry.metric is not None and module is not None:
         path = next((n for n, m in module.named_modules() if m is entry.metric), None)
     return flags, path
-
-
-def _reduce_across_ranks(entry: _Entry, strategy: Strategy) -> torch.Tensor:
-    """Sum (weighted mean), sum, max or min over ranks; a rank with no value adds nothing."""
-    device = strategy.collective_device
-    if entry.reduce_fx == "mean":
-        total = entry.total.float().cpu() if entry.total is not None else torch.tensor(0.0)
-        pair = strategy.all_reduce_over_data(torch.stack([total, torch.tensor(float(entry.weight))]).to(device), "sum").cpu()
-        return pair[0] / pair[1]
-    neutral = {"sum": 0.0, "max": float("-inf"), "min": float("inf")}[entry.reduce_fx]
-    total = entry.total.float().cpu() if entry.total is not None else torch.tensor(neutral)
-    return strategy.all_reduce_over_data(total.to(device), entry.reduce_fx).cpu()

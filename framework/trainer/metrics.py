@@ -159,6 +159,7 @@ class LoggedMetrics:
         """
         self._callback_metrics.update(self.collector.step_values())
         self._callback_metrics.update(self.epoch_values)
+        self._callback_metrics.update(self.training.newer_step_values())  # x: its latest step during the epoch
         return self._callback_metrics
 
     @property

@@ -6,6 +6,8 @@ refused); EarlyStopping keeps a negative ``min_delta``'s sign; ``load_from_check
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 import yaml
@@ -161,3 +163,36 @@ def test_a_logger_is_asked_to_save_after_every_row_as_in_lightning():
     for events in (ours, theirs):
         rows = [i for i, event in enumerate(events) if event == "log"]
         assert len(rows) == 9 and all(events[i + 1] == "save" for i in rows)  # a buffering logger writes as it goes
+
+
+def _monitored_mid_epoch(lib, base, callbacks, root) -> tuple[list, list]:
+    seen = []
+
+    class Logs(type(_model(base))):
+        def training_step(self, batch, batch_idx):
+            loss = super().training_step(batch, batch_idx)
+            self.log("loss", loss, on_step=True, on_epoch=True)
+            return loss
+
+    class Spy(lib.Callback):
+        def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+            value = trainer.callback_metrics.get("loss")
+            seen.append(None if value is None else round(float(value), 5))
+
+    checkpoint = callbacks.ModelCheckpoint(dirpath=str(root), monitor="loss", every_n_train_steps=2, save_top_k=2,
+                                           filename="{step}")
+    settings = {**QUIET, "enable_checkpointing": True}
+    lib.Trainer(max_epochs=2, limit_val_batches=0, callbacks=[Spy(), checkpoint], **settings).fit(
+        Logs(), _loader(24))
+    best = sorted((os.path.basename(path), round(float(score), 5)) for path, score in checkpoint.best_k_models.items())
+    return seen, best
+
+
+def test_a_step_and_epoch_value_is_its_latest_step_during_the_epoch_as_in_lightning(tmp_path):
+    """``callback_metrics["loss"]`` of ``self.log("loss", on_step=True, on_epoch=True)`` is the
+    latest step's during the epoch (fw had none in the first epoch, then the last epoch's mean),
+    so a ModelCheckpoint every 2 steps keeps Lightning's checkpoints."""
+    ours = _monitored_mid_epoch(fw, fw.TrainModule, fw_callbacks, tmp_path / "fw")
+    theirs = _monitored_mid_epoch(pl, pl.LightningModule, pl.callbacks, tmp_path / "pl")
+    assert ours == theirs
+    assert None not in ours[0] and len(set(ours[0])) == len(ours[0])  # a new value every step

@@ -87,6 +87,13 @@ def test_last_checkpoint_difference_is_said_with_a_monitor_and_save_last(tmp_pat
     assert len(said()) == 1 and "last.ckpt is written at every save point" in said()[0]
 
 
+def test_fp16_autocast_on_the_cpu_is_said_and_bf16_is_not(said):
+    data = loader(regression_data(16))
+    for precision in ("16-mixed", "bf16-mixed"):
+        fw.Trainer(max_epochs=1, precision=precision, **QUIET).fit(LinearModel(), data)
+    assert len(said()) == 1 and "precision=16-mixed on the CPU runs float16 autocast" in said()[0]
+
+
 def test_nothing_is_said_when_the_run_does_not_rely_on_a_difference(said, tmp_path):
     data = loader(regression_data(16))
     fw.Trainer(max_epochs=1, callbacks=[ModelCheckpoint()], **{**QUIET, "enable_checkpointing": True},
