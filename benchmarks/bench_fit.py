@@ -107,7 +107,7 @@ def fw_fit_with_closures(net: nn.Module, data: TensorDataset, steps: int, world:
     (``loops/optimization.py``'s ``_plain_batch_fn``): what that path saves, in the same run."""
     import framework.loops.optimization as optimization
 
-    plain, optimization._nothing_between = optimization._nothing_between, lambda run, optimizer: False
+    plain, optimization._nothing_between = optimization._nothing_between, lambda run: False
     try:
         fw_fit(net, data, steps, world)
     finally:

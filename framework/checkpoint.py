@@ -248,6 +248,18 @@ def build_from_hparams(cls: type, saved: dict, overrides: dict) -> Any:
     return cls(**kwargs)
 
 
+def load_for_building(path: Any, map_location: Any, hparams_file: Any, key: str = "hyper_parameters") -> dict:
+    """The checkpoint a class is rebuilt from (on the CPU unless ``map_location`` says), the
+    hyperparameters under ``key`` replaced by ``hparams_file``'s (YAML or CSV) when given, as
+    Lightning's ``load_from_checkpoint`` reads them."""
+    checkpoint = load_checkpoint(path, map_location=map_location if map_location is not None else "cpu")
+    if hparams_file is not None:
+        from framework.hparams import hparams_from_file
+
+        checkpoint[key] = hparams_from_file(hparams_file)
+    return checkpoint
+
+
 def load_from_checkpoint(cls, path: str | os.PathLike, map_location: Any = None, strict: bool | None = None,
                          hparams_file: Any = None, **overrides: Any):
     """``cls`` built from the hyperparameters saved in the checkpoint at ``path`` (``overrides``
@@ -255,11 +267,7 @@ def load_from_checkpoint(cls, path: str | os.PathLike, map_location: Any = None,
     run, the weights loaded (``strict`` by default) and the module moved where they were
     loaded to (``map_location``, the CPU when None); ``hparams_file`` (YAML or CSV) replaces the
     saved hyperparameters. As Lightning's ``load_from_checkpoint``."""
-    checkpoint = load_checkpoint(path, map_location=map_location if map_location is not None else "cpu")
-    if hparams_file is not None:
-        from framework.hparams import hparams_from_file
-
-        checkpoint["hyper_parameters"] = hparams_from_file(hparams_file)
+    checkpoint = load_for_building(path, map_location, hparams_file)
     module = build_from_hparams(cls, checkpoint.get("hyper_parameters", {}), overrides)
     module.on_load_checkpoint(checkpoint)
     chosen = module.__dict__.get("_strict_loading")  # set in __init__ (module.strict_loading = False)

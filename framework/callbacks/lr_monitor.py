@@ -10,8 +10,8 @@ With ``logging_interval=None`` each scheduler is logged at its own interval (at 
 ``interval="step"``, at epoch starts otherwise) and optimizers without a scheduler at both;
 ``"step"`` or ``"epoch"`` logs all of them at that interval. Step rows are Lightning's: at the
 start of a batch whose step is a logging one (``(step + 1) % trainer.log_every_n_steps == 0``, or
-the fit stops), once per step under gradient accumulation (Lightning writes the same row again
-for each accumulated batch).
+the fit stops), under gradient accumulation at each batch of that step (the same row again, as
+Lightning writes it).
 
 Values go to ``trainer.log_metrics`` (which writes on rank 0 only) and into
 ``trainer.callback_metrics`` on every rank. No collective is involved.

@@ -65,13 +65,9 @@ class DataModule(HyperparametersMixin):
                              hparams_file: Any = None, **kwargs: Any) -> Any:
         """This DataModule rebuilt from the hyperparameters a checkpoint keeps
         (``datamodule_hyper_parameters``; ``kwargs`` win), with its ``state_dict`` loaded."""
-        from framework.checkpoint import build_from_hparams, load_checkpoint
+        from framework.checkpoint import build_from_hparams, load_for_building
 
-        checkpoint = load_checkpoint(checkpoint_path, map_location=map_location if map_location is not None else "cpu")
-        if hparams_file is not None:
-            from framework.hparams import hparams_from_file
-
-            checkpoint[cls.CHECKPOINT_HYPER_PARAMS_KEY] = hparams_from_file(hparams_file)
+        checkpoint = load_for_building(checkpoint_path, map_location, hparams_file, cls.CHECKPOINT_HYPER_PARAMS_KEY)
         datamodule = build_from_hparams(cls, checkpoint.get(cls.CHECKPOINT_HYPER_PARAMS_KEY, {}), kwargs)
         state = checkpoint.get(cls.__qualname__)
         if state:

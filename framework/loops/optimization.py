@@ -65,7 +65,7 @@ def automatic_step_fn(run: Run) -> tuple[Callable[[Any, int, bool], Any], Callab
     # each call of LBFGS's closure, which it calls several times a step: each sees its own gradients).
     user_step = hooks.module_fn("optimizer_step") if hooks.module_overrides("optimizer_step") else None
     zero_after_step = user_step is None and not hooks.module_overrides("optimizer_zero_grad") \
-        and hooks.per_batch("on_before_zero_grad") is None and not isinstance(optimizer, torch.optim.LBFGS)
+        and hooks.per_batch("on_before_zero_grad") is None and not _reevaluates(optimizer)
     if zero_after_step:
         optimizer.zero_grad()  # gradients left from before this epoch (a backward outside fit) do not count
     guard = nonfinite_guard(run)
@@ -73,7 +73,7 @@ def automatic_step_fn(run: Run) -> tuple[Callable[[Any, int, bool], Any], Callab
     step = _step_fn(run, optimizer, zero_after_step)
     wrapped.use_automatic_step(step)
     accumulate = run.settings.accumulate_grad_batches
-    if zero_after_step and accumulate == 1 and _nothing_between(run, optimizer):
+    if zero_after_step and accumulate == 1 and _nothing_between(run):
         return _plain_batch_fn(run, optimizer, guard), guard.flush
     default_step = hooks.timed(hook_action(module, "optimizer_step"), step)  # what Lightning's default does
     no_sync = strategy.no_sync if strategy.multi_process and accumulate > 1 else None
@@ -98,19 +98,26 @@ def automatic_step_fn(run: Run) -> tuple[Callable[[Any, int, bool], Any], Callab
     return train_batch, guard.flush
 
 
-def _nothing_between(run: Run, optimizer: torch.optim.Optimizer) -> bool:
+def _nothing_between(run: Run) -> bool:
     """Does nothing run between training_step, the backward and the optimizer's step: no hook
-    around them, no clipping, no autocast or gradient scaler, no profiler, no step context, and
-    an optimizer that calls its closure once? Then a batch needs no closure (``_plain_batch_fn``)."""
+    around them, no clipping, no autocast or gradient scaler, no profiler, no step context? Then
+    a batch that zeroes after its step (never one of an optimizer that ``_reevaluates``) needs no
+    closure (``_plain_batch_fn``)."""
     hooks, precision = run.hooks, run.precision
     return (hooks.profiler is None and precision.scaler is None and not precision.has_forward_context
             and all(hooks.per_batch(name) is None for name in _AROUND_THE_STEP)
             and not any(hooks.module_overrides(name) for name in _CLIPPING) and not run.settings.gradient_clip_val
-            and not isinstance(optimizer, torch.optim.LBFGS) and run.strategy.step_context() is None)
+            and run.strategy.step_context() is None)
 
 
 _AROUND_THE_STEP = ("on_before_backward", "on_after_backward", "on_before_optimizer_step")
-_CLIPPING = ("configure_gradient_clipping", "clip_gradients")
+_CLIPPING = ("configure_gradient_clipping", "clip_gradients")  # overriding either clips the module's own way
+
+
+def _reevaluates(optimizer: torch.optim.Optimizer) -> bool:
+    """Does this optimizer's step call the closure again (LBFGS)? Then it gets the closure, and
+    each call zeroes the gradients before its backward, as in Lightning."""
+    return isinstance(optimizer, torch.optim.LBFGS)
 
 
 def _plain_batch_fn(run: Run, optimizer: torch.optim.Optimizer, guard: NonfiniteGuard
@@ -156,12 +163,12 @@ def _step_fn(run: Run, optimizer: torch.optim.Optimizer, zero_after_step: bool) 
     module, state, hooks, precision = run.module, run.state, run.hooks, run.precision
     scaler = precision.scaler
     before_step = hooks.per_batch("on_before_optimizer_step")
-    custom_clip = hooks.module_overrides("configure_gradient_clipping") or hooks.module_overrides("clip_gradients")
+    custom_clip = any(hooks.module_overrides(name) for name in _CLIPPING)
     clip_hook = hooks.module_fn("configure_gradient_clipping")
     default_clip = hooks.timed(hook_action(module, "configure_gradient_clipping"), clip_gradients)
     zero_grad = hooks.timed(hook_action(module, "optimizer_zero_grad"), optimizer.zero_grad)
     clip_val, clip_algorithm = run.settings.gradient_clip_val, run.settings.gradient_clip_algorithm
-    reevaluates = isinstance(optimizer, torch.optim.LBFGS)  # calls its closure again: give it one
+    reevaluates = _reevaluates(optimizer)
     between = before_step is not None or custom_clip or bool(clip_val)  # anything between closure and step
     optimizer_step = optimizer.step if scaler is None else functools.partial(precision.step, optimizer)
 

@@ -196,3 +196,23 @@ def test_a_step_and_epoch_value_is_its_latest_step_during_the_epoch_as_in_lightn
     theirs = _monitored_mid_epoch(pl, pl.LightningModule, pl.callbacks, tmp_path / "pl")
     assert ours == theirs
     assert None not in ours[0] and len(set(ours[0])) == len(ours[0])  # a new value every step
+
+
+def test_a_datamodule_reads_hparams_file_too(tmp_path):
+    (tmp_path / "hparams.yaml").write_text(yaml.safe_dump({"batch_size": 8}))
+    sizes = []
+    for lib, base, _ in _sides():
+        class Data(lib.LightningDataModule if lib is pl else lib.DataModule):
+            def __init__(self, batch_size: int = 4) -> None:
+                super().__init__()
+                self.save_hyperparameters()
+
+            def train_dataloader(self):
+                return _loader()
+
+        trainer = lib.Trainer(max_epochs=1, limit_val_batches=0, default_root_dir=str(tmp_path), **QUIET)
+        trainer.fit(_model(base), datamodule=Data())
+        path = tmp_path / f"{lib.__name__}-data.ckpt"
+        trainer.save_checkpoint(path)
+        sizes.append(Data.load_from_checkpoint(path, hparams_file=tmp_path / "hparams.yaml").hparams.batch_size)
+    assert sizes == [8, 8]
