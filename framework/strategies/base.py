@@ -163,6 +163,12 @@ class Strategy(ABC):
     def teardown(self) -> None:
         self.model = None
 
+    @property
+    def group_outlives_teardown(self) -> bool:
+        """Is the job's process group still up after this call's teardown (so that a
+        ``save_checkpoint`` after the fit can gather every rank's states then)?"""
+        return False
+
     def describe(self) -> dict[str, Any]:
         return {"strategy": self.name, "world_size": self.world_size, "device": str(self.root_device)}
 

@@ -2,8 +2,9 @@
 parts are gathered, rank 0 writes one file (atomically: ``framework/checkpoint.py``), and every
 rank learns whether that write succeeded; on load every rank reads the file and loads its parts.
 
-Outside a run (after ``fit`` returned, its process group gone) there is nobody to gather from or
-wait for: rank 0 writes what the fit kept of every rank (``trainer/end_of_fit.py``). A strategy that shards its state (FSDP) writes its own way.
+After a fit, the per-rank parts are those the fit ended with; where its process group is gone,
+there is nobody to gather from or wait for: rank 0 writes what the fit kept of every rank
+(``trainer/end_of_fit.py``). A strategy that shards its state (FSDP) writes its own way.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ def save_from_rank_zero(strategy: Strategy, path: str, parts: CheckpointParts) -
         CheckpointError: the write failed (on every rank, so that none goes on alone).
     """
     live = is_live(strategy)
-    mine = parts.rank_states()
+    mine = parts.kept_own if parts.kept_own is not None else parts.rank_states()
     per_rank = strategy.all_gather_object(mine) if live else parts.kept_per_rank or [mine]
     if not live and parts.kept_per_rank is None and parts.per_rank and strategy.world_size > 1:
         rank_zero_warn(f"the checkpoint '{path}' holds rank 0's RNG state alone: no fit of this Trainer ended "

@@ -137,6 +137,10 @@ class DistributedStrategy(Strategy):
                 sys.excepthook = before
         self._failed = False
 
+    @property
+    def group_outlives_teardown(self) -> bool:
+        return not self._owns_group  # a group fw did not make is left as it was found
+
     def on_exception(self, exc: BaseException) -> None:
         self._failed = True
         if "timed out" in str(exc).lower() and self.world_size > 1:

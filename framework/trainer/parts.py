@@ -55,6 +55,7 @@ class CheckpointParts:
     values: dict[str, Any] = field(default_factory=dict)
     on_write: Callable[[dict], None] | None = None
     kept_per_rank: list[dict[str, Any]] | None = None  # every rank's, kept at the end of a fit (``EndOfFit``)
+    kept_own: dict[str, Any] | None = None  # this rank's, kept at the end of a fit whose group stays up
 
     def shared_states(self) -> dict[str, Any]:
         return {key: part.state_dict() for key, part in self.shared.items() if not isinstance(part, OnLoad)}
@@ -119,14 +120,16 @@ class FromRanks:
 
 @dataclass(frozen=True)
 class EndOfFit:
-    """What a distributed fit leaves for a ``save_checkpoint`` after it returned, when its
-    process group is gone: every rank's per-rank states at the end (rank 0 keeps them), and,
+    """What a distributed fit leaves for a ``save_checkpoint`` after it returned: when its
+    process group is gone, every rank's per-rank states at the end (rank 0 keeps them) and,
     brought back from spawned workers, the values and shared states only they held (the
-    optimizers, schedulers, callbacks and loop; the weights come back on their own)."""
+    optimizers, schedulers, callbacks and loop; the weights come back on their own); when the
+    group stays up, each rank's own states at the end (``own``: the save gathers them)."""
 
-    per_rank: list[dict[str, Any]]
+    per_rank: list[dict[str, Any]] | None
     values: dict[str, Any] | None = None
     shared: dict[str, Any] | None = None
+    own: dict[str, Any] | None = None
 
 
 # -- fw's pieces as parts ------------------------------------------------------------------------

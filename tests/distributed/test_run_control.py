@@ -89,6 +89,9 @@ import framework as fw
 import workload
 
 out, mode = sys.argv[1], sys.argv[2]
+if mode == "split_own":  # the script makes the process group: it stays up after each fit
+    import torch.distributed as dist
+    dist.init_process_group("gloo")
 
 class Dropped(workload.Regressor):
     def __init__(self):
@@ -97,7 +100,7 @@ class Dropped(workload.Regressor):
 
 class EveryRank(fw.Callback):
     def on_save_checkpoint(self, trainer, module, checkpoint):  # Lightning calls it on every rank
-        open(f"{out}/saved_on_rank{trainer.global_rank}", "w").write(str(checkpoint["global_step"]))
+        open(f"{out}/{mode}_saved_on_rank{trainer.global_rank}", "w").write(str(checkpoint["global_step"]))
 
 def fit(epochs, ckpt_path=None):
     torch.manual_seed(7)
@@ -114,27 +117,34 @@ else:
     trainer, model = fit(1)
     rng = torch.get_rng_state()
     trainer.validate(model, DataLoader(workload.regression_data(8), batch_size=4), verbose=False)  # draws a seed
-    trainer.save_checkpoint(f"{out}/after_fit.ckpt")  # the process group is gone by now: still the fit's
-    trainer, model = fit(2, f"{out}/after_fit.ckpt")
-    torch.save(rng, f"{out}/rng_after_fit{trainer.global_rank}.pt")
+    trainer.save_checkpoint(f"{out}/{mode}.ckpt")  # fw's process group is gone by now: still the fit's
+    trainer, model = fit(2, f"{out}/{mode}.ckpt")
+    torch.save(rng, f"{out}/{mode}_rng_after_fit{trainer.global_rank}.pt")
 with open(f"{out}/{mode}{trainer.global_rank}.json", "w") as f:
     json.dump(torch.cat([p.flatten() for p in model.parameters()]).tolist(), f)
+if mode == "split_own":
+    from framework.strategies.distributed import destroy_process_groups
+    destroy_process_groups()
 """
 
 
-@pytest.mark.timeout(90)
+@pytest.mark.timeout(120)
 def test_a_checkpoint_saved_after_a_distributed_fit_holds_every_rank_and_resumes_bit_exactly(tmp_path):
     """Its RNG states are every rank's as the fit ended (not rank 0's alone), so the fit resumed
     from it on 2 ranks with dropout is the uninterrupted fit bit for bit; and every rank's
     ``on_save_checkpoint`` ran (Lightning's), though rank 0 alone writes. A ``validate`` between
-    the fit and the save changes none of it: the checkpoint is still the fit's, as in Lightning."""
+    the fit and the save changes none of it: the checkpoint is still the fit's, as in Lightning.
+    The same where the script made the process group, which stays up after the fit (``split_own``:
+    the save gathers the states then; it wrote the states after the validate before)."""
     script = write_script(tmp_path, AFTER_FIT)
-    for mode in ("whole", "split"):
+    for mode in ("whole", "split", "split_own"):
         check_ok(run_script(script, str(tmp_path), mode, nprocs=2, timeout=60))
-    for rank in range(2):
-        assert json.loads((tmp_path / f"split{rank}.json").read_text()) == json.loads((tmp_path / f"whole{rank}.json").read_text())
-        assert (tmp_path / f"saved_on_rank{rank}").read_text() == "4"
-    saved = load_checkpoint(tmp_path / "after_fit.ckpt")
-    assert len(saved["rng"]) == 2
-    for rank in range(2):
-        assert torch.equal(saved["rng"][rank]["now"]["torch"], torch.load(tmp_path / f"rng_after_fit{rank}.pt"))
+    for mode in ("split", "split_own"):
+        for rank in range(2):
+            assert json.loads((tmp_path / f"{mode}{rank}.json").read_text()) == json.loads((tmp_path / f"whole{rank}.json").read_text())
+            assert (tmp_path / f"{mode}_saved_on_rank{rank}").read_text() == "4"
+        saved = load_checkpoint(tmp_path / f"{mode}.ckpt")
+        assert len(saved["rng"]) == 2
+        for rank in range(2):
+            after_fit = torch.load(tmp_path / f"{mode}_rng_after_fit{rank}.pt")
+            assert torch.equal(saved["rng"][rank]["now"]["torch"], after_fit), (mode, rank)
