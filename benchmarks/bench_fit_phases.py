@@ -15,15 +15,19 @@ optimizer's step pre- and post-hooks, and the data loader iterator's ``__next__`
 - ``before forward``: from the fetch to the forward (fw: the batch's closure, ``training_step``).
 
 Each phase is summed over a fit's steps after the first; the table gives medians over rounds and
-the median of the paired ratios. ::
+the median of the paired ratios. Under torchrun the fits run on its ranks (Gloo, each rank pinned
+to its core) and the phases are rank 0's: its backward includes the wait for the other rank's
+gradients. ::
 
     .venv/bin/python benchmarks/bench_fit_phases.py                    # MLP 64-512-512-10, 100 steps
     .venv/bin/python benchmarks/bench_fit_phases.py --sizes 8,4 --steps 300   # the glue alone
+    .venv/bin/python -m torch.distributed.run --standalone --nproc-per-node 2 benchmarks/bench_fit_phases.py
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -32,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import bench_fit  # noqa: E402
 import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
 import torch.utils.data.dataloader as dataloader  # noqa: E402
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook  # noqa: E402
 
@@ -107,21 +112,30 @@ def main() -> None:
     parser.add_argument("--sizes", default=",".join(map(str, bench_fit.SIZES)), help="the MLP's widths")
     parser.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
     args = parser.parse_args()
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world > 1:
+        dist.init_process_group("gloo")
+        os.sched_setaffinity(0, {dist.get_rank() % (os.cpu_count() or 1)})
+    rank = dist.get_rank() if world > 1 else 0
     torch.set_num_threads(1)
     bench_fit.SIZES = tuple(int(w) for w in args.sizes.split(","))
     install_marks()
-    data, fresh = bench_fit.workload(args.steps, 1)
-    sides = {"raw": lambda: measured(lambda: bench_fit.raw_fit(fresh(), data, args.steps, 0, 1)),
-             "fw": lambda: measured(lambda: bench_fit.fw_fit(fresh(), data, args.steps, 1))}
+    data, fresh = bench_fit.workload(args.steps, world)
+    sides = {"raw": lambda: measured(lambda: bench_fit.raw_fit(fresh(), data, args.steps, rank, world)),
+             "fw": lambda: measured(lambda: bench_fit.fw_fit(fresh(), data, args.steps, world))}
     for side in sides.values():  # warm-up
         side()
     phases: dict[str, list[dict[str, float]]] = {name: [] for name in sides}
     wall: dict[str, list[float]] = {name: [] for name in sides}
     for r in range(args.rounds):
         for name in (list(sides) if r % 2 == 0 else list(sides)[::-1]):
+            if world > 1:
+                dist.barrier()
             start = time.perf_counter()
             phases[name].append(sides[name]())
             wall[name].append(time.perf_counter() - start)
+    if rank != 0:
+        return
     samples = {side: {**{phase: [p[phase] for p in phases[side]] for phase in PHASES}, "whole fit": wall[side]}
                for side in sides}
     rows = []
@@ -131,14 +145,14 @@ def main() -> None:
                      "paired_ratio": median([b / a for a, b in zip(raw, ours, strict=True)]),
                      "fw_minus_raw_us_per_step": (median(ours) - median(raw)) / (args.steps - 1) * 1e6
                      if phase != "whole fit" else None})
-    print_table(f"{args.steps}-step fits, MLP {args.sizes}, {args.rounds} rounds: phases summed over steps 2-{args.steps}",
+    print_table(f"{args.steps}-step fits on {world} rank(s) (rank 0's), MLP {args.sizes}, {args.rounds} rounds: phases summed over steps 2-{args.steps}",
                 ["phase", "raw ms", "fw ms", "fw/raw (paired)", "fw - raw"],
                 [[r["phase"], f"{r['raw_s'] * 1e3:.2f}", f"{r['fw_s'] * 1e3:.2f}", f"{r['paired_ratio']:.4f}",
                   f"{(r['fw_s'] - r['raw_s']) * 1e3:+.2f} ms a fit" if r["phase"] == "whole fit"
                   else f"{r['fw_minus_raw_us_per_step']:+.1f} µs a step"] for r in rows])
-    doc = {"machine": machine_info(), "steps": args.steps, "rounds": args.rounds, "sizes": args.sizes,
+    doc = {"machine": machine_info(), "world_size": world, "steps": args.steps, "rounds": args.rounds, "sizes": args.sizes,
            "malloc_env": bench_fit.malloc_env(), "rows": rows}
-    print(f"wrote {write_json(result_path('fit_phases', out=Path(args.out)), doc)}")
+    print(f"wrote {write_json(result_path('fit_phases' if world == 1 else f'fit_phases_ddp{world}', out=Path(args.out)), doc)}")
 
 
 if __name__ == "__main__":
