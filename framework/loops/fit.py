@@ -43,14 +43,13 @@ def run_fit(run: Run) -> None:
         with isolated_rng():  # the sanity check leaves the random streams as it found them, as in Lightning
             run_evaluation(run, "validate", limit=None if sanity < 0 else sanity, log=False)  # -1: all
         hooks.callbacks("on_sanity_check_end")
+        state.stage = "train"
     if state.position.resume_from is not None:
         state.position.resume_from.restore_rng()
     if run.num_training_batches == 0:  # limit_train_batches=0: the sanity check alone, as in Lightning
         state.stop("no_training_batches")
-        state.stage = None
         hooks("on_fit_end")
         return
-    state.stage = "train"
     run.fit_batches = run.num_training_batches
     _warn_if_modules_in_eval_mode(run.module)
     hooks("on_train_start")
@@ -67,7 +66,6 @@ def run_fit(run: Run) -> None:
             run_train_epoch(run, loader, stops)
         stops()
     stops.finish()
-    state.stage = None
     hooks("on_train_end")
     hooks("on_fit_end")
 

@@ -106,10 +106,12 @@ class Heartbeat:
     def _where(self) -> str:
         """Where the rank is, and what it waits in there (``framework/waits.py``)."""
         state, waiting = self.run.state, waits.now()
-        if state.stage == "train":
+        training = state.stage == "train" and self.run.fit_batches is not None  # a fit's stage from its start
+        if training:
             where = f"in epoch {state.epoch}, batch {state.position.batches}"
         else:
-            where = f"in {state.stage or 'set-up'} (epoch {state.epoch}, step {state.global_step})"
+            stage = None if state.stage == "train" else state.stage
+            where = f"in {stage or 'set-up'} (epoch {state.epoch}, step {state.global_step})"
         return f"{where}, in {waiting}" if waiting else where
 
     def _describe(self, seen: dict[int, tuple[str, float]], now: float) -> str:

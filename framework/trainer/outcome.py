@@ -74,6 +74,7 @@ class Outcome:
         state = trainer.state
         state.epoch, state.global_step = self.epoch, self.global_step
         state.stop_reason, state.status = self.stop_reason, self.status
+        state.fn, state.stage = self.fn, None  # the workers' call ended (``fn`` stays, as in Lightning)
         for cb, (best, score, last) in zip(trainer.checkpoint_callbacks, self.checkpoints, strict=True):
             cb.best_model_path, cb.best_model_score, cb.last_model_path = best, score, last
         for lg, (save_dir, version) in zip(trainer.loggers, self.loggers, strict=True):

@@ -210,8 +210,15 @@ class TrainerProperties:
 
     @property
     def log_dir(self) -> str | None:
-        """The run directory (the first logger's), the same on every rank."""
-        return self.run.log_dir if self.run is not None else None
+        """The run directory, as Lightning's: the first logger's (the same on every rank), else
+        ``default_root_dir``; before the first call, the first logger's as it will be."""
+        if self.run is not None and self.run.log_dir is not None:
+            return self.run.log_dir
+        if not self.loggers:
+            return self.default_root_dir
+        first = self.loggers[0]
+        first.set_default_root(self.default_root_dir)
+        return first.log_dir
 
     @property
     def num_training_batches(self) -> float:

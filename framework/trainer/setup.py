@@ -65,6 +65,16 @@ def without_dev_run_callbacks(callbacks: list) -> list:
 
 
 # -- set-up ---------------------------------------------------------------------------------------
+def checked_model(fn: str, model: Any) -> TrainModule:
+    """The call's model; refused when there is none or it is not a TrainModule."""
+    if model is None:
+        raise ConfigError(f"trainer.{fn}() needs a model")
+    if not isinstance(model, TrainModule):
+        raise ConfigError(f"trainer.{fn}(): the model is a {type(model).__module__}.{type(model).__qualname__}, "
+                          "not a TrainModule; subclass framework.TrainModule (training_step, configure_optimizers)")
+    return model
+
+
 def new_run(trainer: Trainer, fn: str, model: TrainModule, datamodule: DataModule | None) -> Run:
     """The call's ``Run``, with the process settings it asks for applied: from here on
     ``teardown`` releases what set-up takes, whatever fails."""
@@ -252,5 +262,5 @@ def teardown(run: Run, failed: bool = False) -> None:
         run.strategy.teardown()
         _restore_process_settings(run.process_settings)
         run.process_settings, run.manual = None, None
-        run.state.fn, run.state.stage = None, None
+        run.state.stage = None  # ``fn`` stays the last call's, as in Lightning
         run.metrics.strategy = None

@@ -16,6 +16,9 @@ from dataclasses import dataclass, field
 
 from framework.trainer.resume import DataPosition
 
+#: the stage each call runs in, from its start to its end (hooks included; the loops set the sanity
+#: check and a fit's validations), as in Lightning
+RUNNING_STAGE = {"fit": "train", "validate": "validate", "test": "test", "predict": "predict"}
 #: Why a fit stopped (``RunState.stop_reason``).
 STOP_REASONS = ("max_epochs", "max_steps", "max_time", "should_stop", "preempted", "no_training_batches")
 
@@ -25,8 +28,8 @@ class RunState:
     """Progress of the current (or last) run. One counter per meaning:
 
     Attributes:
-        fn: the call that runs: ``fit``, ``validate``, ``test``, ``predict`` (None between calls).
-        stage: what runs now: ``sanity_check``, ``train``, ``validate``, ``test``, ``predict``.
+        fn: the call that runs, or ran last: ``fit``, ``validate``, ``test``, ``predict`` (None before the first).
+        stage: what runs now: ``sanity_check``, ``train``, ``validate``, ``test``, ``predict`` (None between calls).
         status: ``initializing``, ``running``, ``finished`` or ``interrupted``.
         epoch: the current epoch (0-based); Lightning's ``trainer.current_epoch``. An epoch cut
             short by a stop (``max_steps``, ``max_time``, ``should_stop``) still ends and counts,

@@ -43,7 +43,7 @@ from framework.trainer.preemption import SignalCatcher, StopCheck, StoppedBySign
 from framework.trainer.properties import TrainerProperties
 from framework.trainer.run import Call, Run, one_datamodule, split_datamodule
 from framework.trainer.settings import Settings
-from framework.trainer.state import RunState
+from framework.trainer.state import RUNNING_STAGE, RunState
 from framework.trainer.summary import print_results
 
 
@@ -227,14 +227,10 @@ class Trainer(TrainerProperties, LightningViews):
     def _run_here(self, call: Call) -> Any:
         """Run ``call`` in this process, as one rank of the job."""
         fn = call.fn
-        model = call.model if call.model is not None else self.lightning_module
-        if model is None:
-            raise ConfigError(f"trainer.{fn}() needs a model")
-        if not isinstance(model, TrainModule):
-            raise ConfigError(f"trainer.{fn}(): the model is a {type(model).__module__}.{type(model).__qualname__}, "
-                              "not a TrainModule; subclass framework.TrainModule (training_step, configure_optimizers)")
+        model = setup.checked_model(fn, call.model if call.model is not None else self.lightning_module)
         state = self.state
         state.fn, state.status, state.signal, state.stop_reason, state.lost_node = fn, "running", None, None, None
+        state.stage = RUNNING_STAGE[fn]
         run: Run | None = None
         failed = False
         signals = None  # the fit's stop-signal handlers (trainer/preemption.py), once the ranks are known
@@ -256,7 +252,6 @@ class Trainer(TrainerProperties, LightningViews):
                 state.status = "interrupted"
                 save_after_signal(run)
             else:
-                state.status = "finished"
                 if fn == "fit":
                     reports.report_where_it_went(run)
                 elif fn in ("validate", "test") and call.verbose and self.is_global_zero:
@@ -277,10 +272,12 @@ class Trainer(TrainerProperties, LightningViews):
                     setup.teardown(run, failed)
                 else:
                     self.strategy.teardown()
-                    state.fn, state.stage = None, None
+                    state.stage = None
             finally:
                 if signals is not None:
                     signals.release()
+        if not failed and state.status == "running":  # after the teardown hooks, as in Lightning
+            state.status = "finished"
         if fn == "fit" and state.stop_reason == "preempted":
             raise StoppedBySignal(0)  # with its state saved: a clean end of the program (signals.py)
         return result
