@@ -1,5 +1,5 @@
 """Callbacks: checkpointing, early stopping, learning-rate, throughput, step-time and device-stats
-logging, progress, weight averaging (SWA, EMA), a training timer.
+logging, progress, weight averaging (SWA, EMA), a training timer, a callback made of functions.
 
 None of these modules imports rich or tensorboard at import time.
 """
@@ -7,6 +7,7 @@ None of these modules imports rich or tensorboard at import time.
 from framework.callbacks.base import Callback
 from framework.callbacks.device_stats_monitor import DeviceStatsMonitor
 from framework.callbacks.early_stopping import EarlyStopping, EarlyStoppingReason
+from framework.callbacks.lambda_callback import LambdaCallback
 from framework.callbacks.lr_monitor import LearningRateMonitor
 from framework.callbacks.model_checkpoint import ModelCheckpoint
 from framework.callbacks.prediction_writer import BasePredictionWriter, PredictionWriter
@@ -18,5 +19,5 @@ from framework.callbacks.timer import Timer
 from framework.callbacks.weight_averaging import EMAWeightAveraging, WeightAveraging
 
 __all__ = ["BasePredictionWriter", "Callback", "DeviceStatsMonitor", "EarlyStopping", "EarlyStoppingReason",
-           "EMAWeightAveraging", "LearningRateMonitor", "ModelCheckpoint", "PredictionWriter", "RichProgressBar",
+           "EMAWeightAveraging", "LambdaCallback", "LearningRateMonitor", "ModelCheckpoint", "PredictionWriter", "RichProgressBar",
            "StepTimeBreakdown", "StochasticWeightAveraging", "ThroughputMonitor", "Timer", "WeightAveraging"]

@@ -63,13 +63,13 @@ class HookDispatcher:
         self.callbacks(name, *args)
         return self.module_hook(name, *args)
 
-    def callbacks(self, name: str, *args: Any) -> None:
+    def callbacks(self, name: str, *args: Any, **kwargs: Any) -> None:
         callbacks = self._by_hook[name]
         if not callbacks:
             return
         with self.running(name):
             for fn in callbacks:
-                fn(self.trainer, self.module, *args)
+                fn(self.trainer, self.module, *args, **kwargs)
 
     def module_hook(self, name: str, *args: Any, **kwargs: Any) -> Any:
         fn = getattr(self.module, name, None)
@@ -156,5 +156,6 @@ class HookDispatcher:
 
 
 def overrides(obj: Any, base: type, name: str) -> bool:
-    """Does ``obj``'s class override ``base.name``?"""
-    return getattr(type(obj), name, None) is not getattr(base, name, None)
+    """Does ``obj``'s class override ``base.name``, or ``obj`` itself hold one (``LambdaCallback``:
+    Lightning calls what the instance has)?"""
+    return getattr(type(obj), name, None) is not getattr(base, name, None) or name in getattr(obj, "__dict__", ())

@@ -111,7 +111,7 @@ def setup(run: Run, loaders: dict, ckpt_path: Any) -> str | None:
     resume_path = checkpointing.resolve_path(run, ckpt_path, agreed.restarts)
     run_loggers.setup_loggers(run, resume_path, agreed.root_error)  # the run directory, which the callbacks' setup may use
     timing.start_run(run)  # the profiler's stage, rank and folder (its report is written at teardown)
-    hooks.callbacks("setup", fn)  # Lightning's order: the DataModule, the callbacks, the module
+    hooks.callbacks("setup", stage=fn)  # Lightning's order: the DataModule, the callbacks, the module
     hooks.module_hook("setup", fn)
     with run.precision.init_context():  # 64-true: the layers it makes are float64
         hooks.module_hook("configure_model")
@@ -250,7 +250,7 @@ def teardown(run: Run, failed: bool = False) -> None:
         if not failed and fn == "fit":
             end_of_fit.keep(run, checkpointing.parts_of(run, for_fit=True))
         if not failed:
-            run.hooks.callbacks("teardown", fn)
+            run.hooks.callbacks("teardown", stage=fn)  # by name, as Lightning passes it
             if run.datamodule is not None:
                 run.hooks.datamodule_hook(run.datamodule, "teardown", fn)
             run.hooks.module_hook("teardown", fn)
