@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
 
 def check_arguments(monitor: str | None, mode: str, save_top_k: int, save_on_exception: bool,
-                    save_weights_only: bool, train_time_interval: Any) -> None:
+                    train_time_interval: Any) -> None:
     """Refuse what ModelCheckpoint cannot do: a ``mode`` or ``save_top_k`` out of range, several
     files without a monitor to rank them, and Lightning's options fw does not have, unless off."""
     if mode not in ("min", "max"):
@@ -30,9 +30,7 @@ def check_arguments(monitor: str | None, mode: str, save_top_k: int, save_on_exc
     if monitor is None and save_top_k not in (-1, 0, 1):
         raise ConfigError(f"ModelCheckpoint(save_top_k={save_top_k}) needs a monitor to rank checkpoints by. "
                           "HINT: set monitor='val/loss' (or save_top_k to -1, 0 or 1).")
-    instead = {"save_weights_only": (save_weights_only, "fw's checkpoints hold the whole run so that they resume; "
-                                     "read the weights alone with Model.load_from_checkpoint(path)"),
-               "train_time_interval": (train_time_interval is not None, "use every_n_train_steps"),
+    instead = {"train_time_interval": (train_time_interval is not None, "use every_n_train_steps"),
                "save_on_exception": (save_on_exception, "a stop signal already saves preempted.ckpt; catch the "
                                      "exception and call trainer.save_checkpoint(path) for others")}
     for name, (given, what) in instead.items():

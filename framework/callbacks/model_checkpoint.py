@@ -45,21 +45,20 @@ class ModelCheckpoint(Callback):
         dirpath: Folder for the checkpoints; default ``<trainer.log_dir>/checkpoints``, or
             ``<default_root_dir>/checkpoints`` without a logger.
         filename: Name template without extension, default ``"{epoch}-{step}"``.
-        monitor: Key of ``trainer.callback_metrics`` to rank checkpoints by; ``None`` ranks by
-            recency.
+        monitor: Key of ``trainer.callback_metrics`` to rank checkpoints by; ``None`` ranks by recency.
         mode: ``"min"`` or ``"max"``: which way is better for ``monitor``.
         save_top_k: How many of the best checkpoints to keep; -1 all, 0 none.
         save_last: Also write ``last.ckpt`` at every save point (and at the end of a fit that
             reached none, as Lightning does).
-        every_n_epochs: Save every this many epochs (default 1 unless ``every_n_train_steps``
-            is given).
+        every_n_epochs: Save every this many epochs (default 1 unless ``every_n_train_steps`` is given).
         every_n_train_steps: Save every this many optimizer steps (0 or ``None``: never).
         save_on_train_epoch_end: Save epoch checkpoints at the end of the training epoch
             (``True``) or at the end of each validation run (``False``); ``None`` (default)
             decides per run as Lightning does (``checkpoint_schedule.py``).
         auto_insert_metric_name: ``"{epoch}"`` -> ``"epoch=3"`` rather than ``"3"``.
         verbose: a line at each save. enable_version_counter: ``False`` replaces a file of the same
-            name (no ``-v1``). save_weights_only, train_time_interval, save_on_exception: refused unless off.
+            name (no ``-v1``). save_weights_only: Lightning's (``trainer/weights_only.py``).
+            train_time_interval, save_on_exception: refused unless off.
 
     Raises:
         ConfigError: On an invalid ``mode``, ``save_top_k``, interval or option, and when ``monitor``
@@ -78,9 +77,10 @@ class ModelCheckpoint(Callback):
                  mode: str = "min", auto_insert_metric_name: bool = True, every_n_train_steps: int | None = None,
                  train_time_interval: Any = None, every_n_epochs: int | None = None,
                  save_on_train_epoch_end: bool | None = None, enable_version_counter: bool = True) -> None:
-        schedule.check_arguments(monitor, mode, save_top_k, save_on_exception, save_weights_only, train_time_interval)
+        schedule.check_arguments(monitor, mode, save_top_k, save_on_exception, train_time_interval)
         self.every_n_epochs, self.every_n_train_steps = schedule.save_intervals(every_n_epochs, every_n_train_steps)
         self.verbose, self.enable_version_counter = verbose, enable_version_counter
+        self.save_weights_only = save_weights_only  # the files hold the weights alone; no fit resumes from them
         self._dirpath_given = dirpath is not None
         self.dirpath = os.path.realpath(os.path.expanduser(os.fspath(dirpath))) if dirpath is not None else None
         self.filename = filename
@@ -256,7 +256,7 @@ class ModelCheckpoint(Callback):
         self._last_global_step_saved, self._saved_in_this_fit = trainer.global_step, True
         if trainer.is_global_zero:
             os.makedirs(os.path.dirname(filepath), exist_ok=True)
-        trainer.save_checkpoint(filepath)  # on every rank: it gathers state, rank 0 writes
+        trainer.save_checkpoint(filepath, self.save_weights_only)  # on every rank: it gathers state, rank 0 writes
         if self.verbose:
             rank_zero_info(f"Epoch {trainer.current_epoch}, global step {trainer.global_step}: saved {filepath}")
         files.tell_loggers(trainer, self)  # Lightning's logger.after_save_checkpoint (log_model uploads)

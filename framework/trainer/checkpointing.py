@@ -37,6 +37,7 @@ from framework.trainer.carry_over import (
 )
 from framework.trainer.parts import Callbacks, CheckpointParts, Each, OnLoad, Stateful, Value
 from framework.trainer.resume import position_parts, progress_part, resume_point
+from framework.trainer.weights_only import refuse_to_resume_from_weights_only, weights_only_parts
 from framework.waits import waiting_in
 
 if TYPE_CHECKING:
@@ -45,12 +46,14 @@ if TYPE_CHECKING:
 
 
 # -- save -----------------------------------------------------------------------------------------
-def save(run: Run, path: str | os.PathLike) -> None:
-    """Write a checkpoint of ``run`` through its strategy (call on every rank)."""
+def save(run: Run, path: str | os.PathLike, weights_only: bool = False) -> None:
+    """Write a checkpoint of ``run`` through its strategy (call on every rank); ``weights_only``:
+    Lightning's (``weights_only.py``)."""
     strategy = run.strategy
     with run.hooks.profiled("save_checkpoint"), waiting_in(f"a checkpoint save of '{os.fspath(path)}'"):
         _refuse_nonfinite_weights(run, path, is_live(strategy))
-        strategy.save_checkpoint(os.fspath(path), parts_of(run, for_fit=True))
+        parts = parts_of(run, for_fit=True)
+        strategy.save_checkpoint(os.fspath(path), weights_only_parts(run, parts) if weights_only else parts)
 
 
 def parts_of(run: Run, for_fit: bool, path: str = "", on_read: Callable[[dict], None] | None = None,
@@ -220,6 +223,7 @@ def restore(run: Run, ckpt_path: str | None) -> None:
 
     def on_read(checkpoint: dict) -> None:
         if fn == "fit":  # before anything is loaded: a refused resume leaves the model as it was
+            refuse_to_resume_from_weights_only(checkpoint, ckpt_path)
             carry[0] = check_position_carries_over(run, checkpoint, ckpt_path)
             continue_order(run, checkpoint)
         run.hooks.module_hook("on_load_checkpoint", checkpoint)

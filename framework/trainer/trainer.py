@@ -185,16 +185,19 @@ class Trainer(TrainerProperties, LightningViews):
         stack.enter_context(self.precision_plugin.init_context())  # 64-true: layers made in float64
         return stack
 
-    def save_checkpoint(self, path: str | os.PathLike) -> None:
+    def save_checkpoint(self, filepath: str | os.PathLike, weights_only: bool = False,
+                        storage_options: Any = None) -> None:
         """Write a checkpoint (call on every rank: rank 0 writes, the others wait). After a fit and
         then ``validate``, ``test`` or ``predict`` of the same model, the fit's (its optimizers,
-        progress and data position as it ended) with the weights as they are now, as in Lightning."""
-        run = self.run
-        if run is None:
+        progress and data position as it ended) with the weights as they are now, as in Lightning
+        (``weights_only``: Lightning's, ``trainer/weights_only.py``)."""
+        if (run := self.run) is None:
             raise ConfigError("save_checkpoint: no model yet; call it during or after fit/validate/test")
+        if storage_options is not None:
+            raise ConfigError("save_checkpoint(storage_options=...): fw writes files itself (no CheckpointIO); drop it")
         if run.last_fit is not None and run.last_fit.module is run.module:
             run = run.last_fit
-        checkpointing.save(run, path)
+        checkpointing.save(run, filepath, weights_only=weights_only)
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
         """Send ``metrics`` to every logger (rank 0 only; other ranks do nothing), each then

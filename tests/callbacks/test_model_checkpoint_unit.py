@@ -48,11 +48,11 @@ class FakeTrainer:
         self.loggers = []  # told of each save (after_save_checkpoint)
         self.saved = []
 
-    def save_checkpoint(self, path):
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path, "w") as f:
+    def save_checkpoint(self, filepath, weights_only=False, storage_options=None):
+        os.makedirs(os.path.dirname(filepath), exist_ok=True)
+        with open(filepath, "w") as f:
             f.write("ckpt")
-        self.saved.append(path)
+        self.saved.append(filepath)
 
 
 def fit_epochs(cb, trainer, values, key="val/loss", steps_per_epoch=10):

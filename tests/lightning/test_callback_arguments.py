@@ -101,8 +101,8 @@ def test_verbose_says_where_each_checkpoint_went(tmp_path, capsys):
     assert "saved " in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("argument", [dict(save_weights_only=True), dict(train_time_interval=60),
-                                      dict(save_on_exception=True)], ids=lambda a: next(iter(a)))
+@pytest.mark.parametrize("argument", [dict(train_time_interval=60), dict(save_on_exception=True)],
+                         ids=lambda a: next(iter(a)))
 def test_what_fw_does_not_have_is_refused_by_name(argument):
     with pytest.raises(ConfigError, match=next(iter(argument))):
         ModelCheckpoint(**argument)
