@@ -24,21 +24,23 @@ class CSVLogger(Logger):
         name: Experiment name (a sub-folder of ``save_dir``).
         version: ``None`` for the next free ``version_<N>``, an int, or a folder name. An
             existing ``metrics.csv`` in that folder is appended to (resume).
+        prefix: Put in front of every metric name, joined with ``"-"`` (``step`` stays ``step``), as Lightning's.
         flush_logs_every_n_steps: Rows are buffered and written every this many
             ``log_metrics`` calls, and on ``save``/``finalize``.
     """
 
     METRICS_FILE = "metrics.csv"
     STEP_KEY = "step"
+    LOGGER_JOIN_CHAR = "-"
 
     def __init__(self, save_dir: str | os.PathLike | None = None, name: str | None = "fw_logs",
-                 version: int | str | None = None, flush_logs_every_n_steps: int = 100) -> None:
+                 version: int | str | None = None, prefix: str = "", flush_logs_every_n_steps: int = 100) -> None:
         super().__init__(save_dir, name, version)
         if flush_logs_every_n_steps < 1:
             from framework.errors import ConfigError
 
             raise ConfigError(f"CSVLogger(flush_logs_every_n_steps={flush_logs_every_n_steps}) must be >= 1")
-        self.flush_logs_every_n_steps = flush_logs_every_n_steps
+        self.flush_logs_every_n_steps, self._prefix = flush_logs_every_n_steps, prefix
         self.hparams: dict[str, Any] = {}
         self._rows: list[dict[str, float | int]] = []
         self._columns: list[str] | None = None  # header of the file on disk; None until read
@@ -49,7 +51,8 @@ class CSVLogger(Logger):
 
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
         row: dict[str, Any] = {self.STEP_KEY: int(step)}
-        row.update({key: _cell(value) for key, value in metrics.items() if key != self.STEP_KEY})
+        named = f"{self._prefix}{self.LOGGER_JOIN_CHAR}{{}}" if self._prefix else "{}"
+        row.update({named.format(key): _cell(value) for key, value in metrics.items() if key != self.STEP_KEY})
         self._rows.append(row)
         if len(self._rows) >= self.flush_logs_every_n_steps:
             self.save()

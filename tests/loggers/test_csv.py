@@ -71,3 +71,47 @@ def test_no_name_puts_versions_in_save_dir(tmp_path):
 def test_bad_flush_interval():
     with pytest.raises(ConfigError, match="flush_logs_every_n_steps"):
         CSVLogger(flush_logs_every_n_steps=0)
+
+
+@pytest.mark.timeout(60)
+def test_a_prefix_names_the_columns_as_lightnings_does(tmp_path):
+    """``CSVLogger(prefix=...)``, in Lightning's place among the arguments: the same columns and rows
+    as Lightning's from the same fit (fw keeps the columns in the order they came; README)."""
+    import inspect
+
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    import framework as fw
+
+    pl = pytest.importorskip("pytorch_lightning")
+    assert list(inspect.signature(CSVLogger).parameters)[:5] == list(
+        inspect.signature(pl.loggers.CSVLogger).parameters)[:5]
+
+    def fit(lib, base):
+        class Model(base):
+            def __init__(self):
+                super().__init__()
+                torch.manual_seed(0)
+                self.layer = torch.nn.Linear(4, 1)
+
+            def training_step(self, batch, batch_idx):
+                loss = torch.nn.functional.mse_loss(self.layer(batch[0]), batch[1])
+                self.log("loss", loss, on_epoch=True)
+                return loss
+
+            def configure_optimizers(self):
+                return torch.optim.SGD(self.parameters(), lr=0.1)
+
+        g = torch.Generator().manual_seed(0)
+        data = DataLoader(TensorDataset(torch.randn(16, 4, generator=g), torch.randn(16, 1, generator=g)), batch_size=4)
+        logger = lib.loggers.CSVLogger(str(tmp_path / lib.__name__), "logs", 0, "run")
+        lib.Trainer(accelerator="cpu", max_epochs=2, log_every_n_steps=1, logger=logger, enable_checkpointing=False,
+                    enable_progress_bar=False, enable_model_summary=False).fit(Model(), data)
+        with open(logger.log_dir + "/metrics.csv", newline="") as f:
+            rows = list(csv.DictReader(f))
+        return sorted(rows[0]), sorted(tuple(sorted((k, round(float(v), 6)) for k, v in row.items() if v)) for row in rows)
+
+    ours, theirs = fit(fw, fw.TrainModule), fit(pl, pl.LightningModule)
+    assert ours == theirs
+    assert ours[0] == ["run-epoch", "run-loss_epoch", "run-loss_step", "step"]
