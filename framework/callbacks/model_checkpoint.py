@@ -97,6 +97,7 @@ class ModelCheckpoint(Callback):
         self.kth_value: float | None = None
         self.best_model_path = ""
         self.best_model_score: float | None = None
+        self.current_score: float | None = None  # the monitored value of the latest top-k save, as Lightning's
         self.last_model_path = ""
         self._last_global_step_saved = 0  # also: never save an untrained model at step 0
         self._fitting = False
@@ -192,7 +193,7 @@ class ModelCheckpoint(Callback):
             self.best_k_models.pop(del_filepath)
 
         filepath = self._unused_filepath(trainer, candidates, reuse=del_filepath)
-        self.best_k_models[filepath] = current
+        self.best_k_models[filepath] = self.current_score = current
         worst, best = (max, min) if self.mode == "min" else (min, max)
         if len(self.best_k_models) == k:
             self.kth_best_model_path = worst(self.best_k_models, key=self.best_k_models.__getitem__)
@@ -270,16 +271,11 @@ class ModelCheckpoint(Callback):
     # -- state ----------------------------------------------------------------------------
     def state_dict(self) -> dict:
         return {
-            "monitor": self.monitor,
-            "mode": self.mode,
-            "dirpath": self.dirpath,
-            "best_model_path": self.best_model_path,
-            "best_model_score": self.best_model_score,
-            "best_k_models": dict(self.best_k_models),
-            "kth_best_model_path": self.kth_best_model_path,
-            "kth_value": self.kth_value,
-            "last_model_path": self.last_model_path,
-            "last_global_step_saved": self._last_global_step_saved,
+            "monitor": self.monitor, "mode": self.mode, "dirpath": self.dirpath,
+            "best_model_path": self.best_model_path, "best_model_score": self.best_model_score,
+            "current_score": self.current_score, "best_k_models": dict(self.best_k_models),
+            "kth_best_model_path": self.kth_best_model_path, "kth_value": self.kth_value,
+            "last_model_path": self.last_model_path, "last_global_step_saved": self._last_global_step_saved,
         }
 
     def load_state_dict(self, state: dict) -> None:

@@ -154,3 +154,24 @@ def test_a_callback_its_flag_turns_off_is_refused_as_lightning_refuses_it(flag, 
         pl.Trainer(**{flag: False}, callbacks=[getattr(pl.callbacks, callback)()])
     with pytest.raises(ConfigError, match=f"{flag}=false.*{callback}"):
         fw.Trainer(**{flag: False}, callbacks=[getattr(fw.callbacks, callback)()])
+
+
+@pytest.mark.timeout(60)
+def test_current_score_is_the_latest_top_k_saves_value_as_lightnings(tmp_path):
+    """``ModelCheckpoint.current_score``: the monitored value of its latest top-k save (None before
+    one), and ``current_score`` in its state, as Lightning's."""
+    seen = {}
+    for which in ("fw", "pl"):
+        lib = fw if which == "fw" else pl
+        monitor = lib.callbacks.ModelCheckpoint(dirpath=str(tmp_path / which / "ck"), monitor="loss", save_top_k=2)
+        assert monitor.current_score is None
+
+        class Logging(lib.Callback):
+            def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+                module.log("loss", outputs["loss"], on_step=False, on_epoch=True)
+
+        _fit(which, [Logging(), monitor], tmp_path / which, max_epochs=3)
+        seen[which] = [float(monitor.current_score), float(monitor.state_dict()["current_score"]),
+                       *sorted(float(v) for v in monitor.best_k_models.values())]
+    assert seen["fw"] == pytest.approx(seen["pl"], rel=1e-6)
+    assert seen["fw"][0] == seen["fw"][1] in seen["fw"][2:]
