@@ -5,12 +5,13 @@ None of these modules imports rich or tensorboard at import time.
 """
 
 from framework.callbacks.base import Callback
+from framework.callbacks.base_prediction_writer import BasePredictionWriter
 from framework.callbacks.device_stats_monitor import DeviceStatsMonitor
 from framework.callbacks.early_stopping import EarlyStopping, EarlyStoppingReason
 from framework.callbacks.lambda_callback import LambdaCallback
 from framework.callbacks.lr_monitor import LearningRateMonitor
 from framework.callbacks.model_checkpoint import ModelCheckpoint
-from framework.callbacks.prediction_writer import BasePredictionWriter, PredictionWriter
+from framework.callbacks.prediction_writer import PredictionWriter
 from framework.callbacks.progress import RichProgressBar
 from framework.callbacks.step_breakdown import StepTimeBreakdown
 from framework.callbacks.stochastic_weight_avg import StochasticWeightAveraging

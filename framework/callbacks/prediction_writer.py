@@ -1,8 +1,9 @@
 """``PredictionWriter``: predictions written to files, every rank's gathered in the data's order.
 
 ``fw predict`` adds one writing ``predictions.pt`` into the run directory; in Python, pass one to
-the Trainer. Lightning's ``BasePredictionWriter`` names work for ports: subclass and override
-``write_on_batch_end`` / ``write_on_epoch_end`` to write your own format.
+the Trainer. A ``BasePredictionWriter`` (Lightning's, ``base_prediction_writer.py``) that gathers
+every rank's predictions before it writes; to write your own format per rank, subclass
+``BasePredictionWriter`` itself, as for Lightning.
 
 - ``write_interval="epoch"`` (default): at the end of predict, rank 0 writes all predictions in
   one file. Under DDP each rank predicted its own shard; rank 0 puts the samples back in the
@@ -22,9 +23,8 @@ import os
 from typing import TYPE_CHECKING, Any
 
 import torch
-from torch.utils.data import DataLoader, SequentialSampler
 
-from framework.callbacks.base import Callback
+from framework.callbacks.base_prediction_writer import BasePredictionWriter, WriteInterval, fixed_batch_indices, to_cpu
 from framework.rank_zero import rank_zero_info
 
 if TYPE_CHECKING:
@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 _INTERVALS = ("batch", "epoch", "batch_and_epoch")
 
 
-class PredictionWriter(Callback):
+class PredictionWriter(BasePredictionWriter):
     """Write predictions (see the module doc).
 
     Args:
@@ -54,6 +54,7 @@ class PredictionWriter(Callback):
         if format not in ("pt", "csv"):
             raise ConfigError(f"PredictionWriter format '{format}': use pt or csv")
         self.output_dir, self.write_interval, self.format, self.filename = output_dir, write_interval, format, filename
+        self.interval = WriteInterval(write_interval)
         self.written: str | None = None  # the epoch file, once written
         self._outputs: list[list[Any]] = []
         self._indices: list[list[list[int]] | None] = []  # per loader: each batch's indices, if known
@@ -65,7 +66,7 @@ class PredictionWriter(Callback):
         folder = os.path.join(self._dir(trainer), "batches")
         os.makedirs(folder, exist_ok=True)
         path = os.path.join(folder, f"rank{trainer.global_rank}_loader{dataloader_idx}_batch{batch_idx}.pt")
-        torch.save({"prediction": _cpu(prediction), "batch_indices": batch_indices}, path)
+        torch.save({"prediction": to_cpu(prediction), "batch_indices": batch_indices}, path)
 
     def write_on_epoch_end(self, trainer: Trainer, module: TrainModule, predictions: list[Any],
                            batch_indices: list[Any]) -> None:
@@ -86,7 +87,7 @@ class PredictionWriter(Callback):
         given = trainer.predict_dataloaders
         loaders = [] if given is None else list(given) if isinstance(given, list) else [given]
         self._outputs = [[] for _ in loaders]
-        self._indices = [_batch_indices(loader) for loader in loaders]
+        self._indices = [fixed_batch_indices(loader) for loader in loaders]
 
     def on_predict_batch_end(self, trainer: Trainer, module: TrainModule, outputs: Any, batch: Any, batch_idx: int,
                              dataloader_idx: int = 0) -> None:
@@ -95,7 +96,7 @@ class PredictionWriter(Callback):
         if self.write_interval in ("batch", "batch_and_epoch"):
             self.write_on_batch_end(trainer, module, outputs, batch_indices, batch, batch_idx, dataloader_idx)
         if self.write_interval in ("epoch", "batch_and_epoch"):
-            self._outputs[dataloader_idx].append((batch_indices, _cpu(outputs)))
+            self._outputs[dataloader_idx].append((batch_indices, to_cpu(outputs)))
 
     def on_predict_epoch_end(self, trainer: Trainer, module: TrainModule) -> None:
         if self.write_interval == "batch":
@@ -115,32 +116,6 @@ class PredictionWriter(Callback):
 
     def _dir(self, trainer: Trainer) -> str:
         return self.output_dir or trainer.log_dir or trainer.default_root_dir
-
-
-#: Lightning's name, for ports (override write_on_batch_end / write_on_epoch_end)
-BasePredictionWriter = PredictionWriter
-
-
-def _cpu(value: Any) -> Any:
-    if isinstance(value, torch.Tensor):
-        return value.detach().cpu()
-    if isinstance(value, (list, tuple)):
-        return type(value)(_cpu(v) for v in value)
-    if isinstance(value, dict):
-        return {k: _cpu(v) for k, v in value.items()}
-    return value
-
-
-def _batch_indices(loader: Any) -> list[list[int]] | None:
-    """The data set indices of each batch, for loaders whose order is fixed (no random draw)."""
-    from framework.data import EvalShardSampler
-
-    if not isinstance(loader, DataLoader) or loader.batch_sampler is None:
-        return None
-    sampler = loader.sampler
-    # an evaluation shard's order is the data set's, or a custom sampler's drawn from a fixed seed
-    fixed = isinstance(sampler, (SequentialSampler, EvalShardSampler))
-    return [list(batch) for batch in loader.batch_sampler] if fixed else None
 
 
 def _in_data_order(batches: list[tuple[list[int] | None, Any]]) -> tuple[list[Any], list[int] | None]:
