@@ -75,7 +75,8 @@ class DeviceStatsMonitor(Callback):
 
     def _log(self, trainer: Trainer, hook: str, count: int, step: int) -> None:
         """Log when ``count`` (Lightning's counter for this batch) falls on ``log_every_n_steps``."""
-        if count % trainer.log_every_n_steps != 0 and not trainer.should_stop:
+        n = trainer.log_every_n_steps
+        if not n or (count % n != 0 and not trainer.should_stop):  # 0: never, as in Lightning
             return
         device = trainer.strategy.root_device
         if self._cpu_stats is False and device.type == "cpu":

@@ -167,7 +167,8 @@ def _count_the_step(run: Run, batch_idx: int, stepped: bool, manual: bool, sched
         if schedulers:
             step_schedulers(run, "step", plateau=False, batch_idx=batch_idx)
     state.batches_that_stepped += 1
-    state.log_due = every(run.settings.log_every_n_steps, state.batches_that_stepped) or state.should_stop
+    n = run.settings.log_every_n_steps  # 0: no step rows at all, as in Lightning
+    state.log_due = n > 0 and (every(n, state.batches_that_stepped) or state.should_stop)
 
 
 def _handed_on(outputs: Any, accumulate: int) -> Any:

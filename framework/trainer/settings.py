@@ -124,7 +124,7 @@ class Settings:
             min_steps=min_steps or 0,
             max_time=args.parse_max_time(max_time),
             limits=Limits(**limits),
-            log_every_n_steps=args.positive_int("log_every_n_steps", log_every_n_steps),
+            log_every_n_steps=args.non_negative_int("log_every_n_steps", log_every_n_steps),  # 0: no step rows
             accumulate_grad_batches=args.positive_int("accumulate_grad_batches", accumulate_grad_batches),
             gradient_clip_val=gradient_clip_val,
             gradient_clip_algorithm=args.clip_algorithm(gradient_clip_algorithm),
