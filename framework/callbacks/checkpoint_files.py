@@ -76,6 +76,21 @@ def unused_path(path_for: Callable[[int | None], str], reuse: str | None, first_
     return filepath
 
 
+def link(trainer: Trainer, target: str, linkpath: str) -> None:
+    """``linkpath`` made a relative symbolic link to ``target`` on rank 0 (a copy where links cannot
+    be made), replacing what was there; every rank waits for it (Lightning's ``save_last="link"``)."""
+    if trainer.is_global_zero and os.path.abspath(target) != os.path.abspath(linkpath):
+        if os.path.islink(linkpath) or os.path.isfile(linkpath):
+            os.remove(linkpath)
+        elif os.path.isdir(linkpath):
+            shutil.rmtree(linkpath)
+        try:
+            os.symlink(os.path.relpath(target, os.path.dirname(linkpath)), linkpath)
+        except OSError:
+            (shutil.copytree if os.path.isdir(target) else shutil.copy)(target, linkpath)
+    trainer.strategy.barrier()
+
+
 def remove_if_ours(filepath: str, folder: str, is_global_zero: bool) -> None:
     """Delete ``filepath`` on rank 0 if it lies inside ``folder`` (as Lightning does, a file of
     another run is not ours to delete); a file already gone is no error."""

@@ -104,6 +104,7 @@ class ModelCheckpoint(Callback):
         self._validation_has_run = False
         self._warned_missing = False
         self._saved_in_this_fit = False
+        self._last_saved = ""  # the newest file this callback saved: what save_last="link" links to
         self._experiment_dir: str | None = None  # <save_dir>/<name> of this run's logger
 
     @property
@@ -217,7 +218,10 @@ class ModelCheckpoint(Callback):
             return
         filepath = os.path.join(self._folder(), self.CHECKPOINT_NAME_LAST + self.FILE_EXTENSION)
         previous, self.last_model_path = self.last_model_path, filepath
-        self._save_checkpoint(trainer, filepath)  # overwritten in place, atomically
+        if self.save_last == "link" and self._last_saved and self.save_top_k != 0:
+            files.link(trainer, self._last_saved, filepath)  # Lightning's: to the newest file saved
+        else:
+            self._save_checkpoint(trainer, filepath)  # overwritten in place, atomically
         if previous:
             self._remove_checkpoint(trainer, previous, keep=filepath)
 
@@ -254,7 +258,7 @@ class ModelCheckpoint(Callback):
         return trainer.strategy.broadcast(filepath)
 
     def _save_checkpoint(self, trainer: Trainer, filepath: str) -> None:
-        self._last_global_step_saved, self._saved_in_this_fit = trainer.global_step, True
+        self._last_global_step_saved, self._saved_in_this_fit, self._last_saved = trainer.global_step, True, filepath
         if trainer.is_global_zero:
             os.makedirs(os.path.dirname(filepath), exist_ok=True)
         trainer.save_checkpoint(filepath, self.save_weights_only)  # on every rank: it gathers state, rank 0 writes

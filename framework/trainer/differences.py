@@ -95,7 +95,7 @@ def _plateau_before_checkpoint(run: Run, fn: str, _: str | None) -> bool:
 def _last_checkpoint_is_the_latest(run: Run, fn: str, _: str | None) -> bool:
     from framework.callbacks import ModelCheckpoint
 
-    return fn == "fit" and any(isinstance(cb, ModelCheckpoint) and cb.save_last and cb.monitor
+    return fn == "fit" and any(isinstance(cb, ModelCheckpoint) and cb.save_last is True and cb.monitor
                                for cb in run.callbacks)
 
 
