@@ -185,3 +185,32 @@ def make_summing(Base, lr: float):
             return torch.optim.SGD(self.parameters(), lr=lr)
 
     return Summing
+
+
+def regression_loader(n: int = 16, batch_size: int = 4) -> DataLoader:
+    """``n`` random 4-vectors with random 1-D targets (seed 0), in batches of ``batch_size``."""
+    g = torch.Generator().manual_seed(0)
+    return DataLoader(TensorDataset(torch.randn(n, 4, generator=g), torch.randn(n, 1, generator=g)),
+                      batch_size=batch_size)
+
+
+def make_regressor(Base):
+    class Regressor(Base):
+        """A seeded ``Linear(4, 1)`` (``self.layer``) fitting ``regression_loader``'s targets by
+        SGD at 0.1; ``self.mse(batch)`` is the loss, for subclasses' steps that log."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            torch.manual_seed(0)
+            self.layer = nn.Linear(4, 1)
+
+        def mse(self, batch):
+            return F.mse_loss(self.layer(batch[0]), batch[1])
+
+        def training_step(self, batch, batch_idx):
+            return self.mse(batch)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    return Regressor

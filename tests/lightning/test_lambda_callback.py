@@ -5,12 +5,11 @@ callback instance (as LambdaCallback sets them) is called, as Lightning calls it
 from __future__ import annotations
 
 import pytest
-import torch
-from torch.utils.data import DataLoader, TensorDataset
 
 import framework as fw
 from framework.callbacks import LambdaCallback
 from framework.errors import ConfigError
+from lightning.modules import make_regressor, regression_loader
 
 pl = pytest.importorskip("pytorch_lightning")
 
@@ -22,28 +21,15 @@ HOOKS = ["setup", "teardown", "on_fit_start", "on_fit_end", "on_sanity_check_sta
          "on_predict_batch_end"]
 
 
-def _data() -> DataLoader:
-    g = torch.Generator().manual_seed(0)
-    return DataLoader(TensorDataset(torch.randn(8, 4, generator=g), torch.randn(8, 1, generator=g)), batch_size=4)
-
-
 def _calls(lib, base: type, tmp_path) -> list[tuple]:
     calls: list[tuple] = []
 
     def recorder(name: str):
         return lambda trainer, module, *rest, **named: calls.append((name, trainer.global_step, len(rest), sorted(named)))
 
-    class Model(base):
-        def __init__(self):
-            super().__init__()
-            torch.manual_seed(0)
-            self.layer = torch.nn.Linear(4, 1)
-
-        def training_step(self, batch, batch_idx):
-            return torch.nn.functional.mse_loss(self.layer(batch[0]), batch[1])
-
+    class Model(make_regressor(base)):
         def validation_step(self, batch, batch_idx):
-            self.log("val_loss", torch.nn.functional.mse_loss(self.layer(batch[0]), batch[1]))
+            self.log("val_loss", self.mse(batch))
 
         def test_step(self, batch, batch_idx):
             pass
@@ -51,17 +37,14 @@ def _calls(lib, base: type, tmp_path) -> list[tuple]:
         def predict_step(self, batch, batch_idx):
             return self.layer(batch[0])
 
-        def configure_optimizers(self):
-            return torch.optim.SGD(self.parameters(), lr=0.1)
-
     callback = lib.callbacks.LambdaCallback(**{name: recorder(name) for name in HOOKS})
     trainer = lib.Trainer(accelerator="cpu", devices=1, max_epochs=2, logger=False, enable_progress_bar=False,
                           enable_model_summary=False, num_sanity_val_steps=1, default_root_dir=str(tmp_path),
                           callbacks=[callback, lib.callbacks.ModelCheckpoint(dirpath=str(tmp_path / "ck"))])
     model = Model()
-    trainer.fit(model, _data(), _data())
-    trainer.test(model, _data(), verbose=False)
-    trainer.predict(model, _data())
+    trainer.fit(model, regression_loader(8), regression_loader(8))
+    trainer.test(model, regression_loader(8), verbose=False)
+    trainer.predict(model, regression_loader(8))
     return calls
 
 

@@ -6,36 +6,26 @@ from __future__ import annotations
 import csv
 
 import pytest
-import torch
-from torch.utils.data import DataLoader, TensorDataset
 
 import framework as fw
 import framework.callbacks  # noqa: F401  (fw.callbacks, as pl.callbacks)
 import framework.loggers  # noqa: F401
+from lightning.modules import make_regressor, regression_loader
 
 pl = pytest.importorskip("pytorch_lightning")
 
 
 def _rows(lib, base: type, root) -> list:
-    class Model(base):
-        def __init__(self):
-            super().__init__()
-            torch.manual_seed(0)
-            self.layer = torch.nn.Linear(4, 1)
-
+    class Model(make_regressor(base)):
         def training_step(self, batch, batch_idx):
-            loss = torch.nn.functional.mse_loss(self.layer(batch[0]), batch[1])
+            loss = self.mse(batch)
             self.log("loss", loss, on_step=True, on_epoch=True)
             return loss
 
         def validation_step(self, batch, batch_idx):
-            self.log("val_loss", torch.nn.functional.mse_loss(self.layer(batch[0]), batch[1]))
+            self.log("val_loss", self.mse(batch))
 
-        def configure_optimizers(self):
-            return torch.optim.SGD(self.parameters(), lr=0.1)
-
-    g = torch.Generator().manual_seed(0)
-    data = DataLoader(TensorDataset(torch.randn(16, 4, generator=g), torch.randn(16, 1, generator=g)), batch_size=4)
+    data = regression_loader()
     logger = lib.loggers.CSVLogger(str(root), "logs", 0)
     trainer = lib.Trainer(accelerator="cpu", max_epochs=2, log_every_n_steps=0, logger=logger,
                           enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,

@@ -9,34 +9,18 @@ import os
 
 import pytest
 import torch
-from torch.utils.data import DataLoader, TensorDataset
 
 import framework as fw
 import framework.callbacks  # noqa: F401  (fw.callbacks, as pl.callbacks)
+from lightning.modules import make_regressor, regression_loader
 
 pl = pytest.importorskip("pytorch_lightning")
 
 
-def _data() -> DataLoader:
-    g = torch.Generator().manual_seed(0)
-    return DataLoader(TensorDataset(torch.randn(16, 4, generator=g), torch.randn(16, 1, generator=g)), batch_size=4)
-
-
 def _model(base: type):
-    class Model(base):
-        def __init__(self):
-            super().__init__()
-            torch.manual_seed(0)
-            self.layer = torch.nn.Linear(4, 1)
-
-        def training_step(self, batch, batch_idx):
-            return torch.nn.functional.mse_loss(self.layer(batch[0]), batch[1])
-
+    class Model(make_regressor(base)):
         def validation_step(self, batch, batch_idx):
             self.log("worse", float(self.current_epoch))  # grows: no better score after epoch 0 (mode min)
-
-        def configure_optimizers(self):
-            return torch.optim.SGD(self.parameters(), lr=0.1)
 
     return Model
 
@@ -47,7 +31,7 @@ def _fit(lib, base: type, root: str, top_k: int, every: int | None, max_epochs: 
     trainer = lib.Trainer(accelerator="cpu", max_epochs=max_epochs, logger=False, enable_progress_bar=False,
                           enable_model_summary=False, num_sanity_val_steps=0, callbacks=[callback])
     model = _model(base)()
-    trainer.fit(model, _data(), _data(), ckpt_path=ckpt_path)
+    trainer.fit(model, regression_loader(), regression_loader(), ckpt_path=ckpt_path)
     return trainer, model, callback
 
 

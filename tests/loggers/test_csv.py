@@ -79,32 +79,21 @@ def test_a_prefix_names_the_columns_as_lightnings_does(tmp_path):
     as Lightning's from the same fit (fw keeps the columns in the order they came; README)."""
     import inspect
 
-    import torch
-    from torch.utils.data import DataLoader, TensorDataset
-
     import framework as fw
+    from lightning.modules import make_regressor, regression_loader
 
     pl = pytest.importorskip("pytorch_lightning")
     assert list(inspect.signature(CSVLogger).parameters)[:5] == list(
         inspect.signature(pl.loggers.CSVLogger).parameters)[:5]
 
     def fit(lib, base):
-        class Model(base):
-            def __init__(self):
-                super().__init__()
-                torch.manual_seed(0)
-                self.layer = torch.nn.Linear(4, 1)
-
+        class Model(make_regressor(base)):
             def training_step(self, batch, batch_idx):
-                loss = torch.nn.functional.mse_loss(self.layer(batch[0]), batch[1])
+                loss = self.mse(batch)
                 self.log("loss", loss, on_epoch=True)
                 return loss
 
-            def configure_optimizers(self):
-                return torch.optim.SGD(self.parameters(), lr=0.1)
-
-        g = torch.Generator().manual_seed(0)
-        data = DataLoader(TensorDataset(torch.randn(16, 4, generator=g), torch.randn(16, 1, generator=g)), batch_size=4)
+        data = regression_loader()
         logger = lib.loggers.CSVLogger(str(tmp_path / lib.__name__), "logs", 0, "run")
         lib.Trainer(accelerator="cpu", max_epochs=2, log_every_n_steps=1, logger=logger, enable_checkpointing=False,
                     enable_progress_bar=False, enable_model_summary=False).fit(Model(), data)
