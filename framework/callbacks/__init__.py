@@ -11,6 +11,7 @@ from framework.callbacks.early_stopping import EarlyStopping, EarlyStoppingReaso
 from framework.callbacks.lambda_callback import LambdaCallback
 from framework.callbacks.lr_monitor import LearningRateMonitor
 from framework.callbacks.model_checkpoint import ModelCheckpoint
+from framework.callbacks.model_summary import ModelSummary
 from framework.callbacks.prediction_writer import PredictionWriter
 from framework.callbacks.progress import RichProgressBar
 from framework.callbacks.step_breakdown import StepTimeBreakdown
@@ -20,5 +21,5 @@ from framework.callbacks.timer import Timer
 from framework.callbacks.weight_averaging import EMAWeightAveraging, WeightAveraging
 
 __all__ = ["BasePredictionWriter", "Callback", "DeviceStatsMonitor", "EarlyStopping", "EarlyStoppingReason",
-           "EMAWeightAveraging", "LambdaCallback", "LearningRateMonitor", "ModelCheckpoint", "PredictionWriter", "RichProgressBar",
+           "EMAWeightAveraging", "LambdaCallback", "LearningRateMonitor", "ModelCheckpoint", "ModelSummary", "PredictionWriter", "RichProgressBar",
            "StepTimeBreakdown", "StochasticWeightAveraging", "ThroughputMonitor", "Timer", "WeightAveraging"]

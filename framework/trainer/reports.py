@@ -36,7 +36,10 @@ def print_summary(run: Run) -> None:
 
         parts.append(parameter_bytes(run.module))
     rank_zero_info(" | ".join(parts))
-    if fn == "fit" and run.settings.enable_model_summary and strategy.is_global_zero:
+    from framework.callbacks.model_summary import ModelSummary
+
+    given = any(isinstance(cb, ModelSummary) for cb in run.callbacks)  # it prints its own, at on_fit_start
+    if fn == "fit" and run.settings.enable_model_summary and not given and strategy.is_global_zero:
         from framework.trainer.summary import print_model_summary
 
         print_model_summary(run.module)

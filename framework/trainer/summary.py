@@ -12,11 +12,13 @@ import torch
 from torch import nn
 
 
-def layer_rows(module: nn.Module) -> list[dict[str, Any]]:
-    """One row per direct child: name, type, parameters, mode, and shapes (``"?"`` unknown)."""
+def layer_rows(module: nn.Module, max_depth: int = 1) -> list[dict[str, Any]]:
+    """One row per layer down to ``max_depth`` (1: the direct children; -1: all, as Lightning's
+    ``ModelSummary``): name, type, parameters, mode, and shapes (``"?"`` unknown)."""
     rows = [{"name": name, "type": type(child).__name__, "params": sum(p.numel() for p in child.parameters()),
              "mode": "train" if child.training else "eval", "in": "?", "out": "?"}
-            for name, child in module.named_children()]
+            for name, child in module.named_modules()
+            if name and (max_depth < 0 or name.count(".") < max_depth)]
     example = getattr(module, "example_input_array", None)
     if example is not None and rows:
         _record_shapes(module, example, rows)
@@ -24,12 +26,12 @@ def layer_rows(module: nn.Module) -> list[dict[str, Any]]:
 
 
 def _record_shapes(module: nn.Module, example: Any, rows: list[dict]) -> None:
-    by_name = {row["name"]: row for row in rows}
+    layers = dict(module.named_modules())
     hooks = []
-    for name, child in module.named_children():
-        def hook(_mod, inputs, output, row=by_name[name]):
+    for row in rows:
+        def hook(_mod, inputs, output, row=row):
             row["in"], row["out"] = _shape(inputs[0] if len(inputs) == 1 else inputs), _shape(output)
-        hooks.append(child.register_forward_hook(hook))
+        hooks.append(layers[row["name"]].register_forward_hook(hook))
     was_training = module.training
     device = next((p.device for p in module.parameters()), torch.device("cpu"))
     try:
@@ -70,11 +72,11 @@ def _count(n: int, units: tuple[str, str, str] = ("B", "M", "K"), ones: str = ""
     return f"{n} {ones}" if ones else str(n)
 
 
-def print_model_summary(module: nn.Module) -> None:
+def print_model_summary(module: nn.Module, max_depth: int = 1) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    rows = layer_rows(module)
+    rows = layer_rows(module, max_depth)
     shapes = any(row["in"] != "?" for row in rows)
     table = Table(title=f"{type(module).__name__}", title_justify="left")
     for column in ["", "Name", "Type", "Params", "Mode"] + (["In sizes", "Out sizes"] if shapes else []):
