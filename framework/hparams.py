@@ -9,11 +9,33 @@ import inspect
 import os
 from argparse import Namespace
 from types import FrameType
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from framework.errors import ConfigError
 
 M = TypeVar("M", bound="HyperparametersMixin")
+
+
+class _ClassOnly(classmethod):
+    """``@classmethod`` that refuses a call on an instance, as Lightning's ``load_from_checkpoint``
+    does: ``model.load_from_checkpoint(path)`` would return a new model and leave ``model`` as it was."""
+
+    def __get__(self, instance: Any, owner: type | None = None) -> Any:
+        if instance is None:
+            return super().__get__(instance, owner)
+        name = f"{type(instance).__name__}.{self.__func__.__name__}"
+
+        def refused(*args: Any, **kwargs: Any) -> Any:
+            raise TypeError(f"The classmethod `{name}` cannot be called on an instance. Please call it on the "
+                            "class type and make sure the return value is used.")
+
+        return refused
+
+
+if TYPE_CHECKING:  # the type checker knows classmethod's types
+    class_only = classmethod
+else:
+    class_only = _ClassOnly
 
 
 class AttributeDict(dict):
@@ -83,7 +105,7 @@ class HyperparametersMixin:
         ``self.hparams`` do not show here)."""
         return copy.deepcopy(self.__dict__.get("_hparams_initial", AttributeDict()))
 
-    @classmethod
+    @class_only
     def load_from_checkpoint(cls: type[M], checkpoint_path: Any, map_location: Any = None, hparams_file: Any = None,
                              strict: bool | None = None, **kwargs: Any) -> M:
         """A module of this class rebuilt from a checkpoint: ``__init__`` gets the saved

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from framework.hparams import HyperparametersMixin
+from framework.hparams import HyperparametersMixin, class_only
 
 if TYPE_CHECKING:
     from framework.trainer import Trainer
@@ -60,7 +60,7 @@ class DataModule(HyperparametersMixin):
                 setattr(datamodule, hook, lambda dataset=dataset, shuffle=shuffle: loaders(dataset, shuffle))
         return datamodule
 
-    @classmethod
+    @class_only
     def load_from_checkpoint(cls, checkpoint_path: Any, map_location: Any = None,  # type: ignore[override]
                              hparams_file: Any = None, **kwargs: Any) -> Any:
         """This DataModule rebuilt from the hyperparameters a checkpoint keeps

@@ -153,9 +153,12 @@ def parse_max_time(value: Any) -> float | None:
     raise ConfigError(f"trainer.max_time={value!r}: use seconds, 'DD:HH:MM:SS' or {{days, hours, minutes, seconds}}")
 
 
-def check_val_check_interval(value: Any) -> int | float | None:
+def check_val_check_interval(value: Any, check_val_every_n_epoch: Any = 1) -> int | float | None:
     if value is None:
         return None
+    if isinstance(value, float) and check_val_every_n_epoch is None:  # as Lightning refuses it
+        raise ConfigError(f"trainer.val_check_interval={value!r}: a fraction of an epoch needs epochs; with "
+                          "check_val_every_n_epoch=None give a number of training batches (int >= 1)")
     if isinstance(value, float) and 0.0 < value <= 1.0:
         return value
     if isinstance(value, int) and not isinstance(value, bool) and value >= 1:

@@ -108,7 +108,7 @@ class Settings:
         switched: dict[str, Any] = dict(
             max_epochs=max_epochs if max_epochs is not None else -1,
             max_steps=int(max_steps),
-            val_check_interval=args.check_val_check_interval(val_check_interval),
+            val_check_interval=args.check_val_check_interval(val_check_interval, check_val_every_n_epoch),
             check_val_every_n_epoch=None if check_val_every_n_epoch is None
             else args.positive_int("check_val_every_n_epoch", check_val_every_n_epoch),
             num_sanity_val_steps=int(num_sanity_val_steps),

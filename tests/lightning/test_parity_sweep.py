@@ -216,3 +216,23 @@ def test_a_datamodule_reads_hparams_file_too(tmp_path):
         trainer.save_checkpoint(path)
         sizes.append(Data.load_from_checkpoint(path, hparams_file=tmp_path / "hparams.yaml").hparams.batch_size)
     assert sizes == [8, 8]
+
+
+def test_what_lightning_refuses_fw_refuses_too(tmp_path):
+    """``load_from_checkpoint`` called on an instance (it returns a new module and leaves the
+    instance as it was: a silent no-op where the return value is dropped) and a fraction of an
+    epoch as ``val_check_interval`` with ``check_val_every_n_epoch=None`` are refused, as Lightning
+    refuses them."""
+    from framework.data import DataModule
+
+    for _, base, _ in _sides():
+        model = _model(base)
+        with pytest.raises(TypeError, match="cannot be called on an instance"):
+            model.load_from_checkpoint(str(tmp_path / "x.ckpt"))
+    for datamodule in (DataModule(), pl.LightningDataModule()):
+        with pytest.raises(TypeError, match="cannot be called on an instance"):
+            datamodule.load_from_checkpoint(str(tmp_path / "x.ckpt"))
+    with pytest.raises(ConfigError, match="val_check_interval=0.5.*check_val_every_n_epoch=None"):
+        fw.Trainer(val_check_interval=0.5, check_val_every_n_epoch=None)
+    with pytest.raises(Exception, match="val_check_interval"):
+        pl.Trainer(val_check_interval=0.5, check_val_every_n_epoch=None)
