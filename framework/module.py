@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from framework.errors import ConfigError
 from framework.hparams import HyperparametersMixin
 from framework.module_extras import JIT_IGNORED_ATTRIBUTES, ModuleExtras, jit_unused_properties
 from framework.module_hooks import ModuleHooks, unwrapped
@@ -254,6 +255,9 @@ class TrainModule(HyperparametersMixin, ModuleHooks, ModuleExtras, nn.Module):
         """
         if self._trainer is None:
             return
+        if self._trainer.state.stage is None:  # between calls: nothing would ever read it (Lightning refuses it too)
+            raise ConfigError(f"self.log('{name}') outside fit/validate/test: log in a hook or a step, or write "
+                              "to trainer.loggers directly")
         self._trainer.metrics.log(
             name, value, prog_bar=prog_bar, logger=logger, on_step=on_step, on_epoch=on_epoch, reduce_fx=reduce_fx,
             enable_graph=enable_graph, sync_dist=sync_dist, sync_dist_group=sync_dist_group,

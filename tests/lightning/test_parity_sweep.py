@@ -236,3 +236,13 @@ def test_what_lightning_refuses_fw_refuses_too(tmp_path):
         fw.Trainer(val_check_interval=0.5, check_val_every_n_epoch=None)
     with pytest.raises(Exception, match="val_check_interval"):
         pl.Trainer(val_check_interval=0.5, check_val_every_n_epoch=None)
+
+
+@pytest.mark.timeout(60)
+def test_self_log_after_a_fit_is_refused_as_in_lightning():
+    """Between calls nothing reads a logged value: both refuse it rather than drop it."""
+    for lib, base, _ in _sides():
+        model = _model(base)
+        lib.Trainer(max_epochs=1, **QUIET).fit(model, _loader())
+        with pytest.raises(Exception, match="self.log"):
+            model.log("after", 1.0)
