@@ -33,11 +33,18 @@ class Logger(ABC):
             ``version_<N>``; a string is used as the folder name as it is.
     """
 
+    LOGGER_JOIN_CHAR = "-"
+    _prefix = ""  # put in front of every metric name (the ``prefix=`` of the loggers that take one)
+
     def __init__(self, save_dir: str | os.PathLike | None = None, name: str | None = "fw_logs",
                  version: int | str | None = None) -> None:
         self._save_dir = os.fspath(save_dir) if save_dir is not None else None
         self._name = name or ""
         self._version = version
+
+    def _prefixed(self, key: str) -> str:
+        """``key`` with this logger's prefix in front, joined by ``LOGGER_JOIN_CHAR``, as Lightning's."""
+        return f"{self._prefix}{self.LOGGER_JOIN_CHAR}{key}" if self._prefix else key
 
     # -- where ----------------------------------------------------------------------------
     @property

@@ -31,7 +31,6 @@ class CSVLogger(Logger):
 
     METRICS_FILE = "metrics.csv"
     STEP_KEY = "step"
-    LOGGER_JOIN_CHAR = "-"
 
     def __init__(self, save_dir: str | os.PathLike | None = None, name: str | None = "fw_logs",
                  version: int | str | None = None, prefix: str = "", flush_logs_every_n_steps: int = 100) -> None:
@@ -51,8 +50,7 @@ class CSVLogger(Logger):
 
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
         row: dict[str, Any] = {self.STEP_KEY: int(step)}
-        named = f"{self._prefix}{self.LOGGER_JOIN_CHAR}{{}}" if self._prefix else "{}"
-        row.update({named.format(key): _cell(value) for key, value in metrics.items() if key != self.STEP_KEY})
+        row.update({self._prefixed(key): _cell(value) for key, value in metrics.items() if key != self.STEP_KEY})
         self._rows.append(row)
         if len(self._rows) >= self.flush_logs_every_n_steps:
             self.save()

@@ -66,8 +66,6 @@ class MLFlowLogger(Logger):
         ConfigError: ``log_model`` is not true, false or ``"all"``; ``run_id`` names no run.
     """
 
-    LOGGER_JOIN_CHAR = "-"
-
     def __init__(self, experiment_name: str = "lightning_logs", run_name: str | None = None,
                  tracking_uri: str | None = None, tags: dict[str, Any] | None = None,
                  save_dir: str | os.PathLike | None = "./mlruns", log_model: bool | Literal["all"] = False,
@@ -208,7 +206,7 @@ class MLFlowLogger(Logger):
         self._uploads.after_save(checkpoint_callback, self._upload)
 
     def _metric_key(self, key: str) -> str:
-        key = f"{self._prefix}{self.LOGGER_JOIN_CHAR}{key}" if self._prefix else key
+        key = self._prefixed(key)
         allowed = re.sub(r"[^a-zA-Z0-9_/. -]+", "", key)
         if allowed != key:
             rank_zero_warn(f"MLFlowLogger: MLflow allows only letters, digits and '_', '/', '.', ' ', '-' in a "

@@ -66,8 +66,6 @@ class WandbLogger(Logger):
             ``save_dir``/``dir`` or ``version``/``id`` that disagree; a bad ``log_model``.
     """
 
-    LOGGER_JOIN_CHAR = "-"
-
     def __init__(self, name: str | None = None, save_dir: str | os.PathLike | None = ".", version: str | None = None,
                  offline: bool = False, dir: str | os.PathLike | None = None, id: str | None = None,
                  anonymous: bool | None = None, project: str | None = None, log_model: bool | Literal["all"] = False,
@@ -149,8 +147,8 @@ class WandbLogger(Logger):
     def log_metrics(self, metrics: Mapping[str, Any], step: int | None) -> None:
         """Log ``metrics`` with ``trainer/global_step = step``; numbers and one-element tensors
         as floats, wandb objects (``wandb.Image``, tables) as they are."""
-        row = {(f"{self._prefix}{self.LOGGER_JOIN_CHAR}{k}" if self._prefix else k):
-               (to_float(v) if isinstance(v, (int, float, torch.Tensor)) else v) for k, v in metrics.items()}
+        row = {self._prefixed(k): (to_float(v) if isinstance(v, (int, float, torch.Tensor)) else v)
+               for k, v in metrics.items()}
         if step is not None and not self._wandb_init.get("sync_tensorboard"):
             row[STEP_KEY] = int(step)
         self.experiment.log(row)
