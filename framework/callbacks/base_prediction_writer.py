@@ -47,7 +47,7 @@ class BasePredictionWriter(Callback):
 
     def __init__(self, write_interval: str = "batch") -> None:
         if write_interval not in [interval.value for interval in WriteInterval]:
-            raise ConfigError(f"BasePredictionWriter(write_interval={write_interval!r}): use one of "
+            raise ConfigError(f"{type(self).__name__}(write_interval={write_interval!r}): use one of "
                               f"{', '.join(interval.value for interval in WriteInterval)}")
         self.interval = WriteInterval(write_interval)
         self._batch_indices: list[list[list[int]] | None] = []  # per loader: each batch's, where known
@@ -71,8 +71,7 @@ class BasePredictionWriter(Callback):
 
     def on_predict_batch_end(self, trainer: Trainer, module: TrainModule, outputs: Any, batch: Any, batch_idx: int,
                              dataloader_idx: int = 0) -> None:
-        known = self._batch_indices[dataloader_idx]
-        indices = known[batch_idx] if known is not None and batch_idx < len(known) else None
+        indices = self._indices_of(batch_idx, dataloader_idx)
         if self.interval.on_batch:
             self.write_on_batch_end(trainer, module, outputs, indices, batch, batch_idx, dataloader_idx)
         if self.interval.on_epoch:
@@ -86,6 +85,11 @@ class BasePredictionWriter(Callback):
         predictions = self._predictions[0] if len(self._predictions) == 1 else self._predictions
         self.write_on_epoch_end(trainer, module, predictions, self._epoch_batch_indices)
         self._predictions, self._epoch_batch_indices = [], []
+
+    def _indices_of(self, batch_idx: int, dataloader_idx: int) -> list[int] | None:
+        """The data set indices of loader ``dataloader_idx``'s batch ``batch_idx``, where known."""
+        known = self._batch_indices[dataloader_idx]
+        return known[batch_idx] if known is not None and batch_idx < len(known) else None
 
 
 def to_cpu(value: Any) -> Any:

@@ -24,15 +24,12 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from framework.callbacks.base_prediction_writer import BasePredictionWriter, WriteInterval, fixed_batch_indices, to_cpu
+from framework.callbacks.base_prediction_writer import BasePredictionWriter, to_cpu
 from framework.rank_zero import rank_zero_info
 
 if TYPE_CHECKING:
     from framework.module import TrainModule
     from framework.trainer import Trainer
-
-_INTERVALS = ("batch", "epoch", "batch_and_epoch")
-
 
 class PredictionWriter(BasePredictionWriter):
     """Write predictions (see the module doc).
@@ -49,15 +46,12 @@ class PredictionWriter(BasePredictionWriter):
                  filename: str = "predictions") -> None:
         from framework.errors import ConfigError
 
-        if write_interval not in _INTERVALS:
-            raise ConfigError(f"PredictionWriter write_interval '{write_interval}': use one of {', '.join(_INTERVALS)}")
+        super().__init__(write_interval)  # checks it, and keeps each loader's batch indices
         if format not in ("pt", "csv"):
             raise ConfigError(f"PredictionWriter format '{format}': use pt or csv")
         self.output_dir, self.write_interval, self.format, self.filename = output_dir, write_interval, format, filename
-        self.interval = WriteInterval(write_interval)
         self.written: str | None = None  # the epoch file, once written
-        self._outputs: list[list[Any]] = []
-        self._indices: list[list[list[int]] | None] = []  # per loader: each batch's indices, if known
+        self._outputs: list[list[Any]] = []  # per loader: (batch indices, outputs), to gather
 
     # -- Lightning's overridable writers ---------------------------------------------------------
     def write_on_batch_end(self, trainer: Trainer, module: TrainModule, prediction: Any,
@@ -84,22 +78,19 @@ class PredictionWriter(BasePredictionWriter):
 
     # -- hooks ------------------------------------------------------------------------------------
     def on_predict_epoch_start(self, trainer: Trainer, module: TrainModule) -> None:
-        given = trainer.predict_dataloaders
-        loaders = [] if given is None else list(given) if isinstance(given, list) else [given]
-        self._outputs = [[] for _ in loaders]
-        self._indices = [fixed_batch_indices(loader) for loader in loaders]
+        super().on_predict_epoch_start(trainer, module)
+        self._outputs = [[] for _ in self._batch_indices]
 
     def on_predict_batch_end(self, trainer: Trainer, module: TrainModule, outputs: Any, batch: Any, batch_idx: int,
                              dataloader_idx: int = 0) -> None:
-        indices = self._indices[dataloader_idx]
-        batch_indices = indices[batch_idx] if indices is not None and batch_idx < len(indices) else None
-        if self.write_interval in ("batch", "batch_and_epoch"):
+        batch_indices = self._indices_of(batch_idx, dataloader_idx)
+        if self.interval.on_batch:
             self.write_on_batch_end(trainer, module, outputs, batch_indices, batch, batch_idx, dataloader_idx)
-        if self.write_interval in ("epoch", "batch_and_epoch"):
+        if self.interval.on_epoch:
             self._outputs[dataloader_idx].append((batch_indices, to_cpu(outputs)))
 
     def on_predict_epoch_end(self, trainer: Trainer, module: TrainModule) -> None:
-        if self.write_interval == "batch":
+        if not self.interval.on_epoch:
             return
         mine = self._outputs
         everyone = trainer.strategy.all_gather_object(mine) if trainer.strategy.is_distributed else [mine]
