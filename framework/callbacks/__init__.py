@@ -21,5 +21,6 @@ from framework.callbacks.timer import Timer
 from framework.callbacks.weight_averaging import EMAWeightAveraging, WeightAveraging
 
 __all__ = ["BasePredictionWriter", "Callback", "DeviceStatsMonitor", "EarlyStopping", "EarlyStoppingReason",
-           "EMAWeightAveraging", "LambdaCallback", "LearningRateMonitor", "ModelCheckpoint", "ModelSummary", "PredictionWriter", "RichProgressBar",
-           "StepTimeBreakdown", "StochasticWeightAveraging", "ThroughputMonitor", "Timer", "WeightAveraging"]
+           "EMAWeightAveraging", "LambdaCallback", "LearningRateMonitor", "ModelCheckpoint", "ModelSummary",
+           "PredictionWriter", "RichProgressBar", "StepTimeBreakdown", "StochasticWeightAveraging",
+           "ThroughputMonitor", "Timer", "WeightAveraging"]

@@ -106,11 +106,12 @@ class Heartbeat:
     def _where(self) -> str:
         """Where the rank is, and what it waits in there (``framework/waits.py``)."""
         state, waiting = self.run.state, waits.now()
-        training = state.stage == "train" and self.run.fit_batches is not None  # a fit's stage from its start
-        if training:
+        stage = state.stage
+        if stage == "train" and self.run.fit_batches is None:  # a fit's set-up: its stage is "train" from the start
+            stage = None
+        if stage == "train":
             where = f"in epoch {state.epoch}, batch {state.position.batches}"
         else:
-            stage = None if state.stage == "train" else state.stage
             where = f"in {stage or 'set-up'} (epoch {state.epoch}, step {state.global_step})"
         return f"{where}, in {waiting}" if waiting else where
 
