@@ -104,3 +104,10 @@ def remove_if_ours(filepath: str, folder: str, is_global_zero: bool) -> None:
                 os.remove(filepath)
         except FileNotFoundError:
             pass
+
+
+def write_yaml(data: Mapping, path: str | os.PathLike) -> None:
+    import yaml
+
+    with open(path, "w") as fp:
+        yaml.dump(dict(data), fp)

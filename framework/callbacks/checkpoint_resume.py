@@ -15,6 +15,9 @@ once, in one line, what it did not restore.
 from __future__ import annotations
 
 import os
+from typing import Any
+
+import torch
 
 BOOKKEEPING = ("best_model_score", "best_k_models", "kth_best_model_path", "kth_value", "last_model_path")
 
@@ -59,3 +62,15 @@ def not_restored_warning(state: dict, why: str, dirpath: str | None) -> str:
     return (f"ModelCheckpoint: the resumed checkpoint's top-k does not go on here: {why}; this run saves into "
             f"{dirpath!r}. {lost}Only best_model_path is restored. HINT: to continue that top-k, resume with "
             "that run's default_root_dir (or the same ModelCheckpoint dirpath and monitor)")
+
+
+def restored_bookkeeping(state: dict) -> dict[str, Any]:
+    """The bookkeeping in ``state`` as the callback's attributes: its folder, the top-k files and
+    scores (tensors, as Lightning's; fw's checkpoints before 2026-12-06 hold floats), the last file."""
+    def tensor(score: Any) -> torch.Tensor | None:
+        return None if score is None else torch.as_tensor(score)
+
+    return {"dirpath": os.path.realpath(state["dirpath"]), "best_model_score": tensor(state.get("best_model_score")),
+            "best_k_models": {path: tensor(score) for path, score in state.get("best_k_models", {}).items()},
+            "kth_best_model_path": state.get("kth_best_model_path", ""), "kth_value": tensor(state.get("kth_value")),
+            "last_model_path": state.get("last_model_path", "")}

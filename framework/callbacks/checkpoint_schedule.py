@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+import torch
+
 from framework.errors import ConfigError, did_you_mean
 
 if TYPE_CHECKING:
@@ -42,13 +44,16 @@ def save_intervals(every_n_epochs: int | None, every_n_train_steps: int | None) 
     """``(every_n_epochs, every_n_train_steps)`` as given, 0 for never.
 
     Raises:
-        ConfigError: a value that is not an int >= 0.
+        ConfigError: a value that is not an int >= 0, or both above 0.
     """
     for arg, value in (("every_n_epochs", every_n_epochs), ("every_n_train_steps", every_n_train_steps)):
         if value is not None and (not isinstance(value, int) or value < 0):
             raise ConfigError(f"ModelCheckpoint({arg}={value!r}) must be an int >= 0")
     if every_n_epochs is None and every_n_train_steps is None:
         return 1, 0
+    if every_n_epochs and every_n_train_steps:  # one of them would be ignored
+        raise ConfigError(f"ModelCheckpoint(every_n_train_steps={every_n_train_steps}, every_n_epochs={every_n_epochs}): "
+                          "the two are mutually exclusive, as in Lightning; give one, or use two ModelCheckpoints")
     return every_n_epochs or 0, every_n_train_steps or 0
 
 
@@ -75,6 +80,15 @@ def monitor_candidates(trainer: Trainer) -> dict[str, float]:
     candidates["epoch"] = trainer.current_epoch
     candidates["step"] = trainer.global_step
     return candidates
+
+
+def score(trainer: Trainer, monitor: str | None, current: float) -> torch.Tensor:
+    """A top-k save's score as Lightning keeps it: the logged tensor (its dtype and device), or
+    ``current`` made one where it was replaced (a NaN ranks as the worst)."""
+    logged = trainer.callback_metrics.get(monitor or "")
+    if isinstance(logged, torch.Tensor) and float(logged) == current:
+        return logged.detach().clone()
+    return torch.tensor(current)
 
 
 def missing_monitor_message(monitor: str, trainer: Trainer) -> str:

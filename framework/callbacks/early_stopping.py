@@ -1,16 +1,19 @@
 """Stop training when a monitored metric stops improving.
 
-The check runs after each validation run of ``fit`` (never during the sanity check). In epochs
-where no validation ran, it runs at the end of the training epoch instead, so a training metric
-can be monitored in a run without validation. The decision is reduced across ranks (any rank
-that wants to stop stops all), and training stops by setting ``trainer.should_stop``.
+The check runs where Lightning's does: at the end of each training epoch (after the validation
+that ends it, if any) when validation runs once an epoch or not at all, else after each
+validation run of ``fit`` (never during the sanity check). The decision is reduced across ranks
+(any rank that wants to stop stops all), and training stops by setting ``trainer.should_stop``.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from enum import Enum
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+import torch
 
 from framework.callbacks.base import Callback
 from framework.errors import ConfigError, did_you_mean
@@ -40,8 +43,9 @@ class EarlyStopping(Callback):
         patience: How many checks without improvement to allow before stopping.
         min_delta: An improvement smaller than this does not count.
         check_on_train_epoch_end: ``True``: check only at the end of each training epoch;
-            ``False``: only after validation; ``None`` (default): after validation, and at the
-            end of training epochs in which no validation ran.
+            ``False``: only after validation; ``None`` (default): as Lightning decides it at the
+            first set-up, ``True`` when validation runs once an epoch (``val_check_interval=1.0``
+            and ``check_val_every_n_epoch=1``, or no validation), else ``False``.
         strict: Raise if ``monitor`` is missing when checked after validation (or at train
             epoch end when ``check_on_train_epoch_end=True``); otherwise warn and skip.
         verbose: Print why the best score changed or training stopped.
@@ -51,11 +55,15 @@ class EarlyStopping(Callback):
         log_rank_zero_only: Lightning's choice of which ranks print ``verbose``'s lines; fw
             prints them on rank 0 either way.
 
-    The arguments are Lightning's, in its order.
+    The arguments are Lightning's, in its order; ``best_score`` is a tensor and ``patience`` is
+    saved and restored with the callback's state, as in Lightning.
 
     Raises:
         ConfigError: On an invalid ``mode`` or ``patience``, and (``strict``) a missing metric.
     """
+
+    mode_dict = {"min": torch.lt, "max": torch.gt}
+    order_dict = {"min": "<", "max": ">"}
 
     def __init__(self, monitor: str, min_delta: float = 0.0, patience: int = 3, verbose: bool = False,
                  mode: str = "min", strict: bool = True, check_finite: bool = True,
@@ -70,6 +78,7 @@ class EarlyStopping(Callback):
         self.patience = patience
         self.min_delta = float(min_delta)  # signed, as in Lightning: a negative one lets a slight worsening count
         self.check_on_train_epoch_end = check_on_train_epoch_end
+        self._check_on_train_epoch_end = check_on_train_epoch_end  # None: decided at the first setup
         self.strict = strict
         self.verbose = verbose
         self.stopping_threshold = stopping_threshold
@@ -80,19 +89,23 @@ class EarlyStopping(Callback):
         self.stopped_epoch = 0
         self.stopping_reason = EarlyStoppingReason.NOT_STOPPED
         self.stopping_reason_message: str | None = None
-        self.best_score = math.inf if mode == "min" else -math.inf
+        self.best_score = torch.tensor(math.inf if mode == "min" else -math.inf)
         self._fitting = False
-        self._validated_this_epoch = False
         self._warned_missing = False
 
     @property
     def state_key(self) -> str:
         return f"EarlyStopping{{'monitor': {self.monitor!r}, 'mode': {self.mode!r}}}"
 
-    def _better(self, a: float, b: float) -> bool:
-        return a < b if self.mode == "min" else a > b
+    @property
+    def monitor_op(self) -> Callable[..., Any]:
+        return self.mode_dict[self.mode]
 
     # -- hooks ----------------------------------------------------------------------------
+    def setup(self, trainer: Trainer, module: TrainModule, stage: str) -> None:
+        if self._check_on_train_epoch_end is None:  # once, as in Lightning (later fits keep it)
+            self._check_on_train_epoch_end = trainer.val_check_interval == 1.0 and trainer.check_val_every_n_epoch == 1
+
     def on_fit_start(self, trainer: Trainer, module: TrainModule) -> None:
         self._fitting = True
 
@@ -102,23 +115,14 @@ class EarlyStopping(Callback):
     def on_exception(self, trainer: Trainer, module: TrainModule, exception: BaseException) -> None:
         self._fitting = False
 
-    def on_train_epoch_start(self, trainer: Trainer, module: TrainModule) -> None:
-        self._validated_this_epoch = False
-
     def on_validation_end(self, trainer: Trainer, module: TrainModule) -> None:
         # Not during the sanity check, nor in a stand-alone trainer.validate().
-        if trainer.sanity_checking or not self._fitting:
-            return
-        self._validated_this_epoch = True
-        if self.check_on_train_epoch_end is not True:
+        if not self._check_on_train_epoch_end and self._fitting and not trainer.sanity_checking:
             self._run_check(trainer, strict=self.strict)
 
     def on_train_epoch_end(self, trainer: Trainer, module: TrainModule) -> None:
-        if self.check_on_train_epoch_end is True:
+        if self._check_on_train_epoch_end:
             self._run_check(trainer, strict=self.strict)
-        elif self.check_on_train_epoch_end is None and not self._validated_this_epoch:
-            # In an epoch without validation a validation metric may legitimately be missing.
-            self._run_check(trainer, strict=False)
 
     # -- the check ------------------------------------------------------------------------
     def _run_check(self, trainer: Trainer, strict: bool) -> None:
@@ -126,7 +130,7 @@ class EarlyStopping(Callback):
         if value is None:
             self._missing_monitor(trainer, strict)
             return
-        current = float(value.item() if hasattr(value, "item") else value)
+        current = value.detach().squeeze() if isinstance(value, torch.Tensor) else torch.tensor(float(value))
         why, reason = self._evaluate(current)
         should_stop = trainer.strategy.reduce_boolean_decision(why is not EarlyStoppingReason.NOT_STOPPED, all=False)
         trainer.should_stop = trainer.should_stop or should_stop
@@ -137,28 +141,30 @@ class EarlyStopping(Callback):
         if reason and self.verbose:
             rank_zero_info(f"EarlyStopping: {reason}")
 
-    def _evaluate(self, current: float) -> tuple[EarlyStoppingReason, str | None]:
-        """Update ``best_score``/``wait_count`` with ``current``; return (why stop, what to say)."""
-        name, reason = self.monitor, EarlyStoppingReason
-        if self.check_finite and not math.isfinite(current):
-            return reason.NON_FINITE_METRIC, f"{name} = {current} is not finite (best was {self.best_score:.4g}); stopping."
-        if self.stopping_threshold is not None and self._better(current, self.stopping_threshold):
+    def _evaluate(self, current: torch.Tensor) -> tuple[EarlyStoppingReason, str | None]:
+        """Update ``best_score``/``wait_count`` with ``current``; return (why stop, what to say).
+        Compared in the metric's own dtype, as Lightning compares."""
+        name, reason, better = self.monitor, EarlyStoppingReason, self.monitor_op
+        best = self.best_score.to(current.device)
+        if self.check_finite and not torch.isfinite(current):
+            return reason.NON_FINITE_METRIC, f"{name} = {float(current)} is not finite (best was {float(best):.4g}); stopping."
+        if self.stopping_threshold is not None and better(current, self.stopping_threshold):
             return (reason.STOPPING_THRESHOLD,
-                    f"{name} = {current:.4g} reached stopping_threshold={self.stopping_threshold}; stopping.")
-        if self.divergence_threshold is not None and self._better(self.divergence_threshold, current):
+                    f"{name} = {float(current):.4g} reached stopping_threshold={self.stopping_threshold}; stopping.")
+        if self.divergence_threshold is not None and better(-current, -self.divergence_threshold):
             return (reason.DIVERGENCE_THRESHOLD,
-                    f"{name} = {current:.4g} passed divergence_threshold={self.divergence_threshold}; stopping.")
+                    f"{name} = {float(current):.4g} passed divergence_threshold={self.divergence_threshold}; stopping.")
         delta = -self.min_delta if self.mode == "min" else self.min_delta
-        if self._better(current - delta, self.best_score):
-            improvement = (f"improved by {abs(current - self.best_score):.4g}"
-                           if math.isfinite(self.best_score) else "first value")
+        if better(current - delta, best):
+            improvement = (f"improved by {abs(float(current - best)):.4g}"
+                           if torch.isfinite(best) else "first value")
             self.best_score, self.wait_count = current, 0
-            return reason.NOT_STOPPED, f"{name} {improvement}: new best {current:.4g}."
+            return reason.NOT_STOPPED, f"{name} {improvement}: new best {float(current):.4g}."
         self.wait_count += 1
         if self.wait_count >= self.patience:
             return reason.PATIENCE_EXHAUSTED, (
                 f"{name} did not improve by more than {self.min_delta} for {self.wait_count} checks; "
-                f"best {self.best_score:.4g}; stopping.")
+                f"best {float(best):.4g}; stopping.")
         return reason.NOT_STOPPED, None
 
     def _missing_monitor(self, trainer: Trainer, strict: bool) -> None:
@@ -175,7 +181,7 @@ class EarlyStopping(Callback):
     # -- state ----------------------------------------------------------------------------
     def state_dict(self) -> dict:
         return {"wait_count": self.wait_count, "stopped_epoch": self.stopped_epoch,
-                "best_score": self.best_score, "stopping_reason": self.stopping_reason.value,
+                "best_score": self.best_score, "patience": self.patience, "stopping_reason": self.stopping_reason.value,
                 "stopping_reason_message": self.stopping_reason_message}
 
     def load_state_dict(self, state: dict) -> None:
@@ -183,4 +189,6 @@ class EarlyStopping(Callback):
         self.stopped_epoch = state["stopped_epoch"]
         self.stopping_reason = EarlyStoppingReason(state.get("stopping_reason", 0))
         self.stopping_reason_message = state.get("stopping_reason_message")
-        self.best_score = float(state["best_score"])
+        best = state["best_score"]  # fw's checkpoints before 2026-12-06 hold a float, and no patience
+        self.best_score = best if isinstance(best, torch.Tensor) else torch.tensor(float(best))
+        self.patience = state.get("patience", self.patience)  # the checkpoint's wins, as in Lightning

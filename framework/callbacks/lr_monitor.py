@@ -56,6 +56,10 @@ class LearningRateMonitor(Callback):
         self.log_momentum, self.log_weight_decay = log_momentum, log_weight_decay
         # (name, optimizer, interval) per optimizer; resolved in on_train_start.
         self._tracked: list[tuple[str, torch.optim.Optimizer, str]] = []
+        # Lightning's records: every learning rate logged, by name; the last momentum and weight decay
+        self.lrs: dict[str, list[float]] = {}
+        self.last_momentum_values: dict[str, float | None] = {}
+        self.last_weight_decay_values: dict[str, float | None] = {}
 
     def on_train_start(self, trainer: Trainer, module: TrainModule) -> None:
         if not trainer.loggers:
@@ -73,6 +77,10 @@ class LearningRateMonitor(Callback):
             if id(optimizer) not in scheduled:  # logged at every step row and every epoch start
                 name = f"lr-{type(optimizer).__name__}"
                 self._tracked.append((self._unique(name, used), optimizer, "any"))
+        names = [name + _suffix(opt.param_groups, i) for name, opt, _ in self._tracked for i in range(len(opt.param_groups))]
+        self.lrs = {name: [] for name in names}
+        self.last_momentum_values = {f"{name}-momentum": None for name in names}
+        self.last_weight_decay_values = {f"{name}-weight_decay": None for name in names}
 
     @staticmethod
     def _unique(name: str, used: dict[str, int]) -> str:
@@ -114,10 +122,12 @@ class LearningRateMonitor(Callback):
             for i, group in enumerate(groups):
                 key = name + _suffix(groups, i)
                 stats[key] = float(group["lr"])
+                self.lrs.setdefault(key, []).append(stats[key])
                 if self.log_momentum:
-                    stats[f"{key}-momentum"] = _momentum(group)
+                    stats[f"{key}-momentum"] = self.last_momentum_values[f"{key}-momentum"] = _momentum(group)
                 if self.log_weight_decay:
                     stats[f"{key}-weight_decay"] = float(group.get("weight_decay", 0.0))
+                    self.last_weight_decay_values[f"{key}-weight_decay"] = stats[f"{key}-weight_decay"]
         return stats
 
 

@@ -25,10 +25,12 @@ import math
 import os
 from typing import TYPE_CHECKING, Any
 
+import torch
+
 import framework.callbacks.checkpoint_files as files
 import framework.callbacks.checkpoint_schedule as schedule
 from framework.callbacks.base import Callback
-from framework.callbacks.checkpoint_resume import not_restored_warning, why_not_continued
+from framework.callbacks.checkpoint_resume import not_restored_warning, restored_bookkeeping, why_not_continued
 from framework.counting import every
 from framework.errors import ConfigError
 from framework.rank_zero import rank_zero_info, rank_zero_warn
@@ -83,27 +85,19 @@ class ModelCheckpoint(Callback):
         self.save_weights_only = save_weights_only  # the files hold the weights alone; no fit resumes from them
         self._dirpath_given = dirpath is not None
         self.dirpath = os.path.realpath(os.path.expanduser(os.fspath(dirpath))) if dirpath is not None else None
-        self.filename = filename
-        self.monitor = monitor
-        self.mode = mode
-        self.save_top_k = save_top_k
-        self.save_last = save_last
+        self.filename, self.monitor, self.mode = filename, monitor, mode
+        self.save_top_k, self.save_last = save_top_k, save_last
         self.save_on_train_epoch_end = save_on_train_epoch_end  # None: Lightning's rule (checkpoint_schedule.py)
         self.auto_insert_metric_name = auto_insert_metric_name
 
-        # Bookkeeping, saved in checkpoints so that a resumed run carries on with it.
-        self.best_k_models: dict[str, float] = {}
-        self.kth_best_model_path = ""
-        self.kth_value: float | None = None
-        self.best_model_path = ""
-        self.best_model_score: float | None = None
-        self.current_score: float | None = None  # the monitored value of the latest top-k save, as Lightning's
-        self.last_model_path = ""
+        # Bookkeeping, saved in checkpoints so that a resumed run carries on with it (scores as tensors, as Lightning's)
+        self.best_k_models: dict[str, torch.Tensor] = {}
+        self.kth_best_model_path = self.best_model_path = self.last_model_path = ""
+        self.kth_value: torch.Tensor | None = torch.tensor(math.inf if mode == "min" else -math.inf)
+        self.best_model_score: torch.Tensor | None = None
+        self.current_score: torch.Tensor | None = None  # the monitored value of the latest top-k save
         self._last_global_step_saved = 0  # also: never save an untrained model at step 0
-        self._fitting = False
-        self._validation_has_run = False
-        self._warned_missing = False
-        self._saved_in_this_fit = False
+        self._fitting = self._validation_has_run = self._warned_missing = self._saved_in_this_fit = False
         self._last_saved = ""  # the newest file this callback saved: what save_last="link" links to
         self._experiment_dir: str | None = None  # <save_dir>/<name> of this run's logger
 
@@ -142,9 +136,7 @@ class ModelCheckpoint(Callback):
 
     def on_train_batch_end(self, trainer: Trainer, module: TrainModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
-        if not every(self.every_n_train_steps, trainer.global_step):
-            return
-        if self._skip(trainer):
+        if not every(self.every_n_train_steps, trainer.global_step) or self._skip(trainer):
             return
         candidates = schedule.monitor_candidates(trainer)
         self._save_topk_checkpoint(trainer, candidates)
@@ -183,7 +175,7 @@ class ModelCheckpoint(Callback):
         """Would a checkpoint scoring ``current`` enter the top ``save_top_k``?"""
         if self.save_top_k == -1 or len(self.best_k_models) < self.save_top_k:
             return True
-        kth = self.best_k_models[self.kth_best_model_path]
+        kth = float(self.best_k_models[self.kth_best_model_path])
         return current < kth if self.mode == "min" else current > kth
 
     def _update_best_and_save(self, current: float, trainer: Trainer, candidates: dict[str, float]) -> None:
@@ -194,7 +186,7 @@ class ModelCheckpoint(Callback):
             self.best_k_models.pop(del_filepath)
 
         filepath = self._unused_filepath(trainer, candidates, reuse=del_filepath)
-        self.best_k_models[filepath] = self.current_score = current
+        self.best_k_models[filepath] = self.current_score = schedule.score(trainer, self.monitor, current)
         worst, best = (max, min) if self.mode == "min" else (min, max)
         if len(self.best_k_models) == k:
             self.kth_best_model_path = worst(self.best_k_models, key=self.best_k_models.__getitem__)
@@ -216,7 +208,8 @@ class ModelCheckpoint(Callback):
     def _save_last_checkpoint(self, trainer: Trainer, candidates: dict[str, float]) -> None:
         if not self.save_last:
             return
-        filepath = os.path.join(self._folder(), self.CHECKPOINT_NAME_LAST + self.FILE_EXTENSION)
+        # an earlier run's last.ckpt is kept (last-v1.ckpt is written), this run's own is replaced
+        filepath = self._unused_filepath(trainer, candidates, self.last_model_path, self.CHECKPOINT_NAME_LAST)
         previous, self.last_model_path = self.last_model_path, filepath
         if self.save_last == "link" and self._last_saved and self.save_top_k != 0:
             files.link(trainer, self._last_saved, filepath)  # Lightning's: to the newest file saved
@@ -249,11 +242,12 @@ class ModelCheckpoint(Callback):
         assert self.dirpath is not None, "ModelCheckpoint.setup() sets dirpath before anything is saved or removed"
         return self.dirpath
 
-    def _unused_filepath(self, trainer: Trainer, candidates: dict[str, float], reuse: str | None) -> str:
+    def _unused_filepath(self, trainer: Trainer, candidates: dict[str, float], reuse: str | None,
+                         filename: str | None = None) -> str:
         """Format the name; if that file exists (and is not ``reuse``), add ``-v1``, ``-v2``..."""
-        filepath = files.unused_path(lambda ver: self.format_checkpoint_name(candidates, ver=ver), reuse,
+        filepath = files.unused_path(lambda ver: self.format_checkpoint_name(candidates, ver, filename), reuse,
                                      self.STARTING_VERSION) if self.enable_version_counter \
-            else self.format_checkpoint_name(candidates)  # Lightning's: the file of that name is replaced
+            else self.format_checkpoint_name(candidates, filename=filename)  # Lightning's: that file is replaced
         # Ranks may see different file systems: everyone uses rank 0's answer.
         return trainer.strategy.broadcast(filepath)
 
@@ -271,6 +265,15 @@ class ModelCheckpoint(Callback):
                 or filepath in self.best_k_models:
             return  # still referenced
         files.remove_if_ours(filepath, self._folder(), trainer.is_global_zero)
+
+    def to_yaml(self, filepath: str | os.PathLike | None = None) -> None:
+        """``best_k_models`` (path: score) as YAML, by default ``<dirpath>/best_k_models.yaml`` (Lightning's)."""
+        files.write_yaml({path: score.item() for path, score in self.best_k_models.items()},
+                         filepath or os.path.join(self._folder(), "best_k_models.yaml"))
+
+    def file_exists(self, filepath: str | os.PathLike, trainer: Trainer) -> bool:
+        """Does ``filepath`` exist on rank 0? Every rank gets rank 0's answer (Lightning's)."""
+        return trainer.strategy.reduce_boolean_decision(trainer.is_global_zero and os.path.exists(filepath), all=False)
 
     # -- state ----------------------------------------------------------------------------
     def state_dict(self) -> dict:
@@ -292,9 +295,4 @@ class ModelCheckpoint(Callback):
         if why is not None:
             rank_zero_warn(not_restored_warning(state, why, self.dirpath))
             return
-        self.dirpath = os.path.realpath(state["dirpath"])
-        self.best_model_score = state.get("best_model_score")
-        self.best_k_models = dict(state.get("best_k_models", {}))
-        self.kth_best_model_path = state.get("kth_best_model_path", "")
-        self.kth_value = state.get("kth_value")
-        self.last_model_path = state.get("last_model_path", "")
+        vars(self).update(restored_bookkeeping(state))

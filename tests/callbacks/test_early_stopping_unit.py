@@ -30,11 +30,14 @@ class FakeTrainer:
         self.should_stop = False
         self.callback_metrics = {}
         self.strategy = strategy or FakeStrategy()
+        self.val_check_interval = 1.0  # validation once an epoch: EarlyStopping checks at its end
+        self.check_val_every_n_epoch = 1
 
 
 def run(cb, values, key="val/loss", validate=True, trainer=None):
     """Fit until the trainer stops; return the epoch it stopped after (or None)."""
     trainer = trainer or FakeTrainer()
+    cb.setup(trainer, None, "fit")
     cb.on_fit_start(trainer, None)
     for epoch, value in enumerate(values):
         trainer.current_epoch = epoch
@@ -96,15 +99,29 @@ def test_checks_at_train_epoch_end_without_validation():
     assert run(cb, [1.0, 1.0], key="train/loss", validate=False) == 1
 
 
-def test_validation_metric_missing_in_an_epoch_without_validation_only_warns():
+def test_validating_every_other_epoch_checks_after_validation_only_as_lightning():
+    # check_on_train_epoch_end=None: Lightning decides at setup; validation that is not once an
+    # epoch means the check runs after each validation, never on a stale value in between
     cb = EarlyStopping("val/loss", patience=1)
     trainer = FakeTrainer()
+    trainer.check_val_every_n_epoch = 2
+    cb.setup(trainer, None, "fit")
     cb.on_fit_start(trainer, None)
-    cb.on_train_epoch_start(trainer, None)
-    trainer.callback_metrics = {"train/loss": torch.tensor(1.0)}
-    with pytest.warns(UserWarning, match="val/loss"):
+    trainer.callback_metrics = {"val/loss": torch.tensor(1.0)}
+    cb.on_validation_end(trainer, None)
+    for _ in range(3):  # epochs without validation: the old value is not counted again
         cb.on_train_epoch_end(trainer, None)
-    assert not trainer.should_stop
+    assert (cb.wait_count, trainer.should_stop, float(cb.best_score)) == (0, False, 1.0)
+    assert cb._check_on_train_epoch_end is False
+
+
+def test_the_decision_is_made_once_as_in_lightning():
+    cb = EarlyStopping("val/loss")
+    trainer = FakeTrainer()
+    cb.setup(trainer, None, "fit")
+    trainer.check_val_every_n_epoch = 3
+    cb.setup(trainer, None, "fit")  # a second fit keeps the first decision, as Lightning's does
+    assert cb._check_on_train_epoch_end is True and cb.check_on_train_epoch_end is None
 
 
 def test_strict_missing_metric_raises_with_available_keys():
