@@ -163,6 +163,12 @@ def remove_stale_temp_files(directory: str | os.PathLike) -> list[str]:
     return removed
 
 
+def newest_last_checkpoint(dirs: Sequence[str | None]) -> str | None:
+    """The newest ``last*.ckpt`` in the checkpoint dirs (a None among them is skipped), or None."""
+    candidates = [p for d in dirs if d for p in glob.glob(os.path.join(d, "last*.ckpt"))]
+    return max(candidates, key=os.path.getmtime) if candidates else None
+
+
 def find_last_checkpoint(dirs: Sequence[str | None], root: str) -> str | None:
     """``ckpt_path="last"``: the newest ``last*.ckpt`` in the checkpoint dirs (a None among them
     is skipped), else under root; without any (``save_last`` off, ModelCheckpoint's default), the

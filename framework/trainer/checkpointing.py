@@ -153,9 +153,10 @@ def _refuse_nonfinite_weights(run: Run, path: str | os.PathLike, live: bool) -> 
 # -- restore --------------------------------------------------------------------------------------
 def resolve_path(run: Run, ckpt_path: Any, restarts: int) -> str | None:
     """The checkpoint file a run starts from: ``ckpt_path`` itself, the newest ``last*.ckpt``
-    for ``"last"``, or, in a restarted or requeued job's fit, its own newest checkpoint
+    for ``"last"`` (on a Trainer that has not fit here, else the newest checkpoint of the latest
+    run: ``fw test ckpt_path=last``), or, in a restarted or requeued job's fit, its own newest checkpoint
     (``restarts``: the elastic agents' restarts so far, as the ranks agreed at set-up)."""
-    fn = run.fn
+    fn, trained_here = run.fn, run.state.fit_index > 0  # this Trainer ran a fit in this process
     if fn == "fit":
         run.state.fit_index = _count_fit()
         run.state.run_id = elastic_job_id()
@@ -165,6 +166,8 @@ def resolve_path(run: Run, ckpt_path: Any, restarts: int) -> str | None:
         return _best(run)
     if ckpt_path == "last":
         dirs = [getattr(cb, "dirpath", None) for cb in run.callbacks]
+        if trained_here:
+            return _own_last(run, dirs)
         found = ckpt.find_last_checkpoint(dirs, run.settings.default_root_dir)
         if found is None and fn != "fit":  # scoring fresh weights is never what "last" asked for
             raise CheckpointError(f"ckpt_path='last': no checkpoint under {run.settings.default_root_dir}; fit first, or "
@@ -174,6 +177,17 @@ def resolve_path(run: Run, ckpt_path: Any, restarts: int) -> str | None:
                            "(give ckpt_path=PATH to resume a checkpoint kept elsewhere)")
         return found
     return None if ckpt_path is None else str(ckpt_path)
+
+
+def _own_last(run: Run, dirs: list[str | None]) -> str | None:
+    """``"last"`` on a Trainer that ran a fit here, Lightning's rule: the newest ``last*.ckpt``
+    its ModelCheckpoints saved, else (with Lightning's warning) the weights in memory; never an
+    older checkpoint of the fit, nor another run's."""
+    found = ckpt.newest_last_checkpoint(dirs)
+    if found is None:
+        rank_zero_warn(f'{run.fn}(ckpt_path="last"): this Trainer\'s fit saved no last checkpoint (last*.ckpt); '
+                       "using the weights in memory, as Lightning does (ModelCheckpoint(save_last=True) saves one)")
+    return found
 
 
 def lightnings_default(fn: str, ckpt_path: Any, model_given: bool, trainer: Trainer) -> Any:

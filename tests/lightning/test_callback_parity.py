@@ -119,3 +119,36 @@ def test_what_lightning_code_reads_of_the_callbacks_is_there_and_the_same(tmp_pa
                       rates.lrs, rates.last_momentum_values, rates.last_weight_decay_values)
     assert seen["fw"] == seen["lightning"]
     assert seen["fw"][0] == {"epoch=1-step=8.ckpt": 1.0, "epoch=2-step=12.ckpt": 2.0}
+
+
+def _tested(Base):
+    class Tested(make_regressor(Base)):
+        def test_step(self, batch, batch_idx):
+            self.log("test_loss", self.mse(batch))
+
+    return Tested()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("case", ["another-runs-checkpoint", "an-older-checkpoint-of-this-fit"])
+def test_last_after_a_fit_is_this_fits_last_ckpt_or_the_weights_in_memory_as_in_lightning(tmp_path, case):
+    # fw took the newest checkpoint of any run under default_root_dir: another run's weights, or
+    # an epoch-2 file after a 3-epoch fit, tested in place of the weights the fit ended with
+    seen = {}
+    for name, lib, base, callbacks in SIDES:
+        root = tmp_path / name
+        quiet = {**QUIET, "logger": False, "default_root_dir": root}
+        if case == "another-runs-checkpoint":
+            lib.Trainer(**{**quiet, "enable_checkpointing": True}).fit(_tested(base), regression_loader())
+            trainer = lib.Trainer(**quiet, max_steps=6)
+        else:
+            trainer = lib.Trainer(**{**quiet, "max_epochs": 3, "enable_checkpointing": True},
+                                  callbacks=[callbacks.ModelCheckpoint(root, every_n_epochs=2, save_top_k=-1)])
+        model = _tested(base)
+        trainer.fit(model, regression_loader())
+        trained = model.layer.weight.detach().clone()
+        with pytest.warns(UserWarning, match="last"):
+            result = trainer.test(model, regression_loader(), ckpt_path="last", verbose=False)
+        seen[name] = (trainer.ckpt_path, result, model.layer.weight.equal(trained))
+    assert seen["fw"] == seen["lightning"]
+    assert seen["fw"][0] is None and seen["fw"][2]
