@@ -14,7 +14,6 @@ import glob
 import inspect
 import os
 import tempfile
-from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -34,6 +33,7 @@ def atomic_save(obj: Any, path: str | os.PathLike) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.fchmod(fd, new_file_mode())  # mkstemp's 0600 would hide the file from the user's group
         with os.fdopen(fd, "wb") as f:
             torch.save(obj, f)
             f.flush()
@@ -44,6 +44,20 @@ def atomic_save(obj: Any, path: str | os.PathLike) -> None:
             os.remove(tmp)
         raise
     fsync_dir(path.parent)
+
+
+def new_file_mode() -> int:
+    """The mode ``open()`` gives a new file: 0o666 less the process's umask (Lightning's files'
+    mode; ``tempfile.mkstemp`` makes 0o600)."""
+    try:
+        with open("/proc/self/status") as f:
+            umask = next((int(line.split()[1], 8) for line in f if line.startswith("Umask:")), None)
+    except OSError:
+        umask = None
+    if umask is None:  # not Linux: read it by setting it (back at once)
+        umask = os.umask(0o022)
+        os.umask(umask)
+    return 0o666 & ~umask
 
 
 def fsync_dir(folder: str | os.PathLike) -> None:
@@ -163,71 +177,17 @@ def remove_stale_temp_files(directory: str | os.PathLike) -> list[str]:
     return removed
 
 
-def newest_last_checkpoint(dirs: Sequence[str | None]) -> str | None:
-    """The newest ``last*.ckpt`` in the checkpoint dirs (a None among them is skipped), or None."""
-    candidates = [p for d in dirs if d for p in glob.glob(os.path.join(d, "last*.ckpt"))]
-    return max(candidates, key=os.path.getmtime) if candidates else None
-
-
-def find_last_checkpoint(dirs: Sequence[str | None], root: str) -> str | None:
-    """``ckpt_path="last"``: the newest ``last*.ckpt`` in the checkpoint dirs (a None among them
-    is skipped), else under root; without any (``save_last`` off, ModelCheckpoint's default), the
-    newest checkpoint under root: the one the latest run wrote last."""
-    for pattern in ("last*.ckpt", "*.ckpt"):
-        candidates = [p for d in dirs if d for p in glob.glob(os.path.join(d, pattern))]
-        if not candidates:
-            candidates = glob.glob(os.path.join(root, "**", pattern), recursive=True)
-        if candidates:
-            return max(candidates, key=os.path.getmtime)
-    return None
-
-
-def best_recorded_under(dirs: Sequence[str | None], root: str) -> tuple[str, str] | None:
-    """``ckpt_path="best"`` for a Trainer that saved nothing yet (``fw test conf.yaml
-    ckpt_path=best`` after ``fw fit``): the best checkpoint a ModelCheckpoint recorded in the
-    newest checkpoint under ``dirs``/``root`` (a monitored one first), if that file still
-    exists; with the checkpoint it was read from."""
-    newest = find_last_checkpoint(dirs, root)
-    if newest is None:
-        return None
-    states = read_values(newest).get("callbacks") or {}
-    recorded = sorted((state.get("monitor") is None, state.get("best_model_path") or "")
-                      for key, state in states.items() if key.startswith("ModelCheckpoint") and isinstance(state, dict))
-    found = [path for _, path in recorded if path and os.path.exists(path)]
-    return (found[0], newest) if found else None
-
-
-def newest_checkpoint_of_run(dirs: Sequence[str | None], match: dict[str, Any]) -> str | None:
-    """The newest complete checkpoint (``*.ckpt``, newest first by modification time) under
-    ``dirs`` whose entries equal ``match`` (the run's id and which fit of the program it is),
-    as the folders' indexes say (``checkpoint_index.py``); a file they do not vouch for is read."""
-    from framework import checkpoint_index
-
-    found = {p for d in dirs if d and os.path.isdir(d) for p in glob.glob(os.path.join(d, "**", "*.ckpt"), recursive=True)}
-    dated = []
-    for path in found:
-        try:
-            dated.append((os.path.getmtime(path), path))
-        except OSError:  # removed meanwhile (top-k pruning)
-            continue
-    indexes: dict[Path, dict] = {}
-    indexed = set(match) <= set(checkpoint_index.KEYS)  # the index holds every entry asked for
-    for _, path in sorted(dated, reverse=True):
-        checkpoint = checkpoint_index.noted(path, indexes) if indexed else None
-        try:
-            checkpoint = checkpoint if checkpoint is not None else read_values(path)
-        except CheckpointError:
-            continue  # not one of ours, damaged, incomplete or removed meanwhile: an older one will do
-        if all(checkpoint.get(key) == value for key, value in match.items()):
-            return path
-    return None
-
-
-def plain_hparams(hparams: dict) -> dict:
-    """Hyperparameters reduced to types that ``weights_only`` loading and loggers accept."""
+def plain_hparams(hparams: dict, keep_types: bool = False) -> dict:
+    """Hyperparameters reduced to types that loggers accept; with ``keep_types`` (a checkpoint's),
+    to those ``weights_only`` loading gives back as they were (tuples, ``torch.dtype`` and
+    ``torch.device`` kept, as Lightning's checkpoints keep them). Anything else becomes its text."""
     def plain(value: Any) -> Any:
         if value is None or isinstance(value, (bool, int, float, str)):
             return value
+        if keep_types and isinstance(value, (torch.dtype, torch.device)):
+            return value
+        if isinstance(value, tuple) and keep_types:
+            return tuple(plain(v) for v in value)
         if isinstance(value, (list, tuple)):
             return [plain(v) for v in value]
         if isinstance(value, dict):

@@ -18,6 +18,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from framework.checkpoint import new_file_mode
+
 INDEX = ".fw-checkpoints.json"
 #: the entries of a checkpoint that the search for a run's own checkpoints matches on
 KEYS = ("run_id", "slurm_job_id", "fit_index")
@@ -35,6 +37,7 @@ def note(path: str | os.PathLike, checkpoint: dict[str, Any]) -> None:
         entries[path.name] = {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns,
                               **{key: checkpoint.get(key) for key in KEYS}}
         fd, tmp = tempfile.mkstemp(prefix=f"{INDEX}.", suffix=".tmp", dir=path.parent)
+        os.fchmod(fd, new_file_mode())
         with os.fdopen(fd, "w") as f:
             json.dump(entries, f)
         os.replace(tmp, path.parent / INDEX)

@@ -54,6 +54,51 @@ class AttributeDict(dict):
         del self[key]
 
 
+def _init_args(frame: FrameType) -> dict[str, Any]:
+    """The arguments of the ``__init__`` chain being run, as Lightning collects them: from the
+    nearest frame of a method of a module or DataModule class (one with ``__class__``: it calls
+    ``super()``; a helper or lambda in between is passed over) outwards through the enclosing
+    ``__init__`` frames of subclasses, whose values win. Where there is none (an ``__init__``
+    that calls its base by name), the calling frame's own arguments."""
+    chain: list[dict[str, Any]] = []
+    here: FrameType | None = frame
+    while here is not None and here.f_back is not None:
+        cls = here.f_locals.get("__class__")
+        if isinstance(cls, type) and issubclass(cls, HyperparametersMixin):
+            chain.append(_arguments(here))
+        elif chain:
+            break
+        here = here.f_back
+    found: dict[str, Any] = {}
+    for arguments in chain or [_arguments(frame)]:
+        found.update(arguments)
+    return found
+
+
+def _warn_about_modules(hparams: dict[str, Any]) -> None:
+    """Lightning's warning: a sub-module among the hyperparameters is saved with the weights
+    already (a checkpoint keeps only its text among the hyperparameters)."""
+    from torch import nn
+
+    from framework.rank_zero import rank_zero_warn
+
+    for name, value in hparams.items():
+        if isinstance(value, nn.Module):
+            rank_zero_warn(f"Attribute {name!r} is an instance of `nn.Module` and is already saved during "
+                           f"checkpointing. It is recommended to ignore them using "
+                           f"`self.save_hyperparameters(ignore=[{name!r}])`.")
+
+
+def _arguments(frame: FrameType) -> dict[str, Any]:
+    """The arguments a frame's function was called with (less ``self``), ``**kwargs`` flattened."""
+    code, local = frame.f_code, frame.f_locals
+    named = code.co_argcount + code.co_kwonlyargcount
+    found = {k: local[k] for k in code.co_varnames[1:named] if k in local}
+    if code.co_flags & inspect.CO_VARKEYWORDS:
+        found.update(local.get(code.co_varnames[named + bool(code.co_flags & inspect.CO_VARARGS)], {}))
+    return found
+
+
 class HyperparametersMixin:
     """``save_hyperparameters``, ``hparams``, ``hparams_initial``, ``load_from_checkpoint`` of a
     ``TrainModule`` and a ``DataModule``."""
@@ -85,17 +130,13 @@ class HyperparametersMixin:
             given = args[0]
             found = dict(vars(given) if isinstance(given, Namespace) else given)
         else:
-            code = frame.f_code  # the __init__ that called us (a subclass may have another signature)
-            arg_names = code.co_varnames[1 : code.co_argcount + code.co_kwonlyargcount]
-            found = {k: frame.f_locals[k] for k in arg_names if k in frame.f_locals}
-            if code.co_flags & inspect.CO_VARKEYWORDS:  # **kwargs are flattened into hparams
-                varkw = code.co_varnames[code.co_argcount + code.co_kwonlyargcount
-                                         + bool(code.co_flags & inspect.CO_VARARGS)]
-                found.update(frame.f_locals.get(varkw, {}))
+            found = _init_args(frame)
             if args:
                 found = {k: v for k, v in found.items() if k in args}
         ignored = {ignore} if isinstance(ignore, str) else set(ignore or ())
-        self.hparams.update({k: v for k, v in found.items() if k not in ignored})
+        kept = {k: v for k, v in found.items() if k not in ignored}
+        _warn_about_modules(kept)
+        self.hparams.update(kept)
         object.__setattr__(self, "_hparams_initial", copy.deepcopy(self.hparams))
         object.__setattr__(self, "_log_hyperparams", logger)  # logger=False: the loggers do not get them
 

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from framework import checkpoint as ckpt
+from framework import checkpoint_search as search
 from framework.errors import CheckpointError, ConfigError, TrainingError
 from framework.rank_zero import rank_zero_info, rank_zero_warn
 from framework.strategies.checkpoint_io import is_live
@@ -99,7 +100,7 @@ def _values(run: Run) -> dict[str, Any]:
         "fw_format": ckpt.FORMAT_VERSION,
         "epoch": state.epoch,
         "global_step": state.global_step,
-        "hyper_parameters": ckpt.plain_hparams(getattr(run.module, "hparams", {}) or {}),
+        "hyper_parameters": ckpt.plain_hparams(getattr(run.module, "hparams", {}) or {}, keep_types=True),
         "world_size": run.strategy.world_size,
         "data_ranks": run.strategy.data_parallel_size,  # fewer under tensor parallelism (carry_over.py)
         "train_batch_size": train_batch_size(run),  # the unit of a mid-epoch position ("loop")
@@ -117,7 +118,7 @@ def _datamodule_hparams(run: Run) -> dict[str, Any]:
     datamodule = run.datamodule
     if datamodule is None or not datamodule.hparams:
         return {}
-    return {datamodule.CHECKPOINT_HYPER_PARAMS_KEY: ckpt.plain_hparams(datamodule.hparams)}
+    return {datamodule.CHECKPOINT_HYPER_PARAMS_KEY: ckpt.plain_hparams(datamodule.hparams, keep_types=True)}
 
 
 def _on_save_hooks(run: Run, checkpoint: dict) -> None:
@@ -168,7 +169,7 @@ def resolve_path(run: Run, ckpt_path: Any, restarts: int) -> str | None:
         dirs = [getattr(cb, "dirpath", None) for cb in run.callbacks]
         if trained_here:
             return _own_last(run, dirs)
-        found = ckpt.find_last_checkpoint(dirs, run.settings.default_root_dir)
+        found = search.find_last_checkpoint(dirs, run.settings.default_root_dir)
         if found is None and fn != "fit":  # scoring fresh weights is never what "last" asked for
             raise CheckpointError(f"ckpt_path='last': no checkpoint under {run.settings.default_root_dir}; fit first, or "
                                   "give ckpt_path=PATH")
@@ -183,7 +184,7 @@ def _own_last(run: Run, dirs: list[str | None]) -> str | None:
     """``"last"`` on a Trainer that ran a fit here, Lightning's rule: the newest ``last*.ckpt``
     its ModelCheckpoints saved, else (with Lightning's warning) the weights in memory; never an
     older checkpoint of the fit, nor another run's."""
-    found = ckpt.newest_last_checkpoint(dirs)
+    found = search.newest_last_checkpoint(dirs)
     if found is None:
         rank_zero_warn(f'{run.fn}(ckpt_path="last"): this Trainer\'s fit saved no last checkpoint (last*.ckpt); '
                        "using the weights in memory, as Lightning does (ModelCheckpoint(save_last=True) saves one)")
@@ -215,7 +216,7 @@ def _best(run: Run) -> str:
     if best:
         return best
     dirs = [getattr(cb, "dirpath", None) for cb in run.callbacks]
-    found = ckpt.best_recorded_under(dirs, run.settings.default_root_dir)
+    found = search.best_recorded_under(dirs, run.settings.default_root_dir)
     if found is None:
         raise CheckpointError(f"ckpt_path='best': no ModelCheckpoint of this Trainer or of a run under "
                               f"{run.settings.default_root_dir} recorded a best checkpoint (no fit yet, or no save "
@@ -290,7 +291,7 @@ def _checkpoint_to_restart_from(run: Run, restarts: int) -> str | None:
     path = None
     if run.strategy.is_global_zero:
         dirs = [getattr(cb, "dirpath", None) for cb in run.callbacks] + [run.settings.default_root_dir]
-        path = ckpt.newest_checkpoint_of_run(dirs, {key: value, "fit_index": run.state.fit_index})
+        path = search.newest_checkpoint_of_run(dirs, {key: value, "fit_index": run.state.fit_index})
     if run.strategy.is_distributed:
         path = run.strategy.broadcast(path)
     where = f"resuming from {path}" if path else "no checkpoint of this run was found, starting from scratch"

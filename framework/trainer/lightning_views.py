@@ -163,7 +163,8 @@ class LightningViews:
 
     @property
     def num_sanity_val_batches(self) -> list[int | float]:
-        return [min(self.settings.num_sanity_val_steps, n) for n in self.num_val_batches]
+        steps = self.settings.num_sanity_val_steps
+        return [min(float("inf") if steps == -1 else steps, n) for n in self.num_val_batches]  # -1: all of them
 
     @property
     def num_test_batches(self) -> list[int | float]:

@@ -11,7 +11,7 @@ import torch
 from toy import QUIET, LinearModel, loader, regression_data
 
 import framework as fw
-from framework import checkpoint as ckpt
+from framework import checkpoint_search as search
 from framework.callbacks import ModelCheckpoint
 
 
@@ -32,10 +32,10 @@ def test_a_run_finds_its_newest_checkpoint_without_reading_any(tmp_path, monkeyp
     assert {entry["fit_index"] for entry in index.values()} == {first, first + 1}
 
     read = []
-    real = ckpt.read_values
-    monkeypatch.setattr(ckpt, "read_values", lambda path: read.append(path) or real(path))
+    real = search.read_values  # where the search looks it up
+    monkeypatch.setattr(search, "read_values", lambda path: read.append(path) or real(path))
     match = {"run_id": None, "fit_index": first}
-    found = ckpt.newest_checkpoint_of_run([str(tmp_path)], match)
+    found = search.newest_checkpoint_of_run([str(tmp_path)], match)
     assert found == str(tmp_path / "a" / "step=4.ckpt")  # the first fit's newest
     assert read == []  # the index answered for every file
 
@@ -43,7 +43,7 @@ def test_a_run_finds_its_newest_checkpoint_without_reading_any(tmp_path, monkeyp
     changed = torch.load(found, weights_only=True)
     changed["fit_index"] = 999
     torch.save(changed, found)
-    assert ckpt.newest_checkpoint_of_run([str(tmp_path)], match) == str(tmp_path / "a" / "step=3.ckpt")
+    assert search.newest_checkpoint_of_run([str(tmp_path)], match) == str(tmp_path / "a" / "step=3.ckpt")
     assert read == [found]
 
 
@@ -56,5 +56,5 @@ def test_without_a_usable_index_the_files_are_read(tmp_path, damage):
         index.unlink()
     else:
         index.write_text("{not json")
-    found = ckpt.newest_checkpoint_of_run([str(tmp_path)], {"run_id": None, "fit_index": fit_index})
+    found = search.newest_checkpoint_of_run([str(tmp_path)], {"run_id": None, "fit_index": fit_index})
     assert found is not None and torch.load(found, weights_only=True)["global_step"] == 4

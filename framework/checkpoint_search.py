@@ -1,0 +1,73 @@
+"""Which checkpoint file a run means when it names none exactly: ``ckpt_path="last"`` (the
+newest ``last*.ckpt``, or the newest checkpoint of the latest run), ``"best"`` as an earlier
+run recorded it, and a restarted or requeued job's own newest checkpoint."""
+
+from __future__ import annotations
+
+import glob
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from framework import checkpoint_index
+from framework.checkpoint import read_values
+from framework.errors import CheckpointError
+
+
+def newest_last_checkpoint(dirs: Sequence[str | None]) -> str | None:
+    """The newest ``last*.ckpt`` in the checkpoint dirs (a None among them is skipped), or None."""
+    candidates = [p for d in dirs if d for p in glob.glob(os.path.join(d, "last*.ckpt"))]
+    return max(candidates, key=os.path.getmtime) if candidates else None
+
+
+def find_last_checkpoint(dirs: Sequence[str | None], root: str) -> str | None:
+    """``ckpt_path="last"``: the newest ``last*.ckpt`` in the checkpoint dirs (a None among them
+    is skipped), else under root; without any (``save_last`` off, ModelCheckpoint's default), the
+    newest checkpoint under root: the one the latest run wrote last."""
+    for pattern in ("last*.ckpt", "*.ckpt"):
+        candidates = [p for d in dirs if d for p in glob.glob(os.path.join(d, pattern))]
+        if not candidates:
+            candidates = glob.glob(os.path.join(root, "**", pattern), recursive=True)
+        if candidates:
+            return max(candidates, key=os.path.getmtime)
+    return None
+
+
+def best_recorded_under(dirs: Sequence[str | None], root: str) -> tuple[str, str] | None:
+    """``ckpt_path="best"`` for a Trainer that saved nothing yet (``fw test conf.yaml
+    ckpt_path=best`` after ``fw fit``): the best checkpoint a ModelCheckpoint recorded in the
+    newest checkpoint under ``dirs``/``root`` (a monitored one first), if that file still
+    exists; with the checkpoint it was read from."""
+    newest = find_last_checkpoint(dirs, root)
+    if newest is None:
+        return None
+    states = read_values(newest).get("callbacks") or {}
+    recorded = sorted((state.get("monitor") is None, state.get("best_model_path") or "")
+                      for key, state in states.items() if key.startswith("ModelCheckpoint") and isinstance(state, dict))
+    found = [path for _, path in recorded if path and os.path.exists(path)]
+    return (found[0], newest) if found else None
+
+
+def newest_checkpoint_of_run(dirs: Sequence[str | None], match: dict[str, Any]) -> str | None:
+    """The newest complete checkpoint (``*.ckpt``, newest first by modification time) under
+    ``dirs`` whose entries equal ``match`` (the run's id and which fit of the program it is),
+    as the folders' indexes say (``checkpoint_index.py``); a file they do not vouch for is read."""
+    found = {p for d in dirs if d and os.path.isdir(d) for p in glob.glob(os.path.join(d, "**", "*.ckpt"), recursive=True)}
+    dated = []
+    for path in found:
+        try:
+            dated.append((os.path.getmtime(path), path))
+        except OSError:  # removed meanwhile (top-k pruning)
+            continue
+    indexes: dict[Path, dict] = {}
+    indexed = set(match) <= set(checkpoint_index.KEYS)  # the index holds every entry asked for
+    for _, path in sorted(dated, reverse=True):
+        checkpoint = checkpoint_index.noted(path, indexes) if indexed else None
+        try:
+            checkpoint = checkpoint if checkpoint is not None else read_values(path)
+        except CheckpointError:
+            continue  # not one of ours, damaged, incomplete or removed meanwhile: an older one will do
+        if all(checkpoint.get(key) == value for key, value in match.items()):
+            return path
+    return None
