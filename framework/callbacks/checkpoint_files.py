@@ -17,6 +17,7 @@ import os
 import re
 import shutil
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from framework.checkpoint import check_writable_on_every_rank, remove_stale_temp_files
@@ -28,8 +29,18 @@ if TYPE_CHECKING:
 
 def run_folder(trainer: Trainer) -> str:
     """The run's checkpoint folder, rank 0's on every rank (all of them write to and prune it)."""
-    root = trainer.log_dir or trainer.default_root_dir
+    root = version_folder(trainer) or trainer.default_root_dir
     return trainer.strategy.broadcast(os.path.realpath(os.path.join(root, "checkpoints")))
+
+
+def version_folder(trainer: Trainer) -> str | None:
+    """``trainer.log_dir`` less a TensorBoardLogger's ``sub_dir``: the first logger's version
+    folder, which holds ``checkpoints/`` (Lightning's)."""
+    folder, sub_dir = trainer.log_dir, getattr(trainer.loggers[0], "sub_dir", None) if trainer.loggers else None
+    if folder and sub_dir:
+        for _ in Path(sub_dir).parts:
+            folder = os.path.dirname(folder)
+    return folder
 
 
 def tell_loggers(trainer: Trainer, callback: object) -> None:

@@ -111,7 +111,7 @@ class ModelCheckpoint(Callback):
     def setup(self, trainer: Trainer, module: TrainModule, stage: str) -> None:
         self._fitting = stage == "fit"
         self._saved_in_this_fit = False
-        log_dir = None if self._dirpath_given else trainer.log_dir  # <save_dir>/<name>/version_N
+        log_dir = None if self._dirpath_given else files.version_folder(trainer)  # <save_dir>/<name>/version_N
         self._experiment_dir = os.path.dirname(os.path.realpath(log_dir)) if log_dir else None
         if self.dirpath is None:
             self.dirpath = files.run_folder(trainer)

@@ -15,7 +15,7 @@ import argparse
 import os
 import re
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -41,6 +41,7 @@ class Logger(ABC):
         self._save_dir = os.fspath(save_dir) if save_dir is not None else None
         self._name = name or ""
         self._version = version
+        self._picked = False  # the version was the next free one (set_default_root)
 
     def _prefixed(self, key: str) -> str:
         """``key`` with this logger's prefix in front, joined by ``LOGGER_JOIN_CHAR``, as Lightning's."""
@@ -84,9 +85,18 @@ class Logger(ABC):
             self._save_dir = os.fspath(root_dir)
         if self._version is None and resume_from:
             self._version = self._version_holding(resume_from)
+        self._picked = self._version is None
         # Resolve the version now, before any logger writes: several loggers sharing a name then
         # share a version folder instead of the second one seeing the first's and moving on.
         _ = self.version
+
+    def keep_apart_from(self, others: Sequence[Logger]) -> None:
+        """A version this logger picked itself moves past one that another logger of its kind
+        writes to already: two CSVLoggers of one folder write ``version_0`` and ``version_1``, as
+        in Lightning (the same files in one folder would mix)."""
+        while getattr(self, "_picked", False) and isinstance(self.version, int) and any(
+                type(other) is type(self) and other.log_dir == self.log_dir for other in others):
+            self._version = self.version + 1
 
     def _version_holding(self, path: str) -> int | None:
         relative = os.path.relpath(os.path.realpath(path), os.path.realpath(self.root_dir))

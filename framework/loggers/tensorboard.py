@@ -11,6 +11,7 @@ import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from framework.errors import ConfigError
 from framework.loggers.base import Logger, flatten, save_hparams_yaml, to_float, to_plain
 
 if TYPE_CHECKING:
@@ -27,19 +28,38 @@ class TensorBoardLogger(Logger):
         save_dir: Root folder; ``None`` lets the Trainer use its ``default_root_dir``.
         name: Experiment name (a sub-folder of ``save_dir``).
         version: ``None`` for the next free ``version_<N>``, an int, or a folder name.
+        log_graph: Lightning's; ``True`` is refused (fw does not trace the model into TensorBoard).
         default_hp_metric: Also log a placeholder ``hp_metric = -1`` with the hyperparameters,
             which TensorBoard's HPARAMS tab needs to show a run.
-        flush_secs: How often the writer flushes its queue to disk.
+        prefix: Put in front of every metric name, joined with ``"-"``, as Lightning's.
+        sub_dir: A folder inside the version folder to write into (``~`` and variables expanded).
+        kwargs: For ``SummaryWriter`` (``flush_secs`` is 10 unless given).
+
+    The arguments are Lightning's, in its order.
     """
 
     def __init__(self, save_dir: str | os.PathLike | None = None, name: str | None = "fw_logs",
-                 version: int | str | None = None, default_hp_metric: bool = True,
-                 flush_secs: int = 10) -> None:
+                 version: int | str | None = None, log_graph: bool = False, default_hp_metric: bool = True,
+                 prefix: str = "", sub_dir: str | os.PathLike | None = None, **kwargs: Any) -> None:
+        if log_graph:
+            raise ConfigError("TensorBoardLogger(log_graph=True) is not supported by fw: it does not trace the model "
+                              "into TensorBoard; leave log_graph out (self.logger.experiment.add_graph(...) does it)")
         super().__init__(save_dir, name, version)
-        self.default_hp_metric = default_hp_metric
-        self.flush_secs = flush_secs
+        self.default_hp_metric, self._prefix = default_hp_metric, prefix
+        self._sub_dir = os.path.expandvars(os.path.expanduser(os.fspath(sub_dir))) if sub_dir is not None else None
+        self._writer_options = {"flush_secs": 10, **kwargs}
         self.hparams: dict[str, Any] = {}
         self._experiment: SummaryWriter | None = None
+
+    @property
+    def sub_dir(self) -> str | None:
+        return self._sub_dir
+
+    @property
+    def log_dir(self) -> str:
+        """The version folder, and ``sub_dir`` inside it when given (Lightning's)."""
+        folder = super().log_dir
+        return os.path.join(folder, self._sub_dir) if self._sub_dir else folder
 
     @property
     def experiment(self) -> SummaryWriter:
@@ -48,13 +68,13 @@ class TensorBoardLogger(Logger):
             from torch.utils.tensorboard import SummaryWriter
 
             os.makedirs(self.log_dir, exist_ok=True)
-            self._experiment = SummaryWriter(log_dir=self.log_dir, flush_secs=self.flush_secs)
+            self._experiment = SummaryWriter(log_dir=self.log_dir, **self._writer_options)
         return self._experiment
 
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
         writer = self.experiment
         for key, value in metrics.items():
-            writer.add_scalar(key, to_float(value), global_step=step)
+            writer.add_scalar(self._prefixed(key), to_float(value), global_step=step)
 
     def log_hyperparams(self, params: Mapping[str, Any] | argparse.Namespace,
                         metrics: Mapping[str, float] | None = None) -> None:
@@ -87,6 +107,9 @@ class TensorBoardLogger(Logger):
     def save(self) -> None:
         if self._experiment is not None:
             self._experiment.flush()
+        hparams_file = os.path.join(self.log_dir, "hparams.yaml")
+        if os.path.isdir(self.log_dir) and not os.path.isfile(hparams_file):  # Lightning's: also without any
+            save_hparams_yaml(hparams_file, self.hparams)
 
     def finalize(self, status: str) -> None:
         if self._experiment is not None:

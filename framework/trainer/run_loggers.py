@@ -37,8 +37,9 @@ def setup_loggers(run: Run, resume_path: str | None, root_error: str | None) -> 
     root, strategy = run.settings.default_root_dir, run.strategy
     if root_error:
         raise ConfigError(root_error)
-    for lg in run.loggers:
+    for i, lg in enumerate(run.loggers):
         lg.set_default_root(root, resume_from=resume_path)
+        lg.keep_apart_from(run.loggers[:i])
     log_dir = run.loggers[0].log_dir if run.loggers and strategy.is_global_zero else None
     # every rank has the same loggers (the same arguments): without any there is nothing to send
     run.log_dir = strategy.broadcast(log_dir) if strategy.is_distributed and run.loggers else log_dir
