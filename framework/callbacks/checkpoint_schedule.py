@@ -77,8 +77,9 @@ def monitor_candidates(trainer: Trainer) -> dict[str, float]:
             candidates[key] = float(value.item() if hasattr(value, "item") else value)
         except (TypeError, ValueError, RuntimeError):
             continue  # not a scalar: cannot be monitored or formatted
-    candidates["epoch"] = trainer.current_epoch
-    candidates["step"] = trainer.global_step
+    # a logged "epoch" or "step" names the file, as in Lightning (cast to int); else the run's
+    candidates["epoch"] = int(candidates["epoch"]) if "epoch" in candidates else trainer.current_epoch
+    candidates["step"] = int(candidates["step"]) if "step" in candidates else trainer.global_step
     return candidates
 
 

@@ -154,4 +154,15 @@ def log_epoch_metrics(run: Run, collector: MetricCollector) -> None:
     metrics = {k: float(v) for k, v in collector.epoch_values.items()   # the ``x_epoch`` names, not the
                if v.numel() == 1 and collector.epoch_flags.get(k, (False, False))[1]}  # plain ``x`` alias
     if metrics:
-        run.trainer.log_metrics({**metrics, "epoch": run.state.epoch}, run.state.logger_step)
+        log_row(run, metrics)
+
+
+def log_row(run: Run, metrics: dict[str, float]) -> None:
+    """A row of ``self.log``'s values to the loggers, as Lightning writes it: a logged ``step`` is
+    the row's step (not a column, and the row gets no epoch); else the run's step, and the run's
+    epoch unless ``epoch`` was logged."""
+    step = metrics.pop("step", None)
+    if step is None:
+        metrics.setdefault("epoch", run.state.epoch)
+        step = run.state.logger_step
+    run.trainer.log_metrics(metrics, int(step))

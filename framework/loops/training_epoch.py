@@ -26,7 +26,7 @@ from framework.counting import every
 from framework.data import set_sampler_epoch
 from framework.errors import ConfigError, TrainingError
 from framework.loops.batches import LookAhead, up_to
-from framework.loops.evaluation import log_epoch_metrics, run_evaluation
+from framework.loops.evaluation import log_epoch_metrics, log_row, run_evaluation
 from framework.loops.forward_only import forward_only_step_fn
 from framework.loops.nonfinite import nonfinite_guard
 from framework.loops.optimization import automatic_step_fn
@@ -271,4 +271,4 @@ def _log_step_metrics(run: Run, collector: MetricCollector) -> None:
     metrics = {k: float(v) for k, v in collector.step_values_for("logger").items()}
     collector.step_dirty = False
     if metrics:
-        run.trainer.log_metrics({**metrics, "epoch": run.state.epoch}, run.state.logger_step)
+        log_row(run, metrics)

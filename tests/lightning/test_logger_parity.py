@@ -75,3 +75,34 @@ def test_tensorboard_logger_takes_lightnings_arguments_and_writes_where_lightnin
                                      "tb/version_0/checkpoints")
     with pytest.raises(ConfigError, match="log_graph"):
         fw_loggers.TensorBoardLogger(tmp_path, log_graph=True)
+
+
+@pytest.mark.timeout(60)
+def test_a_logged_step_or_epoch_is_the_rows_and_the_checkpoints_as_in_lightning(tmp_path):
+    # Lightning: a value logged as "step" is the logger's step for that row, one logged as "epoch"
+    # the row's epoch, and both name the checkpoint (fw kept its own counters and dropped them)
+    seen = {}
+    for lib, loggers, base in ((fw, fw_loggers, fw.TrainModule), (pl, pl.loggers, pl.LightningModule)):
+        class OwnCounters(make_regressor(base)):
+            def training_step(self, batch, batch_idx):
+                loss = self.mse(batch)
+                self.log("step", float(10 * (self.global_step + 1)))
+                self.log("loss", loss)
+                return loss
+
+            def on_train_epoch_end(self):
+                self.log("epoch", float(100 + self.current_epoch))
+
+        root = tmp_path / lib.__name__
+        logger = loggers.CSVLogger(root, name="csv")
+        trainer = lib.Trainer(**{**QUIET, "max_epochs": 2, "log_every_n_steps": 1, "enable_checkpointing": True},
+                              logger=logger)
+        trainer.fit(OwnCounters(), regression_loader())
+        with open(os.path.join(logger.log_dir, "metrics.csv")) as f:
+            lines = f.read().splitlines()
+        header = lines[0].split(",")
+        rows = [dict(zip(header, line.split(","))) for line in lines[1:]]
+        seen[lib.__name__] = ([(float(r["step"]), r["epoch"], bool(r.get("loss"))) for r in rows],
+                              os.path.basename(trainer.checkpoint_callback.best_model_path))
+    assert seen["framework"] == seen["pytorch_lightning"]
+    assert seen["framework"][1] == "epoch=101-step=80.ckpt"
