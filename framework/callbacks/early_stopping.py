@@ -130,7 +130,7 @@ class EarlyStopping(Callback):
         if value is None:
             self._missing_monitor(trainer, strict)
             return
-        current = value.detach().squeeze() if isinstance(value, torch.Tensor) else torch.tensor(float(value))
+        current = value.detach().clone().squeeze() if isinstance(value, torch.Tensor) else torch.tensor(float(value))
         why, reason = self._evaluate(current)
         should_stop = trainer.strategy.reduce_boolean_decision(why is not EarlyStoppingReason.NOT_STOPPED, all=False)
         trainer.should_stop = trainer.should_stop or should_stop

@@ -153,9 +153,10 @@ def _refuse_nonfinite_weights(run: Run, path: str | os.PathLike, live: bool) -> 
 
 # -- restore --------------------------------------------------------------------------------------
 def resolve_path(run: Run, ckpt_path: Any, restarts: int) -> str | None:
-    """The checkpoint file a run starts from: ``ckpt_path`` itself, the newest ``last*.ckpt``
-    for ``"last"`` (on a Trainer that has not fit here, else the newest checkpoint of the latest
-    run: ``fw test ckpt_path=last``), or, in a restarted or requeued job's fit, its own newest checkpoint
+    """The checkpoint file a run starts from: ``ckpt_path`` itself; for ``"last"`` that fit's
+    newest ``last*.ckpt`` on a Trainer that ran a fit here (Lightning's), on a fresh one the
+    newest ``last*.ckpt`` or checkpoint of the latest run (``fw test ckpt_path=last``); or, in a
+    restarted or requeued job's fit, its own newest checkpoint
     (``restarts``: the elastic agents' restarts so far, as the ranks agreed at set-up)."""
     fn, trained_here = run.fn, run.state.fit_index > 0  # this Trainer ran a fit in this process
     if fn == "fit":
