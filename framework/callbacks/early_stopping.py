@@ -126,6 +126,8 @@ class EarlyStopping(Callback):
 
     # -- the check ------------------------------------------------------------------------
     def _run_check(self, trainer: Trainer, strict: bool) -> None:
+        if trainer.fast_dev_run:  # a dev run stops nothing (Lightning's)
+            return
         value = trainer.callback_metrics.get(self.monitor)
         if value is None:
             self._missing_monitor(trainer, strict)

@@ -115,7 +115,7 @@ class ModelCheckpoint(Callback):
         self._experiment_dir = os.path.dirname(os.path.realpath(log_dir)) if log_dir else None
         if self.dirpath is None:
             self.dirpath = files.run_folder(trainer)
-        if self._fitting:
+        if self._fitting and not trainer.fast_dev_run:  # a dev run saves nothing (Lightning's)
             files.prepare_folder(self.dirpath, trainer)
 
     def on_validation_end(self, trainer: Trainer, module: TrainModule) -> None:
@@ -145,7 +145,7 @@ class ModelCheckpoint(Callback):
     # -- when (the rules: checkpoint_schedule.py) -----------------------------------------
     def _skip(self, trainer: Trainer) -> bool:
         # With gradient accumulation several batches share one global_step: save once.
-        return trainer.sanity_checking or self._last_global_step_saved == trainer.global_step
+        return trainer.sanity_checking or bool(trainer.fast_dev_run) or self._last_global_step_saved == trainer.global_step
 
     def _save_epoch_checkpoints(self, trainer: Trainer) -> None:
         candidates = schedule.monitor_candidates(trainer)

@@ -3,8 +3,9 @@ at first use (MLflow and W&B are extras: ``pip install 'fw[mlflow]'``, ``'fw[wan
 
 from framework.loggers.base import Logger
 from framework.loggers.csv import CSVLogger
+from framework.loggers.dummy import DummyLogger
 from framework.loggers.mlflow import MLFlowLogger
 from framework.loggers.tensorboard import TensorBoardLogger
 from framework.loggers.wandb import WandbLogger
 
-__all__ = ["CSVLogger", "Logger", "MLFlowLogger", "TensorBoardLogger", "WandbLogger"]
+__all__ = ["CSVLogger", "DummyLogger", "Logger", "MLFlowLogger", "TensorBoardLogger", "WandbLogger"]

@@ -31,6 +31,13 @@ def resolve_loggers(logger: Any) -> list:
     return loggers
 
 
+def dev_run_loggers(logger: Any) -> list:
+    """A ``fast_dev_run``'s loggers, Lightning's: one ``DummyLogger`` where any were asked for."""
+    from framework.loggers import DummyLogger
+
+    return [DummyLogger()] if resolve_loggers(logger) else []
+
+
 def setup_loggers(run: Run, resume_path: str | None, root_error: str | None) -> None:
     """``root_error``: why rank 0 cannot write the run directory, as every rank agreed at set-up
     (``trainer/agreement.py``); every rank raises it."""

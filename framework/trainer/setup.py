@@ -58,12 +58,6 @@ def default_callbacks(callbacks: list, enable_checkpointing: bool, enable_progre
     return sorted(callbacks, key=lambda c: isinstance(c, ModelCheckpoint))
 
 
-def without_dev_run_callbacks(callbacks: list) -> list:
-    from framework.callbacks import EarlyStopping, LearningRateMonitor, ModelCheckpoint
-
-    return [c for c in callbacks if not isinstance(c, (ModelCheckpoint, EarlyStopping, LearningRateMonitor))]
-
-
 # -- set-up ---------------------------------------------------------------------------------------
 def checked_model(fn: str, model: Any) -> TrainModule:
     """The call's model; refused when there is none or it is not a TrainModule."""

@@ -129,11 +129,11 @@ class Trainer(TrainerProperties, LightningViews):
         # the parts a run calls into, and what it produces
         self.callbacks = setup.default_callbacks(args.check_callbacks(args.as_list(callbacks)),
                                                  self.settings.enable_checkpointing, self.settings.enable_progress_bar)
-        if self.settings.fast_dev_run:  # Lightning's rule: no checkpoints, early stops or LR logs in a dev run
-            self.callbacks = setup.without_dev_run_callbacks(self.callbacks)
+        self.loggers = run_loggers.resolve_loggers(logger if self.settings.enable_logger else False)
+        if self.settings.fast_dev_run:  # Lightning's: the callbacks stay (and save or stop nothing), logs go nowhere
+            self.loggers = run_loggers.dev_run_loggers(logger)
             n = self.settings.fast_dev_run
             rank_zero_info(f"fw: fast_dev_run={n}: {n} batch(es) per stage, without logging or checkpoints")
-        self.loggers = run_loggers.resolve_loggers(logger if self.settings.enable_logger else False)
         self.state = RunState()
         self.profiler: Profiler = resolve_profiler(profiler, self.settings.barebones)  # None: PassThroughProfiler
         self._no_metrics = LoggedMetrics()  # what the metric properties read before the first call

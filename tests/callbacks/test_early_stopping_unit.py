@@ -30,6 +30,7 @@ class FakeTrainer:
         self.should_stop = False
         self.callback_metrics = {}
         self.strategy = strategy or FakeStrategy()
+        self.fast_dev_run = 0
         self.val_check_interval = 1.0  # validation once an epoch: EarlyStopping checks at its end
         self.check_val_every_n_epoch = 1
 

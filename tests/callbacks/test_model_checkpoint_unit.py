@@ -37,6 +37,7 @@ class FakeTrainer:
         self.current_epoch = 0
         self.global_step = 0
         self.sanity_checking = False
+        self.fast_dev_run = 0
         self.callback_metrics = {}
         self.is_global_zero = True
         self.strategy = FakeStrategy()

@@ -152,3 +152,33 @@ def test_last_after_a_fit_is_this_fits_last_ckpt_or_the_weights_in_memory_as_in_
         seen[name] = (trainer.ckpt_path, result, model.layer.weight.equal(trained))
     assert seen["fw"] == seen["lightning"]
     assert seen["fw"][0] is None and seen["fw"][2]
+
+
+@pytest.mark.timeout(60)
+def test_a_fast_dev_run_keeps_the_callbacks_idle_and_logs_to_a_dummy_logger_as_in_lightning(tmp_path):
+    # fw took ModelCheckpoint, EarlyStopping and LearningRateMonitor out and ran without a logger:
+    # trainer.checkpoint_callback and self.logger were None, and a module's logger call failed
+    seen = {}
+    for name, lib, base, callbacks in SIDES:
+        class UsesItsLogger(make_regressor(base)):
+            def validation_step(self, batch, batch_idx):
+                self.log("val_loss", self.mse(batch))
+                self.logger.experiment.add_scalar("by_hand", 1.0, self.global_step)
+
+        root = tmp_path / name
+        trainer = lib.Trainer(accelerator="cpu", devices=1, fast_dev_run=2, default_root_dir=root,
+                              enable_progress_bar=False, enable_model_summary=False,
+                              callbacks=[callbacks.ModelCheckpoint(monitor="val_loss"),
+                                         callbacks.EarlyStopping("val_loss", patience=0),
+                                         callbacks.LearningRateMonitor()])
+        model = UsesItsLogger()
+        trainer.fit(model, regression_loader(), regression_loader())
+        kinds = sorted(type(cb).__name__ for cb in trainer.callbacks
+                       if type(cb).__name__ in ("ModelCheckpoint", "EarlyStopping", "LearningRateMonitor"))
+        seen[name] = (kinds, trainer.checkpoint_callback.best_model_path, trainer.early_stopping_callback.wait_count,
+                      [type(lg).__name__ for lg in trainer.loggers], trainer.logger.name, trainer.logger.version,
+                      trainer.log_dir, trainer.global_step, sorted(p.name for p in root.rglob("*")) if root.exists() else [],
+                      model.layer.weight.detach().clone())
+    assert seen["fw"][:9] == seen["lightning"][:9]
+    assert seen["fw"][9].equal(seen["lightning"][9])
+    assert seen["fw"][:4] == (["EarlyStopping", "LearningRateMonitor", "ModelCheckpoint"], "", 0, ["DummyLogger"])

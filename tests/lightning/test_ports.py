@@ -240,7 +240,9 @@ def test_fast_dev_run_runs_one_batch_of_each_stage_and_writes_nothing(tmp_path):
     model = BoringModel()
     trainer.fit(model)
     assert trainer.global_step == 1 and trainer.current_epoch == 1
-    assert trainer.checkpoint_callback is None and trainer.loggers == []
+    # Lightning's: the default ModelCheckpoint stays, idle, and the logs go to a DummyLogger
+    assert trainer.checkpoint_callback is not None and trainer.checkpoint_callback.best_model_path == ""
+    assert [type(lg).__name__ for lg in trainer.loggers] == ["DummyLogger"] and trainer.log_dir is None
     assert trainer.test(model)[0].keys() == {"test_loss"}
     assert not any(tmp_path.rglob("*.ckpt")) and not any(tmp_path.rglob("events.*"))
 
