@@ -10,6 +10,7 @@ Loading uses ``torch.load(weights_only=True)``: a checkpoint cannot run code.
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import inspect
 import os
@@ -33,8 +34,9 @@ def atomic_save(obj: Any, path: str | os.PathLike) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        os.fchmod(fd, new_file_mode())  # mkstemp's 0600 would hide the file from the user's group
         with os.fdopen(fd, "wb") as f:
+            with contextlib.suppress(OSError):  # mkstemp's 0600 would hide the file from the user's group
+                os.fchmod(f.fileno(), new_file_mode())
             torch.save(obj, f)
             f.flush()
             os.fsync(f.fileno())

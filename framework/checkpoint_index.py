@@ -12,6 +12,7 @@ the files are read as before.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
@@ -37,8 +38,9 @@ def note(path: str | os.PathLike, checkpoint: dict[str, Any]) -> None:
         entries[path.name] = {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns,
                               **{key: checkpoint.get(key) for key in KEYS}}
         fd, tmp = tempfile.mkstemp(prefix=f"{INDEX}.", suffix=".tmp", dir=path.parent)
-        os.fchmod(fd, new_file_mode())
         with os.fdopen(fd, "w") as f:
+            with contextlib.suppress(OSError):  # a file system without modes (vfat) keeps its own
+                os.fchmod(f.fileno(), new_file_mode())
             json.dump(entries, f)
         os.replace(tmp, path.parent / INDEX)
     except OSError:

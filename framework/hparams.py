@@ -54,17 +54,19 @@ class AttributeDict(dict):
         del self[key]
 
 
-def _init_args(frame: FrameType) -> dict[str, Any]:
-    """The arguments of the ``__init__`` chain being run, as Lightning collects them: from the
-    nearest frame of a method of a module or DataModule class (one with ``__class__``: it calls
-    ``super()``; a helper or lambda in between is passed over) outwards through the enclosing
-    ``__init__`` frames of subclasses, whose values win. Where there is none (an ``__init__``
-    that calls its base by name), the calling frame's own arguments."""
+def _init_args(frame: FrameType, obj: Any) -> dict[str, Any]:
+    """The arguments of ``obj``'s ``__init__`` chain, as Lightning collects them: from the nearest
+    frame of a method of ``obj`` whose class calls ``super()`` (a helper or lambda in between is
+    passed over) outwards through the enclosing ``__init__`` frames of its subclasses, whose
+    values win. Unlike Lightning, the frames of another object stop the chain (a module built in
+    another module's ``__init__`` gets its own arguments, not the outer module's). Where there is
+    none (an ``__init__`` that calls its base by name), the calling frame's own arguments."""
     chain: list[dict[str, Any]] = []
     here: FrameType | None = frame
     while here is not None and here.f_back is not None:
-        cls = here.f_locals.get("__class__")
-        if isinstance(cls, type) and issubclass(cls, HyperparametersMixin):
+        cls, code = here.f_locals.get("__class__"), here.f_code
+        mine = code.co_argcount > 0 and here.f_locals.get(code.co_varnames[0]) is obj
+        if isinstance(cls, type) and issubclass(cls, HyperparametersMixin) and mine:
             chain.append(_arguments(here))
         elif chain:
             break
@@ -130,7 +132,7 @@ class HyperparametersMixin:
             given = args[0]
             found = dict(vars(given) if isinstance(given, Namespace) else given)
         else:
-            found = _init_args(frame)
+            found = _init_args(frame, self)
             if args:
                 found = {k: v for k, v in found.items() if k in args}
         ignored = {ignore} if isinstance(ignore, str) else set(ignore or ())

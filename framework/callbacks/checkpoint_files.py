@@ -17,7 +17,6 @@ import os
 import re
 import shutil
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from framework.checkpoint import check_writable_on_every_rank, remove_stale_temp_files
@@ -34,13 +33,13 @@ def run_folder(trainer: Trainer) -> str:
 
 
 def version_folder(trainer: Trainer) -> str | None:
-    """``trainer.log_dir`` less a TensorBoardLogger's ``sub_dir``: the first logger's version
-    folder, which holds ``checkpoints/`` (Lightning's)."""
-    folder, sub_dir = trainer.log_dir, getattr(trainer.loggers[0], "sub_dir", None) if trainer.loggers else None
-    if folder and sub_dir:
-        for _ in Path(sub_dir).parts:
-            folder = os.path.dirname(folder)
-    return folder
+    """The run folder that holds ``checkpoints/`` (Lightning's): ``trainer.log_dir``, or the
+    first logger's version folder where its log folder lies elsewhere (a TensorBoardLogger's
+    ``sub_dir``)."""
+    first = trainer.loggers[0] if trainer.loggers else None
+    if getattr(first, "sub_dir", None):
+        return first.version_dir  # type: ignore[union-attr]
+    return trainer.log_dir
 
 
 def tell_loggers(trainer: Trainer, callback: object) -> None:

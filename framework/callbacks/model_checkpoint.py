@@ -228,8 +228,8 @@ class ModelCheckpoint(Callback):
             rank_zero_warn(message + " (Checked again once validation has run.)")
 
     # -- files ----------------------------------------------------------------------------
-    def format_checkpoint_name(self, metrics: dict[str, float], ver: int | None = None,
-                               filename: str | None = None) -> str:
+    def format_checkpoint_name(self, metrics: dict[str, float], filename: str | None = None,
+                               ver: int | None = None) -> str:
         """The checkpoint path for ``metrics`` (``<dirpath>/epoch=3-val_acc=0.951.ckpt``, see
         ``checkpoint_files.format_name``); ``ver`` appends ``-v<ver>``."""
         name = files.format_name(filename or self.filename or "{epoch}" + self.CHECKPOINT_JOIN_CHAR + "{step}",
@@ -245,7 +245,7 @@ class ModelCheckpoint(Callback):
     def _unused_filepath(self, trainer: Trainer, candidates: dict[str, float], reuse: str | None,
                          filename: str | None = None) -> str:
         """Format the name; if that file exists (and is not ``reuse``), add ``-v1``, ``-v2``..."""
-        filepath = files.unused_path(lambda ver: self.format_checkpoint_name(candidates, ver, filename), reuse,
+        filepath = files.unused_path(lambda ver: self.format_checkpoint_name(candidates, filename, ver), reuse,
                                      self.STARTING_VERSION) if self.enable_version_counter \
             else self.format_checkpoint_name(candidates, filename=filename)  # Lightning's: that file is replaced
         # Ranks may see different file systems: everyone uses rank 0's answer.

@@ -71,6 +71,11 @@ class Logger(ABC):
     @property
     def log_dir(self) -> str:
         """``<save_dir>/<name>/version_<N>`` (or the version string itself as the last part)."""
+        return self.version_dir
+
+    @property
+    def version_dir(self) -> str:
+        """This run's version folder, which holds ``checkpoints/`` (``log_dir`` may lie inside it)."""
         version = self.version
         folder = version if isinstance(version, str) else f"version_{version}"
         return os.path.join(self.root_dir, folder)
@@ -96,7 +101,10 @@ class Logger(ABC):
         in Lightning (the same files in one folder would mix)."""
         while getattr(self, "_picked", False) and isinstance(self.version, int) and any(
                 type(other) is type(self) and other.log_dir == self.log_dir for other in others):
+            before = self.log_dir
             self._version = self.version + 1
+            if self.log_dir == before:  # a logger whose folder is not its version's: nothing to move
+                return
 
     def _version_holding(self, path: str) -> int | None:
         relative = os.path.relpath(os.path.realpath(path), os.path.realpath(self.root_dir))

@@ -68,8 +68,9 @@ class DummyLogger(Logger):
         return self
 
     def __getattr__(self, name: str) -> Any:
-        """Any other method a logger may have (``log_text``, ``log_image``) does nothing."""
-        if name.startswith("_"):
+        """Any other logging method a logger may have (``log_text``, ``log_image``) does nothing;
+        other names are not there (fw asks loggers for optional attributes with ``getattr``)."""
+        if not name.startswith("log_"):
             raise AttributeError(name)
 
         def nop(*args: Any, **kwargs: Any) -> None:

@@ -58,8 +58,7 @@ class TensorBoardLogger(Logger):
     @property
     def log_dir(self) -> str:
         """The version folder, and ``sub_dir`` inside it when given (Lightning's)."""
-        folder = super().log_dir
-        return os.path.join(folder, self._sub_dir) if self._sub_dir else folder
+        return os.path.join(self.version_dir, self._sub_dir) if self._sub_dir else self.version_dir
 
     @property
     def experiment(self) -> SummaryWriter:

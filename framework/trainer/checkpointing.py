@@ -182,9 +182,9 @@ def resolve_path(run: Run, ckpt_path: Any, restarts: int) -> str | None:
 
 
 def _own_last(run: Run, dirs: list[str | None]) -> str | None:
-    """``"last"`` on a Trainer that ran a fit here, Lightning's rule: the newest ``last*.ckpt``
-    its ModelCheckpoints saved, else (with Lightning's warning) the weights in memory; never an
-    older checkpoint of the fit, nor another run's."""
+    """``"last"`` on a Trainer that ran a fit here, Lightning's rule: the newest ``last*.ckpt`` in
+    its ModelCheckpoints' folders, else (with Lightning's warning) the weights in memory; never
+    an older top-k file of the fit, nor a checkpoint elsewhere under ``default_root_dir``."""
     found = search.newest_last_checkpoint(dirs)
     if found is None:
         rank_zero_warn(f'{run.fn}(ckpt_path="last"): this Trainer\'s fit saved no last checkpoint (last*.ckpt); '

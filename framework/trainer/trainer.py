@@ -130,7 +130,7 @@ class Trainer(TrainerProperties, LightningViews):
         self.callbacks = setup.default_callbacks(args.check_callbacks(args.as_list(callbacks)),
                                                  self.settings.enable_checkpointing, self.settings.enable_progress_bar)
         self.loggers = run_loggers.resolve_loggers(logger if self.settings.enable_logger else False)
-        if self.settings.fast_dev_run:  # Lightning's: the callbacks stay (and save or stop nothing), logs go nowhere
+        if self.settings.fast_dev_run and not self.settings.barebones:  # Lightning's: callbacks idle, logs nowhere
             self.loggers = run_loggers.dev_run_loggers(logger)
             n = self.settings.fast_dev_run
             rank_zero_info(f"fw: fast_dev_run={n}: {n} batch(es) per stage, without logging or checkpoints")

@@ -130,3 +130,28 @@ def test_a_checkpoint_file_gets_the_mode_a_new_file_gets(tmp_path):
     finally:
         os.umask(old)
     assert modes[0] == modes[1] == 0o644
+
+
+def test_a_module_built_inside_another_modules_init_keeps_its_own_arguments():
+    # Lightning 2.6 walks on into the outer module's __init__ and records its arguments too (the
+    # outer values winning: Inner.load_from_checkpoint then fails on `hidden`); fw stops at
+    # the frames of another object
+    class Inner(fw.TrainModule):
+        def __init__(self, lr: float = 1.0, depth: int = 2):
+            super().__init__()
+            self.save_hyperparameters()
+
+    class ByName(fw.TrainModule):
+        def __init__(self, a: int = 1):
+            fw.TrainModule.__init__(self)
+            self.save_hyperparameters()
+
+    class Outer(fw.TrainModule):
+        def __init__(self, lr: float = 0.1, hidden: int = 5):
+            super().__init__()
+            self.inner, self.by_name = Inner(lr=1.0), ByName(a=2)
+            self.save_hyperparameters()
+
+    outer = Outer()
+    assert dict(outer.inner.hparams) == {"lr": 1.0, "depth": 2} and dict(outer.by_name.hparams) == {"a": 2}
+    assert dict(outer.hparams) == {"lr": 0.1, "hidden": 5}

@@ -13,6 +13,7 @@ import os
 import pytest
 
 import framework as fw
+import framework.callbacks  # noqa: F401  (fw.callbacks)
 import framework.loggers as fw_loggers
 from framework.errors import ConfigError
 from lightning.modules import QUIET, make_regressor, regression_loader
@@ -106,3 +107,39 @@ def test_a_logged_step_or_epoch_is_the_rows_and_the_checkpoints_as_in_lightning(
                               os.path.basename(trainer.checkpoint_callback.best_model_path))
     assert seen["framework"] == seen["pytorch_lightning"]
     assert seen["framework"][1] == "epoch=101-step=80.ckpt"
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("sub_dir", ["inner/", "deeper/inner", "ABSOLUTE"])
+def test_checkpoints_stay_in_the_version_folder_whatever_the_sub_dir(tmp_path, sub_dir):
+    sub_dir = str(tmp_path / "elsewhere") if sub_dir == "ABSOLUTE" else sub_dir
+    logger = fw_loggers.TensorBoardLogger(tmp_path, name="tb", sub_dir=sub_dir)
+    trainer = fw.Trainer(**{**QUIET, "max_epochs": 1, "enable_checkpointing": True}, logger=logger)
+    trainer.fit(_logged(fw.TrainModule), regression_loader())
+    assert os.path.dirname(trainer.checkpoint_callback.best_model_path) == \
+        os.path.realpath(tmp_path / "tb" / "version_0" / "checkpoints")
+
+
+@pytest.mark.timeout(60)
+def test_two_loggers_whose_folder_is_not_their_versions_are_left_as_they_are(tmp_path):
+    class Fixed(fw_loggers.Logger):  # a user's logger: one folder whatever the version
+        @property
+        def log_dir(self) -> str:
+            return str(tmp_path / "fixed")
+
+        def log_metrics(self, metrics, step):
+            pass
+
+        def log_hyperparams(self, params):
+            pass
+
+    trainer = fw.Trainer(**{**QUIET, "max_epochs": 1}, logger=[Fixed(tmp_path), Fixed(tmp_path)])
+    trainer.fit(_logged(fw.TrainModule), regression_loader())  # set-up used to loop forever here
+    assert trainer.global_step == 4
+
+
+def test_format_checkpoint_name_takes_lightnings_arguments_in_its_order():
+    metrics = {"epoch": 1, "step": 2}
+    for callbacks in (fw.callbacks, pl.callbacks):
+        checkpoint = callbacks.ModelCheckpoint(dirpath="/ck")
+        assert checkpoint.format_checkpoint_name(metrics, "last", 1) == "/ck/last-v1.ckpt"
