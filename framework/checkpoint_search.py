@@ -15,22 +15,28 @@ from framework.checkpoint import read_values
 from framework.errors import CheckpointError
 
 
+def _in_dirs(dirs: Sequence[str | None], pattern: str) -> list[str]:
+    """The files matching ``pattern`` in the checkpoint dirs (a None among them is skipped)."""
+    return [p for d in dirs if d for p in glob.glob(os.path.join(d, pattern))]
+
+
+def _newest(paths: list[str]) -> str | None:
+    return max(paths, key=os.path.getmtime) if paths else None
+
+
 def newest_last_checkpoint(dirs: Sequence[str | None]) -> str | None:
-    """The newest ``last*.ckpt`` in the checkpoint dirs (a None among them is skipped), or None."""
-    candidates = [p for d in dirs if d for p in glob.glob(os.path.join(d, "last*.ckpt"))]
-    return max(candidates, key=os.path.getmtime) if candidates else None
+    """The newest ``last*.ckpt`` in the checkpoint dirs, or None."""
+    return _newest(_in_dirs(dirs, "last*.ckpt"))
 
 
 def find_last_checkpoint(dirs: Sequence[str | None], root: str) -> str | None:
-    """``ckpt_path="last"``: the newest ``last*.ckpt`` in the checkpoint dirs (a None among them
-    is skipped), else under root; without any (``save_last`` off, ModelCheckpoint's default), the
-    newest checkpoint under root: the one the latest run wrote last."""
+    """``ckpt_path="last"``: the newest ``last*.ckpt`` in the checkpoint dirs, else under root;
+    without any (``save_last`` off, ModelCheckpoint's default), the newest checkpoint under
+    root: the one the latest run wrote last."""
     for pattern in ("last*.ckpt", "*.ckpt"):
-        candidates = [p for d in dirs if d for p in glob.glob(os.path.join(d, pattern))]
-        if not candidates:
-            candidates = glob.glob(os.path.join(root, "**", pattern), recursive=True)
-        if candidates:
-            return max(candidates, key=os.path.getmtime)
+        found = _newest(_in_dirs(dirs, pattern) or glob.glob(os.path.join(root, "**", pattern), recursive=True))
+        if found is not None:
+            return found
     return None
 
 
