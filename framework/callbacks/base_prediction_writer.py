@@ -75,9 +75,13 @@ class BasePredictionWriter(Callback):
         if self.interval.on_batch:
             self.write_on_batch_end(trainer, module, outputs, indices, batch, batch_idx, dataloader_idx)
         if self.interval.on_epoch:
-            self._predictions[dataloader_idx].append(to_cpu(outputs))
-            if indices is not None:
-                self._epoch_batch_indices[dataloader_idx].append(indices)
+            self._keep_for_epoch(dataloader_idx, indices, to_cpu(outputs))
+
+    def _keep_for_epoch(self, dataloader_idx: int, indices: list[int] | None, outputs: Any) -> None:
+        """Hold a batch's outputs (on the CPU) and its indices for ``write_on_epoch_end``."""
+        self._predictions[dataloader_idx].append(outputs)
+        if indices is not None:
+            self._epoch_batch_indices[dataloader_idx].append(indices)
 
     def on_predict_epoch_end(self, trainer: Trainer, module: TrainModule) -> None:
         if not self.interval.on_epoch:

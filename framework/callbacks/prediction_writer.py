@@ -81,13 +81,8 @@ class PredictionWriter(BasePredictionWriter):
         super().on_predict_epoch_start(trainer, module)
         self._outputs = [[] for _ in self._batch_indices]
 
-    def on_predict_batch_end(self, trainer: Trainer, module: TrainModule, outputs: Any, batch: Any, batch_idx: int,
-                             dataloader_idx: int = 0) -> None:
-        batch_indices = self._indices_of(batch_idx, dataloader_idx)
-        if self.interval.on_batch:
-            self.write_on_batch_end(trainer, module, outputs, batch_indices, batch, batch_idx, dataloader_idx)
-        if self.interval.on_epoch:
-            self._outputs[dataloader_idx].append((batch_indices, to_cpu(outputs)))
+    def _keep_for_epoch(self, dataloader_idx: int, indices: list[int] | None, outputs: Any) -> None:
+        self._outputs[dataloader_idx].append((indices, outputs))  # each rank's, gathered at the epoch's end
 
     def on_predict_epoch_end(self, trainer: Trainer, module: TrainModule) -> None:
         if not self.interval.on_epoch:
