@@ -53,7 +53,7 @@ def resolve(fx: str, name: str, on_step: bool | None, on_epoch: bool | None) -> 
     where not given; a ``ConfigError`` where the hook cannot log, or not at that level. A hook
     not in the table leaves both as given (the stage decides)."""
     if fx not in OPTIONS:
-        return useful(name, on_step, on_epoch)
+        return on_step, on_epoch
     options = OPTIONS[fx]
     if options is None:
         raise ConfigError(
@@ -70,11 +70,12 @@ def resolve(fx: str, name: str, on_step: bool | None, on_epoch: bool | None) -> 
                 f"self.log('{name}', {flag}={value}) inside {fx}: there it can only be {flag}={allowed[0]}, "
                 f"as in Lightning (the hook runs once an epoch or a stage); drop {flag}"
             )
-    return useful(name, on_step, on_epoch)
+    return on_step, on_epoch
 
 
-def useful(name: str, on_step: bool | None, on_epoch: bool | None) -> tuple[bool | None, bool | None]:
-    """Refuses a value logged neither per step nor per epoch (it would go nowhere), as Lightning does."""
+def useful(name: str, on_step: bool, on_epoch: bool) -> tuple[bool, bool]:
+    """Refuses a value logged neither per step nor per epoch (it would go nowhere), as Lightning
+    does; the metric collector asks at every ``self.log``, once the flags are resolved."""
     if on_step is False and on_epoch is False:
         raise ConfigError(f"self.log('{name}', on_step=False, on_epoch=False) logs the value nowhere, and Lightning "
                           "refuses it too; pass on_step=True (each step's value) or on_epoch=True (the epoch's)")

@@ -16,6 +16,7 @@ from torch import nn
 
 from framework.errors import ConfigError
 from framework.rank_zero import rank_zero_warn
+from framework.trainer.log_options import useful
 from framework.trainer.logged_value import as_scalar, at_least_float32, is_metric, reduce_across_ranks
 from framework.waits import waiting_in
 
@@ -82,7 +83,10 @@ class MetricCollector:
             on_epoch: bool | None, reduce_fx: str, sync_dist: bool, batch_size: int | None,
             dataloader_idx: int | None = None, suffix: str = "") -> _Entry:
         """Record one logged value; the entry it went into (``dataloader_idx``: the evaluation
-        loader it came from, when there are several; ``suffix``: what its name gets for it)."""
+        loader it came from, when there are several; ``suffix``: what its name gets for it). Flags
+        not given are the stage's (training: per step; evaluation: per epoch), at every call."""
+        training = self.stage == "train"
+        on_step, on_epoch = useful(name, training if on_step is None else on_step, not training if on_epoch is None else on_epoch)
         scalar = None if is_metric(value) else as_scalar(name, value)
         entry = self.entries.get(name + suffix)
         if entry is None:
@@ -113,13 +117,10 @@ class MetricCollector:
             self._accumulate(entry, value, batch_size)
         return entry
 
-    def _new_entry(self, name: str, value: Any, prog_bar: bool, logger: bool, on_step: bool | None,
-                   on_epoch: bool | None, reduce_fx: str, sync_dist: bool) -> _Entry:
+    def _new_entry(self, name: str, value: Any, prog_bar: bool, logger: bool, on_step: bool,
+                   on_epoch: bool, reduce_fx: str, sync_dist: bool) -> _Entry:
         if reduce_fx not in _REDUCE_FX:
             raise ConfigError(f"self.log('{name}', reduce_fx='{reduce_fx}'): use one of {', '.join(_REDUCE_FX)}")
-        training = self.stage == "train"
-        on_step = training if on_step is None else on_step
-        on_epoch = (not training) if on_epoch is None else on_epoch
         metric = value if is_metric(value) else None
         return _Entry(name, bool(on_step), bool(on_epoch), prog_bar, logger, sync_dist, reduce_fx, metric)
 

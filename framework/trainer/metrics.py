@@ -63,10 +63,6 @@ class LoggedMetrics:
         if self.fx is not None:
             options["on_step"], options["on_epoch"] = log_options.resolve(
                 self.fx, name, options["on_step"], options["on_epoch"])
-        else:  # a step: the stage's defaults (training: per step; evaluation: per epoch), checked at each call
-            training = self.collector.stage == "train"
-            log_options.useful(name, training if options["on_step"] is None else options["on_step"],
-                               not training if options["on_epoch"] is None else options["on_epoch"])
         add_idx, loader = options.pop("add_dataloader_idx"), self.dataloader_idx if self.fx is None else None
         suffix = f"/dataloader_idx_{loader}" if loader is not None and add_idx else ""  # an epoch hook's: none
         entry = self.collector.log(name, value, dataloader_idx=loader, suffix=suffix, **options)
