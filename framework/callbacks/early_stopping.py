@@ -118,19 +118,19 @@ class EarlyStopping(Callback):
     def on_validation_end(self, trainer: Trainer, module: TrainModule) -> None:
         # Not during the sanity check, nor in a stand-alone trainer.validate().
         if not self._check_on_train_epoch_end and self._fitting and not trainer.sanity_checking:
-            self._run_check(trainer, strict=self.strict)
+            self._run_check(trainer)
 
     def on_train_epoch_end(self, trainer: Trainer, module: TrainModule) -> None:
         if self._check_on_train_epoch_end:
-            self._run_check(trainer, strict=self.strict)
+            self._run_check(trainer)
 
     # -- the check ------------------------------------------------------------------------
-    def _run_check(self, trainer: Trainer, strict: bool) -> None:
+    def _run_check(self, trainer: Trainer) -> None:
         if trainer.fast_dev_run:  # a dev run stops nothing (Lightning's)
             return
         value = trainer.callback_metrics.get(self.monitor)
         if value is None:
-            self._missing_monitor(trainer, strict)
+            self._missing_monitor(trainer)
             return
         current = value.detach().clone().squeeze() if isinstance(value, torch.Tensor) else torch.tensor(float(value))
         why, reason = self._evaluate(current)
@@ -169,12 +169,12 @@ class EarlyStopping(Callback):
                 f"best {float(best):.4g}; stopping.")
         return reason.NOT_STOPPED, None
 
-    def _missing_monitor(self, trainer: Trainer, strict: bool) -> None:
+    def _missing_monitor(self, trainer: Trainer) -> None:
         available = sorted(trainer.callback_metrics)
         message = (f"EarlyStopping(monitor={self.monitor!r}) found no metric {self.monitor!r} in "
                    f"trainer.callback_metrics{did_you_mean(self.monitor, available)}; available: {available}. "
                    f"HINT: log it with self.log({self.monitor!r}, value), or pass strict=False.")
-        if strict:
+        if self.strict:
             raise ConfigError(message)
         if not self._warned_missing:
             self._warned_missing = True

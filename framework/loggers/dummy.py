@@ -40,10 +40,6 @@ class DummyLogger(Logger):
         return self._experiment
 
     @property
-    def name(self) -> str:
-        return ""
-
-    @property
     def version(self) -> str:
         return ""
 
