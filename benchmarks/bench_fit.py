@@ -18,7 +18,12 @@ them; the ratio reported is the median over rounds of fw's time over the raw loo
 
 ``--lightning`` adds Lightning's Trainer as a third side; ``--setup-only`` a side that runs fw's fit
 with the loop's epoch inside (fw's set-up and teardown, not its per-batch path); ``--closure`` a
-side whose batches all take the closure path (fw before the batch without one).
+side whose batches all take the closure path (fw before the batch without one); ``--without
+heartbeat,stop-checks`` a side for each part of fw's named, with that part switched off (the
+heartbeat thread; the stop checks during the epoch, leaving the epoch end's). ``--shuffle`` runs
+the sides of each round in a random order (the same on every rank) instead of rotating them: with
+three sides or more, rotation keeps each side behind the same one every round (with ``--control``,
+the loop behind the loop again), and what the side before leaves in the caches lands on the next.
 ``bench_fit_instructions.py`` counts the instructions of the same fits instead (valgrind): the work
 fw adds, free of the machine's noise. Results: a table, and JSON under ``benchmarks/results/``
 (``--out``).
@@ -114,6 +119,31 @@ def fw_fit_with_closures(net: nn.Module, data: TensorDataset, steps: int, world:
         optimization._nothing_between = plain
 
 
+def fw_fit_without(part: str) -> Callable[[nn.Module, TensorDataset, int, int], None]:
+    """fw's fit with one of its parts switched off: ``heartbeat`` (no thread beside the run) or
+    ``stop-checks`` (the interval between stop checks is then about 5 s of training, longer
+    than these fits, so only the fit's first two and the epoch end's run)."""
+    from framework.trainer.heartbeat import Heartbeat
+    from framework.trainer.preemption import StopCheck
+
+    owner, changes = {
+        "heartbeat": (Heartbeat, {"__enter__": lambda self: self, "__exit__": lambda self, *exc: None}),
+        "stop-checks": (StopCheck, {"MOST": 10**9}),
+    }[part]
+
+    def fit(net: nn.Module, data: TensorDataset, steps: int, world: int) -> None:
+        kept = {name: owner.__dict__[name] for name in changes}
+        for name, value in changes.items():
+            setattr(owner, name, value)
+        try:
+            fw_fit(net, data, steps, world)
+        finally:
+            for name, value in kept.items():
+                setattr(owner, name, value)
+
+    return fit
+
+
 def lightning_fit(net: nn.Module, data: TensorDataset, steps: int, world: int) -> None:
     import pytorch_lightning as pl
 
@@ -168,6 +198,8 @@ def main() -> None:
                         help="a side whose fit is fw's with the loop's epoch inside: fw's set-up and teardown alone")
     parser.add_argument("--closure", action="store_true",
                         help="a side whose fit takes the closure path on every batch (fw before the plain batch)")
+    parser.add_argument("--without", default="", help="heartbeat,stop-checks: a side for each, fw without that part")
+    parser.add_argument("--shuffle", action="store_true", help="each round's sides in a random order, not rotated")
     parser.add_argument("--profile", action="store_true", help="cProfile one fw fit on rank 0 instead")
     parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
                         help="wall: perf_counter; cpu: the process's CPU time (time the machine gave to"
@@ -194,6 +226,9 @@ def main() -> None:
         sides["fw_setup_only"] = lambda: fw_fit_with_the_loops_epoch(fresh(), data, args.steps, world)
     if args.closure:
         sides["fw_closure"] = lambda: fw_fit_with_closures(fresh(), data, args.steps, world)
+    for part in filter(None, args.without.split(",")):
+        without = fw_fit_without(part)
+        sides[f"fw_without_{part}"] = lambda without=without: without(fresh(), data, args.steps, world)
     if args.lightning:
         sides["lightning"] = lambda: lightning_fit(fresh(), data, args.steps, world)
     if args.profile:
@@ -202,9 +237,9 @@ def main() -> None:
     for side in sides.values():  # warm-up: imports, first-call costs
         side()
     times: dict[str, list[float]] = {name: [] for name in sides}
-    names = list(sides)
+    names, order = list(sides), random.Random(0)  # the same seed, so the same order, on every rank
     for r in range(args.rounds):
-        for name in names[r % len(names):] + names[:r % len(names)]:
+        for name in order.sample(names, len(names)) if args.shuffle else names[r % len(names):] + names[:r % len(names)]:
             times[name].append(timed(sides[name], world, clock))
     report(times, args, world)
 

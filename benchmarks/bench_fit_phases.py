@@ -15,7 +15,11 @@ optimizer's step pre- and post-hooks, and the data loader iterator's ``__next__`
 - ``before forward``: from the fetch to the forward (fw: the batch's closure, ``training_step``).
 
 Each phase is summed over a fit's steps after the first; the table gives medians over rounds and
-the median of the paired ratios. Under torchrun the fits run on its ranks (Gloo, each rank pinned
+the median of the paired ratios, and besides the steps the fit's two ends: from the call to the
+first forward (set-up, the first fetch) and from the last optimizer step to the return (the
+epoch's end, teardown). Below the table, the steps whose extra time (fw's median minus the
+loop's, in the phases where fw's own code runs: after the step and before the forward) stands
+out: where a collective of fw's own starts or is read. Under torchrun the fits run on its ranks (Gloo, each rank pinned
 to its core) and the phases are rank 0's: its backward includes the wait for the other rank's
 gradients. ::
 
@@ -46,6 +50,8 @@ from framework.bench.common import machine_info, median, print_table, result_pat
 STEP = ["f0", "f1", "s0", "s1", "n0", "n1", "f0"]
 PHASES = {"forward": (0, 1), "backward": (1, 2), "optimizer": (2, 3), "after step": (3, 4), "fetch": (4, 5),
           "before forward": (5, 6)}
+ENDS = ("call to first forward", "last step to return")
+OWN = ("after step", "before forward")  # where fw's code between the tensor work runs
 
 
 class Marks:
@@ -56,17 +62,25 @@ class Marks:
     def __init__(self) -> None:
         self.events: list[tuple[str, int]] = []
 
-    def phases(self) -> dict[str, float]:
+    def phases(self) -> tuple[dict[str, float], list[float]]:
         """Seconds in each phase over the steps after the first (a step: ``STEP``'s marks in order;
-        the first forward has no fetch before it)."""
+        the first forward has no fetch before it), and at the fit's two ends (``measured``'s
+        "call" and "return" marks); and each of those steps' seconds in fw's own phases (after
+        the step, before the forward), in order."""
         names = [name for name, _ in self.events]
         totals = dict.fromkeys(PHASES, 0)
+        steps = []
         for i in range(len(names) - len(STEP) + 1):
             if names[i:i + len(STEP)] == STEP:
                 times = [t for _, t in self.events[i:i + len(STEP)]]
                 for phase, (start, end) in PHASES.items():
                     totals[phase] += times[end] - times[start]
-        return {phase: ns / 1e9 for phase, ns in totals.items()}
+                steps.append(sum(times[PHASES[p][1]] - times[PHASES[p][0]] for p in OWN) / 1e9)
+        first_forward = next(t for name, t in self.events if name == "f0")
+        last_step = next(t for name, t in reversed(self.events) if name == "s1")
+        totals[ENDS[0]] = first_forward - self.events[0][1]
+        totals[ENDS[1]] = self.events[-1][1] - last_step
+        return {phase: ns / 1e9 for phase, ns in totals.items()}, steps
 
 
 def _mark(name: str) -> None:
@@ -96,10 +110,12 @@ def install_marks() -> None:
     dataloader._BaseDataLoaderIter.__next__ = __next__
 
 
-def measured(fit) -> dict[str, float]:
+def measured(fit) -> tuple[dict[str, float], list[float]]:
     Marks.current = marks = Marks()
     try:
+        _mark("call")
         fit()
+        _mark("return")
     finally:
         Marks.current = None
     return marks.phases()
@@ -126,33 +142,58 @@ def main() -> None:
     for side in sides.values():  # warm-up
         side()
     phases: dict[str, list[dict[str, float]]] = {name: [] for name in sides}
+    steps: dict[str, list[list[float]]] = {name: [] for name in sides}
     wall: dict[str, list[float]] = {name: [] for name in sides}
     for r in range(args.rounds):
         for name in (list(sides) if r % 2 == 0 else list(sides)[::-1]):
             if world > 1:
                 dist.barrier()
             start = time.perf_counter()
-            phases[name].append(sides[name]())
+            fit_phases, fit_steps = sides[name]()
             wall[name].append(time.perf_counter() - start)
+            phases[name].append(fit_phases)
+            steps[name].append(fit_steps)
     if rank != 0:
         return
-    samples = {side: {**{phase: [p[phase] for p in phases[side]] for phase in PHASES}, "whole fit": wall[side]}
-               for side in sides}
+    samples = {side: {**{phase: [p[phase] for p in phases[side]] for phase in [*PHASES, *ENDS]},
+                      "whole fit": wall[side]} for side in sides}
     rows = []
-    for phase in [*PHASES, "whole fit"]:
+    for phase in [*PHASES, *ENDS, "whole fit"]:
         raw, ours = samples["raw"][phase], samples["fw"][phase]
         rows.append({"phase": phase, "raw_s": median(raw), "fw_s": median(ours),
                      "paired_ratio": median([b / a for a, b in zip(raw, ours, strict=True)]),
                      "fw_minus_raw_us_per_step": (median(ours) - median(raw)) / (args.steps - 1) * 1e6
-                     if phase != "whole fit" else None})
+                     if phase in PHASES else None})
     print_table(f"{args.steps}-step fits on {world} rank(s) (rank 0's), MLP {args.sizes}, {args.rounds} rounds: phases summed over steps 2-{args.steps}",
                 ["phase", "raw ms", "fw ms", "fw/raw (paired)", "fw - raw"],
                 [[r["phase"], f"{r['raw_s'] * 1e3:.2f}", f"{r['fw_s'] * 1e3:.2f}", f"{r['paired_ratio']:.4f}",
-                  f"{(r['fw_s'] - r['raw_s']) * 1e3:+.2f} ms a fit" if r["phase"] == "whole fit"
+                  f"{(r['fw_s'] - r['raw_s']) * 1e3:+.2f} ms a fit" if r["phase"] not in PHASES
                   else f"{r['fw_minus_raw_us_per_step']:+.1f} µs a step"] for r in rows])
+    extra = standing_out(steps)
+    print("steps that stand out (fw's median minus the loop's after the step and before the next forward, "
+          "µs; step 2 is the first): "
+          + ", ".join(f"{k + 2}: {us:+.0f}" for k, us in extra) + f"; the median step {median_extra(steps):+.1f}")
     doc = {"machine": machine_info(), "world_size": world, "steps": args.steps, "rounds": args.rounds, "sizes": args.sizes,
-           "malloc_env": bench_fit.malloc_env(), "rows": rows}
+           "malloc_env": bench_fit.malloc_env(), "rows": rows,
+           "extra_us_by_step": [us for _, us in extra_by_step(steps)], "standing_out": extra}
     print(f"wrote {write_json(result_path('fit_phases' if world == 1 else f'fit_phases_ddp{world}', out=Path(args.out)), doc)}")
+
+
+def extra_by_step(steps: dict[str, list[list[float]]]) -> list[tuple[int, float]]:
+    """(step index, fw's median time of that step minus the loop's, µs), over the steps both sides ran."""
+    count = min(len(fit) for side in steps.values() for fit in side)
+    return [(k, (median([fit[k] for fit in steps["fw"]]) - median([fit[k] for fit in steps["raw"]])) * 1e6)
+            for k in range(count)]
+
+
+def median_extra(steps: dict[str, list[list[float]]]) -> float:
+    return median([us for _, us in extra_by_step(steps)])
+
+
+def standing_out(steps: dict[str, list[list[float]]]) -> list[tuple[int, float]]:
+    """The steps whose extra time is over 100 µs and five times the median step's."""
+    typical = abs(median_extra(steps))
+    return [(k, us) for k, us in extra_by_step(steps) if us > max(100.0, 5 * typical)]
 
 
 if __name__ == "__main__":
