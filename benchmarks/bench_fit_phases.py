@@ -170,9 +170,9 @@ def main() -> None:
                   f"{(r['fw_s'] - r['raw_s']) * 1e3:+.2f} ms a fit" if r["phase"] not in PHASES
                   else f"{r['fw_minus_raw_us_per_step']:+.1f} µs a step"] for r in rows])
     extra = standing_out(steps)
-    print("steps that stand out (fw's median minus the loop's after the step and before the next forward, "
-          "µs; step 2 is the first): "
-          + ", ".join(f"{k + 2}: {us:+.0f}" for k, us in extra) + f"; the median step {median_extra(steps):+.1f}")
+    print("steps that stand out (fw's median minus the loop's, µs, from step N's optimizer step to step N+1's "
+          "forward): " + ", ".join(f"after step {k + 1}: {us:+.0f}" for k, us in extra)
+          + f"; the median step {median_extra(steps):+.1f}")
     doc = {"machine": machine_info(), "world_size": world, "steps": args.steps, "rounds": args.rounds, "sizes": args.sizes,
            "malloc_env": bench_fit.malloc_env(), "rows": rows,
            "extra_us_by_step": [us for _, us in extra_by_step(steps)], "standing_out": extra}
@@ -180,7 +180,8 @@ def main() -> None:
 
 
 def extra_by_step(steps: dict[str, list[list[float]]]) -> list[tuple[int, float]]:
-    """(step index, fw's median time of that step minus the loop's, µs), over the steps both sides ran."""
+    """(k, fw's median time minus the loop's, µs) from step k + 1's optimizer step to step k + 2's
+    forward, in fw's own phases (``OWN``), over the steps both sides ran."""
     count = min(len(fit) for side in steps.values() for fit in side)
     return [(k, (median([fit[k] for fit in steps["fw"]]) - median([fit[k] for fit in steps["raw"]])) * 1e6)
             for k in range(count)]
