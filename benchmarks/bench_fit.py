@@ -35,6 +35,7 @@ import argparse
 import contextlib
 import cProfile
 import datetime
+import importlib
 import io
 import os
 import pstats
@@ -43,6 +44,8 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
+from unittest import mock
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -100,11 +103,8 @@ def fw_fit_with_the_loops_epoch(net: nn.Module, data: TensorDataset, steps: int,
             opt.zero_grad(set_to_none=True)
         run.state.global_step = steps
 
-    fw_epoch, fit_loop.run_train_epoch = fit_loop.run_train_epoch, the_loops_epoch
-    try:
+    with mock.patch.object(fit_loop, "run_train_epoch", the_loops_epoch):
         fw_fit(net, data, steps, world)
-    finally:
-        fit_loop.run_train_epoch = fw_epoch
 
 
 def fw_fit_with_closures(net: nn.Module, data: TensorDataset, steps: int, world: int) -> None:
@@ -112,11 +112,8 @@ def fw_fit_with_closures(net: nn.Module, data: TensorDataset, steps: int, world:
     (``loops/optimization.py``'s ``_plain_batch_fn``): what that path saves, in the same run."""
     import framework.loops.optimization as optimization
 
-    plain, optimization._nothing_between = optimization._nothing_between, lambda run: False
-    try:
+    with mock.patch.object(optimization, "_nothing_between", lambda run: False):
         fw_fit(net, data, steps, world)
-    finally:
-        optimization._nothing_between = plain
 
 
 def fw_fit_without(part: str) -> Callable[[nn.Module, TensorDataset, int, int], None]:
@@ -132,16 +129,23 @@ def fw_fit_without(part: str) -> Callable[[nn.Module, TensorDataset, int, int], 
     }[part]
 
     def fit(net: nn.Module, data: TensorDataset, steps: int, world: int) -> None:
-        kept = {name: owner.__dict__[name] for name in changes}
-        for name, value in changes.items():
-            setattr(owner, name, value)
-        try:
+        with mock.patch.multiple(owner, **changes):
             fw_fit(net, data, steps, world)
-        finally:
-            for name, value in kept.items():
-                setattr(owner, name, value)
 
     return fit
+
+
+def replace_attribute(module_name: str, path: str, wrap: Callable[[Any], Any]) -> None:
+    """Replace what ``path`` (dotted: ``Class.method``, or a dict's entry) names in the module
+    ``module_name`` by ``wrap(original)``: how the other benchmarks measure parts of a fit."""
+    owner: Any = importlib.import_module(module_name)
+    *outer, name = path.split(".")
+    for attr in outer:
+        owner = getattr(owner, attr)
+    if isinstance(owner, dict):
+        owner[name] = wrap(owner[name])
+    else:
+        setattr(owner, name, wrap(getattr(owner, name)))
 
 
 def lightning_fit(net: nn.Module, data: TensorDataset, steps: int, world: int) -> None:

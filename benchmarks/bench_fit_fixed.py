@@ -19,7 +19,6 @@ Results: a table, and JSON under ``benchmarks/results/`` (``--out``).
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import sys
 import time
@@ -69,16 +68,8 @@ def wrap_parts(totals: dict[str, float]) -> None:
     """Each part replaced by a wrapper that adds its time to ``totals[part]`` (a part held in a
     dict, the Trainer's loops, is replaced in the dict)."""
     for module_name, path, _ in PARTS:
-        owner: Any = importlib.import_module(module_name)
-        *outer, name = path.split(".")
-        for attr in outer:
-            owner = getattr(owner, attr)
-        original = owner[name] if isinstance(owner, dict) else getattr(owner, name)
-        wrapped = _timed(original, totals, f"{module_name}:{path}")
-        if isinstance(owner, dict):
-            owner[name] = wrapped
-        else:
-            setattr(owner, name, wrapped)
+        key = f"{module_name}:{path}"
+        bench_fit.replace_attribute(module_name, path, lambda original, key=key: _timed(original, totals, key))
 
 
 def _timed(fn: Callable[..., Any], totals: dict[str, float], key: str) -> Callable[..., Any]:

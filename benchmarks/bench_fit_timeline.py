@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import functools
-import importlib
 import os
 import statistics
 import sys
@@ -53,11 +52,7 @@ STAMPS: list[tuple[str, float]] = []
 def stamp_calls() -> None:
     """Stamp the entry (``>``) and exit (``<``) of every point on this process's clock."""
     for module_name, path, label in POINTS:
-        owner = importlib.import_module(module_name)
-        *outer, name = path.split(".")
-        for part in outer:
-            owner = getattr(owner, part)
-        setattr(owner, name, _stamped(getattr(owner, name), label))
+        bench_fit.replace_attribute(module_name, path, functools.partial(_stamped, label=label))
 
 
 def _stamped(fn, label: str):
