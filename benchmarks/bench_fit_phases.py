@@ -169,13 +169,14 @@ def main() -> None:
                 [[r["phase"], f"{r['raw_s'] * 1e3:.2f}", f"{r['fw_s'] * 1e3:.2f}", f"{r['paired_ratio']:.4f}",
                   f"{(r['fw_s'] - r['raw_s']) * 1e3:+.2f} ms a fit" if r["phase"] not in PHASES
                   else f"{r['fw_minus_raw_us_per_step']:+.1f} µs a step"] for r in rows])
-    extra = standing_out(steps)
+    by_step = extra_by_step(steps)
+    typical, extra = standing_out(by_step)
     print("steps that stand out (fw's median minus the loop's, µs, from step N's optimizer step to step N+1's "
           "forward): " + ", ".join(f"after step {k + 1}: {us:+.0f}" for k, us in extra)
-          + f"; the median step {median_extra(steps):+.1f}")
+          + f"; the median step {typical:+.1f}")
     doc = {"machine": machine_info(), "world_size": world, "steps": args.steps, "rounds": args.rounds, "sizes": args.sizes,
            "malloc_env": bench_fit.malloc_env(), "rows": rows,
-           "extra_us_by_step": [us for _, us in extra_by_step(steps)], "standing_out": extra}
+           "extra_us_by_step": [us for _, us in by_step], "standing_out": extra}
     print(f"wrote {write_json(result_path('fit_phases' if world == 1 else f'fit_phases_ddp{world}', out=Path(args.out)), doc)}")
 
 
@@ -187,14 +188,10 @@ def extra_by_step(steps: dict[str, list[list[float]]]) -> list[tuple[int, float]
             for k in range(count)]
 
 
-def median_extra(steps: dict[str, list[list[float]]]) -> float:
-    return median([us for _, us in extra_by_step(steps)])
-
-
-def standing_out(steps: dict[str, list[list[float]]]) -> list[tuple[int, float]]:
-    """The steps whose extra time is over 100 µs and five times the median step's."""
-    typical = abs(median_extra(steps))
-    return [(k, us) for k, us in extra_by_step(steps) if us > max(100.0, 5 * typical)]
+def standing_out(by_step: list[tuple[int, float]]) -> tuple[float, list[tuple[int, float]]]:
+    """The median step's extra time, and the steps whose extra is over 100 µs and five times that."""
+    typical = median([us for _, us in by_step])
+    return typical, [(k, us) for k, us in by_step if us > max(100.0, 5 * abs(typical))]
 
 
 if __name__ == "__main__":
