@@ -28,15 +28,17 @@ _EXPORTS = {
     "Tuner": "framework.tuner",
 }
 
-#: submodules reached as attributes (``fw.parallel.parallelize``), imported on first use
-_SUBMODULES = ("parallel", "profilers")
+#: subpackages reached as attributes (``fw.callbacks.ModelCheckpoint``, ``fw.parallel.parallelize``), imported on
+#: first use, as ``pl.callbacks`` after ``import lightning.pytorch as pl``
+_SUBMODULES = ("accelerators", "callbacks", "data", "environments", "loggers", "parallel", "profilers", "strategies",
+               "trainer", "tuner")
 
 __all__ = [*_EXPORTS, *_SUBMODULES]
 
 
 def __getattr__(name: str) -> Any:
     if name in _SUBMODULES:
-        return importlib.import_module(f"framework.{name}")
+        return importlib.import_module(f"framework.{name}")  # the import sets it as this module's attribute
     if name in _EXPORTS:
         value = getattr(importlib.import_module(_EXPORTS[name]), name)
         globals()[name] = value

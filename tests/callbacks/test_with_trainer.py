@@ -3,6 +3,7 @@ right epoch, TensorBoard event files that hold what was logged, and a light ``im
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -83,3 +84,30 @@ def test_import_framework_stays_light():
             "print(heavy); sys.exit(1 if heavy else 0)")
     proc = subprocess.run([sys.executable, "-c", code], env=subprocess_env(), capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+
+_ATTRIBUTE_CHAIN = """
+import json, sys
+import {pkg} as top
+for name in {names!r}:
+    value = top
+    for part in name.split("."):
+        value = getattr(value, part)
+print(json.dumps([m for m in ("tensorboard", "rich", "sklearn", "mpi4py") if m in sys.modules]))
+"""
+
+
+def test_subpackages_are_attributes_of_a_fresh_import_as_in_lightning():
+    """``fw.callbacks.ModelCheckpoint`` right after ``import framework as fw``, as ``pl.callbacks.ModelCheckpoint``
+    after ``import pytorch_lightning as pl`` (fw raised AttributeError until something else imported the
+    subpackage); the subpackage is imported on first use, so the import stays light."""
+    names = ["callbacks.ModelCheckpoint", "callbacks.EarlyStopping", "loggers.CSVLogger", "profilers.SimpleProfiler"]
+    for pkg in ("framework", "pytorch_lightning"):
+        code = _ATTRIBUTE_CHAIN.format(pkg=pkg, names=names)
+        proc = subprocess.run([sys.executable, "-c", code], env=subprocess_env(), capture_output=True, text=True,
+                              timeout=120)
+        assert proc.returncode == 0, f"{pkg}: {proc.stderr[-2000:]}"
+    light = subprocess.run([sys.executable, "-c", _ATTRIBUTE_CHAIN.format(pkg="framework", names=names[:2])],
+                           env=subprocess_env(), capture_output=True, text=True, timeout=120)
+    assert json.loads(light.stdout.splitlines()[-1]) == [], light.stdout
