@@ -1,8 +1,8 @@
 """The rest of the Trainer's Lightning names that Lightning code reads: ``trainer.precision`` (the
-name), ``scaler``, ``fit_loop`` (its epoch progress and limits), the per-loader batch counts, and
-the stage and signal flags. Each means what Lightning's does; kept apart from ``properties.py`` so
-that each file stays one concept (these are views of Lightning's loop objects, which fw does not
-have)."""
+name), ``scaler``, ``fit_loop`` (its epoch progress and limits), the loaders and the per-loader
+batch counts, and the stage and signal flags. Each means what Lightning's does; kept apart from
+``properties.py`` so that each file stays one concept (these are views of Lightning's loop
+objects, which fw does not have)."""
 
 from __future__ import annotations
 
@@ -103,6 +103,7 @@ class LightningViews:
     strategy: Strategy
     state: RunState
     run: Run | None
+    runs: dict[str, Run]
     precision_plugin: Precision
     fit_loop: FitLoopView
 
@@ -150,29 +151,56 @@ class LightningViews:
             return None
         return {"num_replicas": strategy.data_parallel_size, "rank": strategy.data_parallel_rank}
 
-    def _batches_per_loader(self, stage: str) -> list[int | float]:
+    # -- the data: the loaders are the current (or last) call's; the batch counts, as Lightning's loops
+    # keep theirs from one call to the next, the last call's of that kind (``trainer.runs``)
+    def _loaders_of(self, key: str) -> Any:
+        found = (self.run.loaders.get(key) if self.run is not None else None) or []
+        return found[0] if len(found) == 1 else (found or None)
+
+    @property
+    def train_dataloader(self) -> Any:
+        return self._loaders_of("train")
+
+    @property
+    def val_dataloaders(self) -> Any:
+        return self._loaders_of("validate")
+
+    @property
+    def test_dataloaders(self) -> Any:
+        return self._loaders_of("test")
+
+    @property
+    def predict_dataloaders(self) -> Any:
+        return self._loaders_of("predict")
+
+    def _batches_per_loader(self, fn: str, stage: str) -> list[int | float]:
+        """Batches per ``stage`` loader of the last ``fn`` call (the current one, if it is one)."""
         from framework.loops.batches import num_batches
 
-        loaders = (self.run.loaders.get(stage) if self.run is not None else None) or []
+        run = self.runs.get(fn)
+        loaders = (run.loaders.get(stage) if run is not None else None) or []
         return [num_batches(loader, self.settings.limits[stage]) for loader in loaders]
 
     @property
     def num_val_batches(self) -> list[int | float]:
-        """Validation batches per loader, for ``fit`` or ``validate`` (Lightning's list)."""
-        return self._batches_per_loader("validate")
+        """Validation batches per loader (Lightning's list): in a ``validate`` call and after it
+        (until the next call) that call's, else the last fit's."""
+        return self._batches_per_loader("validate" if self.state.fn == "validate" else "fit", "validate")
 
     @property
     def num_sanity_val_batches(self) -> list[int | float]:
+        """The last fit's sanity check's batches per validation loader."""
         steps = self.settings.num_sanity_val_steps
-        return [min(float("inf") if steps == -1 else steps, n) for n in self.num_val_batches]  # -1: all of them
+        return [min(float("inf") if steps == -1 else steps, n)  # -1: all of them
+                for n in self._batches_per_loader("fit", "validate")]
 
     @property
     def num_test_batches(self) -> list[int | float]:
-        return self._batches_per_loader("test")
+        return self._batches_per_loader("test", "test")
 
     @property
     def num_predict_batches(self) -> list[int | float]:
-        return self._batches_per_loader("predict")
+        return self._batches_per_loader("predict", "predict")
 
     @property
     def val_check_batch(self) -> int | float | None:

@@ -80,9 +80,10 @@ class Outcome:
         for lg, (save_dir, version) in zip(trainer.loggers, self.loggers, strict=True):
             lg.set_version(version)  # the next call's workers log into the same version folder
             lg.set_default_root(save_dir)
-        trainer.run = Run.of(trainer, self.fn, model, trainer.callbacks)
-        trainer.run.log_dir = self.log_dir
+        run = Run.of(trainer, self.fn, model, trainer.callbacks)
+        run.make_current()
+        run.log_dir = self.log_dir
         if self.fn == "fit":
-            trainer.run.end_of_fit = self.end_of_fit
-        trainer.run.metrics.take_values(self.callback_metrics, self.progress_bar, self.logged)
+            run.end_of_fit = self.end_of_fit
+        run.metrics.take_values(self.callback_metrics, self.progress_bar, self.logged)
         return self.output

@@ -1,14 +1,18 @@
 """The Trainer's read-only views with Lightning's names: its settings, where this process and the
-run stand, the metrics, the callbacks, the devices and the data. Kept apart from ``trainer.py``
-so that the Trainer's own code (its arguments, its calls) reads on its own; every name here
-means what Lightning's does. What belongs to one call (the module, the loaders, the optimisers)
-is read from the current (or last) ``Run``; before the first call those answer None or empty.
+run stand, the metrics, the callbacks and the devices (the loaders are in ``lightning_views.py``).
+Kept apart from ``trainer.py`` so that the Trainer's own code (its arguments, its calls) reads on
+its own; every name here means what Lightning's does. What belongs to one call (the module, the
+metrics) is read from the current (or last) ``Run``; before the first call those answer None or
+empty.
+What Lightning keeps from one call to the next is read from the last ``Run`` of its kind
+(``trainer.runs``): the optimisers and schedulers are the last fit's through validate, test and
+predict, as Lightning's strategy keeps them.
 """
 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -54,6 +58,7 @@ class TrainerProperties:
     num_nodes: int
     launcher: Launcher | None
     run: Run | None
+    runs: dict[str, Run]
 
     # -- the settings, under their argument names --------------------------------------------
     max_epochs = _setting("max_epochs")
@@ -189,8 +194,9 @@ class TrainerProperties:
 
     @property
     def model(self) -> torch.nn.Module | None:
-        """The wrapped model (DDP, DataParallel, or the module itself) while a run is on."""
-        return self.strategy.model
+        """The wrapped model (DDP, DataParallel, or the module itself) while a run is on; after
+        it, the last call's module (Lightning's strategy keeps it, unwrapped)."""
+        return self.strategy.model if self.strategy.model is not None else self.lightning_module
 
     @property
     def datamodule(self) -> DataModule | None:
@@ -198,11 +204,15 @@ class TrainerProperties:
 
     @property
     def optimizers(self) -> list[torch.optim.Optimizer]:
-        return self.run.optimizers if self.run is not None else []
+        """The last fit's (also in the validate, test and predict calls after it, as in Lightning)."""
+        fit = self.runs.get("fit")
+        return fit.optimizers if fit is not None else []
 
     @property
     def lr_scheduler_configs(self) -> list[LRSchedulerConfig]:
-        return self.run.lr_scheduler_configs if self.run is not None else []
+        """The last fit's, as ``optimizers``."""
+        fit = self.runs.get("fit")
+        return fit.lr_scheduler_configs if fit is not None else []
 
     @property
     def logger(self) -> Logger | None:
@@ -236,6 +246,8 @@ class TrainerProperties:
 
         settings = self.settings
         loaders = self.run.loaders.get("train") if self.run is not None else None
+        if not loaders and (fit := self.runs.get("fit")) is not None:  # after a fit: its loader's, as Lightning's
+            loaders = fit.loaders.get("train")
         if not loaders:
             return math.inf if settings.max_steps == -1 else float(settings.max_steps)
         per_epoch = num_batches(loaders[0], settings.limits["train"])
@@ -274,24 +286,3 @@ class TrainerProperties:
         from framework.callbacks import RichProgressBar
 
         return next((cb for cb in self.callbacks if isinstance(cb, RichProgressBar)), None)
-
-    # -- data -----------------------------------------------------------------------------------
-    def _loaders_of(self, key: str) -> Any:
-        found = (self.run.loaders.get(key) if self.run is not None else None) or []
-        return found[0] if len(found) == 1 else (found or None)
-
-    @property
-    def train_dataloader(self) -> Any:
-        return self._loaders_of("train")
-
-    @property
-    def val_dataloaders(self) -> Any:
-        return self._loaders_of("validate")
-
-    @property
-    def test_dataloaders(self) -> Any:
-        return self._loaders_of("test")
-
-    @property
-    def predict_dataloaders(self) -> Any:
-        return self._loaders_of("predict")

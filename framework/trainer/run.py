@@ -4,8 +4,11 @@ Set-up (``setup.py``) builds a ``Run`` for each call; the loops (``framework.loo
 read everything from it: the module and the data, the optimisers and schedulers, the hooks, the
 metrics, where the run stands (``state``) and the Trainer's frozen ``settings``. The next call
 builds a new one, so nothing of a call has to be reset on the Trainer; the Trainer keeps the
-last one so that Lightning's properties (``trainer.optimizers``, ``trainer.lightning_module``,
-``trainer.train_dataloader``, ...) still answer after the call returned, as in Lightning.
+last one (``trainer.run``), and the last of each kind (``trainer.runs``), so that Lightning's
+properties still answer after the call returned as Lightning's do: ``trainer.lightning_module``
+and the loaders are the last call's, ``trainer.optimizers`` and ``lr_scheduler_configs`` the last
+fit's (Lightning's strategy keeps them through validate, test and predict), ``num_test_batches``
+the last test's (Lightning's loops keep theirs).
 A ``Call`` is the public call as it was made (what a launcher hands its workers).
 """
 
@@ -67,9 +70,7 @@ class Run:
             which an evaluation's step values are logged (Lightning's per-loader count, which
             a fit's validations share).
         end_of_fit: a distributed fit's, on rank 0: what it left for a ``save_checkpoint`` after
-            it (``parts.EndOfFit``); the calls after it reach it through ``last_fit``.
-        last_fit: in a call after a fit, the fit's Run: what ``trainer.save_checkpoint`` writes
-            then (for the same model), as in Lightning; None in a fit and before any.
+            it (``parts.EndOfFit``); the calls after it reach it through ``trainer.runs["fit"]``.
     """
 
     fn: str
@@ -99,7 +100,6 @@ class Run:
     stop_check: StopCheck | None = None
     eval_steps: dict[tuple[str, int], int] = field(default_factory=dict)
     end_of_fit: EndOfFit | None = None
-    last_fit: Run | None = None
 
     @classmethod
     def of(cls, trainer: Trainer, fn: str, module: TrainModule, callbacks: list[Callback],
@@ -107,15 +107,17 @@ class Run:
         """A new call's Run: the Trainer's shared parts, a hook dispatcher over ``callbacks``, no
         metrics yet."""
         metrics = LoggedMetrics()
-        before, last_fit = trainer.run, None
-        if fn != "fit" and before is not None:
-            last_fit = before if before.fn == "fit" else before.last_fit
         return cls(fn=fn, trainer=trainer, settings=trainer.settings, strategy=trainer.strategy,
                    accelerator=trainer.accelerator, precision=trainer.precision_plugin, state=trainer.state,
                    metrics=metrics, loggers=trainer.loggers, callbacks=callbacks, module=module,
                    hooks=HookDispatcher(callbacks, trainer, module, metrics), datamodule=datamodule,
-                   fit_batches=trainer.run.fit_batches if trainer.run is not None else None,
-                   last_fit=last_fit)
+                   fit_batches=trainer.run.fit_batches if trainer.run is not None else None)
+
+    def make_current(self) -> None:
+        """This is the Trainer's call now (``trainer.run``), and the last of its kind
+        (``trainer.runs``)."""
+        self.trainer.run = self
+        self.trainer.runs[self.fn] = self
 
 
 @dataclass(frozen=True)

@@ -79,7 +79,7 @@ def new_run(trainer: Trainer, fn: str, model: TrainModule, datamodule: DataModul
     callbacks = _with_model_callbacks(trainer.callbacks, configure_callbacks())
     run = Run.of(trainer, fn, model, callbacks, datamodule)
     trainer.callbacks = run.callbacks  # configure_callbacks() replaces them for good, as in Lightning
-    trainer.run = run
+    run.make_current()
     run.process_settings = _apply_process_settings(trainer.settings)
     return run
 

@@ -137,8 +137,9 @@ class Trainer(TrainerProperties, LightningViews):
         self.state = RunState()
         self.profiler: Profiler = resolve_profiler(profiler, self.settings.barebones)  # None: PassThroughProfiler
         self._no_metrics = LoggedMetrics()  # what the metric properties read before the first call
-        #: the current call's ``Run`` (``run.py``), or the last one's once it returned
+        #: the current call's ``Run`` (``run.py``), or the last once it returned; ``runs``: the last of each ``fn``
         self.run: Run | None = None
+        self.runs: dict[str, Run] = {}
         #: the user's own stateful objects, saved in (and restored from) every checkpoint of a fit
         self.checkpoint_parts: dict[str, Stateful] = {}
         self.fit_loop = FitLoopView(self)  # Lightning's ``trainer.fit_loop``: its progress and bounds
@@ -195,8 +196,8 @@ class Trainer(TrainerProperties, LightningViews):
             raise ConfigError("save_checkpoint: no model yet; call it during or after fit/validate/test")
         if storage_options is not None:
             raise ConfigError("save_checkpoint(storage_options=...): fw writes files itself (no CheckpointIO); drop it")
-        if run.last_fit is not None and run.last_fit.module is run.module:
-            run = run.last_fit
+        if (fit := self.runs.get("fit")) is not None and fit.module is run.module:
+            run = fit
         checkpointing.save(run, filepath, weights_only=weights_only)
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
@@ -286,8 +287,7 @@ class Trainer(TrainerProperties, LightningViews):
         return result
 
     def _dist_info(self) -> DistInfo:
-        """Ranks from the launcher around us; a fresh ``DistInfo`` when there is none (one
-        process, or fw will start the workers)."""
+        """Ranks from the launcher around us, else a fresh ``DistInfo`` (one process, or fw starts the workers)."""
         if self.strategy.multi_process and self.environment.launched_externally:
             return self.environment.info()
         return DistInfo()
