@@ -6,7 +6,9 @@ the module's schedulers are replaced by one that raises the rate after every ste
 step the callback records the rate, after it the loss smoothed over the steps so far
 (``beta=0.98``, bias-corrected with ``global_step + 1`` as Lightning does), and it stops the fit
 once that loss is more than ``early_stop_threshold`` times the best so far. Under gradient
-accumulation only the batches that step count, as in Lightning.
+accumulation only the batches that step count, as in Lightning. A sweep that the training data
+cuts short (``max_epochs``) gives Lightning's results and suggestion too, with a warning that
+they cover only the rates it reached.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import torch
 from framework.callbacks.base import Callback
 from framework.errors import ConfigError
 from framework.optim import LRSchedulerConfig
-from framework.rank_zero import rank_zero_info
+from framework.rank_zero import rank_zero_info, rank_zero_warn
 from framework.tuner.aside import Aside
 from framework.tuner.lr_finder import LRFinder
 
@@ -113,7 +115,15 @@ def sweep(aside: Aside, finder: LRFinder, early_stop_threshold: float | None, tr
     aside.call("fit", [recorder], train=train, val=val, max_steps=finder.num_training,
                limits={"validate": finder.num_training})
     finder.results = {"lr": recorder.lrs, "loss": recorder.losses}
-    if recorder.steps != finder.num_training:
-        why = "the loss diverged (early_stop_threshold)" if recorder.diverged else \
-            "the training data ran out first (max_epochs, limit_train_batches)"
-        rank_zero_info(f"fw lr_find: stopped after {recorder.steps} of {finder.num_training} steps: {why}")
+    steps, asked = recorder.steps, finder.num_training
+    if steps == asked:
+        return
+    if recorder.diverged:  # the range above is of no use: the sweep did its job
+        rank_zero_info(f"fw lr_find: stopped after {steps} of {asked} steps: the loss diverged (early_stop_threshold)")
+        return
+    # Lightning 2.6 says so at info level alone (and calls it a diverging loss), and suggests from what ran
+    reached = f"the rates swept reached {recorder.lrs[-1]:.3g}" if recorder.lrs else "no rate was tried"
+    rank_zero_warn(f"lr_find: the training data ran out after {steps} of num_training={asked} steps "
+                   f"(max_epochs={aside.trainer.settings.max_epochs}, limit_train_batches): {reached} of "
+                   f"max_lr={finder.lr_max:g}, and a suggestion comes from that part of the range only; raise "
+                   "max_epochs (or the training batches) or lower num_training to sweep all of it")

@@ -34,7 +34,7 @@ CASES = {
 }
 
 
-def _sweep(which: str, trainer_args: dict, find_args: dict, with_datamodule: bool) -> dict:
+def _sweep(which: str, trainer_args: dict, find_args: dict, with_datamodule: bool, **model_args) -> dict:
     if which == "lightning":
         import pytorch_lightning as pl
         from pytorch_lightning.tuner import Tuner as TheTuner
@@ -46,14 +46,15 @@ def _sweep(which: str, trainer_args: dict, find_args: dict, with_datamodule: boo
     from tuner.models import make_data
 
     torch.manual_seed(0)
-    model = make_hparams_regressor(Module)() if with_datamodule else make_regressor(Module)()
+    model = make_hparams_regressor(Module)(**model_args) if with_datamodule else make_regressor(Module)(**model_args)
     datamodule = make_data(Data)(batch_size=16) if with_datamodule else None
     before = {k: v.clone() for k, v in model.state_dict().items()}
     trainer = Trainer(**QUIET, **extra, **trainer_args)
     finder = TheTuner(trainer).lr_find(model, datamodule=datamodule, **find_args)
     lr = model.hparams.learning_rate if with_datamodule else model.lr
     return {"lr": finder.results["lr"], "loss": finder.results["loss"], "suggestion": finder.suggestion(),
-            "set": lr, "restored": all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())}
+            "set": lr, "restored": all(torch.equal(v, model.state_dict()[k]) for k, v in before.items()),
+            "optimizers": [[g["lr"] for g in o.param_groups] for o in trainer.optimizers]}
 
 
 @needs_lightning
@@ -105,6 +106,39 @@ def _trainer(tmp_path, callback: fw.Callback) -> fw.Trainer:
                       enable_model_summary=False, use_distributed_sampler=False)
 
 
+@needs_lightning
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize(("batch_size", "steps", "suggests"), [(16, 48, True), (128, 6, False)])
+def test_a_sweep_the_data_cuts_short_gives_lightnings_suggestion_or_none_and_says_so(batch_size, steps, suggests,
+                                                                                       caplog):
+    """max_epochs=3 of 16 batches (or 2) run 48 (or 6) of the 100 steps: the same rates, losses and
+    suggestion as Lightning's, set on the module as Lightning sets it; with too few points to
+    suggest (6 - 10 skipped at the start), no suggestion and the rate left, as Lightning; either
+    way fw warns that the sweep was cut short and how far it reached."""
+    with caplog.at_level(logging.INFO):
+        theirs = _sweep("lightning", dict(max_epochs=3), {}, False, batch_size=batch_size)
+    with pytest.warns(UserWarning) as warned:
+        ours = _sweep("fw", dict(max_epochs=3), {}, False, batch_size=batch_size)
+    said = [str(w.message) for w in warned]
+
+    assert len(ours["lr"]) == len(theirs["lr"]) == steps and ours["lr"] == theirs["lr"]
+    torch.testing.assert_close(torch.tensor(ours["loss"], dtype=torch.float64),
+                               torch.tensor(theirs["loss"], dtype=torch.float64), rtol=0, atol=0, equal_nan=True)
+    assert ours["suggestion"] == theirs["suggestion"] and ours["set"] == theirs["set"]
+    assert ours["restored"] and theirs["restored"]
+    # fw's Trainer is as before (README, Tuner); Lightning's keeps the optimizer of the fit its finder ran in
+    assert ours["optimizers"] == [] and theirs["optimizers"] == [[theirs["set"]]]
+    assert f"LR finder stopped early after {steps} steps" in caplog.text  # Lightning's line (info)
+    assert any(f"lr_find: the training data ran out after {steps} of num_training=100 steps (max_epochs=3" in m
+               and f"reached {ours['lr'][-1]:.3g} of max_lr=1" in m for m in said), said
+    if suggests:
+        assert ours["set"] == ours["suggestion"] == pytest.approx(1.0964781961431852e-07)
+    else:
+        assert ours["suggestion"] is None and ours["set"] == 0.01
+        assert "Failed to compute suggestion for learning rate" in caplog.text  # Lightning's (an error line)
+        assert any("no learning rate to suggest: 0 finite point(s)" in m for m in said), said
+
+
 @pytest.mark.timeout(60)
 def test_after_lr_find_everything_is_as_before_and_a_fit_trains_as_one_without_it(tmp_path):
     torch.manual_seed(0)
@@ -121,7 +155,7 @@ def test_after_lr_find_everything_is_as_before_and_a_fit_trains_as_one_without_i
     assert all(torch.equal(model.state_dict()[k], v) for k, v in weights.items())
     assert trainer.callbacks is callbacks and trainer.loggers is loggers and trainer.settings is settings
     assert trainer.global_step == 0 and trainer.current_epoch == 0 and not trainer.should_stop
-    assert trainer.run is None and counting.calls == 0
+    assert trainer.run is None and trainer.runs == {} and trainer.optimizers == [] and counting.calls == 0
     assert torch.equal(torch.get_rng_state(), rng) and checkpointing._fits_in_this_process == fits
     assert not list(tmp_path.rglob("*")), "the Tuner left files behind (checkpoints, log versions)"
     assert model.loggers_seen == ["_SilentLogger"] * 30
@@ -230,13 +264,12 @@ def test_lr_find_is_skipped_under_fast_dev_run(caplog):
     assert model.lr == 0.01
 
 
-def test_the_module_without_a_learning_rate_is_tuned_with_update_attr_off(caplog):
+def test_the_module_without_a_learning_rate_is_tuned_with_update_attr_off():
     model = make_regressor(fw.TrainModule)()
     del model.lr
     model.configure_optimizers = lambda: torch.optim.SGD(model.parameters(), lr=0.01)
     with pytest.raises(ConfigError, match=r"has no attribute 'lr' or 'learning_rate'"):
         Tuner(fw.Trainer(**QUIET, max_epochs=1)).lr_find(model, num_training=5)
-    with caplog.at_level(logging.INFO, logger="framework"):
+    with pytest.warns(UserWarning, match=r"lr_find: the training data ran out after 32 of num_training=50 steps"):
         finder = Tuner(fw.Trainer(**QUIET, max_epochs=1)).lr_find(model, num_training=50, update_attr=False)
     assert len(finder.results["lr"]) == 32 and not hasattr(model, "lr")  # one epoch of 32 batches
-    assert "stopped after 32 of 50 steps: the training data ran out first" in caplog.text
