@@ -1,0 +1,105 @@
+"""FSDP with tied weights (a GPT's embedding and head share one parameter): its checkpoints
+resume across one process and 2 ranks, either way, to where the run that never stopped ends.
+
+The ranks are forked from the test process (tests/forked.py), as in test_fsdp.py.
+"""
+
+from __future__ import annotations
+
+import json
+
+import forked
+import pytest
+import torch
+
+from framework.callbacks import ModelCheckpoint
+
+from . import tied
+from .helpers import check_ok, write_script
+
+TOLERANCE = 1e-5  # property 4: another number of ranks, within float noise
+
+SCRIPT = """
+import json, sys
+import torch
+import tied
+from framework.callbacks import ModelCheckpoint
+
+cfg = json.loads(sys.argv[1])
+out = cfg["out"]
+for case in cfg["cases"]:
+    strategy = {"name": "fsdp", "auto_wrap_policy": ["Block"], **case.get("strategy", {})}
+    callbacks = None
+    if case.get("checkpoint"):
+        callbacks = [ModelCheckpoint(dirpath=f"{out}/ck_{case['tag']}", every_n_train_steps=10, save_top_k=-1)]
+    run = tied.fit(strategy, devices=2, callbacks=callbacks, root=out, ckpt_path=case.get("resume"),
+                   **case.get("trainer", {}))
+    if case.get("checkpoint"):
+        run["resumed"] = tied.fit(strategy, devices=2, root=out, ckpt_path=f"{out}/ck_{case['tag']}/epoch=0-step=10.ckpt")
+    if run["rank"] == 0:
+        torch.save(run, f"{out}/{case['tag']}.pt")
+"""
+
+CASES = [
+    {"tag": "sharded", "checkpoint": True},
+    {"tag": "full", "checkpoint": True, "strategy": {"state_dict_type": "full"}},
+    {"tag": "from_single", "resume": "{out}/single/epoch=0-step=10.ckpt"},
+]
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory):
+    """One process's run with a checkpoint at step 10 of 20, then the 2-rank job of CASES."""
+    out = tmp_path_factory.mktemp("fsdp_tied")
+    single = tied.fit("single", devices=1, root=str(out),
+                      callbacks=[ModelCheckpoint(dirpath=str(out / "single"), every_n_train_steps=10, save_top_k=-1)])
+    torch.save(single, out / "single.pt")
+    cases = [{**case, "resume": case["resume"].format(out=out)} if "resume" in case else case for case in CASES]
+    script = write_script(out, SCRIPT)
+    result = forked.run_script(script, json.dumps({"cases": cases, "out": str(out)}), nprocs=2, timeout=150)
+    return result, out
+
+
+def case_run(job: tuple, tag: str) -> dict:
+    """Rank 0's result of one case (the cases before a failing one still have theirs)."""
+    result, out = job
+    if not (out / f"{tag}.pt").exists():
+        check_ok(result)
+        pytest.fail(f"the job wrote no result for case {tag}:\n{result.output}")
+    return torch.load(out / f"{tag}.pt")
+
+
+def distance(a: dict, b: dict) -> float:
+    assert a.keys() == b.keys(), (sorted(a), sorted(b))
+    return max(float((a[k] - b[k]).abs().max()) for k in a)
+
+
+def assert_same_run(run: dict, straight: dict, tolerance: float) -> None:
+    """The same step, weights and AdamW moments (by parameter name), and the head still tied."""
+    assert run["global_step"] == straight["global_step"] == tied.STEPS
+    assert run["tied"] and run["still_tied"]
+    assert distance(run["weights"], straight["weights"]) <= tolerance
+    assert distance(run["moments"], straight["moments"]) <= tolerance
+
+
+@pytest.mark.timeout(200)
+def test_one_process_checkpoint_of_a_tied_model_resumes_under_fsdp_on_two_ranks(job):
+    """It failed with KeyError 'state.head.weight.step': the one-process optimizer state was
+    renamed by the tied parameter's last name, FSDP's by its first."""
+    out = job[1]
+    assert_same_run(case_run(job, "from_single"), torch.load(out / "single.pt"), TOLERANCE)
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("kind", ["sharded", "full"])
+def test_a_two_rank_checkpoint_of_a_tied_model_resumes_on_two_ranks_bit_for_bit_and_in_one_process(job, kind):
+    """A sharded folder and a full-state file of 2 ranks: the 2-rank resume is the run, bit for
+    bit; the one-process resume (it was refused: 'optimizer state is for other parameters than
+    configure_optimizers() gave (emb.weight, head.weight)') ends where one process ends."""
+    out = job[1]
+    straight, run = torch.load(out / "single.pt"), case_run(job, kind)
+    assert_same_run(run, straight, TOLERANCE)
+    assert_same_run(run["resumed"], run, 0.0)
+    in_one = tied.fit("single", devices=1, root=str(out / f"one_{kind}"),
+                      ckpt_path=str(out / f"ck_{kind}" / "epoch=0-step=10.ckpt"))
+    assert_same_run(in_one, straight, TOLERANCE)
