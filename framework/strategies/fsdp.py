@@ -3,7 +3,7 @@
 before that unit runs.
 
 The units are the submodules whose class is in ``auto_wrap_policy`` (Lightning's argument: a set of
-classes, or their names in a recipe), then the root. The root is a ``StepModule`` around the
+classes, or their names in a recipe; one tied to a module outside it stays in the unit around both), then the root. The root is a ``StepModule`` around the
 TrainModule, so every step (training, validation, test, predict) runs inside the root's forward and
 parameters owned by no smaller unit are gathered for it too (and kept for the backward:
 ``fsdp_steps.py``). ``configure_model()`` has run before sharding; ``configure_optimizers()`` runs
@@ -38,7 +38,7 @@ from framework.errors import CheckpointError, ConfigError
 from framework.strategies.base import StepModule
 from framework.strategies.ddp import DDPStrategy
 from framework.strategies.distributed import DEFAULT_TIMEOUT_S
-from framework.strategies.fsdp_options import class_names, mesh_shape, precision_policy, units
+from framework.strategies.fsdp_options import class_names, mesh_shape, precision_policy, units, without_split_ties
 
 if TYPE_CHECKING:
     from framework.module import TrainModule
@@ -134,7 +134,7 @@ class FSDPStrategy(DDPStrategy):
         if root is None:  # the first call on this module: shard it
             if not has_meta_tensors(module):  # meta tensors are allocated on the device after sharding
                 module.to(self.root_device)
-            blocks = units(module, self.wrap_classes)
+            blocks = without_split_ties(module, units(module, self.wrap_classes))
             names = ("replicate", "shard") if len(shape) == 2 else None
             mesh = init_device_mesh(self.root_device.type, shape, mesh_dim_names=names)
             shard = {"mesh": mesh, "reshard_after_forward": self.reshard_after_forward, "mp_policy": policy}

@@ -44,6 +44,7 @@ CASES = [
     {"tag": "sharded", "checkpoint": True},
     {"tag": "full", "checkpoint": True, "strategy": {"state_dict_type": "full"}},
     {"tag": "from_single", "resume": "{out}/single/epoch=0-step=10.ckpt"},
+    {"tag": "apart", "strategy": {"auto_wrap_policy": ["Block", "Embedding"]}},
 ]
 
 
@@ -103,3 +104,13 @@ def test_a_two_rank_checkpoint_of_a_tied_model_resumes_on_two_ranks_bit_for_bit_
     in_one = tied.fit("single", devices=1, root=str(out / f"one_{kind}"),
                       ckpt_path=str(out / f"ck_{kind}" / "epoch=0-step=10.ckpt"))
     assert_same_run(in_one, straight, TOLERANCE)
+
+
+@pytest.mark.timeout(200)
+def test_a_tied_embedding_named_as_a_unit_is_sharded_with_its_head(job):
+    """The embedding's class among the units to shard, its weight the root's head's: torch
+    refused ('shared with a parameter already managed by another FSDP group') in every rank;
+    it is now sharded with the head, in the root, and the run is one process's."""
+    run = case_run(job, "apart")
+    assert run["units"] == ["blocks.0", "blocks.1"], run["units"]  # the Blocks are units, the embedding not
+    assert_same_run(run, torch.load(job[1] / "single.pt"), TOLERANCE)

@@ -120,5 +120,6 @@ def fit(strategy: Any, devices: int, max_steps: int = STEPS, callbacks: list | N
     tied = model.head.weight is model.emb.weight
     with redirect_stderr(io.StringIO()):
         trainer.fit(model, DataLoader(data(), batch_size=GLOBAL_BATCH // devices), ckpt_path=ckpt_path)
-    return {"initial": state.initial, "weights": state.weights, "moments": state.moments, "global_step": trainer.global_step,
+    units = [name for name, m in model.named_modules() if type(m).__name__.startswith("FSDP")]  # fully_shard's
+    return {"units": units, "initial": state.initial, "weights": state.weights, "moments": state.moments, "global_step": trainer.global_step,
             "rank": trainer.global_rank, "tied": tied, "still_tied": model.head.weight is model.emb.weight}
