@@ -38,6 +38,7 @@ from framework.errors import CheckpointError, ConfigError
 from framework.strategies.base import StepModule
 from framework.strategies.ddp import DDPStrategy
 from framework.strategies.distributed import DEFAULT_TIMEOUT_S
+from framework.strategies.fsdp_init import has_meta_tensors, materialize, recording_makers
 from framework.strategies.fsdp_options import class_names, mesh_shape, precision_policy, units, without_split_ties
 
 if TYPE_CHECKING:
@@ -120,8 +121,6 @@ class FSDPStrategy(DDPStrategy):
     def setup_module(self, module: TrainModule) -> nn.Module:
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
-
-        from framework.strategies.fsdp_init import has_meta_tensors, materialize
 
         trainer = getattr(module, "trainer", None)
         policy = precision_policy(trainer.precision if trainer is not None else "32-true")
@@ -225,7 +224,7 @@ class FSDPStrategy(DDPStrategy):
         if empty_init is False:
             yield
             return
-        with torch.device("meta"):
+        with torch.device("meta"), recording_makers():
             yield
         self._init_rng = torch.get_rng_state()
 

@@ -35,15 +35,20 @@ def make_tied(Base: type) -> type:
 
     class TiedLM(Base):
         """Next-token prediction; the head's weight is the embedding's (one parameter, two names).
-        ``manual``: two ``manual_backward`` a step (half the batch each), then ``clip_gradients``."""
+        ``manual``: two ``manual_backward`` a step (half the batch each), then ``clip_gradients``;
+        ``head_made``: the embedding takes the head's weight (nanoGPT's way), so it has the head's
+        initialisation."""
 
-        def __init__(self, manual: bool = False) -> None:
+        def __init__(self, manual: bool = False, head_made: bool = False) -> None:
             super().__init__()
             torch.manual_seed(0)
             self.emb = nn.Embedding(VOCAB, WIDTH)
             self.blocks = nn.Sequential(Block(WIDTH), Block(WIDTH))
             self.head = nn.Linear(WIDTH, VOCAB, bias=False)
-            self.head.weight = self.emb.weight
+            if head_made:
+                self.emb.weight = self.head.weight
+            else:
+                self.head.weight = self.emb.weight
             self.automatic_optimization = not manual
 
         def forward(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -108,15 +113,16 @@ def _full(t: torch.Tensor) -> torch.Tensor:
 
 def fit(strategy: Any, devices: int, max_steps: int = STEPS, callbacks: list | None = None,
         ckpt_path: str | None = None, root: str = ".", manual: bool = False, meta: bool = False,
-        **trainer_args: Any) -> dict:
+        head_made: bool = False, **trainer_args: Any) -> dict:
     """One fit on ``devices`` ranks with the global batch split over them: the full weights and
-    optimizer moments by name, the trainer's step and rank, and the weights it started from."""
+    optimizer moments by name, the trainer's step and rank, and the weights it started from
+    (``meta``: built under ``trainer.init_module()``, on the meta device under fsdp)."""
     state = FullState()
     trainer = fw.Trainer(**{**QUIET, "enable_checkpointing": bool(callbacks), "num_sanity_val_steps": 0,
                             **trainer_args}, strategy=strategy, devices=devices, max_steps=max_steps,
                          callbacks=[state, *(callbacks or [])], default_root_dir=root)
     with trainer.init_module() if meta else contextlib.nullcontext():
-        model = TiedLM(manual=manual)
+        model = TiedLM(manual=manual, head_made=head_made)
     tied = model.head.weight is model.emb.weight
     with redirect_stderr(io.StringIO()):
         trainer.fit(model, DataLoader(data(), batch_size=GLOBAL_BATCH // devices), ckpt_path=ckpt_path)
