@@ -96,6 +96,19 @@ def without_split_ties(module: nn.Module, blocks: list[nn.Module]) -> list[nn.Mo
     return kept
 
 
+def only_sharded(optimizers: list[torch.optim.Optimizer]) -> None:
+    """Refuse an optimizer built before sharding: it would step tensors the model no longer uses."""
+    from torch.distributed.tensor import DTensor
+
+    for i, optimizer in enumerate(optimizers):
+        plain = [p for group in optimizer.param_groups for p in group["params"] if not isinstance(p, DTensor)]
+        if plain:
+            raise ConfigError(
+                f"optimizer {i} ({type(optimizer).__name__}) holds {len(plain)} parameter(s) that FSDP did not "
+                "shard (built before sharding, e.g. in __init__): it would step tensors the model no longer "
+                "uses. Build it in configure_optimizers() from self.parameters()")
+
+
 def _class_names(module: nn.Module) -> set[str]:
     """The names of the module's class and of those it derives from (a class named in a policy
     takes its subclasses, as ``isinstance`` does: FSDP's ``FSDPBlock`` for ``Block``, too)."""
