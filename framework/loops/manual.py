@@ -91,8 +91,8 @@ class ManualOptimization:
         self._after_backward = run.hooks.per_batch("on_after_backward")
         self._before_step = run.hooks.per_batch("on_before_optimizer_step")
         module = run.module
-        self._backward = run.hooks.strategy_fn("backward", module.backward if run.hooks.module_overrides("backward")
-                                               else torch.Tensor.backward)
+        backward = module.backward if run.hooks.module_overrides("backward") else torch.Tensor.backward
+        self._backward = run.hooks.strategy_fn("backward", strategy.manual_backward_fn(backward))
 
         def manual_step(batch: Any, batch_idx: int, _sync: bool) -> Any:
             self.batch_idx = batch_idx
@@ -158,6 +158,7 @@ class ManualOptimization:
         else:
             before_update()
             result = optimizer.step(**kwargs)
+        self.run.strategy.after_manual_step()
         self._unscaled.discard(id(optimizer))
         self.run.state.global_step += 1
         return result

@@ -256,6 +256,13 @@ class Strategy(ABC):
         """Average the gradients of ``params`` over the ranks, in place (manual optimization,
         where DDP's reducer is not used); nothing to do in one process."""
 
+    def manual_backward_fn(self, backward: Callable[..., None]) -> Callable[..., None]:
+        """How ``manual_backward`` runs ``backward(loss, ...)``: as it is, but under ``fsdp``."""
+        return backward
+
+    def after_manual_step(self) -> None:
+        """After an ``optimizer.step()`` in manual optimization: nothing to do, but under ``fsdp``."""
+
     @property
     def collective_device(self) -> torch.device:
         """Where tensors handed to collectives must live (NCCL: the GPU; Gloo/MPI: the CPU)."""

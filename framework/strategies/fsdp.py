@@ -3,7 +3,7 @@
 before that unit runs.
 
 The units are the submodules whose class is in ``auto_wrap_policy`` (Lightning's argument: a set of
-classes, or their names in a recipe), then the root. The root is a ``StepModule`` around the
+classes, or their names in a recipe; one tied to a module outside it stays in the unit around both), then the root. The root is a ``StepModule`` around the
 TrainModule, so every step (training, validation, test, predict) runs inside the root's forward and
 parameters owned by no smaller unit are gathered for it too (and kept for the backward:
 ``fsdp_steps.py``). ``configure_model()`` has run before sharding; ``configure_optimizers()`` runs
@@ -37,12 +37,14 @@ from torch import nn
 from framework.errors import CheckpointError, ConfigError
 from framework.strategies.base import StepModule
 from framework.strategies.ddp import DDPStrategy
-from framework.strategies.distributed import DEFAULT_TIMEOUT_S
-from framework.strategies.fsdp_options import class_names, mesh_shape, precision_policy, units
+from framework.strategies.distributed import DEFAULT_TIMEOUT_S, destroy_groups_at_exit
+from framework.strategies.fsdp_init import has_meta_tensors, materialize, recording_makers
+from framework.strategies.fsdp_options import class_names, mesh_shape, precision_policy, units, without_split_ties
 
 if TYPE_CHECKING:
     from framework.module import TrainModule
     from framework.strategies.dcp_async import PendingSave
+    from framework.strategies.fsdp_steps import ManualSteps
     from framework.trainer.parts import CheckpointParts
 
 #: Lightning's sharding strategies that fw runs, and whether each reshards after forward
@@ -116,12 +118,11 @@ class FSDPStrategy(DDPStrategy):
         self._init_rng: torch.Tensor | None = None  # the RNG state trainer.init_module() ended with
         self.pending_save: PendingSave | None = None  # an asynchronous save in flight (dcp_async.py)
         self.checkpoint_group: Any = None  # the Gloo group asynchronous saves coordinate over
+        self.manual: ManualSteps | None = None  # manual optimization's steps (fsdp_steps.py)
 
     def setup_module(self, module: TrainModule) -> nn.Module:
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
-
-        from framework.strategies.fsdp_init import has_meta_tensors, materialize
 
         trainer = getattr(module, "trainer", None)
         policy = precision_policy(trainer.precision if trainer is not None else "32-true")
@@ -134,7 +135,7 @@ class FSDPStrategy(DDPStrategy):
         if root is None:  # the first call on this module: shard it
             if not has_meta_tensors(module):  # meta tensors are allocated on the device after sharding
                 module.to(self.root_device)
-            blocks = units(module, self.wrap_classes)
+            blocks = without_split_ties(module, units(module, self.wrap_classes))
             names = ("replicate", "shard") if len(shape) == 2 else None
             mesh = init_device_mesh(self.root_device.type, shape, mesh_dim_names=names)
             shard = {"mesh": mesh, "reshard_after_forward": self.reshard_after_forward, "mp_policy": policy}
@@ -166,8 +167,19 @@ class FSDPStrategy(DDPStrategy):
         return units(module, self.wrap_classes) if self.wrap_classes else []
 
     def training_step_fn(self, module: TrainModule) -> Callable[..., Any]:
+        from framework.strategies.fsdp_steps import ManualSteps
+
         assert self.model is not None, "setup_module() first"
-        return self.step_fn(module, "training_step")
+        self.manual = None if module.automatic_optimization else ManualSteps(self.model)
+        step = self.step_fn(module, "training_step")
+        return step if self.manual is None else self.manual.step(step)
+
+    def manual_backward_fn(self, backward: Callable[..., None]) -> Callable[..., None]:
+        return backward if self.manual is None else self.manual.backward(backward)
+
+    def after_manual_step(self) -> None:
+        if self.manual is not None:
+            self.manual.after_optimizer_step()
 
     def step_fn(self, module: TrainModule, name: str) -> Callable[..., Any]:
         """The step in the root's forward, which gathers the parameters no smaller unit holds."""
@@ -177,15 +189,9 @@ class FSDPStrategy(DDPStrategy):
         return resharding(functools.partial(self.model, step=name), fsdp_modules(self.model))
 
     def check_optimizers(self, optimizers: list[torch.optim.Optimizer]) -> None:
-        from torch.distributed.tensor import DTensor
+        from framework.strategies.fsdp_options import only_sharded
 
-        for i, optimizer in enumerate(optimizers):
-            plain = [p for group in optimizer.param_groups for p in group["params"] if not isinstance(p, DTensor)]
-            if plain:
-                raise ConfigError(
-                    f"optimizer {i} ({type(optimizer).__name__}) holds {len(plain)} parameter(s) that FSDP did not "
-                    "shard (built before sharding, e.g. in __init__): it would step tensors the model no longer "
-                    "uses. Build it in configure_optimizers() from self.parameters()")
+        only_sharded(optimizers)
 
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:
@@ -210,7 +216,7 @@ class FSDPStrategy(DDPStrategy):
                 self.module.__dict__.pop(_SHARDED, None)
             elif self.module is not None and self._owns_group and dist.is_initialized():
                 self._owns_group = False
-                _destroy_the_group_at_exit()
+                destroy_groups_at_exit()
             super().teardown()
             self.module = None
 
@@ -225,7 +231,7 @@ class FSDPStrategy(DDPStrategy):
         if empty_init is False:
             yield
             return
-        with torch.device("meta"):
+        with torch.device("meta"), recording_makers():
             yield
         self._init_rng = torch.get_rng_state()
 
@@ -285,16 +291,3 @@ def _sharded_before(module: nn.Module, layout: tuple) -> StepModule | None:
                           "build a new model and load its checkpoint")
     return None
 
-
-@functools.cache
-def _destroy_the_group_at_exit() -> None:
-    """At exit the kept group goes as a group goes after DDP (``destroy_process_groups``: a barrier,
-    then a moment for Gloo's threads; seen here aborting 1 exit in about 10 without them); a peer
-    that is gone is not waited for more than 30 s."""
-    import atexit
-
-    import torch.distributed as dist
-
-    from framework.strategies.distributed import destroy_process_groups
-
-    atexit.register(lambda: destroy_process_groups(timeout=30.0) if dist.is_initialized() else None)

@@ -14,11 +14,19 @@ device, and fw says so), and never each rank's own draw into its shard (DTensor'
 a CPU mesh draw the same numbers into every shard). A module with
 meta tensors and no ``reset_parameters`` cannot be initialised: it is refused by name (a
 checkpoint load after it would do, but fw cannot tell a load will follow).
+
+A tied parameter (a GPT's head taking its embedding's weight) is one tensor that several modules
+own: every one of them draws in its ``reset_parameters`` (the draws building it made), and the
+tensor keeps the values of the module that made it, as when built eagerly: the module that
+registered it first under ``trainer.init_module()`` (``recording_makers``), else the first of
+its owners in module order.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -26,6 +34,35 @@ from torch import nn
 
 from framework.errors import ConfigError
 from framework.rank_zero import rank_zero_info
+
+#: the names under which a module holds a parameter another module made, in its ``__dict__``
+_TAKEN = "_fw_taken_parameters"
+
+
+@contextlib.contextmanager
+def recording_makers() -> Iterator[None]:
+    """While a model is built: each module notes the parameters it registers that another
+    module registered first (made), so that a tied parameter is initialised by its maker (see
+    the module docstring)."""
+    from torch.nn.modules.module import register_module_parameter_registration_hook
+
+    seen: dict[int, nn.Parameter] = {}  # held while building, so that no id is reused
+
+    def note(module: nn.Module, name: str, param: nn.Parameter | None) -> None:
+        taken = module.__dict__.setdefault(_TAKEN, set())
+        if param is not None and id(param) in seen:
+            taken.add(name)
+        else:
+            taken.discard(name)
+            if param is not None:
+                seen[id(param)] = param
+
+    handle = register_module_parameter_registration_hook(note)
+    try:
+        yield
+    finally:
+        handle.remove()
+        seen.clear()
 
 
 def _own(module: nn.Module) -> list[tuple[str, Any]]:
@@ -56,16 +93,34 @@ def materialize(root: nn.Module, device: torch.device, rng_state: torch.Tensor |
                    "layers, such as nn.init on self.parameters(), was a no-op there: put it in reset_parameters)")
     for module in metas:  # only what is on the meta device: a metric's real state must stay as it is
         module.to_empty(device=device, recurse=False)
+    makers = _makers(metas)
     with torch.no_grad(), torch.random.fork_rng(devices=[], enabled=rng_state is not None):
         if rng_state is not None:
             torch.set_rng_state(rng_state)
         for module in metas:
-            _initialise(module)
+            others = {name for name, p in module._parameters.items() if makers.get(id(p), module) is not module}
+            _initialise(module, others)
 
 
-def _initialise(module: nn.Module) -> None:
+def _makers(modules: list[nn.Module]) -> dict[int, nn.Module]:
+    """The module that made each parameter that several of ``modules`` own (module docstring)."""
+    owners: dict[int, list[tuple[nn.Module, bool]]] = {}  # (module, took it from another)
+    for module in modules:
+        for name, param in module._parameters.items():
+            if param is not None:
+                owners.setdefault(id(param), []).append((module, name in module.__dict__.get(_TAKEN, ())))
+    makers = {}
+    for key, mine in owners.items():
+        if len(mine) > 1:
+            made = [m for m, took in mine if not took]
+            makers[key] = (made or [m for m, _ in mine])[0]
+    return makers
+
+
+def _initialise(module: nn.Module, others: set[str]) -> None:
     """``module.reset_parameters()`` on a full-size CPU replica of its own tensors; each real
-    tensor then takes its shard (or all of it, for an unsharded buffer)."""
+    tensor then takes its shard (or all of it, for an unsharded buffer), but for the tied
+    parameters named in ``others``, which another module made."""
     from torch.distributed.tensor import DTensor, distribute_tensor
 
     replica = copy.copy(module)  # the same attributes; its own tensors replaced below, children shared
@@ -80,6 +135,8 @@ def _initialise(module: nn.Module) -> None:
         raise ConfigError(f"{type(module).__name__}.reset_parameters() on meta-built tensors failed "
                           f"({type(err).__name__}: {err}); build it on a real device") from None
     for name, real in _own(module):
+        if name in others:
+            continue
         full = replica._parameters.get(name) if name in module._parameters else replica._buffers.get(name)
         if full is None or real is None:
             continue

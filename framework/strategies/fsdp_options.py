@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from framework.errors import ConfigError
+from framework.rank_zero import rank_zero_info
 
 
 def mesh_shape(device_mesh: Any, sharding_strategy: str) -> tuple[int, int] | None:
@@ -70,6 +71,42 @@ def units(module: nn.Module, names: set[str], key: str = "trainer.strategy.auto_
         raise ConfigError(f"{key}: {type(module).__name__} has no submodule of class "
                           f"{', '.join(sorted(missing))}; its submodules' classes: {', '.join(have) or 'none'}")
     return list(reversed(found))  # modules() lists parents first: shard the children before them
+
+
+def without_split_ties(module: nn.Module, blocks: list[nn.Module]) -> list[nn.Module]:
+    """``blocks`` less those that share a parameter with a module outside them (a GPT's embedding,
+    whose weight its head uses): FSDP cannot split one parameter over two units, so it stays in
+    the unit around both (the root, or a larger block), as one unit holding both modules would."""
+    names = {id(m): name for name, m in module.named_modules()}
+    owners: dict[int, list[str]] = {}
+    for name, sub in module.named_modules(remove_duplicate=False):
+        for param in sub._parameters.values():
+            if param is not None:
+                owners.setdefault(id(param), []).append(name)
+    kept = []
+    for block in blocks:
+        inside = names[id(block)]
+        outside = [other for mine in block.parameters() for other in owners[id(mine)]
+                   if other != inside and not other.startswith(f"{inside}.")]
+        if not outside:
+            kept.append(block)
+        else:
+            rank_zero_info(f"fw: {type(block).__name__} '{inside}' shares a parameter with '{outside[0]}', outside it: "
+                           "it is sharded with the unit around both, not as a unit of its own")
+    return kept
+
+
+def only_sharded(optimizers: list[torch.optim.Optimizer]) -> None:
+    """Refuse an optimizer built before sharding: it would step tensors the model no longer uses."""
+    from torch.distributed.tensor import DTensor
+
+    for i, optimizer in enumerate(optimizers):
+        plain = [p for group in optimizer.param_groups for p in group["params"] if not isinstance(p, DTensor)]
+        if plain:
+            raise ConfigError(
+                f"optimizer {i} ({type(optimizer).__name__}) holds {len(plain)} parameter(s) that FSDP did not "
+                "shard (built before sharding, e.g. in __init__): it would step tensors the model no longer "
+                "uses. Build it in configure_optimizers() from self.parameters()")
 
 
 def _class_names(module: nn.Module) -> set[str]:

@@ -8,6 +8,13 @@ leave the root gathered: its parameters would then be whole tensors rather than 
 ``get_state_dict`` cannot save (``KeyError: 0``) and a checkpoint could not be loaded into. So
 such a step reshards at once (``resharding``), and every checkpoint save or load reshards first
 (``reshard_all``): between steps a sharded model holds only shards.
+
+Manual optimization (``ManualSteps``) runs its backwards inside the root's forward, before it
+ends: the root's gradients are reduce-scattered by each backward (the root's pre-backward hook is
+put on the loss, as its forward's end would put it on its outputs), and the root gathers its
+parameters again after each backward and each optimizer step, so that a forward after either (a
+second loss, a GAN's other network) computes with full parameters of the current values; the
+step's end reshards (no backward follows it).
 """
 
 from __future__ import annotations
@@ -47,3 +54,39 @@ def resharding(step: Callable[..., Any], units: list[nn.Module]) -> Callable[...
         return out
 
     return run
+
+
+class ManualSteps:
+    """What manual optimization under ``fsdp`` does around its steps, its backwards and its
+    optimizer steps (the module docstring)."""
+
+    def __init__(self, root: nn.Module) -> None:
+        self.root = root
+        self.gathered = False  # the root gathered its parameters again inside the step
+
+    def step(self, step: Callable[..., Any]) -> Callable[..., Any]:
+        def run(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return step(*args, **kwargs)
+            finally:
+                self.gathered = False
+                reshard_all(self.root)
+
+        return run
+
+    def backward(self, backward: Callable[..., None]) -> Callable[..., None]:
+        from torch.distributed.fsdp import fully_shard
+
+        def run(loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
+            loss = fully_shard.state(self.root)._register_pre_backward_hook(loss)  # type: ignore[attr-defined]
+            backward(loss, *args, **kwargs)
+            self.root.unshard()  # type: ignore[operator]
+            self.gathered = True
+
+        return run
+
+    def after_optimizer_step(self) -> None:
+        if self.gathered:  # the gathered copies hold the values from before the step
+            self.root.reshard()  # type: ignore[operator]
+            self.root.unshard()  # type: ignore[operator]
+

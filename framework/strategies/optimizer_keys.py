@@ -56,7 +56,9 @@ def to_positions(state: dict, optimizer: Any, module: nn.Module, path: str) -> d
 
 
 def _names(module: nn.Module) -> dict[int, str]:
-    return {id(param): name for name, param in module.named_parameters(remove_duplicate=False)}
+    """Each parameter's first name in module order, which ``get_optimizer_state_dict`` keys a
+    tied parameter by (``emb.weight``, not ``head.weight``, when the head takes the embedding's)."""
+    return {id(param): name for name, param in module.named_parameters()}
 
 
 def _paired_groups(state: dict, optimizer: Any, path: str) -> list[tuple[dict, dict]]:
