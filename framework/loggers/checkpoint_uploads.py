@@ -9,12 +9,16 @@ deleted); ``False`` uploads nothing. A file is uploaded again only when it chang
 
 A checkpoint is uploaded with the aliases ``["latest"]``, or ``["latest", "best"]`` for the
 callback's ``best_model_path``, and a metadata mapping (its score, its file name, the callback's
-settings). A sharded checkpoint (a folder) is not uploaded: a warning says so.
+settings). A sharded checkpoint (a folder) is not uploaded: a warning says so. A logger that
+sends later (from a background thread) first ``stage``s the file: ``save_top_k`` may delete it,
+and ``last.ckpt`` is rewritten, before it is sent.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -80,3 +84,26 @@ def metadata(path: str, score: Any, callback: Any, settings_key: str) -> dict[st
     score = score.item() if hasattr(score, "item") else score
     return {"score": score, "original_filename": Path(path).name,
             settings_key: {k: getattr(callback, k) for k in SETTINGS if hasattr(callback, k)}}
+
+
+def stage(path: str, **texts: Any) -> str:
+    """A new hidden folder beside ``path`` that holds it as it is now (a hard link, so no copy;
+    a copy where the file system has no hard links) and a ``<key>.yaml``/``.txt`` file for each
+    of ``texts`` (``metadata`` mapping as YAML, anything else as its ``str``). The caller
+    removes the folder after the upload."""
+    import yaml
+
+    staged = tempfile.mkdtemp(prefix=".fw-upload-", dir=os.path.dirname(os.path.abspath(path)))
+    target = os.path.join(staged, os.path.basename(path))
+    try:
+        os.link(path, target)
+    except OSError:
+        shutil.copy2(path, target)
+    for key, value in texts.items():
+        name = f"{key}.yaml" if isinstance(value, dict) else f"{key}.txt"
+        with open(os.path.join(staged, name), "w", encoding="utf-8") as f:
+            if isinstance(value, dict):
+                yaml.safe_dump(value, f, default_flow_style=False)
+            else:
+                f.write(str(value))
+    return staged

@@ -3,6 +3,11 @@
 Each ``log_metrics`` call is one row (``step`` first, then the metrics logged at that call);
 columns are the union of every key seen so far. When a new key appears the file is rewritten
 with the wider header, so the file is always a valid, rectangular CSV.
+
+A folder that cannot be written mid-fit (a full disk, the folder gone) does not stop training:
+the rows wait (up to 10,000; later ones are dropped) and are written at the next ``save`` that
+works; one warning when it starts, and at the end one warning counts the rows never written.
+(Lightning's CSVLogger ends the fit with the ``OSError``.)
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from framework.loggers.base import Logger, save_hparams_yaml, to_float, to_plain
+from framework.loggers.failed_writes import FailedWrites
 
 
 class CSVLogger(Logger):
@@ -43,6 +49,7 @@ class CSVLogger(Logger):
         self.hparams: dict[str, Any] = {}
         self._rows: list[dict[str, float | int]] = []
         self._columns: list[str] | None = None  # header of the file on disk; None until read
+        self._failed = FailedWrites("CSVLogger")
 
     @property
     def metrics_file_path(self) -> str:
@@ -51,6 +58,9 @@ class CSVLogger(Logger):
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
         row: dict[str, Any] = {self.STEP_KEY: int(step)}
         row.update({self._prefixed(key): _cell(value) for key, value in metrics.items() if key != self.STEP_KEY})
+        if len(self._rows) >= self._failed.keep:  # the folder has not been writable for that long
+            self._failed.dropped += 1
+            return
         self._rows.append(row)
         if len(self._rows) >= self.flush_logs_every_n_steps:
             self.save()
@@ -61,26 +71,37 @@ class CSVLogger(Logger):
         save_hparams_yaml(os.path.join(self.log_dir, "hparams.yaml"), self.hparams)
 
     def save(self) -> None:
+        """Write the rows that wait; when the folder cannot be written, they wait for the next call."""
         if not self._rows:
             return
-        path = self.metrics_file_path
-        os.makedirs(self.log_dir, exist_ok=True)
-        if self._columns is None:
-            self._columns = self._read_header(path)
+        try:
+            self._write(self.metrics_file_path)
+        except OSError as err:
+            self._failed.failed(self.metrics_file_path, err, len(self._rows), "rows")
+            return
+        self._failed.worked(self.metrics_file_path, len(self._rows), "rows")
+        self._rows = []
 
-        new_keys = [k for row in self._rows for k in row if k not in self._columns]
+    def finalize(self, status: str) -> None:
+        self.save()
+        self._failed.report(self.metrics_file_path, len(self._rows), "rows")
+        self._rows = []
+
+    def _write(self, path: str) -> None:
+        os.makedirs(self.log_dir, exist_ok=True)
+        columns = self._columns if self._columns is not None else self._read_header(path)
+        new_keys = [k for row in self._rows for k in row if k not in columns]
         new_keys = list(dict.fromkeys(new_keys))  # dedupe, keep first-seen order
         if new_keys and os.path.exists(path):
-            self._rewrite(path, self._columns + new_keys)
-        else:
-            self._columns = self._columns + new_keys
-            fresh = not os.path.exists(path)
-            with open(path, "a", newline="", encoding="utf-8") as f:
-                writer = csv.DictWriter(f, fieldnames=self._columns, restval="")
-                if fresh:
-                    writer.writeheader()
-                writer.writerows(self._rows)
-        self._rows = []
+            self._rewrite(path, columns + new_keys)
+            return
+        fresh = not os.path.exists(path)
+        with open(path, "a", newline="", encoding="utf-8") as f:
+            writer = csv.DictWriter(f, fieldnames=columns + new_keys, restval="")
+            if fresh:
+                writer.writeheader()
+            writer.writerows(self._rows)
+        self._columns = columns + new_keys  # the header on disk, once it is there
 
     def _read_header(self, path: str) -> list[str]:
         if not os.path.exists(path):

@@ -15,6 +15,16 @@ Arguments mean what they mean in Lightning's ``MLFlowLogger``. Where the run goe
 ``log_dir`` is ``<save_dir>/<experiment id>/<run id>`` (``<default_root_dir>/...`` for a remote
 store): where Lightning's ``ModelCheckpoint`` puts this run's ``checkpoints/`` folder.
 
+A server that is not there when the run is created is refused in one line (the URL and how to
+fix it), as is a URI whose scheme MLflow does not know. Once the run exists, a server's calls
+(metrics, parameters, checkpoint uploads, the run's status) are sent from a background thread
+(``sender.py``), so that a server that goes away mid-fit never stops training: one warning names
+the logger, the URL and what waits; what was logged meanwhile is kept (up to 10,000 calls, a
+checkpoint as a hard link to its file) and sent, in order, when the server is back; at the end the
+fit waits ``flush_timeout`` seconds for it, then one warning counts what was not sent. (Lightning's
+``MLFlowLogger`` blocks in MLflow's retries, about 4 minutes a call, then ends the fit with
+MLflow's error.) A local store is written directly.
+
 Only global rank 0 writes; elsewhere ``experiment`` is a stand-in whose calls do nothing.
 ``finalize`` ends the run: ``FINISHED`` after success, ``FAILED`` after an error, ``KILLED``
 when interrupted. A later write (``trainer.test`` after ``fit``) goes to the same run, which is
@@ -26,16 +36,19 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import tempfile
+import shutil
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import framework.loggers.checkpoint_uploads as uploads
+import framework.loggers.mlflow_store as store
 from framework.errors import ConfigError, install_command, require_package
 from framework.loggers.base import Logger, NoExperiment, flatten, to_float, to_plain
-from framework.rank_zero import global_rank, rank_zero_info, rank_zero_only, rank_zero_warn
+from framework.loggers.sender import Call, Sender
+from framework.rank_zero import global_rank, rank_zero_only, rank_zero_warn
 
 if TYPE_CHECKING:
     from mlflow.tracking import MlflowClient
@@ -60,17 +73,22 @@ class MLFlowLogger(Logger):
         artifact_location: Where a newly created experiment keeps its artifacts.
         run_id: Log into this existing run instead of starting a new one.
         synchronous: Passed to MLflow's ``log_batch`` (``False``: do not wait for each write).
+        flush_timeout: fw's: at the end of a run, how long to wait for a server that does not
+            answer to take what is still to be sent (seconds); as long as it takes what is sent,
+            the wait goes on.
 
     Raises:
         ModuleNotFoundError: mlflow is not installed (the message says how to install it).
-        ConfigError: ``log_model`` is not true, false or ``"all"``; ``run_id`` names no run.
+        ConfigError: ``log_model`` is not true, false or ``"all"``; ``run_id`` names no run;
+            (at the first write) no server answers at ``tracking_uri``, or MLflow knows no store
+            of its scheme.
     """
 
     def __init__(self, experiment_name: str = "lightning_logs", run_name: str | None = None,
                  tracking_uri: str | None = None, tags: dict[str, Any] | None = None,
                  save_dir: str | os.PathLike | None = "./mlruns", log_model: bool | Literal["all"] = False,
                  prefix: str = "", artifact_location: str | None = None, run_id: str | None = None,
-                 synchronous: bool | None = None) -> None:
+                 synchronous: bool | None = None, flush_timeout: float = 30.0) -> None:
         require_package("mlflow", "MLFlowLogger", f"{install_command('mlflow')} (or pip install mlflow)")
         super().__init__(save_dir=save_dir, name=None)
         self._uploads = uploads.CheckpointUploads(log_model, "MLFlowLogger")
@@ -87,6 +105,8 @@ class MLFlowLogger(Logger):
         self._default_root: str | None = None
         self._client: MlflowClient | None = None
         self._running = False
+        self.flush_timeout = flush_timeout
+        self._sender: Sender | None = None
 
     # -- where ----------------------------------------------------------------------------
     @property
@@ -102,7 +122,7 @@ class MLFlowLogger(Logger):
     @property
     def tracking_uri(self) -> str:
         if self._tracking_uri is None:
-            self._tracking_uri = self._given_uri or _local_store(self._local_root())
+            self._tracking_uri = self._given_uri or store.local_store(self._local_root())
         return self._tracking_uri
 
     @property
@@ -126,7 +146,7 @@ class MLFlowLogger(Logger):
     @property
     def save_dir(self) -> str | None:  # type: ignore[override]  # None for a store that is not a local folder
         """The local folder of the store (``None`` for a server or a database given by URI)."""
-        return self._local_root() if self._given_uri is None else _file_uri_path(self._given_uri)
+        return self._local_root() if self._given_uri is None else store.file_uri_path(self._given_uri)
 
     @property
     def root_dir(self) -> str:
@@ -155,7 +175,7 @@ class MLFlowLogger(Logger):
         return self._save_dir if self._save_dir is not None else os.getcwd()
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_client": None}  # a spawned worker makes its own, for the same run
+        return {**self.__dict__, "_client": None, "_sender": None}  # a spawned worker makes its own, same run
 
     # -- what -----------------------------------------------------------------------------
     @rank_zero_only
@@ -175,7 +195,8 @@ class MLFlowLogger(Logger):
             batch.append(Param(key, text))
         client, run_id = self._writing()
         for start in range(0, len(batch), 100):  # MLflow takes at most 100 params per call
-            client.log_batch(run_id, params=batch[start:start + 100], **self._batch_options)
+            part = batch[start:start + 100]
+            self._send(partial(client.log_batch, run_id, params=part, **self._batch_options), "parameters", len(part))
 
     @rank_zero_only
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
@@ -186,7 +207,9 @@ class MLFlowLogger(Logger):
                  for key, value in metrics.items()]
         client, run_id = self._writing()
         for start in range(0, len(batch), 1000):  # MLflow takes at most 1000 metrics per call
-            client.log_batch(run_id, metrics=batch[start:start + 1000], **self._batch_options)
+            part = batch[start:start + 1000]
+            self._send(partial(client.log_batch, run_id, metrics=part, **self._batch_options), "metric values",
+                       len(part))
 
     @rank_zero_only
     def finalize(self, status: str) -> None:
@@ -197,9 +220,13 @@ class MLFlowLogger(Logger):
         if self._client is None:
             return  # nothing was logged: no run to end
         self._uploads.at_end(self._upload)
-        assert self._run_id is not None, "a client is made with its run"
-        self._client.set_terminated(self._run_id, RUN_STATUS[status])
+        client, run_id = self._client, self._run_id
+        assert run_id is not None, "a client is made with its run"
+        self._send(lambda: client.set_terminated(run_id, RUN_STATUS[status]), f"the run's end ({RUN_STATUS[status]})", 1)
         self._running = False
+        if self._sender is not None:  # what is left goes now, or is counted as not sent
+            sender, self._sender = self._sender, None
+            sender.close(self.flush_timeout, answers=lambda: store.why_not_answering(sender.where) is None)
 
     @rank_zero_only
     def after_save_checkpoint(self, checkpoint_callback: Any) -> None:
@@ -214,34 +241,41 @@ class MLFlowLogger(Logger):
         return allowed
 
     def _upload(self, callback: Any) -> None:
-        import yaml
-
+        """Each new checkpoint of ``callback`` as Lightning lays it out (``<stem>/<file>``,
+        ``<stem>/metadata.yaml``, ``<stem>/aliases.txt``), staged as it is now (``uploads.stage``)."""
         client, run_id = self._writing()
         for path, score in self._uploads.new_files(callback):
-            folder = Path(path).stem  # Lightning's layout: <stem>/<file>, <stem>/metadata.yaml, <stem>/aliases.txt
-            client.log_artifact(run_id, path, folder)
-            with tempfile.TemporaryDirectory() as tmp:
-                with open(os.path.join(tmp, "metadata.yaml"), "w", encoding="utf-8") as f:
-                    yaml.safe_dump(uploads.metadata(path, score, callback, "Checkpoint"), f, default_flow_style=False)
-                with open(os.path.join(tmp, "aliases.txt"), "w", encoding="utf-8") as f:
-                    f.write(str(uploads.aliases(path, callback)))
-                client.log_artifacts(run_id, tmp, folder)
+            staged = uploads.stage(path, metadata=uploads.metadata(path, score, callback, "Checkpoint"),
+                                   aliases=uploads.aliases(path, callback))
+            self._send(partial(client.log_artifacts, run_id, staged, Path(path).stem), "checkpoints", 1,
+                       done=partial(shutil.rmtree, staged, ignore_errors=True))
+
+    def _send(self, send: Callable[[], object], what: str, count: int, done: Callable[[], None] | None = None) -> None:
+        """A call to the store: from the background sender for a server, here for a local store."""
+        if not store.is_server(self.tracking_uri):
+            store.send_now(send, done)
+            return
+        if self._sender is None:
+            self._sender = Sender("MLFlowLogger", self.tracking_uri)
+        self._sender.put(Call(send, what, count, done))
 
     # -- the run --------------------------------------------------------------------------
     def _writing(self) -> tuple[MlflowClient, str]:
         """The client and the run id, the run marked ``RUNNING`` again if a ``finalize`` ended it."""
         client = self.experiment
-        assert self._run_id is not None, "the client is made with its run"
+        run_id = self._run_id
+        assert run_id is not None, "the client is made with its run"
         if not self._running:
-            client.update_run(self._run_id, status="RUNNING")
+            self._send(lambda: client.update_run(run_id, status="RUNNING"), "the run's status (RUNNING)", 1)
             self._running = True
-        return client, self._run_id
+        return client, run_id
 
     def _start(self) -> None:
         from mlflow.exceptions import MlflowException
-        from mlflow.tracking import MlflowClient
 
-        client = MlflowClient(self.tracking_uri)
+        if store.is_server(self.tracking_uri):
+            store.check_server(self.tracking_uri)  # a server that is not there: one line now, not minutes of retries
+        client = store.make_client(self.tracking_uri)
         if self._run_id is not None:
             try:
                 self._experiment_id = client.get_run(self._run_id).info.experiment_id
@@ -250,49 +284,13 @@ class MLFlowLogger(Logger):
                                   f"({str(err).splitlines()[0]}); give an existing run id, or none for a new run") from None
             self._client, self._running = client, False
             return
-        self._experiment_id = self._find_or_create_experiment(client)
+        location = self._artifact_location
+        if location is None and self.tracking_uri.startswith("sqlite:") and self._given_uri is None:
+            location = Path(self._local_root(), "artifacts").resolve().as_uri()  # beside the local database
+        self._experiment_id = store.find_or_create_experiment(client, self._experiment_name, location)
         tags = dict(self.tags)
         tags.update({} if self._run_name is None else {"mlflow.runName": self._run_name})
         from mlflow.tracking.context.registry import resolve_tags
 
         run = client.create_run(experiment_id=self._experiment_id, tags=resolve_tags(tags))
         self._run_id, self._client, self._running = run.info.run_id, client, True
-
-    def _find_or_create_experiment(self, client: MlflowClient) -> str:
-        found = client.get_experiment_by_name(self._experiment_name)
-        if found is not None and found.lifecycle_stage == "deleted":
-            raise ConfigError(f"MLFlowLogger(experiment_name={self._experiment_name!r}): that experiment is deleted in "
-                              f"{self.tracking_uri}; restore it (mlflow experiments restore) or choose another name")
-        if found is not None:
-            return found.experiment_id
-        location = self._artifact_location
-        if location is None and self.tracking_uri.startswith("sqlite:") and self._given_uri is None:
-            location = Path(self._local_root(), "artifacts").resolve().as_uri()  # beside the local database
-        rank_zero_info(f"MLFlowLogger: creating experiment {self._experiment_name!r} in {self.tracking_uri}")
-        return client.create_experiment(name=self._experiment_name, artifact_location=location)
-
-
-def _local_store(root: str) -> str:
-    """The URI of the local store in folder ``root``: the file store where the installed mlflow
-    takes it, else a SQLite database in that folder."""
-    try:
-        from mlflow.environment_variables import MLFLOW_ALLOW_FILE_STORE
-    except ImportError:  # an mlflow whose file store needs no opt-in
-        return f"file:{root}"
-    if MLFLOW_ALLOW_FILE_STORE.get():
-        return f"file:{root}"
-    import mlflow
-
-    database = os.path.join(os.path.abspath(root), "mlflow.db")
-    os.makedirs(os.path.dirname(database), exist_ok=True)
-    rank_zero_info(f"MLFlowLogger: mlflow {mlflow.__version__} refuses the file store unless "
-                   f"MLFLOW_ALLOW_FILE_STORE=true; logging to the local database sqlite:///{database}")
-    return f"sqlite:///{database}"
-
-
-def _file_uri_path(uri: str) -> str | None:
-    if not uri.startswith("file:"):
-        return None
-    from urllib.parse import unquote, urlparse
-
-    return unquote(urlparse(uri).path) if uri.startswith("file://") else uri[len("file:"):]

@@ -63,7 +63,8 @@ class WandbLogger(Logger):
     Raises:
         ModuleNotFoundError: wandb is not installed (the message says how to install it).
         ConfigError: ``offline=True`` with ``log_model`` (Lightning refuses it too);
-            ``save_dir``/``dir`` or ``version``/``id`` that disagree; a bad ``log_model``.
+            ``save_dir``/``dir`` or ``version``/``id`` that disagree; a bad ``log_model``; (at
+            set-up, on rank 0) a keyword argument that ``wandb.init`` does not take.
     """
 
     def __init__(self, name: str | None = None, save_dir: str | os.PathLike | None = ".", version: str | None = None,
@@ -91,6 +92,7 @@ class WandbLogger(Logger):
         self._experiment = experiment
         self._owns_run = False  # a run given, or found in progress, is the user's to end
         self._offline_said = False
+        self._extra = sorted(kwargs)  # for wandb.init: checked against its arguments before the first write
 
     # -- where ----------------------------------------------------------------------------
     @property
@@ -127,6 +129,26 @@ class WandbLogger(Logger):
         every rank). A resumed fit starts a new run unless ``version``/``id`` is given, as in Lightning."""
         if root_dir is not None and self._save_dir is None and self._experiment is None:
             self._save_dir = os.fspath(root_dir)
+        if global_rank() == 0 and self._experiment is None:
+            self._check_init_arguments()  # at set-up, before training: not at the first write, steps later
+
+    def _check_init_arguments(self) -> None:
+        """A keyword ``wandb.init`` does not take is one line naming it (Lightning's ends in
+        ``wandb.init``'s TypeError, at the first write)."""
+        import inspect
+
+        import wandb
+
+        known = inspect.signature(wandb.init).parameters
+        if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in known.values()):
+            return
+        unknown = [key for key in self._extra if key not in known]
+        if unknown:
+            from framework.errors import did_you_mean
+
+            key = unknown[0]
+            raise ConfigError(f"WandbLogger({key}=...): neither WandbLogger nor wandb.init takes an argument {key!r}"
+                              f"{did_you_mean(key, known)}; wandb.init takes {', '.join(known)}")
 
     def set_version(self, version: int | str) -> None:
         """Resume run ``version`` at the next write (the run rank 0 of a launched call started)."""
@@ -195,6 +217,7 @@ class WandbLogger(Logger):
                            "(call wandb.finish() before the Trainer starts for a run of the logger's own)")
             self._experiment, self._owns_run = wandb.run, False
             return
+        self._check_init_arguments()
         folder = self._save_dir if self._save_dir is not None else os.getcwd()
         os.makedirs(folder, exist_ok=True)
         settings = {**self._wandb_init, "dir": folder, "id": self._id}

@@ -104,3 +104,90 @@ def test_a_prefix_names_the_columns_as_lightnings_does(tmp_path):
     ours, theirs = fit(fw, fw.TrainModule), fit(pl, pl.LightningModule)
     assert ours == theirs
     assert ours[0] == ["run-epoch", "run-loss_epoch", "run-loss_step", "step"]
+
+
+def _blocks_the_folder(base, folder, block_after: int, back_after: int | None = None):
+    """A callback (on fw's or Lightning's ``Callback``) that, after global step ``block_after``,
+    puts a file where ``folder()`` is (so that nothing can be written there, root included: chmod
+    does not stop root), and puts the folder back after step ``back_after``."""
+
+    class BlocksTheFolder(base):
+        def on_train_batch_end(self, trainer, *args, **kwargs):
+            path = folder()
+            if trainer.global_step == block_after:
+                os.rename(path, path + ".away")
+                with open(path, "w") as f:
+                    f.write("a file where the log folder was")
+            if trainer.global_step == back_after:
+                os.remove(path)
+                os.rename(path + ".away", path)
+
+    return BlocksTheFolder()
+
+
+def _fit_blocked(tmp_path, back_after):
+    import warnings
+
+    from toy import LinearModel, ToyData
+
+    import framework as fw
+    from framework.callbacks import ModelCheckpoint
+    from framework.rank_zero import FwWarning
+    from loggers.fits import SETTINGS
+
+    logger = CSVLogger(save_dir=tmp_path / "fw", name="exp", flush_logs_every_n_steps=1)
+    recorder = CSVLogger(save_dir=tmp_path / "sent", name="exp", flush_logs_every_n_steps=1)
+    checkpoint = ModelCheckpoint(dirpath=str(tmp_path / "ckpt"), save_top_k=-1)
+    trainer = fw.Trainer(logger=[logger, recorder], default_root_dir=str(tmp_path), callbacks=[
+        checkpoint, _blocks_the_folder(fw.Callback, lambda: logger.log_dir, 3, back_after)], **SETTINGS)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        trainer.fit(LinearModel(lr=0.05), datamodule=ToyData())  # 8 steps
+    saved = sorted(name for name in os.listdir(tmp_path / "ckpt") if name.endswith(".ckpt"))
+    assert saved == ["epoch=0-step=4.ckpt", "epoch=1-step=8.ckpt"]  # training never stopped
+    said = [str(w.message) for w in record if issubclass(w.category, FwWarning)]
+    return logger, _read(recorder.metrics_file_path)[1], said
+
+
+def test_a_log_folder_that_goes_away_and_comes_back_gets_every_row(tmp_path):
+    """fw: one warning, the fit goes on, the rows that waited are written when the folder is back.
+    Lightning's CSVLogger in the same case ends the fit with the OSError."""
+    logger, sent_rows, said = _fit_blocked(tmp_path, back_after=6)
+    assert len(said) == 1 and said[0].startswith(f"CSVLogger: cannot write {logger.metrics_file_path} ("), said
+    assert "); training goes on, and the rows wait (up to 10000) to be written when it can be" in said[0]
+    assert _read(logger.metrics_file_path)[1] == sent_rows  # every row, in order
+
+    pl = pytest.importorskip("pytorch_lightning")
+    from pytorch_lightning.loggers import CSVLogger as LightningCSVLogger
+    from toy import loader, regression_data
+
+    from loggers.fits import SETTINGS, LogsLosses
+
+    class Net(LogsLosses, pl.LightningModule):
+        def __init__(self, lr: float = 0.05):
+            super().__init__()
+            self.save_hyperparameters()
+            self.seeded_net()
+
+    lightning_logger = LightningCSVLogger(save_dir=tmp_path / "pl", name="exp", flush_logs_every_n_steps=1)
+    trainer = pl.Trainer(logger=lightning_logger, enable_checkpointing=False, callbacks=[
+        _blocks_the_folder(pl.Callback, lambda: lightning_logger.log_dir, 3)], **SETTINGS)
+    import signal
+
+    handler = signal.getsignal(signal.SIGTERM)
+    data = regression_data(32)
+    try:
+        with pytest.raises(OSError):
+            trainer.fit(Net(), loader(data), loader(data))
+    finally:
+        signal.signal(signal.SIGTERM, handler)  # Lightning's failed fit leaves its handler there
+
+
+def test_a_log_folder_that_never_comes_back_is_one_warning_and_one_count(tmp_path):
+    logger, sent_rows, said = _fit_blocked(tmp_path, back_after=None)
+    written = _read(os.path.join(logger.log_dir + ".away", "metrics.csv"))[1]
+    assert len(said) == 2 and said[0].startswith(f"CSVLogger: cannot write {logger.metrics_file_path} "), said
+    assert said[1] == f"CSVLogger: not written to {logger.metrics_file_path}: {len(sent_rows) - len(written)} rows"
+    # the rows written before the folder went are the first ones sent (fewer columns: the later keys came later)
+    assert 0 < len(written) < len(sent_rows)
+    assert written == [{key: row[key] for key in written[0]} for row in sent_rows[:len(written)]]

@@ -7,8 +7,6 @@ import os
 import pickle
 import subprocess
 import sys
-import time
-import urllib.request
 
 import pytest
 import yaml
@@ -20,6 +18,7 @@ from framework.errors import ConfigError
 from framework.loggers import MLFlowLogger
 from loggers.fits import SETTINGS, FailsAtStep3, LogsLosses, fit_alone, missing_package_error, needs, sides
 from loggers.history import assert_same, recorder, sent
+from loggers.mlflow_server import MlflowServer
 
 #: every test here starts processes: mlflow's run context asks ``git`` for the source's commit (the
 #: tags MLflow gives a new run, as under Lightning), and one test starts an ``mlflow server``
@@ -241,20 +240,8 @@ def test_a_missing_mlflow_is_one_line_naming_the_install(monkeypatch):
 
 @pytest.mark.timeout(150)
 def test_against_a_real_mlflow_server(tmp_path):
-    from distributed.helpers import free_port
-
-    from framework.strategies.processes import kill_tree
-
-    port = free_port()
-    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", "MLFLOW_DISABLE_TELEMETRY": "true"}
-    server = subprocess.Popen([os.path.join(os.path.dirname(sys.executable), "mlflow"), "server", "--host", "127.0.0.1",
-                               "--port", str(port), "--workers", "1", "--backend-store-uri",
-                               f"sqlite:///{tmp_path / 'server.db'}", "--artifacts-destination", str(tmp_path / "art")],
-                              cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=open(tmp_path / "server.log", "w"),
-                              start_new_session=True)
-    uri = f"http://127.0.0.1:{port}"
-    try:
-        _wait_until_up(uri, server, tmp_path / "server.log", timeout=100)
+    with MlflowServer(tmp_path) as server:
+        uri = server.uri
         logger = MLFlowLogger(experiment_name="served", tracking_uri=uri, log_model="all")
         checkpoint = ModelCheckpoint(save_last=True)
         trainer = _fit(logger, callbacks=[checkpoint], default_root_dir=str(tmp_path / "root"))
@@ -268,19 +255,5 @@ def test_against_a_real_mlflow_server(tmp_path):
         with open(checkpoint.last_model_path, "rb") as f:
             assert _read_artifact(client, logger.run_id, "last/last.ckpt", tmp_path / "down") == f.read()
         assert (tmp_path / "art").is_dir()  # the server kept the artifacts, not this process
-    finally:
-        kill_tree(server.pid)
-        server.wait(timeout=30)
-
-
-def _wait_until_up(uri: str, server: subprocess.Popen, log, timeout: float) -> None:
-    end = time.monotonic() + timeout
-    while True:
-        assert server.poll() is None, f"mlflow server ended: {log.read_text()[-2000:]}"
-        assert time.monotonic() < end, f"mlflow server not up after {timeout} s: {log.read_text()[-2000:]}"
-        try:
-            with urllib.request.urlopen(f"{uri}/health", timeout=2) as response:
-                if response.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.3)
+        # the staged uploads (hard links in hidden folders beside the checkpoints) are gone
+        assert not [n for n in os.listdir(os.path.dirname(checkpoint.last_model_path)) if n.startswith(".fw-upload-")]

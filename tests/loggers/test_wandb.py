@@ -229,3 +229,23 @@ def test_other_ranks_get_a_stand_in_and_write_nothing(tmp_path, monkeypatch):
 
 def test_a_missing_wandb_is_one_line_naming_the_install(monkeypatch):
     missing_package_error(monkeypatch, WandbLogger, "wandb")
+
+
+def test_an_unknown_keyword_is_one_line_naming_it_before_training(tmp_path):
+    """fw: a ConfigError naming the argument and the logger, at set-up (no step taken, no run
+    started); Lightning's WandbLogger passes it to ``wandb.init``, whose TypeError ends the fit."""
+    checkpoint = ModelCheckpoint(dirpath=str(tmp_path / "ckpt"))
+    trainer = fw.Trainer(logger=WandbLogger(save_dir=str(tmp_path), entiti="me"), callbacks=[checkpoint], **SETTINGS)
+    with pytest.raises(ConfigError) as err:
+        trainer.fit(LinearModel(), datamodule=ToyData())
+    message = str(err.value)
+    assert message.startswith("WandbLogger(entiti=...): neither WandbLogger nor wandb.init takes an argument 'entiti' "
+                              "(did you mean 'entity'?); wandb.init takes entity, project, ")
+    assert "\n" not in message and trainer.global_step == 0 and not (tmp_path / "wandb").exists()
+
+    pl = pytest.importorskip("pytorch_lightning")
+    from pytorch_lightning.loggers import WandbLogger as LightningWandbLogger
+
+    with pytest.raises(TypeError, match="entiti"):
+        fit_alone(pl.Trainer, LightningWandbLogger(save_dir=str(tmp_path / "pl"), offline=True, entiti="me"),
+                  _module(pl.LightningModule))

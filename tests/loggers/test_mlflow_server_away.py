@@ -1,0 +1,213 @@
+"""MLFlowLogger against a real ``mlflow server`` that is killed in the middle of a fit (sender.py),
+or is not there at the start, or a URI of a scheme MLflow does not know (mlflow_store.py); beside
+Lightning's MLFlowLogger in the same cases."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+import warnings
+
+import pytest
+from toy import LinearModel, ToyData, loader, regression_data
+
+import framework as fw
+from framework.callbacks import Callback, ModelCheckpoint
+from framework.errors import ConfigError
+from framework.loggers import MLFlowLogger
+from framework.rank_zero import FwWarning
+from loggers.fits import SETTINGS, LogsLosses, needs
+from loggers.history import assert_same, recorder, sent
+from loggers.mlflow_server import MlflowServer
+
+pytestmark = [pytest.mark.procs, needs("mlflow", "MLFlowLogger")]
+
+
+@pytest.fixture(autouse=True)
+def _mlflow_env(monkeypatch):
+    monkeypatch.setenv("MLFLOW_DISABLE_TELEMETRY", "true")
+    for name in ("MLFLOW_TRACKING_URI", "MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR"):
+        monkeypatch.setenv(name, "")  # recorded as it was, so that what Lightning's mlflow.set_tracking_uri
+        monkeypatch.delenv(name)  # sets there goes again
+
+
+@pytest.fixture
+def fast_retries(monkeypatch):
+    """MLflow gives up on a server at once (by default it retries for about 4 minutes)."""
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "0")
+
+
+def takes_away(base: type, server: MlflowServer, kill_after: int, back_after: int | None = None, away: float = 0.0):
+    """A callback (on fw's or Lightning's ``Callback``) that kills the server after global step
+    ``kill_after`` and, ``away`` seconds after step ``back_after``, starts it again."""
+
+    class TakesTheServerAway(base):
+        killed_at: float | None = None
+
+        def on_train_batch_end(self, trainer, *args, **kwargs):
+            if trainer.global_step == kill_after:
+                server.kill()
+                self.killed_at = time.monotonic()
+            if trainer.global_step == back_after:
+                time.sleep(away)
+                server.start()
+
+    return TakesTheServerAway()
+
+
+def _fit(logger, root, *callbacks) -> tuple[fw.Trainer, ModelCheckpoint]:
+    checkpoint = ModelCheckpoint(dirpath=str(root / "ckpt"), save_top_k=-1, save_last=True)
+    trainer = fw.Trainer(logger=[logger, recorder()], callbacks=[checkpoint, *callbacks],
+                         default_root_dir=str(root), **SETTINGS)
+    trainer.fit(LinearModel(lr=0.05), datamodule=ToyData())  # 8 steps, metrics every 2, a checkpoint each epoch
+    return trainer, checkpoint
+
+
+def _lightning_module(pl):
+    class Net(LogsLosses, pl.LightningModule):
+        def __init__(self, lr: float = 0.05):
+            super().__init__()
+            self.save_hyperparameters()
+            self.seeded_net()
+
+    return Net()
+
+
+def _on_server(uri: str, run_id: str) -> tuple[str, dict, set[str]]:
+    """The run's status, its metric history, its parameters and its artifacts' top folders, as the
+    server has them."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(uri)
+    run = client.get_run(run_id)
+    history = {key: sorted((m.step, m.value) for m in client.get_metric_history(run_id, key)) for key in run.data.metrics}
+    return run.info.status, history, run.data.params, {item.path for item in client.list_artifacts(run_id)}
+
+
+def _checkpoints(folder) -> list[str]:
+    return sorted(name for name in os.listdir(folder) if name.endswith(".ckpt"))
+
+
+def _fw_warnings(record) -> list[str]:
+    return [str(w.message) for w in record if issubclass(w.category, FwWarning)]
+
+
+@pytest.mark.timeout(240)
+def test_a_server_that_goes_away_and_comes_back_gets_everything_and_training_never_stops(tmp_path, fast_retries):
+    """fw: one warning; the fit goes on; what was logged while the server was away is sent when it
+    is back (the checkpoint saved meanwhile too), and the run ends FINISHED. Lightning's logger, in
+    the same case: the fit ends with MLflow's error at the first write after the kill, and no
+    checkpoint after that is written."""
+    (tmp_path / "server").mkdir()
+    with MlflowServer(tmp_path / "server") as server:
+        logger = MLFlowLogger(tracking_uri=server.uri, log_model="all")
+        with warnings.catch_warnings(record=True) as record:
+            warnings.simplefilter("always")
+            # away from step 2 to 6 (the checkpoint of epoch 0, at step 4, waits), 3 s at least
+            trainer, checkpoint = _fit(logger, tmp_path / "fw", takes_away(Callback, server, 2, 6, away=3.0))
+        status, history, params, artifacts = _on_server(server.uri, logger.run_id)
+        assert status == "FINISHED" and params["lr"] == "0.05"
+        assert_same(history, sent(trainer))  # every value, at its step
+        assert artifacts == {"epoch=0-step=4", "epoch=1-step=8", "last"}
+        assert _checkpoints(tmp_path / "fw" / "ckpt") == ["epoch=0-step=4.ckpt", "epoch=1-step=8.ckpt", "last.ckpt"]
+        assert not [name for name in os.listdir(tmp_path / "fw" / "ckpt") if name.startswith(".fw-upload-")]
+        said = _fw_warnings(record)
+        assert len(said) == 1, said
+        assert said[0].startswith(f"MLFlowLogger: {server.uri} does not answer (") and "training goes on" in said[0]
+
+        pl = pytest.importorskip("pytorch_lightning")
+        from mlflow.exceptions import MlflowException
+        from pytorch_lightning.loggers import MLFlowLogger as LightningMLFlowLogger
+
+        lightning_logger = LightningMLFlowLogger(tracking_uri=server.uri)
+        lightning_checkpoint = pl.callbacks.ModelCheckpoint(dirpath=str(tmp_path / "pl" / "ckpt"), save_top_k=-1)
+        lightning = pl.Trainer(logger=lightning_logger, callbacks=[lightning_checkpoint,
+                               takes_away(pl.Callback, server, 2)], default_root_dir=str(tmp_path / "pl"), **SETTINGS)
+        data = regression_data(32)  # 4 batches an epoch, as ToyData's
+        handler = signal.getsignal(signal.SIGTERM)
+        try:
+            with pytest.raises(MlflowException, match="Connection refused"):
+                lightning.fit(_lightning_module(pl), loader(data), loader(data))
+        finally:
+            signal.signal(signal.SIGTERM, handler)  # Lightning's failed fit leaves its handler there
+        assert not (tmp_path / "pl" / "ckpt" / "epoch=1-step=8.ckpt").exists()
+
+
+@pytest.mark.timeout(240)
+def test_a_server_that_never_comes_back_costs_the_fit_flush_timeout_and_one_count(tmp_path, monkeypatch):
+    """A server killed at step 2 for good, while MLflow retries each call for about 14 s (2 + 4 + 8;
+    by default about 4 minutes, which the fit does not wait out either): every checkpoint is written,
+    the fit ends about ``flush_timeout`` after its last step, and one warning counts what was not
+    sent; what the server has and what was counted add up to what was logged."""
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "3")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "2")
+    (tmp_path / "server").mkdir()
+    with MlflowServer(tmp_path / "server") as server:
+        logger = MLFlowLogger(tracking_uri=server.uri, flush_timeout=3)
+        away = takes_away(Callback, server, 2)
+        with warnings.catch_warnings(record=True) as record:
+            warnings.simplefilter("always")
+            trainer, checkpoint = _fit(logger, tmp_path / "fw", away)
+        took = time.monotonic() - away.killed_at
+        assert took < 12, f"the fit ended {took:.0f} s after the server went away"
+        assert _checkpoints(tmp_path / "fw" / "ckpt") == ["epoch=0-step=4.ckpt", "epoch=1-step=8.ckpt", "last.ckpt"]
+        said = _fw_warnings(record)
+        assert len(said) == 1 and said[0].startswith(f"MLFlowLogger: not sent to {server.uri}: "), said
+        counted = dict(part.split(" ", 1)[::-1] for part in said[0].split(": ", 2)[2].split(", "))
+        assert counted.pop("the run's end (FINISHED)") == "1"
+        server.start()  # back, to read what it has
+        status, history, params, _ = _on_server(server.uri, logger.run_id)
+    assert status == "RUNNING"  # its end was never sent
+    logged = sum(len(v) for v in sent(trainer).values())
+    assert 0 < int(counted.pop("metric values")) == logged - sum(len(v) for v in history.values())
+    # the parameters, sent at the start, may have been on their way when the server went
+    assert int(counted.pop("parameters", 0)) == 4 - len(params)  # features, lr, optimizer, scheduler: one call
+    assert not counted
+    # the sender's thread, given up in the middle of MLflow's retries, ends when they do
+    for thread in threading.enumerate():
+        if thread.name == "fw-MLFlowLogger-sender":
+            thread.join(timeout=30)
+            assert not thread.is_alive()
+
+
+@pytest.mark.timeout(120)
+def test_a_server_not_there_at_the_start_is_one_line_at_once(tmp_path, fast_retries):
+    """fw: a ConfigError naming the URL and the fix, at once, before training; Lightning (with fast
+    retries: by default about 4 minutes a call) ends with MLflow's traceback-worthy error."""
+    from distributed.helpers import free_port
+
+    uri = f"http://127.0.0.1:{free_port()}"
+    start = time.monotonic()
+    with pytest.raises(ConfigError) as err:
+        _fit(MLFlowLogger(tracking_uri=uri), tmp_path)
+    assert time.monotonic() - start < 15
+    assert str(err.value) == (f"MLFlowLogger(tracking_uri='{uri}'): no MLflow server answers there (connection "
+                              "refused); start one (mlflow server --host <host> --port <port>) or give the URI of one "
+                              "that runs")
+    assert not (tmp_path / "ckpt").exists()  # refused before any step
+
+    pytest.importorskip("pytorch_lightning")
+    from mlflow.exceptions import MlflowException
+    from pytorch_lightning.loggers import MLFlowLogger as LightningMLFlowLogger
+
+    with pytest.raises(MlflowException) as lightning_err:
+        _ = LightningMLFlowLogger(tracking_uri=uri).experiment
+    assert "Connection refused" in str(lightning_err.value)
+
+
+def test_an_unknown_uri_scheme_is_one_line(tmp_path):
+    with pytest.raises(ConfigError) as err:
+        _fit(MLFlowLogger(tracking_uri="mlfow://127.0.0.1:5000"), tmp_path)
+    assert str(err.value).startswith("MLFlowLogger(tracking_uri='mlfow://127.0.0.1:5000'): MLflow knows no store of "
+                                     "scheme 'mlfow'; give one of ")
+    assert "http" in str(err.value) and "\n" not in str(err.value)
+
+    pytest.importorskip("pytorch_lightning")
+    from mlflow.exceptions import MlflowException
+    from pytorch_lightning.loggers import MLFlowLogger as LightningMLFlowLogger
+
+    with pytest.raises(MlflowException, match="unsupported URI"):  # Lightning: MLflow's own error
+        _ = LightningMLFlowLogger(tracking_uri="mlfow://127.0.0.1:5000").experiment
