@@ -198,6 +198,10 @@ class Strategy(ABC):
         strategy that shards builds on the meta device). ``empty_init`` is a hint it may ignore."""
         return contextlib.nullcontext()
 
+    def model_building_context(self) -> contextlib.AbstractContextManager:
+        """Around the module's ``configure_model()``: what a strategy notes while layers are built."""
+        return contextlib.nullcontext()
+
     def distributed_sampler_kwargs(self) -> dict[str, int] | None:
         """``num_replicas`` and ``rank`` for samplers, or None when data need no sharding."""
         return None

@@ -235,6 +235,9 @@ class FSDPStrategy(DDPStrategy):
             yield
         self._init_rng = torch.get_rng_state()
 
+    def model_building_context(self) -> contextlib.AbstractContextManager:
+        return recording_makers()  # a tied layer built on meta in configure_model() is initialised by its maker
+
     # -- checkpoints (fsdp_checkpoint.py) ----------------------------------------------------
     def save_checkpoint(self, path: str, parts: CheckpointParts) -> None:
         """``sharded``: every rank writes its shards into the folder ``path``; ``full``: every

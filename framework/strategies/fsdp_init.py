@@ -18,8 +18,9 @@ checkpoint load after it would do, but fw cannot tell a load will follow).
 A tied parameter (a GPT's head taking its embedding's weight) is one tensor that several modules
 own: every one of them draws in its ``reset_parameters`` (the draws building it made), and the
 tensor keeps the values of the module that made it, as when built eagerly: the module that
-registered it first under ``trainer.init_module()`` (``recording_makers``), else the first of
-its owners in module order.
+registered it first under ``trainer.init_module()`` or in ``configure_model()``
+(``recording_makers``), else (a model the user put on the meta device in ``__init__``) the first
+of its owners in module order.
 """
 
 from __future__ import annotations

@@ -107,7 +107,7 @@ def setup(run: Run, loaders: dict, ckpt_path: Any) -> str | None:
     timing.start_run(run)  # the profiler's stage, rank and folder (its report is written at teardown)
     hooks.callbacks("setup", stage=fn)  # Lightning's order: the DataModule, the callbacks, the module
     hooks.module_hook("setup", fn)
-    with run.precision.init_context():  # 64-true: the layers it makes are float64
+    with run.precision.init_context(), strategy.model_building_context():  # 64-true: the layers it makes are float64
         hooks.module_hook("configure_model")
     policy, key = one_policy(settings.activation_checkpointing, strategy.activation_checkpointing_policy)
     checkpoint_activations(model, policy, key)  # before the strategy wraps or shards the model

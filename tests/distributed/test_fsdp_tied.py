@@ -50,6 +50,7 @@ CASES = [
     {"tag": "apart", "strategy": {"auto_wrap_policy": ["Block", "Embedding"]}},
     {"tag": "meta", "trainer": {"meta": True}},
     {"tag": "meta_head_made", "trainer": {"meta": True, "head_made": True}},
+    {"tag": "configure_head_made", "trainer": {"in_configure_model": True, "head_made": True}},
     {"tag": "manual", "trainer": {"manual": True}},
     {"tag": "manual_no_units", "strategy": {"auto_wrap_policy": None}, "trainer": {"manual": True}},
 ]
@@ -124,16 +125,18 @@ def test_a_tied_embedding_named_as_a_unit_is_sharded_with_its_head(job):
 
 
 @pytest.mark.timeout(200)
-@pytest.mark.parametrize("head_made", [False, True], ids=["head_takes_embedding", "embedding_takes_head"])
-def test_a_tied_model_built_on_the_meta_device_starts_from_the_weights_built_eagerly(job, head_made):
+@pytest.mark.parametrize("tag", ["meta", "meta_head_made", "configure_head_made"])
+def test_a_tied_model_built_on_the_meta_device_starts_from_the_weights_built_eagerly(job, tag):
     """Built on the meta device, the tied weight had the initialisation of its last owner, the
     head's Linear (std 0.15 where the embedding's is 1.0); now its maker's, as built eagerly: the
     embedding's when the head takes its weight, the head's when the embedding takes the head's
-    (nanoGPT's way); the draws of the other owner are still made, so the layers after it match too."""
-    run = case_run(job, "meta_head_made" if head_made else "meta")
+    (nanoGPT's way), under trainer.init_module() or on meta in configure_model(); the draws of the
+    other owner are still made, so the layers after it match too."""
+    run = case_run(job, tag)
+    head_made = tag != "meta"
     eager = tied.fit("single", devices=1, max_steps=1, head_made=head_made, root=str(job[1] / f"eager_{head_made}"))
     assert distance(run["initial"], eager["initial"]) == 0  # measured: 0.0 (4.4 before)
-    assert run["tied"] and run["still_tied"]
+    assert run["tied"] is not False and run["still_tied"]
     if not head_made:  # and the run is the eagerly built one's, bit for bit (measured: 0.0)
         assert distance(run["weights"], case_run(job, "sharded")["weights"]) == 0
 

@@ -39,17 +39,28 @@ def make_tied(Base: type) -> type:
         ``head_made``: the embedding takes the head's weight (nanoGPT's way), so it has the head's
         initialisation."""
 
-        def __init__(self, manual: bool = False, head_made: bool = False) -> None:
+        def __init__(self, manual: bool = False, head_made: bool = False, in_configure_model: bool = False) -> None:
             super().__init__()
+            self.head_made, self.in_configure_model = head_made, in_configure_model
+            self.automatic_optimization = not manual
+            if not in_configure_model:
+                self.build()
+
+        def configure_model(self) -> None:
+            """``in_configure_model``: the layers are built here, on the meta device by the module itself."""
+            if self.in_configure_model and not hasattr(self, "emb"):
+                with torch.device("meta"):
+                    self.build()
+
+        def build(self) -> None:
             torch.manual_seed(0)
             self.emb = nn.Embedding(VOCAB, WIDTH)
             self.blocks = nn.Sequential(Block(WIDTH), Block(WIDTH))
             self.head = nn.Linear(WIDTH, VOCAB, bias=False)
-            if head_made:
+            if self.head_made:
                 self.emb.weight = self.head.weight
             else:
                 self.head.weight = self.emb.weight
-            self.automatic_optimization = not manual
 
         def forward(self, tokens: torch.Tensor) -> torch.Tensor:
             return self.head(self.blocks(self.emb(tokens)))
@@ -113,17 +124,18 @@ def _full(t: torch.Tensor) -> torch.Tensor:
 
 def fit(strategy: Any, devices: int, max_steps: int = STEPS, callbacks: list | None = None,
         ckpt_path: str | None = None, root: str = ".", manual: bool = False, meta: bool = False,
-        head_made: bool = False, **trainer_args: Any) -> dict:
+        head_made: bool = False, in_configure_model: bool = False, **trainer_args: Any) -> dict:
     """One fit on ``devices`` ranks with the global batch split over them: the full weights and
     optimizer moments by name, the trainer's step and rank, and the weights it started from
-    (``meta``: built under ``trainer.init_module()``, on the meta device under fsdp)."""
+    (``meta``: built under ``trainer.init_module()``, on the meta device under fsdp;
+    ``in_configure_model``: built on the meta device in the module's ``configure_model()``)."""
     state = FullState()
     trainer = fw.Trainer(**{**QUIET, "enable_checkpointing": bool(callbacks), "num_sanity_val_steps": 0,
                             **trainer_args}, strategy=strategy, devices=devices, max_steps=max_steps,
                          callbacks=[state, *(callbacks or [])], default_root_dir=root)
     with trainer.init_module() if meta else contextlib.nullcontext():
-        model = TiedLM(manual=manual, head_made=head_made)
-    tied = model.head.weight is model.emb.weight
+        model = TiedLM(manual=manual, head_made=head_made, in_configure_model=in_configure_model)
+    tied = model.head.weight is model.emb.weight if hasattr(model, "emb") else None  # None: built in the fit
     with redirect_stderr(io.StringIO()):
         trainer.fit(model, DataLoader(data(), batch_size=GLOBAL_BATCH // devices), ckpt_path=ckpt_path)
     units = [name for name, m in model.named_modules() if type(m).__name__.startswith("FSDP")]  # fully_shard's
