@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from framework.errors import CheckpointError, ConfigError
+from framework.paths import local_path
 
 if TYPE_CHECKING:
     from framework.strategies import Strategy
@@ -220,6 +221,7 @@ def load_for_building(path: Any, map_location: Any, hparams_file: Any, key: str 
     """The checkpoint a class is rebuilt from (on the CPU unless ``map_location`` says), the
     hyperparameters under ``key`` replaced by ``hparams_file``'s (YAML or CSV) when given, as
     Lightning's ``load_from_checkpoint`` reads them."""
+    path = local_path(path, "checkpoint_path")
     checkpoint = load_checkpoint(path, map_location=map_location if map_location is not None else "cpu")
     if hparams_file is not None:
         from framework.hparams import hparams_from_file

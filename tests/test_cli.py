@@ -48,6 +48,80 @@ def test_user_mistakes_are_one_line_errors(args, code, pattern, tmp_path):
     assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.parametrize("override,key", [
+    ("trainer.default_root_dir=s3://bucket/run", "trainer.default_root_dir='s3://bucket/run'"),
+    ("ckpt_path=s3://bucket/run/last.ckpt", "ckpt_path='s3://bucket/run/last.ckpt'"),
+    ("callbacks.0.dirpath=gs://bucket/ck", "ModelCheckpoint dirpath='gs://bucket/ck'"),
+    ("logger.save_dir=az://container/logs", "TensorBoardLogger save_dir='az://container/logs'"),
+])
+@pytest.mark.timeout(30)
+def test_a_url_is_refused_in_one_line_before_anything_is_created(override, key, tmp_path):
+    """Issue 47, item 11: ``s3://bucket/run`` made a local folder ``s3:`` (and a missing bucket
+    ended in botocore's traceback); fw has no object storage yet."""
+    proc = fw_command("fit", str(ROOT / "conf" / "digits.yaml"), override, "trainer.enable_progress_bar=false",
+                      cwd=tmp_path, env=subprocess_env())
+    assert proc.returncode == 2, proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"fw: error: {key}: object storage ") and "not supported yet" in last, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def _files(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.timeout(120)
+def test_a_later_command_never_rewrites_a_runs_record(tmp_path):
+    """Issue 47, item 2: ``fw test ... ckpt_path=last`` rewrote the fit's config.yaml (with the
+    recipe's max_epochs, without the fit's EarlyStopping), and so did one that failed loading the
+    checkpoint (with the wrong width)."""
+    common = [str(ROOT / "conf" / "digits.yaml"), "trainer.enable_progress_bar=false", f"trainer.default_root_dir={tmp_path}",
+              "trainer.limit_train_batches=2", "trainer.limit_val_batches=2", "trainer.limit_test_batches=2"]
+    early_stopping = "+callbacks={_target_: framework.callbacks.EarlyStopping, monitor: val/acc, mode: max}"
+    proc = fw("fit", *common, "module.hidden=64", "trainer.max_epochs=2", early_stopping, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    fit = tmp_path / "fw_logs" / "version_0"
+    recorded = (fit / "config.yaml").read_text()
+    assert "hidden: 64" in recorded and "max_epochs: 2" in recorded and "EarlyStopping" in recorded
+    fitted = _files(tmp_path)
+
+    proc = fw("test", *common, "ckpt_path=last", cwd=tmp_path)  # the recipe's hidden: 128
+    assert proc.returncode == 1 and "does not fit this model: size mismatch" in proc.stderr, proc.stderr
+    assert _files(tmp_path) == fitted  # nothing written: no record of a run that did not run
+
+    proc = fw("test", *common, "ckpt_path=last", "module.hidden=64", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    after = _files(tmp_path)
+    assert {k: v for k, v in after.items() if k in fitted} == fitted
+    tested = {k for k in after if k not in fitted}
+    assert "fw_logs/version_1/test-config.yaml" in tested and all(k.startswith("fw_logs/version_1/") for k in tested)
+    assert "ckpt_path: last" in (tmp_path / "fw_logs" / "version_1" / "test-config.yaml").read_text()
+
+    proc = fw("fit", *common, "module.hidden=64", "trainer.max_epochs=3", "ckpt_path=last", cwd=tmp_path)  # a resume
+    assert proc.returncode == 0, proc.stderr
+    assert (fit / "config.yaml").read_text() == recorded
+    assert "max_epochs: 3" in (fit / "config-1.yaml").read_text()
+    assert f"{fit / 'config.yaml'} is an earlier command's record and stays as it is; this run's recipe is " \
+           "config-1.yaml" in proc.stderr
+
+
+@pytest.mark.parametrize("make_file", [None, lambda path: path.write_bytes(b"not a checkpoint")],
+                         ids=["missing", "damaged"])
+@pytest.mark.timeout(60)
+def test_a_refused_run_leaves_nothing_behind(make_file, tmp_path):
+    """Issue 47, item 3: a fit refused for its checkpoint left a new version_N/ with config.yaml,
+    hparams.yaml and an event file."""
+    if make_file is not None:
+        make_file(tmp_path / "x.ckpt")
+    before = _files(tmp_path)
+    proc = fw("fit", str(ROOT / "conf" / "digits.yaml"), "ckpt_path=x.ckpt", "trainer.enable_progress_bar=false",
+              "trainer.default_root_dir=runs/digits", cwd=tmp_path)
+    assert proc.returncode == 1, proc.stderr
+    assert re.search(r"^fw: error: checkpoint 'x.ckpt' (does not exist|is corrupt)", proc.stderr.splitlines()[-1])
+    assert _files(tmp_path) == before and not (tmp_path / "runs").exists()
+
+
 @pytest.mark.timeout(60)
 def test_error_in_user_code_keeps_its_traceback(tmp_path):
     recipe = tmp_path / "r.yaml"

@@ -33,6 +33,7 @@ from framework.callbacks.base import Callback
 from framework.callbacks.checkpoint_resume import not_restored_warning, restored_bookkeeping, why_not_continued
 from framework.counting import every
 from framework.errors import ConfigError
+from framework.paths import local_path
 from framework.rank_zero import rank_zero_info, rank_zero_warn
 
 if TYPE_CHECKING:
@@ -84,7 +85,8 @@ class ModelCheckpoint(Callback):
         self.verbose, self.enable_version_counter = verbose, enable_version_counter
         self.save_weights_only = save_weights_only  # the files hold the weights alone; no fit resumes from them
         self._dirpath_given = dirpath is not None
-        self.dirpath = os.path.realpath(os.path.expanduser(os.fspath(dirpath))) if dirpath is not None else None
+        self.dirpath = (os.path.realpath(os.path.expanduser(local_path(dirpath, "ModelCheckpoint dirpath")))
+                        if dirpath is not None else None)
         self.filename, self.monitor, self.mode = filename, monitor, mode
         self.save_top_k, self.save_last = save_top_k, save_last
         self.save_on_train_epoch_end = save_on_train_epoch_end  # None: Lightning's rule (checkpoint_schedule.py)

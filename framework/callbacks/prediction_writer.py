@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from framework.callbacks.base_prediction_writer import BasePredictionWriter, to_cpu
+from framework.paths import local_path
 from framework.rank_zero import rank_zero_info
 
 if TYPE_CHECKING:
@@ -49,7 +50,8 @@ class PredictionWriter(BasePredictionWriter):
         super().__init__(write_interval)  # checks it, and keeps each loader's batch indices
         if format not in ("pt", "csv"):
             raise ConfigError(f"PredictionWriter format '{format}': use pt or csv")
-        self.output_dir, self.write_interval, self.format, self.filename = output_dir, write_interval, format, filename
+        self.write_interval, self.format, self.filename = write_interval, format, filename
+        self.output_dir = local_path(output_dir, "PredictionWriter output_dir") if output_dir is not None else None
         self.written: str | None = None  # the epoch file, once written
         self._outputs: list[list[Any]] = []  # per loader: (batch indices, outputs), to gather
 

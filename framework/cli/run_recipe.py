@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from framework.callbacks.base import Callback
 from framework.config import instantiate
+from framework.rank_zero import rank_zero_info, rank_zero_print, rank_zero_warn
 
 if TYPE_CHECKING:
     from framework.module import TrainModule
@@ -14,22 +16,53 @@ if TYPE_CHECKING:
 
 
 class SaveRecipe(Callback):
-    """Writes the merged recipe as ``config.yaml`` into the run directory (rank 0), so that a
-    run can be read back and repeated."""
+    """Writes the merged recipe into the run directory (rank 0), so that a run can be read back
+    and repeated: ``config.yaml`` for a fit, ``<stage>-config.yaml`` for ``fw validate``, ``test``
+    and ``predict`` (each in a version folder of its own, which the loggers pick for an
+    evaluation). It is written when the stage starts, once set-up has passed its checks (the
+    checkpoint loaded), so a refused run leaves no record; and never over an earlier command's:
+    where the name is taken (a resumed fit goes on in its checkpoint's folder, a pinned
+    ``logger.version``, ``logger=false`` runs sharing ``default_root_dir``) the record is
+    ``config-1.yaml``, ``config-2.yaml``, ... and the run says so."""
 
-    def __init__(self, text: str) -> None:
-        self.text = text
+    def __init__(self, text: str, stage: str) -> None:
+        self.text, self.stage = text, stage
+        self.written: Path | None = None
 
-    def setup(self, trainer: Trainer, module: TrainModule, stage: str) -> None:
-        if trainer.is_global_zero:
-            where = Path(trainer.log_dir or trainer.default_root_dir)
-            where.mkdir(parents=True, exist_ok=True)
-            (where / "config.yaml").write_text(self.text)
+    def on_fit_start(self, trainer: Trainer, module: TrainModule) -> None:
+        self._write(trainer, "fit")
+
+    def on_validation_start(self, trainer: Trainer, module: TrainModule) -> None:
+        self._write(trainer, "validate")  # also called inside a fit, whose record is written already
+
+    def on_test_start(self, trainer: Trainer, module: TrainModule) -> None:
+        self._write(trainer, "test")
+
+    def on_predict_start(self, trainer: Trainer, module: TrainModule) -> None:
+        self._write(trainer, "predict")
+
+    def _write(self, trainer: Trainer, stage: str) -> None:
+        if stage != self.stage or self.written is not None or not trainer.is_global_zero:
+            return
+        where = Path(trainer.log_dir or trainer.default_root_dir)
+        where.mkdir(parents=True, exist_ok=True)
+        stem = "config" if stage == "fit" else f"{stage}-config"
+        for n in itertools.count():
+            path = where / (f"{stem}.yaml" if n == 0 else f"{stem}-{n}.yaml")
+            try:
+                with open(path, "x", encoding="utf-8") as f:  # never over a file that is there
+                    f.write(self.text)
+            except FileExistsError:
+                continue
+            self.written = path
+            if n:
+                rank_zero_info(f"fw {stage}: {where / (stem + '.yaml')} is an earlier command's record and stays as "
+                               f"it is; this run's recipe is {path.name}")
+            return
 
 
 def run_recipe(stage: str, recipe: dict, recipe_text: str) -> Any:
     from framework.callbacks import PredictionWriter
-    from framework.rank_zero import rank_zero_print, rank_zero_warn
     from framework.seed import seed_everything
     from framework.trainer import Trainer
 
@@ -41,7 +74,7 @@ def run_recipe(stage: str, recipe: dict, recipe_text: str) -> Any:
         callbacks.append(PredictionWriter())  # predictions.pt in the run directory; it says where
     logger = recipe.get("logger", True)
     logger = instantiate(logger, "logger") if isinstance(logger, (dict, list)) else logger
-    trainer = Trainer(**recipe["trainer"], callbacks=[*callbacks, SaveRecipe(recipe_text)], logger=logger)
+    trainer = Trainer(**recipe["trainer"], callbacks=[*callbacks, SaveRecipe(recipe_text, stage)], logger=logger)
     module = instantiate(recipe["module"], "module")
     data = instantiate(recipe["data"], "data") if recipe.get("data") else None
     ckpt_path = recipe.get("ckpt_path")

@@ -20,6 +20,8 @@ from typing import Any
 
 import torch
 
+from framework.paths import local_path
+
 
 class Logger(ABC):
     """Base class for loggers.
@@ -38,7 +40,7 @@ class Logger(ABC):
 
     def __init__(self, save_dir: str | os.PathLike | None = None, name: str | None = "fw_logs",
                  version: int | str | None = None) -> None:
-        self._save_dir = os.fspath(save_dir) if save_dir is not None else None
+        self._save_dir = local_path(save_dir, f"{type(self).__name__} save_dir") if save_dir is not None else None
         self._name = name or ""
         self._version = version
         self._picked = False  # the version was the next free one (set_default_root)

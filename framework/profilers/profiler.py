@@ -21,6 +21,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
+from framework.paths import local_path
+
 
 class Profiler(ABC):
     """Records how long actions take. Subclass it for a profiler of your own.
@@ -32,7 +34,7 @@ class Profiler(ABC):
     """
 
     def __init__(self, dirpath: str | Path | None = None, filename: str | None = None) -> None:
-        self.dirpath = dirpath
+        self.dirpath = local_path(dirpath, f"{type(self).__name__} dirpath") if dirpath is not None else None
         self.filename = filename
         self._output_file: IO[str] | None = None
         self._write_stream: Callable[[str], Any] | None = None

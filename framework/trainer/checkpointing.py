@@ -24,18 +24,12 @@ import torch
 from framework import checkpoint as ckpt
 from framework import checkpoint_search as search
 from framework.errors import CheckpointError, ConfigError, TrainingError
+from framework.paths import local_path
 from framework.rank_zero import rank_zero_info, rank_zero_warn
 from framework.strategies.checkpoint_io import is_live
 from framework.strategies.optimizer_keys import numbered
 from framework.strategies.rendezvous import elastic_job_id
-from framework.trainer import end_of_fit
-from framework.trainer.carry_over import (
-    Carry,
-    check_position_carries_over,
-    continue_order,
-    train_batch_size,
-    train_order,
-)
+from framework.trainer import carry_over, end_of_fit
 from framework.trainer.parts import Callbacks, CheckpointParts, Each, OnLoad, Stateful, Value
 from framework.trainer.resume import position_parts, progress_part, resume_point
 from framework.trainer.weights_only import refuse_to_resume_from_weights_only, weights_only_parts
@@ -54,7 +48,8 @@ def save(run: Run, path: str | os.PathLike, weights_only: bool = False) -> None:
     with run.hooks.profiled("save_checkpoint"), waiting_in(f"a checkpoint save of '{os.fspath(path)}'"):
         _refuse_nonfinite_weights(run, path, is_live(strategy))
         parts = parts_of(run, for_fit=True)
-        strategy.save_checkpoint(os.fspath(path), weights_only_parts(run, parts) if weights_only else parts)
+        path = local_path(path, "save_checkpoint filepath")
+        strategy.save_checkpoint(path, weights_only_parts(run, parts) if weights_only else parts)
 
 
 def parts_of(run: Run, for_fit: bool, path: str = "", on_read: Callable[[dict], None] | None = None,
@@ -103,8 +98,8 @@ def _values(run: Run) -> dict[str, Any]:
         "hyper_parameters": ckpt.plain_hparams(getattr(run.module, "hparams", {}) or {}, keep_types=True),
         "world_size": run.strategy.world_size,
         "data_ranks": run.strategy.data_parallel_size,  # fewer under tensor parallelism (carry_over.py)
-        "train_batch_size": train_batch_size(run),  # the unit of a mid-epoch position ("loop")
-        "train_order": train_order(run),  # what that position means in samples (carry_over.py)
+        "train_batch_size": carry_over.train_batch_size(run),  # the unit of a mid-epoch position ("loop")
+        "train_order": carry_over.train_order(run),  # what that position means in samples (carry_over.py)
         # a restarted (elastic) or requeued (SLURM) job looks for its own checkpoints by these
         "run_id": state.run_id,
         "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
@@ -195,7 +190,10 @@ def _own_last(run: Run, dirs: list[str | None]) -> str | None:
 def lightnings_default(fn: str, ckpt_path: Any, model_given: bool, trainer: Trainer) -> Any:
     """Lightning's rule for ``validate``/``test``/``predict`` called without a model and without
     ``ckpt_path`` on a Trainer that has run one: the best checkpoint of this Trainer's fit (with
-    Lightning's warning), and an error where it has none, never the weights left in memory."""
+    Lightning's warning), and an error where it has none, never the weights left in memory. A
+    path given is checked before anything is created (``paths.py``: no ``s3://``)."""
+    if isinstance(ckpt_path, (str, os.PathLike)) and ckpt_path not in ("last", "best"):
+        return local_path(ckpt_path, "ckpt_path")
     if fn == "fit" or model_given or ckpt_path is not None or trainer.lightning_module is None:
         return ckpt_path
     callback = trainer.checkpoint_callback
@@ -235,13 +233,13 @@ def restore(run: Run, ckpt_path: str | None) -> None:
     if ckpt_path is None:
         return
 
-    carry: list[Carry | None] = [None]
+    carry: list[carry_over.Carry | None] = [None]
 
     def on_read(checkpoint: dict) -> None:
         if fn == "fit":  # before anything is loaded: a refused resume leaves the model as it was
             refuse_to_resume_from_weights_only(checkpoint, ckpt_path)
-            carry[0] = check_position_carries_over(run, checkpoint, ckpt_path)
-            continue_order(run, checkpoint)
+            carry[0] = carry_over.check_position_carries_over(run, checkpoint, ckpt_path)
+            carry_over.continue_order(run, checkpoint)
         run.hooks.module_hook("on_load_checkpoint", checkpoint)
 
     mine: dict[str, Any] = {}

@@ -39,17 +39,28 @@ def dev_run_loggers(logger: Any) -> list:
 
 
 def setup_loggers(run: Run, resume_path: str | None, root_error: str | None) -> None:
-    """``root_error``: why rank 0 cannot write the run directory, as every rank agreed at set-up
-    (``trainer/agreement.py``); every rank raises it."""
+    """Where the loggers write: their version folders are picked (a resumed fit's is the one
+    its checkpoint came from; an evaluation's is a new one, as in Lightning, so that it never
+    writes over a fit's files), nothing is created yet. ``root_error``: why rank 0 cannot write
+    the run directory, as every rank agreed at set-up (``trainer/agreement.py``); every rank
+    raises it."""
     root, strategy = run.settings.default_root_dir, run.strategy
     if root_error:
         raise ConfigError(root_error)
     for i, lg in enumerate(run.loggers):
-        lg.set_default_root(root, resume_from=resume_path)
+        lg.set_default_root(root, resume_from=resume_path if run.fn == "fit" else None)
         lg.keep_apart_from(run.loggers[:i])
     log_dir = run.loggers[0].log_dir if run.loggers and strategy.is_global_zero else None
     # every rank has the same loggers (the same arguments): without any there is nothing to send
     run.log_dir = strategy.broadcast(log_dir) if strategy.is_distributed and run.loggers else log_dir
+    _logged_hparams(run.module, run.datamodule)  # refuses clashing names now, before the checkpoint loads
+
+
+def log_hyperparameters(run: Run) -> None:
+    """The loggers' first write (which creates the version folder), as in Lightning once the
+    checkpoint is loaded: a run refused at set-up (a missing checkpoint, one of another model)
+    leaves no folder behind."""
+    strategy = run.strategy
     hparams = _logged_hparams(run.module, run.datamodule)
     if strategy.is_global_zero and run.loggers and hparams is not None:
         for lg in run.loggers:

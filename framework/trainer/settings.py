@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from framework.activation_checkpointing import policy_names
 from framework.compile import compile_options
 from framework.loops.batches import LIMIT_ARGUMENTS
+from framework.paths import local_path
 from framework.trainer import arguments as args
 
 if TYPE_CHECKING:
@@ -132,7 +133,7 @@ class Settings:
             on_nonfinite=args.one_of("on_nonfinite", on_nonfinite, ("error", "skip", "warn")),
             preemption_signal=args.signal_arg("preemption_signal", preemption_signal),
             requeue=bool(requeue),
-            default_root_dir=os.fspath(default_root_dir) if default_root_dir else os.getcwd(),
+            default_root_dir=local_path(default_root_dir, "trainer.default_root_dir") if default_root_dir else os.getcwd(),
             barebones=bool(barebones),
             overfit_batches=overfit,
             fast_dev_run=dev_run,

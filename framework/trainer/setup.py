@@ -139,6 +139,13 @@ def setup(run: Run, loaders: dict, ckpt_path: Any) -> str | None:
     return resume_path
 
 
+def restore(run: Run, resume_path: str | None) -> None:
+    """The checkpoint loaded (``checkpointing.restore``), then the loggers' first write: nothing
+    is created in the run folder before every check of set-up has passed."""
+    checkpointing.restore(run, resume_path)
+    run_loggers.log_hyperparameters(run)
+
+
 #: Lightning hooks fw does not call, with what to do instead: an override is refused, never ignored
 _NOT_CALLED = {
     "configure_sharded_model": "it is Lightning's deprecated hook; build the layers in configure_model() instead",

@@ -242,7 +242,7 @@ class Trainer(TrainerProperties, LightningViews):
             run = setup.new_run(self, fn, model, call.datamodule)
             resume_path = setup.setup(run, call.loaders, call.ckpt_path)
             run.return_predictions = call.return_predictions
-            checkpointing.restore(run, resume_path)
+            setup.restore(run, resume_path)
             reports.print_summary(run)
             signals = SignalCatcher(run) if fn == "fit" else None
             run.stop_check = StopCheck(run) if fn == "fit" else None

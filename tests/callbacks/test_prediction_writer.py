@@ -85,6 +85,6 @@ def test_fw_predict_writes_into_the_run_directory_and_says_where(tmp_path):
         proc = fw_command(stage[0], *common, *stage[1:], cwd=tmp_path, env=subprocess_env())
         assert proc.returncode == 0, proc.stderr
     wrote = [line for line in proc.stderr.splitlines() if line.startswith("fw predict: wrote ")]
-    assert wrote and wrote[0].endswith("version_0/predictions.pt"), proc.stderr
+    assert wrote and wrote[0].endswith("version_1/predictions.pt"), proc.stderr  # its own run folder, beside the fit's
     path = wrote[0].split(" to ", 1)[1]
     assert torch.load(path if path.startswith("/") else tmp_path / path).shape == (359,)

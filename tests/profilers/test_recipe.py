@@ -30,7 +30,7 @@ def test_a_profiler_named_in_an_override_profiles_the_fit(tmp_path, capsys):
     run_recipe("fit", recipe, text)
     err = capsys.readouterr().err
     assert "FIT Profiler Report" in err
-    assert "[Callback]SaveRecipe.setup" in err and "[LightningModule]LinearModel.configure_optimizers" in err
+    assert "[Callback]SaveRecipe.on_fit_start" in err and "[LightningModule]LinearModel.configure_optimizers" in err
 
 
 def test_a_profiler_given_as_a_target_writes_its_file(tmp_path, capsys):
