@@ -177,6 +177,7 @@ def _divide_widths(block: nn.Module, kinds: dict[str, str], size: int) -> None:
     failed for aten.addmm"), naming no layer."""
     for name, kind in kinds.items():
         layer = block.get_submodule(name)
+        assert isinstance(layer, nn.Linear)  # layer_plan places linear layers only
         features, which = (layer.out_features, "output") if kind == "colwise" else (layer.in_features, "input")
         if features % size:
             raise ConfigError(f"fw.parallel.parallelize: {type(block).__name__}.{name} ({kind}) has {features} {which} "
