@@ -25,7 +25,7 @@ from typing import Any
 
 from torch import nn
 
-from framework.errors import ConfigError
+from framework.errors import ConfigError, first_line
 from framework.rank_zero import rank_zero_info, rank_zero_warn
 
 KEY = "trainer.compile"
@@ -64,15 +64,30 @@ def compile_model(module: nn.Module, options: dict[str, Any] | None, blocks: lis
         shared.give_up(missing)
         return None
     targets = blocks or _whole(module)
-    import torch
-
     for target in targets:
         if not target.__dict__.get(_COMPILED):
-            target.forward = _CompiledForward(target.forward, torch.compile(target.forward, **torch_options), shared)
+            target.forward = _CompiledForward(target.forward, _torch_compile(target.forward, torch_options), shared)
             target.__dict__[_COMPILED] = True
     names = sorted({type(t).__name__ for t in targets})
     shared.what = f"{len(targets)} module(s) of class {', '.join(names)}" if targets else "nothing"
     return shared
+
+
+def _torch_compile(forward: Any, options: dict[str, Any]) -> Any:
+    """``torch.compile(forward, **options)``; a mode, backend or option torch does not have (it
+    checks them here, before compiling anything) is the recipe's mistake: one line that names it."""
+    import torch
+    from torch._dynamo.exc import InvalidBackend
+
+    try:
+        return torch.compile(forward, **options)
+    except InvalidBackend:
+        raise ConfigError(f"{KEY}.backend={options.get('backend')!r}: not a torch.compile backend; give inductor (the "
+                          "default), aot_eager, eager, or another that torch._dynamo.list_backends() names") from None
+    except RuntimeError as err:  # torch's: "Unrecognized mode=...", "Unexpected optimization option ..."
+        given = ", ".join(f"{k}={options[k]!r}" for k in ("mode", "options") if k in options)
+        why = first_line(err)
+        raise ConfigError(f"{KEY} {given}: {why[:400] + ' ...' if len(why) > 400 else why}") from None
 
 
 def _whole(module: nn.Module) -> list[nn.Module]:

@@ -80,7 +80,7 @@ def parallelize(model: nn.Module, device_mesh: Any, blocks: Iterable[type[nn.Mod
 
     Raises:
         ConfigError: no block given or found, a linear layer the plan cannot place, a head count
-            the tensor-parallel size does not divide, a tied head under ``loss_parallel``; under
+            or a split layer's width the tensor-parallel size does not divide, a tied head under ``loss_parallel``; under
             ``sequence_parallel``, at the forward that meets it, a sequence length it does not divide.
     """
     from torch.distributed.fsdp import FSDPModule, fully_shard
@@ -102,8 +102,9 @@ def parallelize(model: nn.Module, device_mesh: Any, blocks: Iterable[type[nn.Mod
     plans = [(block, layer_plan(block, dict(plan or {}))) for block in found]  # refused before anything changes
     head = _vocab_head(model) if loss_parallel else None
     if tp.size() > 1:
-        for block, _ in plans:
-            _divide_head_counts(block, tp.size(), apply=False)  # every block checked before any changes
+        for block, kinds in plans:  # every block checked before any changes
+            _divide_head_counts(block, tp.size(), apply=False)
+            _divide_widths(block, kinds, tp.size())
         for block, kinds in plans:
             _divide_head_counts(block, tp.size())
             _split_block(block, kinds, tp, sequence_parallel)
@@ -168,6 +169,20 @@ def layer_plan(block: nn.Module, plan: dict[str, str]) -> dict[str, str]:
         raise ConfigError(f"fw.parallel.parallelize: plan names {', '.join(missing)}, which {type(block).__name__} "
                           f"has no linear layer of; its linear layers: {', '.join(layers) or 'none'}")
     return kinds
+
+
+def _divide_widths(block: nn.Module, kinds: dict[str, str], size: int) -> None:
+    """Each split layer's split features (a colwise layer's outputs, a rowwise one's inputs) in
+    equal parts: torch would shard them unevenly and fail in the forward ("Sharding propagation
+    failed for aten.addmm"), naming no layer."""
+    for name, kind in kinds.items():
+        layer = block.get_submodule(name)
+        assert isinstance(layer, nn.Linear)  # layer_plan places linear layers only
+        features, which = (layer.out_features, "output") if kind == "colwise" else (layer.in_features, "input")
+        if features % size:
+            raise ConfigError(f"fw.parallel.parallelize: {type(block).__name__}.{name} ({kind}) has {features} {which} "
+                              f"features, which tensor_parallel_size={size} does not divide; give it a width that "
+                              f"{size} divides, or choose a tensor-parallel size that divides {features}")
 
 
 def _divide_head_counts(block: nn.Module, size: int, apply: bool = True) -> None:

@@ -16,19 +16,21 @@ import framework as fw
 
 
 class DigitsData(fw.DataModule):
-    """1,797 8x8 digit images scaled to [0, 1]; a fixed, seeded train/val split.
+    """1,797 8x8 digit images scaled to [0, 1]; a fixed, seeded train/val/test split: the test
+    set is held out from both training and the validation that picks the best checkpoint.
 
     Args:
         batch_size: per device; the global batch is batch_size * world size.
         val_fraction: share of the images held out for validation.
+        test_fraction: share of the images held out for testing (``fw test``).
         split_seed: seed of the split (independent of the run's seed).
         drop_last: drop each epoch's last, smaller training batch (every step then trains
             batch_size samples per device, as throughput counts assume).
     """
 
     def __init__(self, batch_size: int = 64, val_fraction: float = 0.2, split_seed: int = 0, num_workers: int = 0,
-                 drop_last: bool = False):
-        self.batch_size, self.val_fraction = batch_size, val_fraction
+                 drop_last: bool = False, test_fraction: float = 0.1):
+        self.batch_size, self.val_fraction, self.test_fraction = batch_size, val_fraction, test_fraction
         self.split_seed, self.num_workers, self.drop_last = split_seed, num_workers, drop_last
 
     def setup(self, stage: str) -> None:
@@ -36,10 +38,11 @@ class DigitsData(fw.DataModule):
         x = torch.tensor(x, dtype=torch.float32) / 16.0
         y = torch.tensor(y, dtype=torch.long)
         order = torch.randperm(len(x), generator=torch.Generator().manual_seed(self.split_seed))
-        n_val = int(len(x) * self.val_fraction)
-        val, train = order[:n_val], order[n_val:]
+        n_val, n_test = int(len(x) * self.val_fraction), int(len(x) * self.test_fraction)
+        val, test, train = order[:n_val], order[n_val:n_val + n_test], order[n_val + n_test:]
         self.train_set = TensorDataset(x[train], y[train])
         self.val_set = TensorDataset(x[val], y[val])
+        self.test_set = TensorDataset(x[test], y[test])
 
     def train_dataloader(self) -> DataLoader:
         return DataLoader(self.train_set, batch_size=self.batch_size, shuffle=True, num_workers=self.num_workers,
@@ -48,7 +51,8 @@ class DigitsData(fw.DataModule):
     def val_dataloader(self) -> DataLoader:
         return DataLoader(self.val_set, batch_size=self.batch_size, num_workers=self.num_workers)
 
-    test_dataloader = val_dataloader
+    def test_dataloader(self) -> DataLoader:
+        return DataLoader(self.test_set, batch_size=self.batch_size, num_workers=self.num_workers)
 
     def predict_dataloader(self) -> DataLoader:
         return DataLoader(TensorDataset(self.val_set.tensors[0]), batch_size=self.batch_size)

@@ -207,3 +207,18 @@ def test_targets_in_the_working_directory_import(tmp_path):
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert "fw: final metrics" in proc.stdout
+
+
+def test_the_final_metrics_show_a_small_value_in_significant_digits(tmp_path, capsys):
+    """A learning rate of 2e-05 (LearningRateMonitor's lr-SGD) was shown as 0.0000."""
+    from framework.cli import main
+
+    assert main(["fit", str(ROOT / "conf" / "regression.yaml"), "module.lr=0.00002", "trainer.max_epochs=1", "trainer.devices=1",
+                 f"trainer.default_root_dir={tmp_path}", "trainer.enable_progress_bar=false",
+                 "trainer.enable_model_summary=false",
+                 "+callbacks={_target_: framework.callbacks.LearningRateMonitor}"]) == 0
+    (line,) = [line for line in capsys.readouterr().out.splitlines() if line.startswith("fw: final metrics: ")]
+    shown = dict(item.split("=") for item in line.removeprefix("fw: final metrics: ").split(", "))
+    lr = [value for name, value in shown.items() if name.startswith("lr-")]
+    assert lr == ["2e-05"], line
+    assert all(len(value.split(".")[-1]) == 4 for name, value in shown.items() if not name.startswith("lr-")), line

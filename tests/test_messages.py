@@ -117,3 +117,21 @@ def test_deepspeed_is_refused_with_what_to_use():
     assert str(err.value) == ("trainer.strategy: fw has no 'deepspeed_stage_2' strategy; use strategy=fsdp, which "
                               "shards parameters, gradients and optimizer state over the ranks as DeepSpeed's ZeRO "
                               "stage 3 does (sharding_strategy=SHARD_GRAD_OP for stage 2)")
+
+
+def test_lightning_1x_names_get_today_s_spelling(capsys):
+    """Lightning 1.x's ``gpus`` (a Trainer argument, as an override) and ``ddp_cpu``: the line says
+    what to write today, and suggests no strategy this CPU machine cannot run (ddp_nccl)."""
+    for override in ("trainer.gpus=1", "gpus=1"):
+        line = cli_error(capsys, "fit", str(ROOT / "conf" / "digits.yaml"), override)
+        key = override.split("=")[0]
+        assert line.startswith(f"fw: error: override: '{key}' is Lightning 1.x's"), line
+        assert line.endswith("today's spelling: trainer.accelerator=gpu trainer.devices=N "
+                             "(Trainer(accelerator='gpu', devices=N))"), line
+    with pytest.raises(ConfigError) as err:
+        fw.Trainer(accelerator="cpu", strategy="ddp_cpu")
+    assert str(err.value) == ("trainer.strategy: fw has no 'ddp_cpu' strategy; Lightning 1.x's ddp_cpu is "
+                              "trainer.strategy=ddp_gloo (DDP over Gloo: one process per CPU device, "
+                              "trainer.accelerator=cpu trainer.devices=N)")
+    with pytest.raises(ConfigError, match=r"unknown strategy 'ddp_ncl' \(did you mean 'ddp_gloo'\?\)"):
+        fw.Trainer(accelerator="cpu", strategy="ddp_ncl")

@@ -80,6 +80,7 @@ class ThroughputMonitor(Callback):
         self._tokens: deque[int] = deque(maxlen=window + 1)
         self._flops_per_token: float | None = None
         self._peak: float | None = None
+        self._no_mfu = ""  # why there is no MFU to give, when there is none
         self._totals = [0.0, 0]  # training seconds and this rank's tokens, for the closing line
         self._paused = 0.0
         self._batches = 0
@@ -87,11 +88,16 @@ class ThroughputMonitor(Callback):
     def on_train_start(self, trainer: Trainer, module: TrainModule) -> None:
         count = getattr(module, "flops_per_token", None)
         self._flops_per_token = float(count()) if callable(count) else None
-        precision = str(trainer.precision)
+        precision, device = str(trainer.precision), str(trainer.strategy.root_device)
         if self._flops_per_token and precision.startswith("bf16"):
             from framework.bench.results import peak_flops
 
-            self._peak = peak_flops(str(trainer.strategy.root_device))
+            self._peak = peak_flops(device)
+        self._no_mfu = ("" if self._peak else
+                        "no MFU: it needs a GPU (this run is on the CPU)" if not device.startswith("cuda") else
+                        f"no MFU: it is measured against the bf16 peak, and this run is {precision}"
+                        if not precision.startswith("bf16") else
+                        "no MFU: this GPU is not in fw bench's table of peaks (framework/bench/results.py)")
 
     def on_train_epoch_start(self, trainer: Trainer, module: TrainModule) -> None:
         # The gap between epochs (validation, checkpointing) is not training time.
@@ -154,5 +160,4 @@ class ThroughputMonitor(Callback):
         mfu = rates.get("throughput/mfu")
         rank_zero_info(f"fw: throughput: {rates['throughput/tokens_per_sec_per_device']:,.0f} tokens/s per device, "
                        f"{self._flops_per_token / 1e6:.1f} MFLOPs per token"
-                       + (f", MFU {100 * mfu:.1f} % of the bf16 peak" if mfu is not None else
-                          " (MFU: on a GPU in fw bench's peak table, in bf16)"))
+                       + (f", MFU {100 * mfu:.1f} % of the bf16 peak" if mfu is not None else f"; {self._no_mfu}"))

@@ -122,7 +122,10 @@ def main(argv: list[str] | None = None) -> int:
             from framework.strategies.mpi import abort_mpi_job
 
             abort_mpi_job(err)
-        sys.stderr.write(f"fw: error: {err}\n")
+        from framework.strategies.worker_failures import launcher_reports
+
+        if not launcher_reports(err):  # a worker of fw's launcher leaves the line to it: once, not once per rank
+            sys.stderr.write(f"fw: error: {err}\n")
         return err.exit_code
     except ModuleNotFoundError as err:
         hint = _missing_extra(err.name or "")

@@ -95,8 +95,14 @@ def run_recipe(stage: str, recipe: dict, recipe_text: str) -> Any:
         values = trainer.callback_metrics
         metrics = {k: float(v) for k, v in sorted(values.items()) if v.numel() == 1 and not _shadowed(k, values)}
         if metrics:
-            rank_zero_print("fw: final metrics: " + ", ".join(f"{k}={v:.4f}" for k, v in metrics.items()))
+            rank_zero_print("fw: final metrics: " + ", ".join(f"{k}={_shown(v)}" for k, v in metrics.items()))
     return result
+
+
+def _shown(value: float) -> str:
+    """A final metric to 4 decimals, or to 3 significant digits when that would hide it (a
+    learning rate of 2e-05 is not 0.0000)."""
+    return f"{value:.4f}" if value == 0 or not abs(value) < 0.001 else f"{value:.3g}"
 
 
 def _texts(predictions: Any) -> list[str]:

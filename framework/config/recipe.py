@@ -22,6 +22,23 @@ if TYPE_CHECKING:
 
 _SECTIONS = {f.name for f in dataclasses.fields(RecipeConfig)}
 _TRAINER_KEYS = {f.name for f in dataclasses.fields(TrainerConfig)}
+#: Lightning 1.x's Trainer arguments that Lightning 2 (and fw) dropped, and what to write instead
+LIGHTNING_1X_KEYS = {
+    "gpus": "trainer.accelerator=gpu trainer.devices=N (Trainer(accelerator='gpu', devices=N))",
+    "num_processes": "trainer.accelerator=cpu trainer.devices=N trainer.strategy=ddp_gloo",
+    "tpus": "none: fw runs on CPU and CUDA devices (trainer.accelerator=cpu or gpu)",
+    "ipus": "none: fw runs on CPU and CUDA devices (trainer.accelerator=cpu or gpu)",
+    "resume_from_checkpoint": "ckpt_path=PATH (fw fit recipe.yaml ckpt_path=PATH; trainer.fit(model, ckpt_path=PATH))",
+    "replace_sampler_ddp": "trainer.use_distributed_sampler",
+    "weights_summary": "trainer.enable_model_summary",
+    "checkpoint_callback": "trainer.enable_checkpointing",
+    "reload_dataloaders_every_epoch": "trainer.reload_dataloaders_every_n_epochs=1",
+    "progress_bar_refresh_rate": "trainer.enable_progress_bar (off: false)",
+    "amp_backend": "trainer.precision=16-mixed (or bf16-mixed)",
+    "auto_lr_find": "Tuner(trainer).lr_find(model) (framework.tuner), before fit",
+    "auto_scale_batch_size": "Tuner(trainer).scale_batch_size(model) (framework.tuner), before fit",
+    "stochastic_weight_avg": "+callbacks={_target_: framework.callbacks.StochasticWeightAveraging, swa_lrs: 0.01}",
+}
 _DEFAULTS = schema_defaults(RecipeConfig, TrainerConfig)
 
 
@@ -87,6 +104,9 @@ def _check_keys(tree: Any, where: str) -> None:
     if not isinstance(tree, dict):
         return
     for key in tree:
+        if key in LIGHTNING_1X_KEYS:  # `fw fit x.yaml gpus=1`: a Trainer argument of Lightning 1.x
+            raise ConfigError(f"{where}: '{key}' is Lightning 1.x's Trainer argument; today's spelling: "
+                              f"{LIGHTNING_1X_KEYS[key]}")
         if key not in _SECTIONS:
             raise ConfigError(
                 f"{where}: unknown key '{key}'{did_you_mean(key, _SECTIONS)}; "
@@ -99,6 +119,9 @@ def _check_keys(tree: Any, where: str) -> None:
                 example = "logger=false" if key == "logger" else "callbacks=[] or +callbacks={_target_: ...}"
                 raise ConfigError(f"{where}: 'trainer.{key}' is a top-level key of the recipe: write "
                                   f"{key}=... (e.g. {example}), not trainer.{key}=...")
+            if key in LIGHTNING_1X_KEYS:
+                raise ConfigError(f"{where}: 'trainer.{key}' is Lightning 1.x's; today's spelling: "
+                                  f"{LIGHTNING_1X_KEYS[key]}")
             if key not in _TRAINER_KEYS:
                 raise ConfigError(
                     f"{where}: unknown key 'trainer.{key}'{did_you_mean(key, _TRAINER_KEYS)}; "

@@ -76,7 +76,7 @@ def create_strategy(spec: str | Mapping[str, Any] | Strategy, accelerator_name: 
             "trainer.strategy=ddp_nccl needs CUDA (NCCL has no CPU support); "
             "use trainer.strategy=ddp_gloo on CPU, or trainer.accelerator=cuda on a GPU machine"
         )
-    strategy = STRATEGIES.create(name, **options)
+    strategy = STRATEGIES.create(name, accelerator_name, **options)
     strategy.accelerator_name = accelerator_name  # for checks made before connect()
     return strategy
 

@@ -19,7 +19,13 @@ _NOT_PROVIDED = {
     "xla": "fw runs on CPU and CUDA devices only (accelerator=cpu or cuda)",
     "hpu_parallel": "fw runs on CPU and CUDA devices only (accelerator=cpu or cuda)",
     "hpu_single": "fw runs on CPU and CUDA devices only (accelerator=cpu or cuda)",
+    # Lightning 1.x's names for what is now a strategy
+    "ddp_cpu": "Lightning 1.x's ddp_cpu is trainer.strategy=ddp_gloo (DDP over Gloo: one process per CPU device, "
+               "trainer.accelerator=cpu trainer.devices=N)",
+    "ddp2": "Lightning 1.x's ddp2 is gone (as in Lightning 2): use trainer.strategy=ddp",
 }
+#: strategies that need a GPU: not suggested for a run on the CPU
+_GPU_ONLY = ("ddp_nccl", "dp")
 
 
 class StrategyRegistry:
@@ -40,14 +46,17 @@ class StrategyRegistry:
     def describe(self) -> dict[str, str]:
         return dict(self._help)
 
-    def create(self, name: str, **options: Any) -> Strategy:
+    def create(self, name: str, accelerator_name: str = "cpu", **options: Any) -> Strategy:
+        """The strategy ``name`` with its ``options``; an unknown name is refused with the known
+        ones, and a suggestion among those that run on ``accelerator_name``."""
         instead = _NOT_PROVIDED.get(name.split("_stage")[0].removesuffix("_offload"))
         if name not in self._factories and instead:
             raise ConfigError(f"trainer.strategy: fw has no '{name}' strategy; {instead}")
         if name not in self._factories:
             known = sorted([*self._factories, *self.other_names])
+            runnable = [k for k in known if accelerator_name == "cuda" or k not in _GPU_ONLY]
             raise ConfigError(
-                f"trainer.strategy: unknown strategy '{name}'{did_you_mean(name, known)}; known: {', '.join(known)}"
+                f"trainer.strategy: unknown strategy '{name}'{did_you_mean(name, runnable)}; known: {', '.join(known)}"
             )
         factory = self._factories[name]
         accepted = self._options(factory)

@@ -4,8 +4,11 @@ A worker under an elastic agent (fw's launcher or torchrun) writes its exception
 the file the agent names (``TORCHELASTIC_ERROR_FILE``), with the time to the microsecond. Under
 fw's launcher the worker then prints nothing of it itself, and the launcher prints the first
 failure's traceback once, under its rank, then one line for each other rank that failed (its
-exception's last line), and exits with the first failure's code. Under torchrun workers print
-their own tracebacks, as torchrun users expect.
+exception's last line), and exits with the first failure's code. A user's mistake (an ``FwError``:
+a refusal at set-up, most often raised alike on every rank) has no traceback to show: the
+launcher prints its one line ``fw: error: ...`` once, as ``fw`` does in one process, and names
+the rank only when other ranks failed otherwise. Under torchrun workers print their own
+tracebacks, as torchrun users expect.
 """
 
 from __future__ import annotations
@@ -15,7 +18,9 @@ import os
 import sys
 from typing import Any
 
+from framework.errors import FwError
 from framework.strategies.failure_stamp import FailureStamp, earliest_first
+from framework.strategies.processes import LAUNCHER_PID
 
 _ERROR_FILE = "TORCHELASTIC_ERROR_FILE"
 
@@ -28,9 +33,10 @@ def record_worker_error(exc: BaseException) -> None:
     if not path or isinstance(exc, (KeyboardInterrupt, SystemExit)) or os.path.exists(path):
         return
     stamp = FailureStamp.of(exc)
-    data = {"message": {"message": f"{type(exc).__name__}: {exc}",
-                        "extraInfo": {"py_callstack": stamp.traceback,
-                                      "timestamp": str(int(stamp.time)), "fw_time": stamp.time}}}
+    extra: dict[str, Any] = {"py_callstack": stamp.traceback, "timestamp": str(int(stamp.time)), "fw_time": stamp.time}
+    if isinstance(exc, FwError):  # the user's to fix: the launcher prints the message, not the traceback
+        extra["fw_error"] = str(exc)
+    data = {"message": {"message": f"{type(exc).__name__}: {exc}", "extraInfo": extra}}
     try:
         with open(path, "w") as fp:
             json.dump(data, fp)
@@ -56,6 +62,16 @@ def leave_tracebacks_to_the_launcher() -> None:
     sys.excepthook = hook
 
 
+def launcher_reports(err: FwError) -> bool:
+    """In a worker of fw's launcher, with ``err`` ending the program: record it for the launcher
+    and say whether the launcher prints it (this worker then prints nothing: the same line from
+    every rank would repeat it)."""
+    if not os.environ.get(LAUNCHER_PID):
+        return False
+    record_worker_error(err)
+    return os.path.exists(os.environ.get(_ERROR_FILE, "")) and _last_attempt()
+
+
 def _last_attempt() -> bool:
     """No restart left (``max_restarts``): this failure ends the job, and the launcher reports it."""
     env = os.environ
@@ -68,6 +84,9 @@ def report_failures(failures: dict[int, Any]) -> int:
     ordered = earliest_first(failures.items(), lambda item: _failed_at(item[1]))
     rank, first = ordered[0]
     code = first.exitcode if isinstance(first.exitcode, int) and first.exitcode > 0 else 1
+    refusal = _extra(first).get("fw_error")
+    if refusal is not None:
+        return _report_refusal(refusal, ordered)
     callstack = _extra(first).get("py_callstack", "")
     others = f"; {len(ordered) - 1} other rank(s) failed too" if len(ordered) > 1 else ""
     lines = [f"fw: error: worker rank {rank} (pid {first.pid}) failed with exit code {first.exitcode}: "
@@ -78,6 +97,21 @@ def report_failures(failures: dict[int, Any]) -> int:
         lines.append(f"fw: worker rank {other_rank} (pid {other.pid}) also failed: {_summary(other)}")
     sys.stderr.write("\n".join(lines) + "\n")
     return code
+
+
+def _report_refusal(refusal: str, ordered: list[tuple[int, Any]]) -> int:
+    """The first failure was a user's mistake (``FwError``): its line once when every rank that
+    failed failed with it, else with its rank and a line per other; no traceback. The exit code
+    is the first that a worker exited with (one that recorded the error may have been stopped by
+    the agent's SIGTERM before it could exit on its own)."""
+    exited = [f.exitcode for _, f in ordered if isinstance(f.exitcode, int) and f.exitcode > 0]
+    if all(_extra(other).get("fw_error") == refusal for _, other in ordered):
+        sys.stderr.write(f"fw: error: {refusal}\n")
+    else:
+        lines = [f"fw: error: worker rank {ordered[0][0]}: {refusal}"]
+        lines += [f"fw: worker rank {r} (pid {other.pid}) also failed: {_summary(other)}" for r, other in ordered[1:]]
+        sys.stderr.write("\n".join(lines) + "\n")
+    return exited[0] if exited else 1
 
 
 def _extra(failure: Any) -> dict:

@@ -28,9 +28,7 @@ def print_summary(run: Run) -> None:
                                           if world > 1 and "threads" in info else ""))
     parts.append(f"device {info['device']}, precision {run.precision.precision}")
     if per_device_batch:
-        replicas = info.get("replicas", 1)  # DataParallel splits one loader batch over its GPUs
-        per_device = per_device_batch // replicas if replicas > 1 else per_device_batch
-        parts.append(f"batch {per_device} per device, global {per_device * replicas * world}")
+        parts.append(_batch_sizes(per_device_batch, info.get("replicas", 1), world, strategy.data_parallel_size))
     if fn == "fit":
         from framework.trainer.summary import parameter_bytes
 
@@ -43,6 +41,17 @@ def print_summary(run: Run) -> None:
         from framework.trainer.summary import print_model_summary
 
         print_model_summary(run.module)
+
+
+def _batch_sizes(loader_batch: int, replicas: int, world: int, data_parallel: int) -> str:
+    """The batch each device computes on and the global batch: the loader's batch on each
+    data-parallel rank (``dp``: one batch split over its GPUs). Ranks that split the model
+    (``model_parallel``'s tensor-parallel ranks) read the same batch: they count once."""
+    per_device = loader_batch // replicas if replicas > 1 else loader_batch
+    text = f"batch {per_device} per device, global {per_device * replicas * data_parallel}"
+    if world > data_parallel:
+        text += f" ({world // data_parallel} ranks share each batch)"
+    return text
 
 
 def report_where_it_went(run: Run) -> None:

@@ -167,3 +167,22 @@ def test_ranks_that_raise_give_one_traceback_the_first_failures(tmp_path):
     others = [line for line in lines if line.startswith("fw: worker rank 0 (pid ")]
     # rank 0 either failed too (its own error, or its peer's disappearance) or was stopped first
     assert len(others) <= 1 and ("1 other rank(s) failed too" in first) == bool(others), result.output
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("overrides, line", [
+    (["trainer.strategy=fsdp", "trainer.precision=16-mixed"],
+     "fw: error: trainer.precision=16-mixed with strategy fsdp: not supported (16-mixed needs a sharded gradient "
+     "scaler); use trainer.precision=bf16-mixed, bf16-true or 32-true"),
+    (["trainer.strategy=model_parallel"],
+     "fw: error: strategy model_parallel: DigitsClassifier does not override configure_model(), where the model is "
+     "parallelized over self.device_mesh; add it (one line: fw.parallel.parallelize(self.model, self.device_mesh, "
+     "blocks={Block})), or use strategy fsdp"),
+], ids=["16-mixed-under-fsdp", "model-parallel-without-configure-model"])
+def test_a_refusal_every_rank_raises_at_set_up_is_one_line_once(overrides, line):
+    """Every worker refuses the run alike: the launcher prints the line once, with no traceback,
+    and exits as ``fw`` does in one process (2: the recipe is wrong)."""
+    cmd = [FW, "fit", "conf/digits.yaml", "trainer.devices=2", "trainer.max_epochs=1", "logger=false", *overrides]
+    result = run_cmd(cmd, timeout=90)
+    assert result.output.splitlines() == [line], result.output
+    assert result.returncode == 2

@@ -309,6 +309,12 @@ class OddSequence(LM):  # sequences of 7 tokens: 2 ranks cannot split them
         tokens, targets = parallel_lm.data(16).tensors
         return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(tokens[:, :7], targets[:, :7]), batch_size=8)
 
+class OddWidthMLP(LM):  # an MLP of 65 features: 2 ranks cannot split them evenly
+    def __init__(self):
+        super().__init__()
+        for block in self.model.blocks:
+            block.mlp.fc, block.mlp.proj = torch.nn.Linear(parallel_lm.WIDTH, 65), torch.nn.Linear(65, parallel_lm.WIDTH)
+
 CASES = {"no_configure_model": (NoConfigureModel, {"tensor_parallel_size": 2}),
          "data_parallel_unsharded": (ShardsNothing, {"data_parallel_size": 2}),
          "tensor_parallel_unsplit": (ShardsNothing, {"tensor_parallel_size": 2}),
@@ -316,7 +322,8 @@ CASES = {"no_configure_model": (NoConfigureModel, {"tensor_parallel_size": 2}),
          "fused_qkv": (FusedQKV, {"tensor_parallel_size": 2}),
          "optimizer_from_init": (OptimizerFromInit, {"tensor_parallel_size": 2}),
          "whole_parameter_apart": (WholeScaleApart, {"tensor_parallel_size": 2}),
-         "sequence_not_divisible": (OddSequence, {"tensor_parallel_size": 2})}
+         "sequence_not_divisible": (OddSequence, {"tensor_parallel_size": 2}),
+         "width_not_divisible": (OddWidthMLP, {"tensor_parallel_size": 2})}
 said = {}
 for tag, (cls, sizes) in CASES.items():
     trainer = fw.Trainer(**parallel_lm.QUIET, enable_checkpointing=False, devices=2, max_steps=2,
@@ -342,6 +349,8 @@ EXPECTED = {
     "whole_parameter_apart": "model.blocks.0.mlp.scale, model.blocks.1.mlp.scale differ between the ranks",
     "sequence_not_divisible": "Block's input (8, 7, 16) is not (batch, sequence, width) with a sequence that "
                               "tensor_parallel_size=2 divides; give sequences of a multiple of 2 tokens",
+    "width_not_divisible": "Block.mlp.fc (colwise) has 65 output features, which tensor_parallel_size=2 does not "
+                           "divide; give it a width that 2 divides, or choose a tensor-parallel size that divides 65",
 }
 
 

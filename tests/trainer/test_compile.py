@@ -141,3 +141,20 @@ def test_without_a_cxx_compiler_inductor_falls_back_or_stops_in_one_line(tmp_pat
 def test_a_compile_setting_fw_does_not_know_is_refused(value, words):
     with pytest.raises(fw.ConfigError, match=words):
         fw.Trainer(accelerator="cpu", compile=value)
+
+
+@in_a_copy
+@pytest.mark.parametrize(("value", "words"), [
+    ({"mode": "fastest"}, r"trainer.compile mode='fastest': Unrecognized mode=fastest, should be one of: default, "),
+    ({"backend": "fastest"}, r"trainer.compile.backend='fastest': not a torch.compile backend; give inductor \(the "
+                             r"default\), aot_eager, eager"),
+    ({"options": {"no_such_option": 1}}, r"trainer.compile options=\{'no_such_option': 1\}: Unexpected optimization "
+                                         r"option no_such_option, known options are \["),
+])
+def test_a_compile_mode_or_backend_torch_does_not_have_is_refused_in_one_line(tmp_path, value, words):
+    """torch raises its own RuntimeError (or InvalidBackend) from torch.compile: fw names the key."""
+    trainer = fw.Trainer(**parallel_lm.QUIET, devices=1, max_steps=1, enable_checkpointing=False, compile=value,
+                         default_root_dir=str(tmp_path))
+    with pytest.raises(fw.ConfigError, match=words) as err:
+        trainer.fit(parallel_lm.LM(), DataLoader(parallel_lm.data(8), batch_size=8))
+    assert "\n" not in str(err.value)
