@@ -162,7 +162,8 @@ def check_writable_on_every_rank(path: str | os.PathLike, what: str, strategy: S
 
 def remove_stale_temp_files(directory: str | os.PathLike) -> list[str]:
     """Remove what killed writes left in ``directory`` (``atomic_save``'s ``.NAME.*.tmp``
-    files, a sharded save's ``.NAME.partial`` and ``.NAME.old`` folders); call it when no write
+    files, a sharded save's ``.NAME.partial`` and ``.NAME.old`` folders, a logger's ``.fw-upload-*``
+    staging folders of a checkpoint upload); call it when no write
     can be under way there. Returns the removed paths."""
     import shutil
 
@@ -174,7 +175,9 @@ def remove_stale_temp_files(directory: str | os.PathLike) -> list[str]:
             removed.append(tmp)
         except OSError:
             pass
-    for partial in glob.glob(os.path.join(folder, ".*.ckpt.partial")) + glob.glob(os.path.join(folder, ".*.ckpt.old")):
+    # a logger's upload staging folders (framework/loggers/checkpoint_uploads.py) too
+    stale = [".*.ckpt.partial", ".*.ckpt.old", ".fw-upload-*"]
+    for partial in [path for pattern in stale for path in glob.glob(os.path.join(folder, pattern))]:
         shutil.rmtree(partial, ignore_errors=True)
         removed.append(partial)
     return removed

@@ -8,6 +8,7 @@ The tiers: ``pytest -m "not procs and not cluster"`` (the fast tier, one process
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -113,3 +114,23 @@ def subprocess_env() -> dict:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "tests"), env.get("PYTHONPATH", "")])
     return env
+
+
+@pytest.fixture
+def mount(tmp_path):
+    """``mount(options) -> path``: a fresh tmpfs (a full disk, a read-only one); unmounted afterwards.
+    Mounting needs root: the test skips with the reason otherwise."""
+    mounted = []
+
+    def make(options: str) -> Path:
+        path = tmp_path / f"mnt{len(mounted)}"
+        path.mkdir()
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)], capture_output=True, text=True)
+        if done.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here ({done.stderr.strip() or 'not root'})")
+        mounted.append(path)
+        return path
+
+    yield make
+    for path in mounted:
+        subprocess.run(["umount", "-l", str(path)], capture_output=True)

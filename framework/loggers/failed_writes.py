@@ -16,6 +16,11 @@ class FailedWrites:
         self.dropped = 0
         self._failing = False
 
+    @property
+    def failing(self) -> bool:
+        """Whether the last write failed."""
+        return self._failing
+
     def failed(self, path: str, err: OSError, waiting: int, what: str) -> None:
         """A write of ``waiting`` ``what`` to ``path`` failed; they wait for the next try."""
         if not self._failing:

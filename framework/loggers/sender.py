@@ -8,7 +8,7 @@ queue and is tried again every ``retry_every`` seconds, so the logger catches up
 when the server is back. One warning says when the server went away (naming the logger, the URL
 and what waits): when a call failed so, or when one has waited ``stall_after`` seconds (a
 client's own retries, MLflow's about 4 minutes, hold it that long); one info line when it is back. A call the server refuses for good (a 4xx
-answer: a bad value) is dropped with one warning naming it.
+answer: a bad value) is dropped; the first one with a warning naming it, the others counted.
 
 The queue is bounded (``max_pending`` calls): what comes while it is full is dropped and
 counted. At the end (``close``) the thread gets time to send what is left: as long as it makes
@@ -75,7 +75,7 @@ class Sender:
         self._closing = self._abandoned = False
         self._down_since: float | None = None  # monotonic time of the first failure of this outage
         self._last_progress = time.monotonic()
-        self._said_full = False
+        self._said_full = self._said_refused = False
         self._said_away = False  # the warning of this outage was given
         self._sending_since: float | None = None  # monotonic time the call in flight began
         self._thread = threading.Thread(target=self._run, name=f"fw-{who}-sender", daemon=True)
@@ -141,7 +141,10 @@ class Sender:
                     with self._cond:
                         self._cond.wait_for(lambda: self._abandoned, timeout=self.retry_every)
                     continue
-                rank_zero_warn(f"{self.who}: {self.where} refused {call.what} ({_first_line(err)}); dropped")
+                if not self._said_refused:  # a server that refuses every call: one warning, and the count at the end
+                    self._said_refused = True
+                    rank_zero_warn(f"{self.who}: {self.where} refused {call.what} ({_first_line(err)}); dropped, as is "
+                                   "whatever it refuses from now on (counted at the end)")
                 self._finish(call, sent=False)
                 continue
             self._sending_since = None

@@ -2,17 +2,26 @@
 
 ``torch.utils.tensorboard`` (and with it ``tensorboard``) is imported on the first write, not
 when this module is imported, so that ``import framework`` stays light.
+
+A folder that cannot be written mid-fit (a full disk, the folder gone) does not stop training.
+``SummaryWriter`` writes in a thread that dies at the first ``OSError`` and raises it at the next
+call; the logger then drops that writer, and the metrics logged since the last flush that worked
+wait (up to 10,000 ``log_metrics`` calls) and go to a new event file in the same folder at the
+next ``save`` that works: one warning when it starts, and at the end one warning counts the calls
+never written. (Lightning's TensorBoardLogger ends the fit with the ``OSError``.)
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import threading
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from framework.errors import ConfigError
 from framework.loggers.base import Logger, flatten, save_hparams_yaml, to_float, to_plain
+from framework.loggers.failed_writes import FailedWrites
 
 if TYPE_CHECKING:
     from torch.utils.tensorboard import SummaryWriter
@@ -50,6 +59,11 @@ class TensorBoardLogger(Logger):
         self._writer_options = {"flush_secs": 10, **kwargs}
         self.hparams: dict[str, Any] = {}
         self._experiment: SummaryWriter | None = None
+        self._waiting: list[tuple[int, dict[str, float]]] = []  # logged since the last flush that worked
+        self._sent = 0  # how many of them the writer has been given
+        self._failed = FailedWrites("TensorBoardLogger")
+        self._hp_metrics: dict[str, float] | None = None  # of the last log_hyperparams, for its summary
+        self._hparams_sent = self._yaml_unsaved = False
 
     @property
     def sub_dir(self) -> str | None:
@@ -62,18 +76,35 @@ class TensorBoardLogger(Logger):
 
     @property
     def experiment(self) -> SummaryWriter:
-        """The ``SummaryWriter``, created (with the log folder) on first use."""
+        """The ``SummaryWriter``, created (with the log folder and a new event file) on first use,
+        and again after a write failed."""
         if self._experiment is None:
             from torch.utils.tensorboard import SummaryWriter
 
-            os.makedirs(self.log_dir, exist_ok=True)
-            self._experiment = SummaryWriter(log_dir=self.log_dir, **self._writer_options)
+            before = set(os.listdir(self.log_dir)) if os.path.isdir(self.log_dir) else set()
+            _quiet(self.log_dir)
+            try:
+                os.makedirs(self.log_dir, exist_ok=True)
+                self._experiment = SummaryWriter(log_dir=self.log_dir, **self._writer_options)
+            except OSError:  # its first event could not be written: remove the file it began
+                for name in set(os.listdir(self.log_dir)) - before if os.path.isdir(self.log_dir) else ():
+                    _remove(os.path.join(self.log_dir, name))
+                raise
+            self._sent = 0
         return self._experiment
 
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
-        writer = self.experiment
-        for key, value in metrics.items():
-            writer.add_scalar(self._prefixed(key), to_float(value), global_step=step)
+        if len(self._waiting) >= self._failed.keep:
+            self._push()  # so many calls without a save; when the folder cannot be written, the call is dropped
+            if len(self._waiting) >= self._failed.keep:
+                self._failed.dropped += 1
+                return
+        self._waiting.append((step, {self._prefixed(key): to_float(value) for key, value in metrics.items()}))
+        if self._experiment is not None or not self._failed.failing:  # after a failure, only save() tries again
+            try:
+                self._send()
+            except OSError as err:
+                self._writer_failed(err)
 
     def log_hyperparams(self, params: Mapping[str, Any] | argparse.Namespace,
                         metrics: Mapping[str, float] | None = None) -> None:
@@ -84,35 +115,131 @@ class TensorBoardLogger(Logger):
             metrics: Optional metrics to show next to them in the HPARAMS tab.
         """
         self.hparams.update(to_plain(params))
-        save_hparams_yaml(os.path.join(self.log_dir, "hparams.yaml"), self.hparams)
-
+        self._save_hparams_yaml()
         metrics = dict(metrics or {})
         if self.default_hp_metric and not metrics:  # Lightning's placeholder, at each call's hyperparameters
             metrics = {"hp_metric": -1.0}
         if metrics:
             self.log_metrics(metrics, step=0)
-
-        from torch.utils.tensorboard.summary import hparams
-
-        # TensorBoard's hparams plugin takes only numbers, strings, bools (and tensors).
-        flat = {k: (v if isinstance(v, (bool, int, float, str)) else str(v))
-                for k, v in flatten(self.hparams).items()}
-        # Written into this run's own event file; SummaryWriter.add_hparams would start a new
-        # sub-run folder instead.
-        writer = self.experiment._get_file_writer()
-        for summary in hparams(flat, {k: to_float(v) for k, v in metrics.items()}):
-            writer.add_summary(summary)
+        self._hp_metrics = {k: to_float(v) for k, v in metrics.items()}
+        if self._experiment is not None or not self._failed.failing:
+            try:
+                self._send()
+            except OSError as err:
+                self._writer_failed(err)
 
     def save(self) -> None:
-        if self._experiment is not None:
-            self._experiment.flush()
+        """Flush the writer; when the folder cannot be written, what was logged waits for the next call."""
+        if self._experiment is not None or self._waiting:
+            self._push()
         hparams_file = os.path.join(self.log_dir, "hparams.yaml")
-        if os.path.isdir(self.log_dir) and not os.path.isfile(hparams_file):  # Lightning's: also without any
-            save_hparams_yaml(hparams_file, self.hparams)
+        if os.path.isdir(self.log_dir) and (self._yaml_unsaved or not os.path.isfile(hparams_file)):
+            self._save_hparams_yaml()  # Lightning's: also without any
 
     def finalize(self, status: str) -> None:
+        if self._experiment is not None or self._waiting:
+            self._push()
         if self._experiment is not None:
-            self._experiment.flush()
-            self._experiment.close()
+            try:
+                self._experiment.close()
+            except OSError as err:
+                self._writer_failed(err)
             # A later write (e.g. trainer.test after fit) opens a new event file in the same folder.
             self._experiment = None
+        self._failed.report(self.log_dir, len(self._waiting), "log_metrics calls")
+        self._waiting = []
+
+    def _save_hparams_yaml(self) -> None:
+        path = os.path.join(self.log_dir, "hparams.yaml")
+        try:
+            save_hparams_yaml(path, self.hparams)
+        except OSError as err:
+            self._yaml_unsaved = True
+            self._failed.failed(path, err, len(self._waiting), "log_metrics calls")
+        else:
+            self._yaml_unsaved = False
+
+    def _send(self) -> None:
+        """Give the writer (a new one, after a failure) what it has not been given yet: the
+        scalars, then the hyperparameters' summary (TensorBoard's HPARAMS tab)."""
+        writer = self.experiment
+        for step, values in self._waiting[self._sent:]:
+            for key, value in values.items():
+                writer.add_scalar(key, value, global_step=step)
+            self._sent += 1
+        if self._hp_metrics is not None and not self._hparams_sent:
+            from torch.utils.tensorboard.summary import hparams
+
+            # TensorBoard's hparams plugin takes only numbers, strings, bools (and tensors).
+            flat = {k: (v if isinstance(v, (bool, int, float, str)) else str(v))
+                    for k, v in flatten(self.hparams).items()}
+            # Written into this run's own event file; SummaryWriter.add_hparams would start a new
+            # sub-run folder instead.
+            for summary in hparams(flat, self._hp_metrics):
+                writer._get_file_writer().add_summary(summary)
+            self._hparams_sent = True
+
+    def _push(self) -> None:
+        """Send what waits and flush; when that fails it all waits for the next call."""
+        try:
+            self._send()
+            self.experiment.flush()
+        except OSError as err:
+            self._writer_failed(err)
+            return
+        self._failed.worked(self.log_dir, len(self._waiting), "log_metrics calls")
+        self._waiting, self._sent = [], 0
+
+    def _writer_failed(self, err: OSError) -> None:
+        """Drop the writer, whose thread has died (its event file stays, with what it wrote)."""
+        if self._experiment is not None:
+            try:
+                self._experiment.close()
+            except OSError:
+                pass
+            self._experiment = None
+        self._hparams_sent = False  # the new event file gets them too
+        self._failed.failed(self.log_dir, err, len(self._waiting), "log_metrics calls")
+
+
+def _remove(path: str) -> None:
+    try:
+        os.remove(path)
+    except OSError:
+        pass
+
+
+class _QuietWriterThreads:
+    """``threading.excepthook`` that does not print the ``OSError`` which ends a TensorBoard
+    writer thread writing into one of the loggers' folders as a traceback (the writer raises it
+    again at its next call, and the logger warns once); everything else goes to the hook that
+    was there before. (The thread is told by the file it writes: it can fail while its writer is
+    being made, before the logger has the writer.)"""
+
+    def __init__(self) -> None:
+        self.folders: set[str] = set()
+        self.previous: Any = threading.__excepthook__
+        self.calling = threading.local()
+
+    def add(self, folder: str) -> None:
+        self.folders.add(os.path.abspath(folder))
+        if threading.excepthook is not self:  # again if another hook was put there since (pytest does, per test)
+            self.previous, threading.excepthook = threading.excepthook, self
+
+    def __call__(self, args: threading.ExceptHookArgs) -> None:
+        writer = getattr(getattr(args.thread, "_record_writer", None), "_writer", None)
+        path = getattr(writer, "filename", None) or getattr(writer, "name", None)  # tensorboard's stub GFile, tf's
+        ours = isinstance(path, (str, bytes)) and os.path.dirname(os.path.abspath(os.fsdecode(path))) in self.folders
+        if ours and args.exc_type is not None and issubclass(args.exc_type, OSError):
+            return
+        if getattr(self.calling, "now", False):  # a hook that calls the one it replaced, which was this one
+            threading.__excepthook__(args)
+            return
+        self.calling.now = True
+        try:
+            self.previous(args)
+        finally:
+            self.calling.now = False
+
+
+_quiet = _QuietWriterThreads().add

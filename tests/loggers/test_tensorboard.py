@@ -125,3 +125,127 @@ def test_loggers_given_a_default_root_share_one_version_folder(tmp_path):
     tb.log_metrics({"x": 1.0}, step=0)
     tb.finalize("success")
     assert tb.log_dir == csv_logger.log_dir == os.path.join(str(tmp_path), "fw_logs", "version_1")
+
+
+class _Recorder(TensorBoardLogger):
+    """A TensorBoardLogger (on a disk with room) that also keeps every call it was given."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.calls = []
+
+    def log_metrics(self, metrics, step):
+        self.calls.append((step, {key: float(value) for key, value in metrics.items()}))
+        super().log_metrics(metrics, step)
+
+
+def _fills_the_disk(base, disk, fill_at: int, free_at: int | None = None):
+    """A callback (on fw's or Lightning's ``Callback``) that fills the tmpfs ``disk`` after global
+    step ``fill_at`` and frees it after step ``free_at``."""
+    filler = disk / "filler"
+
+    class FillsTheDisk(base):
+        def on_train_batch_end(self, trainer, *args, **kwargs):
+            if trainer.global_step == fill_at:
+                with pytest.raises(OSError), open(filler, "wb") as f:
+                    while True:
+                        f.write(b"x" * 4096)
+                        f.flush()
+            if trainer.global_step == free_at:
+                filler.unlink()
+
+    return FillsTheDisk()
+
+
+def _module(base):
+    """The module of tests/loggers/fits.py, with 60 more values a step: each log call then needs
+    a new page of the event file, which a full disk refuses."""
+    from loggers.fits import LogsLosses
+
+    class Net(LogsLosses, base):
+        def __init__(self, lr: float = 0.05):
+            super().__init__()
+            self.save_hyperparameters()
+            self.seeded_net()
+
+        def training_step(self, batch, batch_idx):
+            self.log_dict({f"more/{k}": float(k) for k in range(60)})
+            return super().training_step(batch, batch_idx)
+
+    return Net()
+
+
+def _fit_on_a_disk_that_fills(tmp_path, disk, free_at):
+    import warnings
+
+    from toy import loader, regression_data
+
+    import framework as fw
+    from framework.callbacks import ModelCheckpoint
+    from framework.rank_zero import FwWarning
+    from loggers.fits import SETTINGS
+
+    logger, recorder = TensorBoardLogger(save_dir=disk, name="exp"), _Recorder(save_dir=tmp_path / "sent", name="exp")
+    checkpoint = ModelCheckpoint(dirpath=str(tmp_path / "ckpt"), save_top_k=-1)  # on a disk with room
+    trainer = fw.Trainer(logger=[logger, recorder], default_root_dir=str(tmp_path),
+                         callbacks=[checkpoint, _fills_the_disk(fw.Callback, disk, 3, free_at)], **SETTINGS)
+    data = regression_data(32)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        trainer.fit(_module(fw.TrainModule), loader(data), loader(data))  # 8 steps
+    saved = sorted(name for name in os.listdir(tmp_path / "ckpt") if name.endswith(".ckpt"))
+    assert saved == ["epoch=0-step=4.ckpt", "epoch=1-step=8.ckpt"]  # training never stopped
+    said = [str(w.message) for w in record if issubclass(w.category, FwWarning)]
+    assert said[0] == (f"TensorBoardLogger: cannot write {logger.log_dir} (OSError: No space left on device); "
+                       "training goes on, and the log_metrics calls wait (up to 10000) to be written when it can be")
+    written = _scalars(logger.log_dir)
+    unwritten = [(step, values) for step, values in recorder.calls
+                 if not all((step, value) in written.get(key, []) for key, value in values.items())]
+    return logger, recorder, written, unwritten, said
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # Lightning's writer thread
+def test_a_full_disk_mid_fit_is_one_warning_and_every_value_is_written_when_it_has_room(tmp_path, mount, capfd):
+    """fw: the fit goes on, one warning (no thread traceback), and the values that waited go to a
+    new event file once the disk has room. Lightning's TensorBoardLogger ends the fit with the OSError."""
+    logger, recorder, written, unwritten, said = _fit_on_a_disk_that_fills(tmp_path, mount("size=64k"), free_at=6)
+    assert len(said) == 1 and unwritten == []
+    from collections import Counter
+
+    sent = _scalars(recorder.log_dir)
+    assert sorted(written) == sorted(sent)
+    assert all(not Counter(sent[key]) - Counter(written[key]) for key in sent)  # every value, as often as sent
+    # The values of the call being written when the disk filled may be there twice (before, and in the new file).
+    twice = {(key, step, value) for key in sent for step, value in Counter(written[key]) - Counter(sent[key])}
+    assert twice <= {(key, step, value) for step, values in recorder.calls for key, value in values.items()}
+    assert len({step for _, step, _ in twice}) <= 1
+    assert len(os.listdir(logger.log_dir)) == 3  # the first event file, the one after the disk had room, hparams.yaml
+    assert "Traceback" not in capfd.readouterr().err
+
+    pl = pytest.importorskip("pytorch_lightning")
+    import signal
+
+    from pytorch_lightning.loggers import TensorBoardLogger as LightningTensorBoardLogger
+    from toy import loader, regression_data
+
+    from loggers.fits import SETTINGS
+
+    disk = mount("size=64k")
+    trainer = pl.Trainer(logger=LightningTensorBoardLogger(save_dir=disk, name="exp"), enable_checkpointing=False,
+                         callbacks=[_fills_the_disk(pl.Callback, disk, 3)], **SETTINGS)
+    handler = signal.getsignal(signal.SIGTERM)
+    data = regression_data(32)
+    try:
+        with pytest.raises(OSError, match="No space left on device"):
+            trainer.fit(_module(pl.LightningModule), loader(data), loader(data))
+    finally:
+        signal.signal(signal.SIGTERM, handler)  # Lightning's failed fit leaves its handler there
+
+
+@pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")  # the writer's thread is quiet
+def test_a_disk_that_stays_full_is_one_warning_and_one_count(tmp_path, mount):
+    logger, recorder, written, unwritten, said = _fit_on_a_disk_that_fills(tmp_path, mount("size=64k"), free_at=None)
+    assert said[1:] == [f"TensorBoardLogger: not written to {logger.log_dir}: {len(unwritten)} log_metrics calls"]
+    assert 0 < len(unwritten) < len(recorder.calls)
+    assert unwritten == recorder.calls[-len(unwritten):]  # what was written is the calls before the disk filled
+    assert len([name for name in os.listdir(logger.log_dir) if name.startswith("events.")]) == 1  # no empty files

@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 
 import pytest
-import torch
 from toy import QUIET, LinearModel, loader, regression_data
 
 import framework as fw
@@ -43,10 +42,13 @@ def test_stale_temp_files_of_killed_writes_are_removed_at_the_next_start(tmp_pat
     stale.write_bytes(b"half a checkpoint")
     keep = ck / "notes.txt"
     keep.write_text("not ours")
+    from framework.loggers.checkpoint_uploads import stage
+
+    staged = stage(str(keep), metadata={"score": 1.0})  # a logger's upload, its process killed before it ended
     trainer = fw.Trainer(**{**QUIET, "enable_checkpointing": True}, max_steps=1,
                          callbacks=[ModelCheckpoint(dirpath=ck, save_last=True)])
     trainer.fit(LinearModel(), loader(regression_data(16), 8))
-    assert not stale.exists() and keep.exists()
+    assert not stale.exists() and not os.path.exists(staged) and keep.read_text() == "not ours"
     assert sorted(os.listdir(ck)) == [".fw-checkpoints.json", "epoch=0-step=1.ckpt", "last.ckpt", "notes.txt"]
 
 

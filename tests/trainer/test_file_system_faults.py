@@ -5,7 +5,6 @@ mounts, so they need root; they skip with a reason otherwise)."""
 from __future__ import annotations
 
 import os
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -16,25 +15,6 @@ from toy import QUIET, LinearModel, loader, regression_data
 import framework as fw
 from framework.callbacks import ModelCheckpoint
 from framework.errors import CheckpointError, ConfigError
-
-
-@pytest.fixture
-def mount(tmp_path):
-    """``mount(options) -> path``: a fresh tmpfs; unmounted afterwards."""
-    mounted = []
-
-    def make(options: str) -> Path:
-        path = tmp_path / f"mnt{len(mounted)}"
-        path.mkdir()
-        done = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)], capture_output=True, text=True)
-        if done.returncode != 0:
-            pytest.skip(f"cannot mount a tmpfs here ({done.stderr.strip() or 'not root'})")
-        mounted.append(path)
-        return path
-
-    yield make
-    for path in mounted:
-        subprocess.run(["umount", "-l", str(path)], capture_output=True)
 
 
 def test_a_file_as_default_root_dir_is_a_one_line_cli_error(tmp_path):
