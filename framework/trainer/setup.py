@@ -4,7 +4,8 @@
 ``setup(stage)`` of the DataModule, the callbacks and the module, then ``configure_model``, then
 every loader sharded for this rank), the loggers and the run directory, the hook dispatcher,
 the wrapped model and the optimisers. ``teardown``: the hooks, the loggers,
-the strategy (process group), and every process-wide setting the run changed, put back.
+the strategy (process group), the loaders' workers and the last batch, and every process-wide
+setting the run changed, put back.
 """
 
 from __future__ import annotations
@@ -122,6 +123,7 @@ def setup(run: Run, loaders: dict, ckpt_path: Any) -> str | None:
     made = {key: _loaders(run, key) if _needs_loader(run, key, loaders[key], source) else []
             for key in sorted(wanted, key=lambda key: key != "validate" or settings.num_sanity_val_steps == 0)}
     run.loaders = {key: made[key] for key in wanted}
+    run.keep_batch_counts()
     for key, stage_loaders in run.loaders.items():
         for loader in stage_loaders:
             refuse_a_fraction_of_no_batch(loader, settings.limits[key], key)
@@ -244,8 +246,9 @@ def _restore_process_settings(saved: tuple | None) -> None:
 # -- teardown -------------------------------------------------------------------------------------
 def teardown(run: Run, failed: bool = False) -> None:
     """After a failure the ``teardown`` hooks are not called, as in Lightning (``on_exception``
-    was); the loggers, the process group and the process settings are released either way.
-    The Run stays readable (the Trainer's properties answer from it) but holds no live part."""
+    was); the loggers, the process group, the process settings, the loaders' worker processes
+    and the last batch are released either way. The Run stays readable (the Trainer's
+    properties answer from it) but holds no live part."""
     fn = run.fn
     try:
         if not failed and fn == "fit":
@@ -261,6 +264,7 @@ def teardown(run: Run, failed: bool = False) -> None:
         timing.end_run(run, failed)  # the profiler's report (Lightning's place: after the loggers)
     finally:
         run.strategy.teardown()
+        run.release()
         _restore_process_settings(run.process_settings)
         run.process_settings, run.manual = None, None
         run.state.stage = None  # ``fn`` stays the last call's, as in Lightning
