@@ -36,6 +36,7 @@ from framework.trainer.run import Run
 
 if TYPE_CHECKING:
     from framework.trainer.settings import Settings
+    from framework.trainer.state import RunState
     from framework.trainer.trainer import Trainer
 
 
@@ -60,6 +61,15 @@ def default_callbacks(callbacks: list, enable_checkpointing: bool, enable_progre
 
 
 # -- set-up ---------------------------------------------------------------------------------------
+def refuse_a_call_inside_another(state: RunState, fn: str) -> None:
+    """A Trainer runs one call at a time: one made from a hook or callback of another would
+    replace the running call's parts under it (Lightning fails an assertion there)."""
+    if state.stage is not None:
+        raise ConfigError(f"trainer.{fn}() was called while trainer.{state.fn}() runs (stage '{state.stage}', from "
+                          f"a hook or callback): a Trainer runs one call at a time; call {fn}() after {state.fn}() "
+                          "returns, or on a second Trainer")
+
+
 def checked_model(fn: str, model: Any) -> TrainModule:
     """The call's model; refused when there is none or it is not a TrainModule."""
     if model is None:

@@ -214,6 +214,7 @@ class Trainer(TrainerProperties, LightningViews):
         """Here, or as every rank of the workers the launcher starts: rank 0's outcome comes back
         and is applied here (``outcome.py``); fw's own launcher ends this process instead
         (``JobEnded``: its workers re-ran the whole program)."""
+        setup.refuse_a_call_inside_another(self.state, call.fn)
         call = dataclasses.replace(call, ckpt_path=checkpointing.lightnings_default(
             call.fn, call.ckpt_path, call.model is not None, self))
         if self.launcher is None:
