@@ -14,6 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
+
 from framework.data.sampler_injection import in_global_order, shard_dataloader, without_shuffle
 from framework.errors import ConfigError
 from framework.profilers.timing import timed
@@ -93,3 +95,14 @@ class LoaderSource:
             if self.given.get(key) is None and loaders.get(key):
                 loaders[key] = self.loaders(key)
 
+
+
+def shut_down_workers(loaders: list) -> None:
+    """End the worker processes that each loader's iterator keeps (a ``persistent_workers=True``
+    DataLoader keeps one, and its workers, from one pass to the next), as Lightning does at the
+    end of every call; a later pass starts new ones."""
+    for loader in loaders:
+        iterator = getattr(loader, "_iterator", None)
+        if isinstance(iterator, _MultiProcessingDataLoaderIter):
+            iterator._shutdown_workers()
+            loader._iterator = None

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from framework.trainer.trainer import Trainer
 
-LENDABLE = ("settings", "callbacks", "loggers", "run", "runs")
+LENDABLE = ("settings", "callbacks", "loggers", "run", "last_fit", "batch_counts")
 
 
 def lend_parts(trainer: Trainer, **parts: Any) -> None:

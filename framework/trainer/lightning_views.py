@@ -103,7 +103,8 @@ class LightningViews:
     strategy: Strategy
     state: RunState
     run: Run | None
-    runs: dict[str, Run]
+    last_fit: Run | None
+    batch_counts: dict[str, list[int | float]]
     precision_plugin: Precision
     fit_loop: FitLoopView
 
@@ -152,7 +153,7 @@ class LightningViews:
         return {"num_replicas": strategy.data_parallel_size, "rank": strategy.data_parallel_rank}
 
     # -- the data: the loaders are the current (or last) call's; the batch counts, as Lightning's loops
-    # keep theirs from one call to the next, the last call's of that kind (``trainer.runs``)
+    # keep theirs from one call to the next, the last call's of that kind (the fit's from its loaders)
     def _loaders_of(self, key: str) -> Any:
         found = (self.run.loaders.get(key) if self.run is not None else None) or []
         return found[0] if len(found) == 1 else (found or None)
@@ -174,11 +175,13 @@ class LightningViews:
         return self._loaders_of("predict")
 
     def _batches_per_loader(self, fn: str, stage: str) -> list[int | float]:
-        """Batches per ``stage`` loader of the last ``fn`` call (the current one, if it is one)."""
+        """Batches per ``stage`` loader of the last ``fn`` call (the current one, if it is one):
+        a fit's from its loaders (reloaded ones too), the others' as their set-up counted them."""
         from framework.loops.batches import num_batches
 
-        run = self.runs.get(fn)
-        loaders = (run.loaders.get(stage) if run is not None else None) or []
+        if fn != "fit":
+            return list(self.batch_counts.get(fn, []))
+        loaders = (self.last_fit.loaders.get(stage) if self.last_fit is not None else None) or []
         return [num_batches(loader, self.settings.limits[stage]) for loader in loaders]
 
     @property
@@ -206,8 +209,7 @@ class LightningViews:
     def val_check_batch(self) -> int | float | None:
         """Training batches between validations inside an epoch (None before a fit's training
         starts; the last fit's after it, as in Lightning)."""
-        run = self.run
-        limit = run.fit_batches if run is not None else None
+        limit = self.last_fit.fit_batches if self.last_fit is not None else None
         if limit is None:  # as Lightning: known once a fit's training starts
             return None
         interval = self.settings.val_check_interval

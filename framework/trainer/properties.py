@@ -4,9 +4,9 @@ Kept apart from ``trainer.py`` so that the Trainer's own code (its arguments, it
 its own; every name here means what Lightning's does. What belongs to one call (the module, the
 metrics) is read from the current (or last) ``Run``; before the first call those answer None or
 empty.
-What Lightning keeps from one call to the next is read from the last ``Run`` of its kind
-(``trainer.runs``): the optimisers and schedulers are the last fit's through validate, test and
-predict, as Lightning's strategy keeps them.
+What Lightning keeps from one call to the next is read from the last fit (``trainer.last_fit``):
+the optimisers and schedulers are the last fit's through validate, test and predict, as
+Lightning's strategy keeps them, and so are the training batch counts.
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ class TrainerProperties:
     num_nodes: int
     launcher: Launcher | None
     run: Run | None
-    runs: dict[str, Run]
+    last_fit: Run | None
 
     # -- the settings, under their argument names --------------------------------------------
     max_epochs = _setting("max_epochs")
@@ -205,14 +205,12 @@ class TrainerProperties:
     @property
     def optimizers(self) -> list[torch.optim.Optimizer]:
         """The last fit's (also in the validate, test and predict calls after it, as in Lightning)."""
-        fit = self.runs.get("fit")
-        return fit.optimizers if fit is not None else []
+        return self.last_fit.optimizers if self.last_fit is not None else []
 
     @property
     def lr_scheduler_configs(self) -> list[LRSchedulerConfig]:
         """The last fit's, as ``optimizers``."""
-        fit = self.runs.get("fit")
-        return fit.lr_scheduler_configs if fit is not None else []
+        return self.last_fit.lr_scheduler_configs if self.last_fit is not None else []
 
     @property
     def logger(self) -> Logger | None:
@@ -234,7 +232,7 @@ class TrainerProperties:
     def num_training_batches(self) -> float:
         """Training batches per epoch of the last fit (``inf`` before its training starts, or
         for a loader without a length), as Lightning reports them."""
-        found = self.run.fit_batches if self.run is not None else None
+        found = self.last_fit.fit_batches if self.last_fit is not None else None
         return math.inf if found is None else found
 
     @property
@@ -246,7 +244,7 @@ class TrainerProperties:
 
         settings = self.settings
         loaders = self.run.loaders.get("train") if self.run is not None else None
-        if not loaders and (fit := self.runs.get("fit")) is not None:  # after a fit: its loader's, as Lightning's
+        if not loaders and (fit := self.last_fit) is not None:  # after a fit: its loader's, as Lightning's
             loaders = fit.loaders.get("train")
         if not loaders:
             return math.inf if settings.max_steps == -1 else float(settings.max_steps)

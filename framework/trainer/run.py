@@ -3,12 +3,14 @@
 Set-up (``setup.py``) builds a ``Run`` for each call; the loops (``framework.loops``) take it and
 read everything from it: the module and the data, the optimisers and schedulers, the hooks, the
 metrics, where the run stands (``state``) and the Trainer's frozen ``settings``. The next call
-builds a new one, so nothing of a call has to be reset on the Trainer; the Trainer keeps the
-last one (``trainer.run``), and the last of each kind (``trainer.runs``), so that Lightning's
-properties still answer after the call returned as Lightning's do: ``trainer.lightning_module``
-and the loaders are the last call's, ``trainer.optimizers`` and ``lr_scheduler_configs`` the last
-fit's (Lightning's strategy keeps them through validate, test and predict), ``num_test_batches``
-the last test's (Lightning's loops keep theirs).
+builds a new one, so nothing of a call has to be reset on the Trainer. Between calls the Trainer
+keeps what Lightning's keeps, so that its properties answer after a call as Lightning's do: the
+last call's Run (``trainer.run``: the module, the loaders, the metrics), the last fit's
+(``trainer.last_fit``: its optimizers and schedulers, which Lightning's strategy keeps through
+validate, test and predict, its batch counts and what ``save_checkpoint`` writes after it), and
+the batches per loader of the last validate, test and predict (``trainer.batch_counts``, as
+Lightning's loops keep their ``max_batches``). A Run that ended holds no live part: teardown
+shuts its loaders' worker processes down and drops its last batch, as Lightning does.
 A ``Call`` is the public call as it was made (what a launcher hands its workers).
 """
 
@@ -19,7 +21,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from framework.data import DataModule
+from framework.data.run_loaders import shut_down_workers
 from framework.errors import ConfigError
+from framework.loops.batches import num_batches
 from framework.loops.hooks import HookDispatcher
 from framework.trainer.metrics import LoggedMetrics
 
@@ -59,9 +63,10 @@ class Run:
         manual: a fit in manual optimization: its ``loops/manual.ManualOptimization``.
         num_training_batches, num_val_batches: batches per epoch of the stage running (for the
             progress bar and the schedules).
-        fit_batches: what ``trainer.num_training_batches`` reports, as Lightning does: the
-            last fit's, from when its training starts (after the sanity check), kept by the
-            calls after it; None before.
+        fit_batches: a fit's training batches per epoch, what ``trainer.num_training_batches``
+            reports (from ``trainer.last_fit``): from when its training starts (after the sanity
+            check); until then the fit before's, as Lightning's fit loop keeps its
+            ``max_batches``; None before any.
         return_predictions: ``predict``'s ``return_predictions``.
         log_dir: the run directory (the first logger's, the same on every rank).
         process_settings: what ``deterministic``/``benchmark`` changed, to be put back.
@@ -70,7 +75,7 @@ class Run:
             which an evaluation's step values are logged (Lightning's per-loader count, which
             a fit's validations share).
         end_of_fit: a distributed fit's, on rank 0: what it left for a ``save_checkpoint`` after
-            it (``parts.EndOfFit``); the calls after it reach it through ``trainer.runs["fit"]``.
+            it (``parts.EndOfFit``); the calls after it reach it through ``trainer.last_fit``.
     """
 
     fn: str
@@ -107,17 +112,34 @@ class Run:
         """A new call's Run: the Trainer's shared parts, a hook dispatcher over ``callbacks``, no
         metrics yet."""
         metrics = LoggedMetrics()
+        before = trainer.last_fit.fit_batches if fn == "fit" and trainer.last_fit is not None else None
         return cls(fn=fn, trainer=trainer, settings=trainer.settings, strategy=trainer.strategy,
                    accelerator=trainer.accelerator, precision=trainer.precision_plugin, state=trainer.state,
                    metrics=metrics, loggers=trainer.loggers, callbacks=callbacks, module=module,
                    hooks=HookDispatcher(callbacks, trainer, module, metrics), datamodule=datamodule,
-                   fit_batches=trainer.run.fit_batches if trainer.run is not None else None)
+                   fit_batches=before)
 
     def make_current(self) -> None:
-        """This is the Trainer's call now (``trainer.run``), and the last of its kind
-        (``trainer.runs``)."""
+        """This is the Trainer's call now (``trainer.run``); a fit the last fit (``trainer.last_fit``)."""
         self.trainer.run = self
-        self.trainer.runs[self.fn] = self
+        if self.fn == "fit":
+            self.trainer.last_fit = self
+
+    def keep_batch_counts(self) -> None:
+        """A validate, test or predict: its batches per loader, kept on the Trainer until the next
+        call of its kind (``trainer.num_test_batches``, ...), as Lightning's loops keep theirs. (A
+        fit's are read from its loaders, which ``trainer.last_fit`` keeps for ``save_checkpoint``.)"""
+        if self.fn != "fit":
+            limit = self.settings.limits[self.fn]
+            self.trainer.batch_counts[self.fn] = [num_batches(loader, limit) for loader in self.loaders.get(self.fn, [])]
+
+    def release(self) -> None:
+        """What a call that ended must not keep alive (Lightning releases both at every call's
+        end): its loaders' worker processes (``persistent_workers=True`` keeps them between
+        epochs) and the last batch, on the device."""
+        self.metrics.current_batch = None
+        for loaders in self.loaders.values():
+            shut_down_workers(loaders)
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,8 @@
 ``setup(stage)`` of the DataModule, the callbacks and the module, then ``configure_model``, then
 every loader sharded for this rank), the loggers and the run directory, the hook dispatcher,
 the wrapped model and the optimisers. ``teardown``: the hooks, the loggers,
-the strategy (process group), and every process-wide setting the run changed, put back.
+the strategy (process group), the loaders' workers and the last batch, and every process-wide
+setting the run changed, put back.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from framework.trainer.run import Run
 
 if TYPE_CHECKING:
     from framework.trainer.settings import Settings
+    from framework.trainer.state import RunState
     from framework.trainer.trainer import Trainer
 
 
@@ -59,6 +61,15 @@ def default_callbacks(callbacks: list, enable_checkpointing: bool, enable_progre
 
 
 # -- set-up ---------------------------------------------------------------------------------------
+def refuse_a_call_inside_another(state: RunState, fn: str) -> None:
+    """A Trainer runs one call at a time: one made from a hook or callback of another would
+    replace the running call's parts under it (Lightning fails an assertion there)."""
+    if state.stage is not None:
+        raise ConfigError(f"trainer.{fn}() was called while trainer.{state.fn}() runs (stage '{state.stage}', from "
+                          f"a hook or callback): a Trainer runs one call at a time; call {fn}() after {state.fn}() "
+                          "returns, or on a second Trainer")
+
+
 def checked_model(fn: str, model: Any) -> TrainModule:
     """The call's model; refused when there is none or it is not a TrainModule."""
     if model is None:
@@ -122,6 +133,7 @@ def setup(run: Run, loaders: dict, ckpt_path: Any) -> str | None:
     made = {key: _loaders(run, key) if _needs_loader(run, key, loaders[key], source) else []
             for key in sorted(wanted, key=lambda key: key != "validate" or settings.num_sanity_val_steps == 0)}
     run.loaders = {key: made[key] for key in wanted}
+    run.keep_batch_counts()
     for key, stage_loaders in run.loaders.items():
         for loader in stage_loaders:
             refuse_a_fraction_of_no_batch(loader, settings.limits[key], key)
@@ -244,8 +256,9 @@ def _restore_process_settings(saved: tuple | None) -> None:
 # -- teardown -------------------------------------------------------------------------------------
 def teardown(run: Run, failed: bool = False) -> None:
     """After a failure the ``teardown`` hooks are not called, as in Lightning (``on_exception``
-    was); the loggers, the process group and the process settings are released either way.
-    The Run stays readable (the Trainer's properties answer from it) but holds no live part."""
+    was); the loggers, the process group, the process settings, the loaders' worker processes
+    and the last batch are released either way. The Run stays readable (the Trainer's
+    properties answer from it) but holds no live part."""
     fn = run.fn
     try:
         if not failed and fn == "fit":
@@ -261,6 +274,7 @@ def teardown(run: Run, failed: bool = False) -> None:
         timing.end_run(run, failed)  # the profiler's report (Lightning's place: after the loggers)
     finally:
         run.strategy.teardown()
+        run.release()
         _restore_process_settings(run.process_settings)
         run.process_settings, run.manual = None, None
         run.state.stage = None  # ``fn`` stays the last call's, as in Lightning

@@ -137,9 +137,10 @@ class Trainer(TrainerProperties, LightningViews):
         self.state = RunState()
         self.profiler: Profiler = resolve_profiler(profiler, self.settings.barebones)  # None: PassThroughProfiler
         self._no_metrics = LoggedMetrics()  # what the metric properties read before the first call
-        #: the current call's ``Run`` (``run.py``), or the last once it returned; ``runs``: the last of each ``fn``
+        #: what Lightning keeps between calls (``run.py``): the current or last call's ``Run``, the last fit's,
         self.run: Run | None = None
-        self.runs: dict[str, Run] = {}
+        self.last_fit: Run | None = None  # and the batches per loader of the last validate, test and predict
+        self.batch_counts: dict[str, list[int | float]] = {}
         #: the user's own stateful objects, saved in (and restored from) every checkpoint of a fit
         self.checkpoint_parts: dict[str, Stateful] = {}
         self.fit_loop = FitLoopView(self)  # Lightning's ``trainer.fit_loop``: its progress and bounds
@@ -196,9 +197,8 @@ class Trainer(TrainerProperties, LightningViews):
             raise ConfigError("save_checkpoint: no model yet; call it during or after fit/validate/test")
         if storage_options is not None:
             raise ConfigError("save_checkpoint(storage_options=...): fw writes files itself (no CheckpointIO); drop it")
-        if (fit := self.runs.get("fit")) is not None and fit.module is run.module:
-            run = fit
-        checkpointing.save(run, filepath, weights_only=weights_only)
+        fit = self.last_fit
+        checkpointing.save(fit if fit is not None and fit.module is run.module else run, filepath, weights_only)
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
         """Send ``metrics`` to every logger (rank 0 only; other ranks do nothing), each then
@@ -214,6 +214,7 @@ class Trainer(TrainerProperties, LightningViews):
         """Here, or as every rank of the workers the launcher starts: rank 0's outcome comes back
         and is applied here (``outcome.py``); fw's own launcher ends this process instead
         (``JobEnded``: its workers re-ran the whole program)."""
+        setup.refuse_a_call_inside_another(self.state, call.fn)
         call = dataclasses.replace(call, ckpt_path=checkpointing.lightnings_default(
             call.fn, call.ckpt_path, call.model is not None, self))
         if self.launcher is None:
@@ -286,8 +287,7 @@ class Trainer(TrainerProperties, LightningViews):
             raise StoppedBySignal(0)  # with its state saved: a clean end of the program (signals.py)
         return result
 
-    def _dist_info(self) -> DistInfo:
-        """Ranks from the launcher around us, else a fresh ``DistInfo`` (one process, or fw starts the workers)."""
+    def _dist_info(self) -> DistInfo:  # from the launcher around us, else fresh (one process, or fw starts them)
         if self.strategy.multi_process and self.environment.launched_externally:
             return self.environment.info()
         return DistInfo()

@@ -20,8 +20,9 @@ outside, through the Trainer's own calls: each trial is a real ``trainer.fit`` (
 
 Afterwards the module has its weights (and buffers) as they were when the first trial had set
 it up (after ``configure_model``, as Lightning's checkpoint at ``on_fit_start`` holds them), and
-the Trainer its settings, callbacks, loggers, state and last runs; the random streams, the
-GradScaler's and the DataModule's state are as before, and the program's count of fits too.
+the Trainer its settings, callbacks, loggers, state and what it keeps between calls (``run``,
+``last_fit``, ``batch_counts``); the random streams, the GradScaler's and the DataModule's state
+are as before, and the program's count of fits too.
 """
 
 from __future__ import annotations
@@ -62,7 +63,8 @@ class Aside:
     def __enter__(self) -> Aside:
         trainer, datamodule = self.trainer, self.datamodule
         self._settings, self._callbacks, self._loggers = trainer.settings, trainer.callbacks, trainer.loggers
-        self._run, self._runs, self._state = trainer.run, dict(trainer.runs), _fields(trainer.state)
+        self._run, self._last_fit, self._state = trainer.run, trainer.last_fit, _fields(trainer.state)
+        self._batch_counts = dict(trainer.batch_counts)
         self._rng = get_rng_state()
         self._precision = copy.deepcopy(trainer.precision_plugin.state_dict())
         self._datamodule = copy.deepcopy(datamodule.state_dict()) if datamodule is not None else None
@@ -80,7 +82,7 @@ class Aside:
         trainer = self.trainer
         try:  # what cannot fail first, then what calls into the module, the scaler, the DataModule
             lend_parts(trainer, settings=self._settings, callbacks=self._callbacks, loggers=self._loggers,
-                       run=self._run, runs=self._runs)
+                       run=self._run, last_fit=self._last_fit, batch_counts=self._batch_counts)
             for name, value in self._state.items():
                 setattr(trainer.state, name, value)
             set_rng_state(self._rng)

@@ -196,3 +196,58 @@ def test_every_shared_trainer_attribute_after_each_call_is_lightnings(tmp_path):
     assert ours["test"]["ckpt_path"] == ours["fit"]["checkpoint_callback"]["best"]
     assert after["optimizers"] == [("SGD", [pytest.approx(1e-4)])] and after["num_test_batches"] == [64]
     assert after["logged_metrics"] == {} and after["model"] == after["lightning_module"] == "the model"
+
+
+def _fit_numbers(which: str) -> list:
+    """What ``num_training_batches`` and ``val_check_batch`` read after a fit of 3 batches, after a
+    validate of another module, and during a second fit (5 batches) before its training starts."""
+    base = pl.LightningModule if which == "lightning" else fw.TrainModule
+    read = []
+
+    class Model(base):
+        def __init__(self, n: int):
+            super().__init__()
+            self.layer, self.n = torch.nn.Linear(4, 1), n
+
+        def training_step(self, batch, batch_idx):
+            return (self.layer(batch[0]) ** 2).mean()
+
+        def validation_step(self, batch, batch_idx):
+            read.append(("sanity" if self.trainer.sanity_checking else "val", self.trainer.num_training_batches,
+                         self.trainer.val_check_batch))
+
+        def on_fit_start(self):
+            read.append(("fit_start", self.trainer.num_training_batches, self.trainer.val_check_batch))
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+        def train_dataloader(self):
+            return DataLoader(torch.utils.data.TensorDataset(torch.randn(4 * self.n, 4)), batch_size=4)
+
+        def val_dataloader(self):
+            return DataLoader(torch.utils.data.TensorDataset(torch.randn(4, 4)), batch_size=4)
+
+    Trainer = pl.Trainer if which == "lightning" else fw.Trainer
+    trainer = Trainer(accelerator="cpu", devices=1, max_epochs=1, logger=False, enable_progress_bar=False,
+                      enable_model_summary=False, enable_checkpointing=False, num_sanity_val_steps=1)
+    trainer.fit(Model(3))
+    read.append(("after fit", trainer.num_training_batches, trainer.val_check_batch))
+    trainer.validate(Model(5), verbose=False)
+    read.append(("after validate", trainer.num_training_batches, trainer.val_check_batch))
+    trainer.fit(Model(5))
+    read.append(("after fit", trainer.num_training_batches, trainer.val_check_batch))
+    return read
+
+
+@pytest.mark.timeout(60)
+def test_the_last_fits_batch_counts_hold_until_the_next_fits_training_starts():
+    """One record of the last fit's numbers (``trainer.last_fit``) answers both properties, after
+    the fit, through the calls after it and in the next fit until its training starts, as
+    Lightning's fit loop keeps its ``max_batches``."""
+    ours, theirs = _fit_numbers("fw"), _fit_numbers("lightning")
+    assert ours == theirs
+    assert theirs == [("fit_start", math.inf, None), ("sanity", math.inf, None), ("val", 3, 3), ("after fit", 3, 3),
+                      ("val", 3, 3), ("after validate", 3, 3),  # the validate's own step reads the fit's
+                      ("fit_start", 3, 3), ("sanity", 3, 3),  # the second fit (max_epochs reached: no epoch runs)
+                      ("after fit", 5, 5)]

@@ -43,7 +43,7 @@ def test_a_call_adds_no_attribute_to_the_trainer_and_the_next_one_starts_fresh(t
     assert set(vars(trainer)) == before
     assert trainer.run is not first and trainer.run.fn == "predict"  # each call its own Run
     assert trainer.lightning_module is model
-    assert trainer.optimizers == first.optimizers != [] and trainer.runs["fit"] is first  # the fit's, as in Lightning
+    assert trainer.optimizers == first.optimizers != [] and trainer.last_fit is first  # the fit's, as in Lightning
 
 
 def test_the_settings_are_frozen():

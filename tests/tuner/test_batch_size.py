@@ -105,7 +105,7 @@ def test_after_scale_batch_size_the_module_and_trainer_are_as_before(tmp_path):
     assert all(torch.equal(model.state_dict()[k], v) for k, v in weights.items())
     assert trainer.callbacks is callbacks and trainer.loggers is loggers and trainer.settings is settings
     assert trainer.global_step == 0 and trainer.run is None and torch.equal(torch.get_rng_state(), rng)
-    assert trainer.runs == {} and trainer.optimizers == [] and trainer.num_val_batches == []
+    assert trainer.last_fit is None and trainer.batch_counts == {} and trainer.optimizers == [] and trainer.num_val_batches == []
     assert not list(tmp_path.rglob("*")), "the Tuner left files behind (checkpoints, log versions)"
     trainer.fit(model)
     assert trainer.global_step == 12  # 256 samples in batches of 22

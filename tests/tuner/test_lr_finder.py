@@ -155,7 +155,7 @@ def test_after_lr_find_everything_is_as_before_and_a_fit_trains_as_one_without_i
     assert all(torch.equal(model.state_dict()[k], v) for k, v in weights.items())
     assert trainer.callbacks is callbacks and trainer.loggers is loggers and trainer.settings is settings
     assert trainer.global_step == 0 and trainer.current_epoch == 0 and not trainer.should_stop
-    assert trainer.run is None and trainer.runs == {} and trainer.optimizers == [] and counting.calls == 0
+    assert trainer.run is None and trainer.last_fit is None and trainer.batch_counts == {} and trainer.optimizers == [] and counting.calls == 0
     assert torch.equal(torch.get_rng_state(), rng) and checkpointing._fits_in_this_process == fits
     assert not list(tmp_path.rglob("*")), "the Tuner left files behind (checkpoints, log versions)"
     assert model.loggers_seen == ["_SilentLogger"] * 30
