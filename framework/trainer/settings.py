@@ -77,6 +77,7 @@ class Settings:
     detect_anomaly: bool
     inference_mode: bool
     use_distributed_sampler: bool
+    sampler_chosen: bool  # use_distributed_sampler was given (None: True, and fw notes its one order)
     sync_batchnorm: bool
     max_restarts: int
     rdzv_endpoint: str | None
@@ -97,7 +98,7 @@ class Settings:
                 preemption_signal: str | None, requeue: bool, default_root_dir: Any, barebones: bool,
                 enable_checkpointing: bool, enable_progress_bar: bool, enable_model_summary: bool,
                 overfit_batches: int | float, fast_dev_run: int | bool, reload_dataloaders_every_n_epochs: int,
-                benchmark: bool | None, detect_anomaly: bool, inference_mode: bool, use_distributed_sampler: bool,
+                benchmark: bool | None, detect_anomaly: bool, inference_mode: bool, use_distributed_sampler: bool | None,
                 sync_batchnorm: bool, max_restarts: int, rdzv_endpoint: str | None,
                 activation_checkpointing_policy: Any, compile: Any, min_steps: int | None) -> Settings:
         """Check every argument (a ConfigError names the first wrong one); apply the switches."""
@@ -141,9 +142,9 @@ class Settings:
                                                                     reload_dataloaders_every_n_epochs),
             benchmark=benchmark if benchmark is None else bool(benchmark),
             detect_anomaly=bool(detect_anomaly), inference_mode=bool(inference_mode),
-            use_distributed_sampler=bool(use_distributed_sampler),
-            sync_batchnorm=bool(sync_batchnorm),
-            max_restarts=int(max_restarts),
+            use_distributed_sampler=use_distributed_sampler is None or bool(use_distributed_sampler),
+            sampler_chosen=use_distributed_sampler is not None,
+            sync_batchnorm=bool(sync_batchnorm), max_restarts=int(max_restarts),
             rdzv_endpoint=rdzv_endpoint,
             activation_checkpointing=policy_names(activation_checkpointing_policy),
             compile=compile_options(compile),
