@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from framework.activation_checkpointing import policy_names
 from framework.compile import compile_options
+from framework.errors import raised_alike_on_every_rank
 from framework.loops.batches import LIMIT_ARGUMENTS
 from framework.paths import local_path
 from framework.trainer import arguments as args
@@ -90,6 +91,7 @@ class Settings:
         return state.epoch >= self.min_epochs and state.global_step >= self.min_steps
 
     @classmethod
+    @raised_alike_on_every_rank()  # the arguments alone: the same refusal on every rank
     def resolve(cls, *, max_epochs: int | None, min_epochs: int | None, max_steps: int, max_time: Any,
                 limit_train_batches: Any, limit_val_batches: Any, limit_test_batches: Any, limit_predict_batches: Any,
                 val_check_interval: Any, check_val_every_n_epoch: int | None, num_sanity_val_steps: int,
