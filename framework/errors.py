@@ -6,13 +6,29 @@ with ``exit_code``; anything else (an error in user code) keeps its traceback.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 
 
 class FwError(Exception):
     """Base of every error that is the user's to fix; the message says how."""
 
     exit_code = 1
+    #: raised from the configuration alone (the recipe, the Trainer's arguments, the strategy's
+    #: settings, the model they build), before any rank-specific data, file or device is seen: every
+    #: rank of a job raises it alike, so rank 0 alone prints it (``raised_alike_on_every_rank``)
+    alike_on_every_rank = False
+
+
+@contextmanager
+def raised_alike_on_every_rank() -> Iterator[None]:
+    """Mark an ``FwError`` raised inside (a block, or a function it decorates) as one that every rank
+    raises alike: a check of the configuration alone, never of data, files or devices."""
+    try:
+        yield
+    except FwError as err:
+        err.alike_on_every_rank = True
+        raise
 
 
 class ConfigError(FwError):

@@ -43,7 +43,7 @@ from typing import Any
 
 from torch import nn
 
-from framework.errors import ConfigError
+from framework.errors import ConfigError, raised_alike_on_every_rank
 
 #: layer names split by output features: the first layer of each pair
 COLWISE = frozenset({"q", "k", "v", "wq", "wk", "wv", "query", "key", "value", "q_proj", "k_proj", "v_proj",
@@ -185,6 +185,7 @@ def _divide_widths(block: nn.Module, kinds: dict[str, str], size: int) -> None:
                               f"{size} divides, or choose a tensor-parallel size that divides {features}")
 
 
+@raised_alike_on_every_rank()  # the model the recipe builds, the same on every rank
 def _divide_head_counts(block: nn.Module, size: int, apply: bool = True) -> None:
     for name, module in block.named_modules():
         for attr in HEAD_COUNTS:
@@ -199,6 +200,7 @@ def _divide_head_counts(block: nn.Module, size: int, apply: bool = True) -> None
                 setattr(module, attr, heads // size)
 
 
+@raised_alike_on_every_rank()
 def _vocab_head(model: nn.Module) -> str:
     """The name of ``model``'s output head, which ``loss_parallel`` splits by vocabulary."""
     name = next((n for n in HEADS if isinstance(getattr(model, n, None), nn.Linear)), None)

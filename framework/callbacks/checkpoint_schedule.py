@@ -22,9 +22,13 @@ if TYPE_CHECKING:
 
 
 def check_arguments(monitor: str | None, mode: str, save_top_k: int, save_on_exception: bool,
-                    train_time_interval: Any) -> None:
-    """Refuse what ModelCheckpoint cannot do: a ``mode`` or ``save_top_k`` out of range, several
-    files without a monitor to rank them, and Lightning's options fw does not have, unless off."""
+                    train_time_interval: Any, save_last: Any = None) -> None:
+    """Refuse what ModelCheckpoint cannot do: a ``mode``, ``save_top_k`` or ``save_last`` out of
+    range, several files without a monitor to rank them, and Lightning's options fw does not have,
+    unless off."""
+    if save_last not in (None, True, False, "link", "latest"):
+        raise ConfigError(f"ModelCheckpoint(save_last={save_last!r}) must be True, False, 'link' or 'latest' "
+                          "(True: last.ckpt at every save point, 'latest' too, chosen; 'link': a link to the newest file)")
     if mode not in ("min", "max"):
         raise ConfigError(f"ModelCheckpoint(mode={mode!r}) must be 'min' or 'max'{did_you_mean(mode, ['min', 'max'])}")
     if not isinstance(save_top_k, int) or save_top_k < -1:

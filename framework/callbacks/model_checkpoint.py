@@ -50,9 +50,9 @@ class ModelCheckpoint(Callback):
         filename: Name template without extension, default ``"{epoch}-{step}"``.
         monitor: Key of ``trainer.callback_metrics`` to rank checkpoints by; ``None`` ranks by recency.
         mode: ``"min"`` or ``"max"``: which way is better for ``monitor``.
-        save_top_k: How many of the best checkpoints to keep; -1 all, 0 none.
-        save_last: Also write ``last.ckpt`` at every save point (and at the end of a fit that
-            reached none, as Lightning does).
+        save_top_k: How many of the best checkpoints to keep; -1 all, 0 none. save_last: Also write
+            ``last.ckpt`` at every save point (and at the end of a fit that reached none, as Lightning
+            does); ``"latest"``: the same, chosen (no note of Lightning's rule); ``"link"``: a link.
         every_n_epochs: Save every this many epochs (default 1 unless ``every_n_train_steps`` is given).
         every_n_train_steps: Save every this many optimizer steps (0 or ``None``: never).
         save_on_train_epoch_end: Save epoch checkpoints at the end of the training epoch
@@ -75,12 +75,12 @@ class ModelCheckpoint(Callback):
     STARTING_VERSION = 1
 
     def __init__(self, dirpath: str | os.PathLike | None = None, filename: str | None = None,
-                 monitor: str | None = None, verbose: bool = False, save_last: bool | None = None,
+                 monitor: str | None = None, verbose: bool = False, save_last: bool | str | None = None,
                  save_top_k: int = 1, save_on_exception: bool = False, save_weights_only: bool = False,
                  mode: str = "min", auto_insert_metric_name: bool = True, every_n_train_steps: int | None = None,
                  train_time_interval: Any = None, every_n_epochs: int | None = None,
                  save_on_train_epoch_end: bool | None = None, enable_version_counter: bool = True) -> None:
-        schedule.check_arguments(monitor, mode, save_top_k, save_on_exception, train_time_interval)
+        schedule.check_arguments(monitor, mode, save_top_k, save_on_exception, train_time_interval, save_last)
         self.every_n_epochs, self.every_n_train_steps = schedule.save_intervals(every_n_epochs, every_n_train_steps)
         self.verbose, self.enable_version_counter = verbose, enable_version_counter
         self.save_weights_only = save_weights_only  # the files hold the weights alone; no fit resumes from them

@@ -118,13 +118,13 @@ def main(argv: list[str] | None = None) -> int:
     except ProgramEnds as end:  # the workers' job is done, or a signal stopped the fit: its status
         return int(end.code or 0)
     except FwError as err:
-        if _in_mpi_job():  # one rank's mistake must end them all (MPI has no timeouts)
+        if _in_mpi_job() and not err.alike_on_every_rank:  # one rank's mistake must end them all (no timeouts)
             from framework.strategies.mpi import abort_mpi_job
 
             abort_mpi_job(err)
-        from framework.strategies.worker_failures import launcher_reports
+        from framework.strategies.worker_failures import said_by_another_process
 
-        if not launcher_reports(err):  # a worker of fw's launcher leaves the line to it: once, not once per rank
+        if not said_by_another_process(err):  # fw's launcher, or rank 0 for a refusal alike on every rank
             sys.stderr.write(f"fw: error: {err}\n")
         return err.exit_code
     except ModuleNotFoundError as err:

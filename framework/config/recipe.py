@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from framework.config.coerce import PLAIN_NAMES, mismatch_message
 from framework.config.overrides import apply_override, parse_override, schema_defaults
 from framework.config.schema import RecipeConfig, TrainerConfig
-from framework.errors import ConfigError, did_you_mean, first_line
+from framework.errors import ConfigError, did_you_mean, first_line, raised_alike_on_every_rank
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -44,10 +44,15 @@ _DEFAULTS = schema_defaults(RecipeConfig, TrainerConfig)
 
 def load_recipe(path: str | Path, overrides: Sequence[str] = ()) -> tuple[dict, str]:
     """Return the merged, checked recipe as plain containers, and its YAML text."""
+    raw = _read_yaml(Path(path))  # a file: on one node it may be missing, so not marked alike
+    with raised_alike_on_every_rank():  # what follows reads the text and the command line alone
+        return _merge(path, raw, overrides)
+
+
+def _merge(path: str | Path, raw: DictConfig, overrides: Sequence[str]) -> tuple[dict, str]:
     from omegaconf import DictConfig, OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
-    raw = _read_yaml(Path(path))
     changes = [parse_override(item) for item in overrides]
     _check_keys(OmegaConf.to_container(raw), "recipe")
     for change in changes:

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from framework.errors import ConfigError
+from framework.errors import ConfigError, raised_alike_on_every_rank
 from framework.rank_zero import rank_zero_info
 
 
@@ -30,6 +30,7 @@ def mesh_shape(device_mesh: Any, sharding_strategy: str) -> tuple[int, int] | No
     return shape[0], shape[1]
 
 
+@raised_alike_on_every_rank()  # the recipe alone
 def precision_policy(precision: str) -> Any:
     """The mixed-precision policy for ``trainer.precision``: ``bf16-mixed`` gathers and computes
     in bfloat16 and reduces gradients in float32 into float32 shards (the master weights)."""

@@ -8,7 +8,8 @@ exception's last line), and exits with the first failure's code. A user's mistak
 a refusal at set-up, most often raised alike on every rank) has no traceback to show: the
 launcher prints its one line ``fw: error: ...`` once, as ``fw`` does in one process, and names
 the rank only when other ranks failed otherwise. Under torchrun workers print their own
-tracebacks, as torchrun users expect.
+tracebacks, as torchrun users expect, and a refusal every rank raises alike from the configuration
+(``FwError.alike_on_every_rank``) is printed by rank 0 alone, as under mpirun.
 """
 
 from __future__ import annotations
@@ -16,13 +17,16 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from typing import Any
 
 from framework.errors import FwError
+from framework.rank_zero import global_rank
 from framework.strategies.failure_stamp import FailureStamp, earliest_first
 from framework.strategies.processes import LAUNCHER_PID
 
 _ERROR_FILE = "TORCHELASTIC_ERROR_FILE"
+QUIET_RANK_GRACE_S = 2.0
 
 
 def record_worker_error(exc: BaseException) -> None:
@@ -70,6 +74,20 @@ def launcher_reports(err: FwError) -> bool:
         return False
     record_worker_error(err)
     return os.path.exists(os.environ.get(_ERROR_FILE, "")) and _last_attempt()
+
+
+def said_by_another_process(err: FwError) -> bool:
+    """Whether another process prints ``err``, which ends this one, for the job: fw's launcher
+    (``launcher_reports``), or, under torchrun or mpirun, rank 0, where every rank raises ``err``
+    alike (``FwError.alike_on_every_rank``: the configuration's; a rank's own error is its own to say).
+    Such a rank waits ``QUIET_RANK_GRACE_S`` before it exits: torchrun and mpirun stop the job at
+    the first exit, which must not stop rank 0 before its line."""
+    if os.environ.get(LAUNCHER_PID):
+        return launcher_reports(err)
+    if not err.alike_on_every_rank or global_rank() == 0:
+        return False
+    time.sleep(QUIET_RANK_GRACE_S)
+    return True
 
 
 def _last_attempt() -> bool:

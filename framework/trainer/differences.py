@@ -1,9 +1,9 @@
 """Where fw deliberately differs from Lightning, said once per process, at set-up, when the
-user's code relies on it (README, "Coming from Lightning", lists them all).
+user's code relies on it without having chosen (README's section at ``DOCS`` lists them all).
 
 Each difference is a condition on the run (its module, loaders, callbacks, strategy) and one
-line on rank 0 that names the difference and what to do to get Lightning's behaviour or to
-silence it. Nothing here changes the run.
+short line on rank 0: what differs, the setting that chooses (where there is one: stating it,
+as fw's own recipes do, says nothing) and ``DOCS``. Nothing here changes the run.
 """
 
 from __future__ import annotations
@@ -17,6 +17,9 @@ from framework.rank_zero import rank_zero_info
 if TYPE_CHECKING:
     from framework.trainer.run import Run
 
+#: Where the differences are explained (one place to change when the docs move).
+DOCS = "README.md#where-fw-deliberately-differs"
+
 _said: set[str] = set()
 
 
@@ -26,7 +29,7 @@ def note_differences(run: Run, ckpt_path: str | None) -> None:
     for key, applies, line in _DIFFERENCES:
         if key not in _said and applies(run, fn, ckpt_path):
             _said.add(key)
-            rank_zero_info(f"fw: differs from Lightning here: {line}")
+            rank_zero_info(f"fw: differs from Lightning: {line}; see {DOCS}")
 
 
 def _distributed_fit(run: Run, fn: str) -> bool:
@@ -42,7 +45,7 @@ def _unshuffled_training_under_ddp(run: Run, fn: str, _: str | None) -> bool:
 
 
 def _global_order_in_one_process(run: Run, fn: str, _: str | None) -> bool:
-    if fn != "fit" or run.strategy.is_distributed or not run.settings.use_distributed_sampler:
+    if fn != "fit" or run.strategy.is_distributed or run.settings.sampler_chosen:
         return False
     loaders = run.loaders.get("train") or []
     return bool(loaders) and getattr(getattr(loaders[0], "sampler", None), "shuffle", False) is True
@@ -105,31 +108,25 @@ def _fp16_autocast_on_the_cpu(run: Run, fn: str, _: str | None) -> bool:
 
 _DIFFERENCES: list[tuple[str, Callable[[Run, str, str | None], bool], str]] = [
     ("no forced shuffle", _unshuffled_training_under_ddp,
-     "the training loader is not shuffled, and fw keeps its order on every rank (Lightning would shuffle it "
-     "under DDP); give the DataLoader shuffle=True to shuffle"),
+     "an unshuffled training loader keeps its order under DDP (Lightning shuffles it); DataLoader(shuffle=True) "
+     "shuffles"),
     ("one order", _global_order_in_one_process,
-     "the shuffled training loader reads fw's one order for any number of ranks (DistributedSampler's "
-     "permutation of the seed and epoch), not its RandomSampler's draw, so a checkpoint resumes exactly on another "
-     "number of ranks; Trainer(use_distributed_sampler=False) keeps the loader's own order (Lightning's in one process)"),
+     "a shuffled training loader reads one order for any number of ranks, not RandomSampler's; "
+     "Trainer(use_distributed_sampler=False) keeps the loader's (Lightning's), =True chooses fw's"),
     ("exact evaluation", _uneven_evaluation_shards,
-     "evaluation shards are not padded, so no sample counts twice and the metric equals one process's "
-     "(Lightning pads the last batch with repeated samples)"),
+     "evaluation shards are not padded, so no sample counts twice (Lightning repeats some)"),
     ("manual under DDP", _manual_under_ddp,
-     "in manual optimization the gradients are averaged over the ranks when an optimizer steps (or is "
-     "clipped), not in each manual_backward: any number of backward passes per step give DDP's result"),
+     "manual optimization averages the gradients over the ranks when an optimizer steps, not in manual_backward"),
     ("restore order", _restore_after_configure_optimizers,
-     "the checkpoint is restored (on_load_checkpoint, then the weights, callbacks, optimizers) after "
-     "configure_optimizers, before on_fit_start (Lightning calls on_load_checkpoint before configure_optimizers)"),
+     "the checkpoint is restored after configure_optimizers (Lightning calls on_load_checkpoint before it)"),
     ("loaders at set-up", _loaders_before_fit_start,
-     "the stage's loaders are asked for once at set-up, after setup() and configure_model(), before "
-     "configure_optimizers and on_fit_start (Lightning asks at the sanity check and after it)"),
+     "the loaders are asked for once at set-up, before configure_optimizers and on_fit_start"),
     ("plateau before checkpoint", _plateau_before_checkpoint,
-     "ReduceLROnPlateau steps before EarlyStopping's and ModelCheckpoint's on_train_epoch_end (Lightning: "
-     "after), so a checkpoint saved there holds the stepped scheduler and resumes exactly"),
+     "ReduceLROnPlateau steps before ModelCheckpoint and EarlyStopping at the epoch's end (Lightning: after)"),
     ("16-mixed on the CPU", _fp16_autocast_on_the_cpu,
-     "precision=16-mixed on the CPU runs float16 autocast with a GradScaler, as asked (Lightning 2.6 runs "
-     "bf16-mixed there instead); pass precision='bf16-mixed' for Lightning's numbers"),
+     "precision=16-mixed on the CPU is float16 autocast (Lightning 2.6: bf16-mixed); precision=bf16-mixed "
+     "gives Lightning's"),
     ("last.ckpt", _last_checkpoint_is_the_latest,
-     "last.ckpt is written at every save point (Lightning 2.6 with a monitor: only when a top-k checkpoint "
-     "is saved), so it always holds the latest weights"),
+     "last.ckpt is the latest save point, not the latest top-k save; ModelCheckpoint(save_last='latest') "
+     "chooses fw's"),
 ]

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from framework.activation_checkpointing import policy_names
 from framework.compile import compile_options
+from framework.errors import raised_alike_on_every_rank
 from framework.loops.batches import LIMIT_ARGUMENTS
 from framework.paths import local_path
 from framework.trainer import arguments as args
@@ -77,6 +78,7 @@ class Settings:
     detect_anomaly: bool
     inference_mode: bool
     use_distributed_sampler: bool
+    sampler_chosen: bool  # use_distributed_sampler was given (None: True, and fw notes its one order)
     sync_batchnorm: bool
     max_restarts: int
     rdzv_endpoint: str | None
@@ -89,6 +91,7 @@ class Settings:
         return state.epoch >= self.min_epochs and state.global_step >= self.min_steps
 
     @classmethod
+    @raised_alike_on_every_rank()  # the arguments alone: the same refusal on every rank
     def resolve(cls, *, max_epochs: int | None, min_epochs: int | None, max_steps: int, max_time: Any,
                 limit_train_batches: Any, limit_val_batches: Any, limit_test_batches: Any, limit_predict_batches: Any,
                 val_check_interval: Any, check_val_every_n_epoch: int | None, num_sanity_val_steps: int,
@@ -97,7 +100,7 @@ class Settings:
                 preemption_signal: str | None, requeue: bool, default_root_dir: Any, barebones: bool,
                 enable_checkpointing: bool, enable_progress_bar: bool, enable_model_summary: bool,
                 overfit_batches: int | float, fast_dev_run: int | bool, reload_dataloaders_every_n_epochs: int,
-                benchmark: bool | None, detect_anomaly: bool, inference_mode: bool, use_distributed_sampler: bool,
+                benchmark: bool | None, detect_anomaly: bool, inference_mode: bool, use_distributed_sampler: bool | None,
                 sync_batchnorm: bool, max_restarts: int, rdzv_endpoint: str | None,
                 activation_checkpointing_policy: Any, compile: Any, min_steps: int | None) -> Settings:
         """Check every argument (a ConfigError names the first wrong one); apply the switches."""
@@ -141,9 +144,9 @@ class Settings:
                                                                     reload_dataloaders_every_n_epochs),
             benchmark=benchmark if benchmark is None else bool(benchmark),
             detect_anomaly=bool(detect_anomaly), inference_mode=bool(inference_mode),
-            use_distributed_sampler=bool(use_distributed_sampler),
-            sync_batchnorm=bool(sync_batchnorm),
-            max_restarts=int(max_restarts),
+            use_distributed_sampler=use_distributed_sampler is None or bool(use_distributed_sampler),
+            sampler_chosen=use_distributed_sampler is not None,
+            sync_batchnorm=bool(sync_batchnorm), max_restarts=int(max_restarts),
             rdzv_endpoint=rdzv_endpoint,
             activation_checkpointing=policy_names(activation_checkpointing_policy),
             compile=compile_options(compile),

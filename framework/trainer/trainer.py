@@ -102,7 +102,7 @@ class Trainer(TrainerProperties, LightningViews):
         on_nonfinite: str = "error", preemption_signal: str | None = "SIGUSR1", requeue: bool = False,
         enable_model_summary: bool = True, fast_dev_run: int | bool = False, overfit_batches: int | float = 0.0,
         reload_dataloaders_every_n_epochs: int = 0, benchmark: bool | None = None, detect_anomaly: bool = False,
-        inference_mode: bool = True, use_distributed_sampler: bool = True, sync_batchnorm: bool = False,
+        inference_mode: bool = True, use_distributed_sampler: bool | None = None, sync_batchnorm: bool = False,
         barebones: bool = False, profiler: Any = None, activation_checkpointing_policy: Any = None,
         compile: Any = False, min_steps: int | None = None,
     ) -> None:

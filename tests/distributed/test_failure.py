@@ -186,3 +186,25 @@ def test_a_refusal_every_rank_raises_at_set_up_is_one_line_once(overrides, line)
     result = run_cmd(cmd, timeout=90)
     assert result.output.splitlines() == [line], result.output
     assert result.returncode == 2
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("overrides, line", [
+    (["trainer.strategy=fsdp", "trainer.precision=16-mixed"],
+     "fw: error: trainer.precision=16-mixed with strategy fsdp: not supported (16-mixed needs a sharded gradient "
+     "scaler); use trainer.precision=bf16-mixed, bf16-true or 32-true"),
+    (["trainer.strategy=ddp_gloo", "trainer.accumulate_grad_batches=0"],
+     "fw: error: trainer.accumulate_grad_batches=0: must be an integer >= 1"),
+], ids=["16-mixed-under-fsdp", "a-wrong-trainer-argument"])
+def test_under_torchrun_a_refusal_every_rank_raises_alike_is_printed_by_rank_0_alone(overrides, line):
+    """fw does not own torchrun's parent: rank 0 prints the line, rank 1 exits with the same code
+    quietly (torchrun then adds its own report of the failed workers)."""
+    from .helpers import PYTHON
+
+    cmd = [PYTHON, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+           "--master-port", str(free_port()), "-m", "framework.cli", "fit", "conf/digits.yaml", "trainer.devices=2",
+           "trainer.max_epochs=1", "logger=false", *overrides]
+    result = run_cmd(cmd, timeout=90)
+    assert result.returncode != 0
+    assert [x for x in result.output.splitlines() if x.startswith("fw: error:")] == [line], result.output
+    assert "failed (exitcode: 2)" in result.output, result.output  # each rank's code is the refusal's

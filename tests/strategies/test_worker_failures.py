@@ -5,6 +5,7 @@ failures is named with its rank; an error in user code keeps its traceback."""
 from __future__ import annotations
 
 import pytest
+from distributed.helpers import REPO
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
 from framework.errors import ConfigError
@@ -56,3 +57,55 @@ def test_a_refusal_exits_with_the_code_of_a_worker_that_exited_not_of_one_stoppe
                 1: _failed(tmp_path, monkeypatch, 1, ConfigError(REFUSAL), 2)}
     assert report_failures(failures) == 2
     assert capsys.readouterr().err == f"fw: error: {REFUSAL}\n"
+
+
+@pytest.fixture
+def torchrun_rank(monkeypatch):
+    """This process as rank ``n`` of a job torchrun started (not fw's launcher), without the wait."""
+    import framework.strategies.worker_failures as failures
+    from framework.strategies.processes import LAUNCHER_PID
+
+    monkeypatch.delenv(LAUNCHER_PID, raising=False)
+    monkeypatch.setattr(failures, "QUIET_RANK_GRACE_S", 0)
+    return lambda n: monkeypatch.setenv("RANK", str(n))
+
+
+def test_under_torchrun_a_refusal_alike_on_every_rank_is_rank_0s_to_print(torchrun_rank):
+    from framework.errors import raised_alike_on_every_rank
+    from framework.strategies.worker_failures import said_by_another_process
+
+    with pytest.raises(ConfigError) as alike, raised_alike_on_every_rank():
+        raise ConfigError(REFUSAL)
+    own = ConfigError("checkpoint 'x.ckpt' does not exist")  # a file: one node may lack it
+    for rank, quiet in ((0, False), (1, True)):
+        torchrun_rank(rank)
+        assert said_by_another_process(alike.value) is quiet
+        assert said_by_another_process(own) is False  # a rank's own error is never hidden
+
+
+def test_refusals_from_the_configuration_alone_are_marked_alike_and_others_are_not(tmp_path):
+    import torch
+    import torch.nn as nn
+
+    import framework as fw
+    from framework.config import load_recipe
+    from framework.parallel import _divide_head_counts
+    from framework.strategies.fsdp_options import precision_policy
+
+    def refusal(fn):
+        with pytest.raises(ConfigError) as raised:
+            fn()
+        return raised.value
+
+    class Attention(nn.Module):
+        n_head = 3
+
+    alike = [refusal(lambda: fw.Trainer(accumulate_grad_batches=0)),
+             refusal(lambda: load_recipe(REPO / "conf" / "digits.yaml", ["trainer.max_epochs=abc"])),
+             refusal(lambda: precision_policy("16-mixed")),
+             refusal(lambda: _divide_head_counts(Attention(), 2))]
+    assert all(err.alike_on_every_rank for err in alike), alike
+    own = [refusal(lambda: load_recipe(str(tmp_path / "nope.yaml")))]  # a file one node may lack
+    if not torch.cuda.is_available():  # a device one node may lack
+        own.append(refusal(lambda: fw.Trainer(accelerator="cuda", devices=1)))
+    assert not any(err.alike_on_every_rank for err in own), own
