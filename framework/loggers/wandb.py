@@ -18,7 +18,7 @@ Only global rank 0 writes; elsewhere ``experiment`` is a stand-in whose calls do
 ``finalize`` ends the run this logger started (exit code 0 after success, 1 otherwise), after
 uploading what ``log_model=True`` kept for the end (only after success, as in Lightning). A
 later write (``trainer.test`` after ``fit``) resumes the same run id. A run the user started
-(``experiment=``, or a ``wandb.run`` in progress) is used, never ended.
+(``experiment=``, or a ``wandb.run`` in progress) is used, never ended. Online: wandb_server.py.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from typing import Any, Literal
 import torch
 
 import framework.loggers.checkpoint_uploads as uploads
+import framework.loggers.wandb_server as server
 from framework.errors import ConfigError, install_command, require_package
 from framework.loggers.base import Logger, NoExperiment, to_float, to_plain
 from framework.rank_zero import global_rank, rank_zero_info, rank_zero_only, rank_zero_warn
@@ -58,20 +59,23 @@ class WandbLogger(Logger):
         prefix: Put in front of every metric name, joined with ``"-"``.
         checkpoint_name: Name of the model artifact; default ``model-<run id>``.
         add_file_policy: ``"mutable"`` (wandb copies the file first) or ``"immutable"``.
+        flush_timeout: fw's: how long the end of an online run waits for the server (wandb: no limit).
         **kwargs: Passed to ``wandb.init``.
 
     Raises:
         ModuleNotFoundError: wandb is not installed (the message says how to install it).
         ConfigError: ``offline=True`` with ``log_model`` (Lightning refuses it too);
             ``save_dir``/``dir`` or ``version``/``id`` that disagree; a bad ``log_model``; (at
-            set-up, on rank 0) a keyword argument that ``wandb.init`` does not take.
+            set-up, on rank 0) a keyword argument that ``wandb.init`` does not take; an online
+            run whose W&B server does not answer.
     """
 
     def __init__(self, name: str | None = None, save_dir: str | os.PathLike | None = ".", version: str | None = None,
                  offline: bool = False, dir: str | os.PathLike | None = None, id: str | None = None,
                  anonymous: bool | None = None, project: str | None = None, log_model: bool | Literal["all"] = False,
                  experiment: Any = None, prefix: str = "", checkpoint_name: str | None = None,
-                 add_file_policy: Literal["mutable", "immutable"] = "mutable", **kwargs: Any) -> None:
+                 add_file_policy: Literal["mutable", "immutable"] = "mutable", flush_timeout: float = 30.0,
+                 **kwargs: Any) -> None:
         require_package("wandb", "WandbLogger", f"{install_command('wandb')} (or pip install wandb)")
         if offline and log_model:
             raise ConfigError(f"WandbLogger(offline=True, log_model={log_model!r}): Lightning refuses this pair "
@@ -92,6 +96,8 @@ class WandbLogger(Logger):
         self._experiment = experiment
         self._owns_run = False  # a run given, or found in progress, is the user's to end
         self._offline_said = False
+        self.flush_timeout = flush_timeout
+        self._url: str | None = None  # the server of the online run started
         self._extra = sorted(kwargs)  # for wandb.init: checked against its arguments before the first write
 
     # -- where ----------------------------------------------------------------------------
@@ -190,7 +196,7 @@ class WandbLogger(Logger):
             self._uploads.at_end(self._upload)
         if self._owns_run:
             self._id = self._experiment.id
-            self._experiment.finish(exit_code=0 if status in ("success", "finished") else 1)
+            server.finish(self._experiment, 0 if status in ("success", "finished") else 1, self._url, self.flush_timeout)
             self._experiment = None
 
     @rank_zero_only
@@ -224,6 +230,10 @@ class WandbLogger(Logger):
         mode = self._default_mode(folder)
         if mode is not None:
             settings["mode"] = mode
+        self._url = server.server_url(settings)
+        if self._url is not None:
+            server.check_server(self._url)  # before any step: wandb.init's own failure takes about 2 minutes
+            settings["settings"] = server.with_finish_timeout(settings.get("settings"), self.flush_timeout)
         run = wandb.init(**settings)
         if getattr(run, "define_metric", None) is not None:
             if settings.get("sync_tensorboard"):
