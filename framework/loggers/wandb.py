@@ -251,7 +251,7 @@ class WandbLogger(Logger):
             return None
         if not self._offline_said:  # once: a later call's run (the same id, resumed) is offline too
             self._offline_said = True
-            rank_zero_info(f"WandbLogger: no W&B login (no WANDB_API_KEY, no ~/.netrc entry for {_host()}): the run "
+            rank_zero_info(f"WandbLogger: no W&B login (no WANDB_API_KEY, no ~/.netrc entry for {server.netrc_host()}): the run "
                            f"is kept offline in {os.path.join(folder, 'wandb')}; `wandb login`, then `wandb sync` "
                            "uploads it")
         return "offline"
@@ -281,12 +281,6 @@ def _named(params: Any) -> Any:
     return params
 
 
-def _host() -> str:
-    from urllib.parse import urlparse
-
-    return urlparse(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname or "api.wandb.ai"
-
-
 def _logged_in() -> bool:
     """A W&B credential in the environment or in the netrc file (what ``wandb login`` writes)."""
     import netrc
@@ -295,6 +289,6 @@ def _logged_in() -> bool:
         return True
     path = os.environ.get("NETRC") or os.path.expanduser("~/.netrc")
     try:
-        return netrc.netrc(path).authenticators(_host()) is not None
+        return netrc.netrc(path).authenticators(server.netrc_host()) is not None
     except (OSError, netrc.NetrcParseError):
         return False

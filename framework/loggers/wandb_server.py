@@ -10,6 +10,7 @@ then one warning names the server and the run folder that ``wandb sync`` uploads
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -74,3 +75,12 @@ def finish(run: Any, exit_code: int, url: str | None, seconds: float) -> None:
         rank_zero_warn(f"WandbLogger: the W&B server at {url} did not take all of run {run.id}'s data in {seconds:g} s"
                        f" ({why or 'still uploading'}); what was not uploaded (history, summary, files) is kept in "
                        f"{folder}: `wandb sync {folder}` uploads it when the server is back")
+
+
+def netrc_host() -> str:
+    """The host of ``wandb login``'s netrc entry: ``WANDB_BASE_URL``'s, else wandb's default server."""
+    from urllib.parse import urlparse
+
+    from wandb.sdk.lib.urls import DEFAULT_BASE_URL
+
+    return urlparse(os.environ.get("WANDB_BASE_URL", DEFAULT_BASE_URL)).hostname or ""
