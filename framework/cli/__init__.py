@@ -118,14 +118,15 @@ def main(argv: list[str] | None = None) -> int:
     except ProgramEnds as end:  # the workers' job is done, or a signal stopped the fit: its status
         return int(end.code or 0)
     except FwError as err:
-        if _in_mpi_job() and not err.alike_on_every_rank:  # one rank's mistake must end them all (no timeouts)
-            from framework.strategies.mpi import abort_mpi_job
-
-            abort_mpi_job(err)
         from framework.strategies.worker_failures import said_by_another_process
 
-        if not said_by_another_process(err):  # fw's launcher, or rank 0 for a refusal alike on every rank
-            sys.stderr.write(f"fw: error: {err}\n")
+        if said_by_another_process(err):  # fw's launcher, or rank 0 for a refusal alike on every rank
+            return err.exit_code
+        if _in_mpi_job() and not (err.alike_on_every_rank and _mpi_rank() == 0):
+            from framework.strategies.mpi import abort_mpi_job
+
+            abort_mpi_job(err)  # one rank's mistake must end them all (MPI has no timeouts); it says the line
+        sys.stderr.write(f"fw: error: {err}\n")
         return err.exit_code
     except ModuleNotFoundError as err:
         hint = _missing_extra(err.name or "")
@@ -157,6 +158,10 @@ def _missing_extra(module: str) -> str | None:
     dist, extra = _OPTIONAL[top]
     how = f"{install_command(extra)} (or pip install {dist})" if extra else f"pip install {dist}"
     return f"this run needs {dist} (module '{top}'), which is not installed: {how}"
+
+
+def _mpi_rank() -> int:
+    return sys.modules["mpi4py.MPI"].COMM_WORLD.Get_rank()
 
 
 def _in_mpi_job() -> bool:

@@ -29,23 +29,49 @@ _ERROR_FILE = "TORCHELASTIC_ERROR_FILE"
 QUIET_RANK_GRACE_S = 2.0
 
 
+#: (id, text) of the exception this process wrote into the error file: a later one that does not
+#: follow from it (the user caught it, then something else failed) replaces it
+_written: list[tuple[int, str]] = []
+
+
 def record_worker_error(exc: BaseException) -> None:
     """Under an elastic agent, write this worker's error where the agent reads it (the format of
-    torch's ``ErrorHandler.record_exception``, which torchrun's ``@record`` uses), once: the
-    first exception is the one that failed the worker."""
+    torch's ``ErrorHandler.record_exception``, which torchrun's ``@record`` uses), at the time it
+    is raised: the first exception is the one that failed the worker, and what follows from it
+    (raised while handling it, or from it) keeps its time. An exception the user caught does not
+    stay there: the one that ends the program, if another, replaces it."""
     path = os.environ.get(_ERROR_FILE)
-    if not path or isinstance(exc, (KeyboardInterrupt, SystemExit)) or os.path.exists(path):
+    if not path or isinstance(exc, (KeyboardInterrupt, SystemExit)):
+        return
+    if os.path.exists(path) and (not _written or _follows_from(exc, _written[0])):
         return
     stamp = FailureStamp.of(exc)
     extra: dict[str, Any] = {"py_callstack": stamp.traceback, "timestamp": str(int(stamp.time)), "fw_time": stamp.time}
     if isinstance(exc, FwError):  # the user's to fix: the launcher prints the message, not the traceback
         extra["fw_error"] = str(exc)
-    data = {"message": {"message": f"{type(exc).__name__}: {exc}", "extraInfo": extra}}
+    data = {"message": {"message": _text(exc), "extraInfo": extra}}
     try:
         with open(path, "w") as fp:
             json.dump(data, fp)
     except OSError:
         return
+    _written[:] = [(id(exc), _text(exc))]
+
+
+def _text(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _follows_from(exc: BaseException, written: tuple[int, str]) -> bool:
+    """``exc`` is the written exception, or was raised while handling it or from it."""
+    seen: set[int] = set()
+    link: BaseException | None = exc
+    while link is not None and id(link) not in seen:
+        if (id(link), _text(link)) == written:
+            return True
+        seen.add(id(link))
+        link = link.__cause__ or link.__context__
+    return False
 
 
 def leave_tracebacks_to_the_launcher() -> None:
@@ -86,8 +112,8 @@ def said_by_another_process(err: FwError) -> bool:
         return launcher_reports(err)
     if not err.alike_on_every_rank or global_rank() == 0:
         return False
-    time.sleep(QUIET_RANK_GRACE_S)
-    return True
+    time.sleep(QUIET_RANK_GRACE_S)  # rank 0's exit with the same line ends this process meanwhile...
+    return False  # ...unless rank 0 did not raise it (a recipe's ${oc.env:...} differs by node): say it here
 
 
 def _last_attempt() -> bool:

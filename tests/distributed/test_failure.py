@@ -3,6 +3,8 @@ whose peer never arrives fails after the strategy's timeout with a message that 
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from .helpers import FW, clean_env, free_port, run_cmd, run_script, write_script
@@ -207,4 +209,61 @@ def test_under_torchrun_a_refusal_every_rank_raises_alike_is_printed_by_rank_0_a
     result = run_cmd(cmd, timeout=90)
     assert result.returncode != 0
     assert [x for x in result.output.splitlines() if x.startswith("fw: error:")] == [line], result.output
-    assert "failed (exitcode: 2)" in result.output, result.output  # each rank's code is the refusal's
+    # the code of the rank that says it is the refusal's (torchrun's log line, or its report when the
+    # agent stopped the quiet rank first: "exitcode  : 2")
+    assert re.search(r"failed \(exitcode: 2\)|exitcode\s+: 2 ", result.output), result.output
+
+
+CAUGHT = """
+import sys
+from torch.utils.data import DataLoader
+import framework as fw
+import workload
+from framework.errors import CheckpointError
+
+trainer = fw.Trainer(devices=2, strategy={"name": "ddp_gloo", "timeout": 120}, max_epochs=1, **workload.FIT_ARGS)
+loader = DataLoader(workload.IndexData(8), batch_size=2)
+try:
+    trainer.fit(workload.IndexRecorder(), train_dataloaders=loader, ckpt_path="no-such-file.ckpt")
+except CheckpointError:
+    trainer.fit(workload.IndexRecorder(), train_dataloaders=loader)  # no checkpoint yet: start fresh
+results = {}
+print(results["val/acc"])  # the user's own bug, after training
+"""
+
+
+@pytest.mark.timeout(120)
+def test_an_error_the_user_caught_is_not_reported_for_the_one_that_ended_the_workers(tmp_path):
+    """The error file held the first error of a Trainer call even when the script caught it, and
+    the launcher reported that (fw: error: checkpoint ... does not exist) in place of the KeyError
+    that ended the workers, whose traceback nobody printed."""
+    result = run_script(write_script(tmp_path, CAUGHT), launcher="fw", timeout=100)
+    assert result.returncode == 1, result.output
+    assert "does not exist" not in result.output, result.output
+    assert result.output.count("Traceback (most recent call last)") == 1, result.output
+    assert "KeyError: 'val/acc'" in result.output, result.output
+
+
+ENV_SEED = """
+import pathlib, sys
+text = pathlib.Path("conf/digits.yaml").read_text().replace("seed: 42", "seed: ${oc.env:SEED_OF_RANK_${oc.env:RANK}}")
+pathlib.Path(sys.argv[1]).write_text(text)
+"""
+
+
+@pytest.mark.timeout(120)
+def test_under_torchrun_a_recipe_error_of_one_rank_alone_is_still_said(tmp_path):
+    """A recipe's ${oc.env:...} can resolve on one node and fail on another: rank 1's error is not
+    rank 0's, so rank 1 says it (it waited for rank 0 to end the job with the same line, in vain);
+    fw printed nothing, and torchrun's report had no error."""
+    from .helpers import PYTHON
+
+    recipe = tmp_path / "env_seed.yaml"
+    run_cmd([PYTHON, "-c", ENV_SEED, str(recipe)], timeout=30)
+    cmd = [PYTHON, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+           "--master-port", str(free_port()), "-m", "framework.cli", "fit", str(recipe), "trainer.devices=2",
+           "trainer.max_epochs=1", "logger=false", f"trainer.default_root_dir={tmp_path}"]
+    result = run_cmd(cmd, timeout=100, env=clean_env(SEED_OF_RANK_0="42"))
+    assert result.returncode != 0
+    errors = [x for x in result.output.splitlines() if x.startswith("fw: error:")]
+    assert len(errors) == 1 and "SEED_OF_RANK_1" in errors[0], result.output

@@ -70,17 +70,26 @@ def torchrun_rank(monkeypatch):
     return lambda n: monkeypatch.setenv("RANK", str(n))
 
 
-def test_under_torchrun_a_refusal_alike_on_every_rank_is_rank_0s_to_print(torchrun_rank):
+def test_under_torchrun_a_refusal_alike_on_every_rank_is_rank_0s_to_print(torchrun_rank, monkeypatch):
+    """Rank 0 says it at once; another rank first waits for rank 0's exit to end the job (torchrun
+    stops it then, tests/distributed/test_failure.py), and says it itself if it is still running
+    after the wait: rank 0 did not raise it."""
+    import framework.strategies.worker_failures as failures
     from framework.errors import raised_alike_on_every_rank
     from framework.strategies.worker_failures import said_by_another_process
 
+    waits: list[float] = []
+    monkeypatch.setattr(failures.time, "sleep", waits.append)
     with pytest.raises(ConfigError) as alike, raised_alike_on_every_rank():
         raise ConfigError(REFUSAL)
     own = ConfigError("checkpoint 'x.ckpt' does not exist")  # a file: one node may lack it
-    for rank, quiet in ((0, False), (1, True)):
+    for rank, waited in ((0, []), (1, [failures.QUIET_RANK_GRACE_S])):
         torchrun_rank(rank)
-        assert said_by_another_process(alike.value) is quiet
-        assert said_by_another_process(own) is False  # a rank's own error is never hidden
+        waits.clear()
+        assert said_by_another_process(alike.value) is False
+        assert waits == waited
+        waits.clear()
+        assert said_by_another_process(own) is False and waits == []  # a rank's own error: said at once
 
 
 def test_refusals_from_the_configuration_alone_are_marked_alike_and_others_are_not(tmp_path):
