@@ -75,7 +75,7 @@ def _files(root: Path) -> dict[str, bytes]:
 def test_a_later_command_never_rewrites_a_runs_record(tmp_path):
     """Issue 47, item 2: ``fw test ... ckpt_path=last`` rewrote the fit's config.yaml (with the
     recipe's max_epochs, without the fit's EarlyStopping), and so did one that failed loading the
-    checkpoint (with the wrong width)."""
+    checkpoint (with the wrong width); a resumed fit wrote its hparams.yaml over the fit's."""
     common = [str(ROOT / "conf" / "digits.yaml"), "trainer.enable_progress_bar=false", f"trainer.default_root_dir={tmp_path}",
               "trainer.limit_train_batches=2", "trainer.limit_val_batches=2", "trainer.limit_test_batches=2"]
     early_stopping = "+callbacks={_target_: framework.callbacks.EarlyStopping, monitor: val/acc, mode: max}"
@@ -98,9 +98,15 @@ def test_a_later_command_never_rewrites_a_runs_record(tmp_path):
     assert "fw_logs/version_1/test-config.yaml" in tested and all(k.startswith("fw_logs/version_1/") for k in tested)
     assert "ckpt_path: last" in (tmp_path / "fw_logs" / "version_1" / "test-config.yaml").read_text()
 
-    proc = fw("fit", *common, "module.hidden=64", "trainer.max_epochs=3", "ckpt_path=last", cwd=tmp_path)  # a resume
+    hparams = (fit / "hparams.yaml").read_bytes()
+    proc = fw("fit", *common, "module.hidden=64", "trainer.max_epochs=3", "ckpt_path=last", "module.lr=0.001",
+              cwd=tmp_path)  # a resume
     assert proc.returncode == 0, proc.stderr
     assert (fit / "config.yaml").read_text() == recorded
+    assert (fit / "hparams.yaml").read_bytes() == hparams  # the resume wrote lr: 0.001 over it
+    assert "lr: 0.001" in (fit / "hparams-1.yaml").read_text()
+    assert f"{fit / 'hparams.yaml'} is an earlier command's record and stays as it is; this run's hyperparameters " \
+           "are hparams-1.yaml" in proc.stderr
     assert "max_epochs: 3" in (fit / "config-1.yaml").read_text()
     assert f"{fit / 'config.yaml'} is an earlier command's record and stays as it is; this run's recipe is " \
            "config-1.yaml" in proc.stderr

@@ -12,6 +12,7 @@ integer. The version is resolved once, lazily, on the first access of ``version`
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import re
 from abc import ABC, abstractmethod
@@ -141,6 +142,18 @@ class Logger(ABC):
         """Called once at the end of a run with ``"success"``, ``"failed"`` or ``"interrupted"``."""
         self.save()
 
+    @property
+    def hparams_file(self) -> HparamsFile:
+        """Where this command writes its ``hparams.yaml`` (shared by the loggers of one Trainer
+        that write into one folder; see ``HparamsFile``)."""
+        if "_hparams_file" not in vars(self):
+            self._hparams_file = HparamsFile()
+        return self._hparams_file
+
+    @hparams_file.setter
+    def hparams_file(self, claim: HparamsFile) -> None:
+        self._hparams_file = claim
+
     def after_save_checkpoint(self, checkpoint_callback: Any) -> None:
         """Called on rank 0 after ``ModelCheckpoint`` saved a file (Lightning's hook): the
         MLflow and W&B loggers upload checkpoints from it (``log_model``)."""
@@ -211,10 +224,43 @@ def flatten(params: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return flat
 
 
-def save_hparams_yaml(path: str, params: Mapping[str, Any]) -> None:
-    """Write ``params`` (already plain) as YAML, creating the folder if needed."""
-    import yaml
+class HparamsFile:
+    """A command's hyperparameters file in a log folder, never over an earlier command's (as
+    ``SaveRecipe`` does for ``config.yaml``): ``hparams.yaml``, or where that is there already (a
+    resumed fit goes on in its checkpoint's folder, a pinned version) ``hparams-1.yaml``,
+    ``hparams-2.yaml``, ..., made with an exclusive create and said in one line; this command's
+    later writes update the file it made."""
 
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    with open(path, "w", encoding="utf-8") as f:
-        yaml.safe_dump(dict(params), f, sort_keys=False, default_flow_style=False)
+    def __init__(self) -> None:
+        self.path: str | None = None
+
+    def holds(self, folder: str) -> bool:
+        """Whether this command has its file in ``folder``."""
+        return self.path is not None and os.path.dirname(self.path) == folder
+
+    def write(self, folder: str, params: Mapping[str, Any]) -> None:
+        """Write ``params`` (already plain) as YAML into this command's file in ``folder``."""
+        import yaml
+
+        text = yaml.safe_dump(dict(params), sort_keys=False, default_flow_style=False)
+        if self.holds(folder):
+            assert self.path is not None
+            with open(self.path, "w", encoding="utf-8") as f:
+                f.write(text)
+            return
+        os.makedirs(folder, exist_ok=True)
+        for n in itertools.count():
+            path = os.path.join(folder, "hparams.yaml" if n == 0 else f"hparams-{n}.yaml")
+            try:
+                f = open(path, "x", encoding="utf-8")  # never over a file that is there
+            except FileExistsError:
+                continue
+            self.path = path  # this command's, also where the write below fails
+            with f:
+                f.write(text)
+            if n:
+                from framework.rank_zero import rank_zero_info
+
+                rank_zero_info(f"{os.path.join(folder, 'hparams.yaml')} is an earlier command's record and stays as "
+                               f"it is; this run's hyperparameters are {os.path.basename(path)}")
+            return

@@ -18,7 +18,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from framework.loggers.base import Logger, save_hparams_yaml, to_float, to_plain
+from framework.loggers.base import Logger, to_float, to_plain
 from framework.loggers.failed_writes import FailedWrites
 
 
@@ -66,9 +66,10 @@ class CSVLogger(Logger):
             self.save()
 
     def log_hyperparams(self, params: Mapping[str, Any] | argparse.Namespace) -> None:
-        """Record hyperparameters in ``hparams.yaml``; repeated calls merge into one set."""
+        """Record hyperparameters in ``hparams.yaml`` (``hparams-1.yaml``, ... where an earlier
+        command's is there); repeated calls merge into one set."""
         self.hparams.update(to_plain(params))
-        save_hparams_yaml(os.path.join(self.log_dir, "hparams.yaml"), self.hparams)
+        self.hparams_file.write(self.log_dir, self.hparams)
 
     def save(self) -> None:
         """Write the rows that wait; when the folder cannot be written, they wait for the next call."""

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from framework.errors import ConfigError
-from framework.loggers.base import Logger, flatten, save_hparams_yaml, to_float, to_plain
+from framework.loggers.base import Logger, flatten, to_float, to_plain
 from framework.loggers.failed_writes import FailedWrites
 
 if TYPE_CHECKING:
@@ -31,7 +31,7 @@ class TensorBoardLogger(Logger):
     """Write metrics to ``<save_dir>/<name>/version_<N>/events.out.tfevents.*``.
 
     Hyperparameters go to TensorBoard's HPARAMS tab (nested keys flattened to ``"a/b"``) and to
-    ``hparams.yaml`` in the same folder.
+    ``hparams.yaml`` in the same folder (``hparams-1.yaml``, ... where an earlier command's is there).
 
     Args:
         save_dir: Root folder; ``None`` lets the Trainer use its ``default_root_dir``.
@@ -132,8 +132,7 @@ class TensorBoardLogger(Logger):
         """Flush the writer; when the folder cannot be written, what was logged waits for the next call."""
         if self._experiment is not None or self._waiting:
             self._push()
-        hparams_file = os.path.join(self.log_dir, "hparams.yaml")
-        if os.path.isdir(self.log_dir) and (self._yaml_unsaved or not os.path.isfile(hparams_file)):
+        if os.path.isdir(self.log_dir) and (self._yaml_unsaved or not self.hparams_file.holds(self.log_dir)):
             self._save_hparams_yaml()  # Lightning's: also without any
 
     def finalize(self, status: str) -> None:
@@ -150,9 +149,9 @@ class TensorBoardLogger(Logger):
         self._waiting = []
 
     def _save_hparams_yaml(self) -> None:
-        path = os.path.join(self.log_dir, "hparams.yaml")
+        path = self.hparams_file.path or os.path.join(self.log_dir, "hparams.yaml")
         try:
-            save_hparams_yaml(path, self.hparams)
+            self.hparams_file.write(self.log_dir, self.hparams)
         except OSError as err:
             self._yaml_unsaved = True
             self._failed.failed(path, err, len(self._waiting), "log_metrics calls")

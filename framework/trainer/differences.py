@@ -1,5 +1,6 @@
-"""Where fw deliberately differs from Lightning, said once per process, at set-up, when the
-user's code relies on it without having chosen (README's section at ``DOCS`` lists them all).
+"""Where fw deliberately differs from Lightning, said once per process at the end of set-up (a run
+refused at set-up prints only its error), when the user's code relies on it without having
+chosen (README's section at ``DOCS`` lists them all).
 
 Each difference is a condition on the run (its module, loaders, callbacks, strategy) and one
 short line on rank 0: what differs, the setting that chooses (where there is one: stating it,

@@ -20,6 +20,7 @@ from framework.trainer import checkpointing, end_of_fit
 from framework.trainer.run import Run
 
 if TYPE_CHECKING:
+    from framework.loggers.base import HparamsFile
     from framework.module import TrainModule
     from framework.trainer.parts import EndOfFit
     from framework.trainer.trainer import Trainer
@@ -42,7 +43,7 @@ class Outcome:
     status: str
     checkpoints: list[tuple[str, Any, str]]
     log_dir: str | None
-    loggers: list[tuple[str, int | str]]
+    loggers: list[tuple[str, int | str, HparamsFile]]
     output: Any
     end_of_fit: EndOfFit | None = None
 
@@ -62,7 +63,7 @@ class Outcome:
             checkpoints=[(cb.best_model_path, _cpu(cb.best_model_score), cb.last_model_path)
                          for cb in trainer.checkpoint_callbacks],
             log_dir=trainer.log_dir,
-            loggers=[(lg.save_dir, lg.version) for lg in trainer.loggers],
+            loggers=[(lg.save_dir, lg.version, lg.hparams_file) for lg in trainer.loggers],
             output=output,
             end_of_fit=kept,
         )
@@ -77,9 +78,10 @@ class Outcome:
         state.fn, state.stage = self.fn, None  # the workers' call ended (``fn`` stays, as in Lightning)
         for cb, (best, score, last) in zip(trainer.checkpoint_callbacks, self.checkpoints, strict=True):
             cb.best_model_path, cb.best_model_score, cb.last_model_path = best, score, last
-        for lg, (save_dir, version) in zip(trainer.loggers, self.loggers, strict=True):
+        for lg, (save_dir, version, hparams_file) in zip(trainer.loggers, self.loggers, strict=True):
             lg.set_version(version)  # the next call's workers log into the same version folder
             lg.set_default_root(save_dir)
+            lg.hparams_file = hparams_file  # and update the hparams file this Trainer made
         run = Run.of(trainer, self.fn, model, trainer.callbacks)
         run.make_current()
         run.log_dir = self.log_dir

@@ -50,6 +50,9 @@ def setup_loggers(run: Run, resume_path: str | None, root_error: str | None) -> 
     for i, lg in enumerate(run.loggers):
         lg.set_default_root(root, resume_from=resume_path if run.fn == "fit" else None)
         lg.keep_apart_from(run.loggers[:i])
+        # loggers of one Trainer writing into one folder write one hparams file (the same hyperparameters)
+        lg.hparams_file = next((other.hparams_file for other in run.loggers[:i] if other.log_dir == lg.log_dir),
+                               lg.hparams_file)
     log_dir = run.loggers[0].log_dir if run.loggers and strategy.is_global_zero else None
     # every rank has the same loggers (the same arguments): without any there is nothing to send
     run.log_dir = strategy.broadcast(log_dir) if strategy.is_distributed and run.loggers else log_dir

@@ -147,15 +147,16 @@ def setup(run: Run, loaders: dict, ckpt_path: Any) -> str | None:
             compiled.after_first_step(run.optimizers)
         if model.automatic_optimization:
             check_one_optimizer(run.optimizers)
-    note_differences(run, resume_path)
     return resume_path
 
 
 def restore(run: Run, resume_path: str | None) -> None:
     """The checkpoint loaded (``checkpointing.restore``), then the loggers' first write: nothing
-    is created in the run folder before every check of set-up has passed."""
+    is created in the run folder before every check of set-up has passed. Then the notes where fw
+    differs from Lightning, which a run refused at set-up does not print before its error."""
     checkpointing.restore(run, resume_path)
     run_loggers.log_hyperparameters(run)
+    note_differences(run, resume_path)
 
 
 #: Lightning hooks fw does not call, with what to do instead: an override is refused, never ignored

@@ -29,6 +29,7 @@ from toy import loader, regression_data
 class Net(fw.TrainModule):  # defined in the notebook: nothing a spawned worker could import
     def __init__(self):
         super().__init__()
+        self.save_hyperparameters()  # none: the loggers write an empty hparams.yaml
         torch.manual_seed(0)
         self.net = torch.nn.Linear(4, 1)
     def training_step(self, batch, batch_idx):
@@ -60,7 +61,9 @@ except fw.errors.ConfigError as err:
 import json, os
 print(json.dumps({"strategy": trainer.strategy.name, "step": trainer.global_step, "world": trainer.world_size,
                   "weight": model.net.weight.flatten().tolist(), "lines": lines.getvalue(), "refused": refused,
-                  "versions": sorted(os.listdir(os.path.join(ROOT_DIR, "fw_logs")))}))
+                  "versions": sorted(os.listdir(os.path.join(ROOT_DIR, "fw_logs"))),
+                  "hparams": sorted(f for f in os.listdir(os.path.join(ROOT_DIR, "fw_logs", "version_0"))
+                                    if f.startswith("hparams"))}))
 """,
 ]
 
@@ -85,6 +88,7 @@ def test_a_jupyter_kernel_trains_on_two_forked_processes_with_one_log_version(tm
                                      "program in each worker, and a Jupyter kernel has no program to re-run: use "
                                      "strategy='ddp_notebook'"), got["refused"]
     assert got["versions"] == ["version_0"]  # fit, validate and test of one Trainer: one version
+    assert got["hparams"] == ["hparams.yaml"]  # which each call's workers update (not hparams-1.yaml, hparams-2.yaml)
 
 
 def run(code: str, tmp_path, *argv: str, script: bool = False) -> subprocess.CompletedProcess:

@@ -220,3 +220,20 @@ def test_a_level_set_before_fws_first_line_is_kept(capfd, monkeypatch):
         assert log.level == logging.WARNING
     finally:
         log.setLevel(level)
+
+
+@pytest.mark.procs
+@pytest.mark.timeout(240)
+def test_a_run_refused_at_set_up_prints_its_error_and_no_difference(tmp_path):
+    """Issue 47: a 2-rank ``fw test`` of a checkpoint that does not exist printed 'differs from
+    Lightning: evaluation shards are not padded' before its error; the same run that goes ahead
+    says it once."""
+    common = ["conf/digits.yaml", "trainer.devices=2", "trainer.strategy=ddp_gloo", "trainer.limit_test_batches=2",
+              "trainer.enable_progress_bar=false", f"trainer.default_root_dir={tmp_path}"]
+    refused = forked.fw_command("test", *common, f"ckpt_path={tmp_path / 'none.ckpt'}", cwd=REPO, env=clean_env(),
+                                timeout=200, nprocs=2)
+    assert refused.returncode == 1 and "fw: error: checkpoint" in refused.stderr, refused.stderr
+    assert "differs from Lightning" not in refused.stdout + refused.stderr, refused.stderr
+    ran = forked.fw_command("test", *common, cwd=REPO, env=clean_env(), timeout=200, nprocs=2)
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stderr.count("fw: differs from Lightning: evaluation shards are not padded") == 1, ran.stderr

@@ -102,3 +102,36 @@ def test_a_fit_refused_for_its_checkpoint_leaves_nothing_behind(make_file, tmp_p
     with pytest.raises(CheckpointError, match="does not exist|corrupt or truncated"):
         trainer.fit(make_sized(fw.TrainModule)(), regression_loader(), ckpt_path=str(checkpoint))
     assert sorted(os.listdir(tmp_path)) == before  # no fw_logs/version_0 with hparams.yaml and events
+
+
+@pytest.mark.timeout(90)
+def test_a_resumed_fit_writes_its_hyperparameters_beside_the_fits_never_over_them(tmp_path, caplog):
+    """Issue 47, item 2: a fit resumed on a new Trainer goes on in its checkpoint's folder and wrote
+    its ``hparams.yaml`` over the fit's (there ``lr: 0.05``, the fit's ``config.yaml`` kept 0.1);
+    now its hyperparameters are ``hparams-1.yaml``, one file for the two loggers of the folder,
+    which a later call of the same Trainer updates. (Lightning resumes into a new version folder.)"""
+    Sized = make_sized(fw.TrainModule)
+
+    def trainer(max_epochs):
+        return fw.Trainer(**{**QUIET, "max_epochs": max_epochs, "enable_checkpointing": True},
+                          default_root_dir=str(tmp_path),
+                          logger=[fw.loggers.TensorBoardLogger(str(tmp_path)), fw.loggers.CSVLogger(str(tmp_path))])
+
+    fit = trainer(1)
+    fit.fit(Sized(lr=0.1), regression_loader())
+    folder = tmp_path / "fw_logs" / "version_0"
+    fitted = (folder / "hparams.yaml").read_bytes()
+    assert b"lr: 0.1" in fitted
+    resumed = trainer(2)
+    with caplog.at_level("INFO", logger="framework"):
+        resumed.fit(Sized(lr=0.05), regression_loader(), ckpt_path=fit.checkpoint_callback.best_model_path)
+    assert resumed.log_dir == str(folder)
+    assert (folder / "hparams.yaml").read_bytes() == fitted
+    assert b"lr: 0.05" in (folder / "hparams-1.yaml").read_bytes()
+    said = [r.getMessage() for r in caplog.records if "hyperparameters are" in r.getMessage()]
+    assert said == [f"{folder / 'hparams.yaml'} is an earlier command's record and stays as it is; this run's "
+                    "hyperparameters are hparams-1.yaml"]
+    resumed.lightning_module.hparams.lr = 0.02  # the same Trainer's next call updates its own file
+    resumed.test(resumed.lightning_module, regression_loader())
+    assert (folder / "hparams.yaml").read_bytes() == fitted
+    assert sorted(p.name for p in folder.glob("hparams*")) == ["hparams-1.yaml", "hparams.yaml"]
