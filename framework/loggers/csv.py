@@ -6,7 +6,8 @@ with the wider header, so the file is always a valid, rectangular CSV.
 
 A folder that cannot be written mid-fit (a full disk, the folder gone) does not stop training:
 the rows wait (up to 10,000; later ones are dropped) and are written at the next ``save`` that
-works; one warning when it starts, and at the end one warning counts the rows never written.
+works (a write that fails part-way is cut back, so no row is torn or written twice); one warning
+when it starts, and at the end one warning counts the rows never written.
 (Lightning's CSVLogger ends the fit with the ``OSError``.)
 """
 
@@ -97,11 +98,16 @@ class CSVLogger(Logger):
             self._rewrite(path, columns + new_keys)
             return
         fresh = not os.path.exists(path)
-        with open(path, "a", newline="", encoding="utf-8") as f:
-            writer = csv.DictWriter(f, fieldnames=columns + new_keys, restval="")
-            if fresh:
-                writer.writeheader()
-            writer.writerows(self._rows)
+        size = 0 if fresh else os.path.getsize(path)
+        try:
+            with open(path, "a", newline="", encoding="utf-8") as f:
+                writer = csv.DictWriter(f, fieldnames=columns + new_keys, restval="")
+                if fresh:
+                    writer.writeheader()
+                writer.writerows(self._rows)
+        except OSError:  # a write that failed part-way (a full disk): no torn row, the rows wait whole
+            _cut_back(path, size, fresh)
+            raise
         self._columns = columns + new_keys  # the header on disk, once it is there
 
     def _read_header(self, path: str) -> list[str]:
@@ -116,13 +122,28 @@ class CSVLogger(Logger):
         with open(path, newline="", encoding="utf-8") as f:
             old_rows = list(csv.DictReader(f))
         tmp = path + ".tmp"
-        with open(tmp, "w", newline="", encoding="utf-8") as f:
-            writer = csv.DictWriter(f, fieldnames=columns, restval="")
-            writer.writeheader()
-            writer.writerows(old_rows)
-            writer.writerows(self._rows)
-        os.replace(tmp, path)
+        try:
+            with open(tmp, "w", newline="", encoding="utf-8") as f:
+                writer = csv.DictWriter(f, fieldnames=columns, restval="")
+                writer.writeheader()
+                writer.writerows(old_rows)
+                writer.writerows(self._rows)
+            os.replace(tmp, path)
+        except OSError:
+            _cut_back(tmp, 0, fresh=True)
+            raise
         self._columns = columns
+
+
+def _cut_back(path: str, size: int, fresh: bool) -> None:
+    """Undo a failed append: the file as it was (``size`` bytes), or gone if it was not there."""
+    try:
+        if fresh:
+            os.remove(path)
+        else:
+            os.truncate(path, size)
+    except OSError:
+        pass  # the folder itself is gone: nothing torn is left to read
 
 
 def _cell(value: Any) -> float | int:

@@ -224,9 +224,9 @@ class MLFlowLogger(Logger):
         assert run_id is not None, "a client is made with its run"
         self._send(lambda: client.set_terminated(run_id, RUN_STATUS[status]), f"the run's end ({RUN_STATUS[status]})", 1)
         self._running = False
-        if self._sender is not None:  # what is left goes now, or is counted as not sent
-            sender, self._sender = self._sender, None
-            sender.close(self.flush_timeout, answers=lambda: store.why_not_answering(sender.where) is None)
+        if self._sender is not None and self._sender.mine:  # what is left goes now, or is counted as not sent
+            self._sender.close(self.flush_timeout)
+        self._sender = None
 
     @rank_zero_only
     def after_save_checkpoint(self, checkpoint_callback: Any) -> None:
@@ -255,8 +255,10 @@ class MLFlowLogger(Logger):
         if not store.is_server(self.tracking_uri):
             store.send_now(send, done)
             return
-        if self._sender is None:
-            self._sender = Sender("MLFlowLogger", self.tracking_uri)
+        if self._sender is None or not self._sender.mine:  # none yet, or the copy a fork made of the parent's
+            where = self.tracking_uri
+            self._sender = Sender("MLFlowLogger", where, wait=self.flush_timeout,
+                                  answers=lambda: store.why_not_answering(where) is None)
         self._sender.put(Call(send, what, count, done))
 
     # -- the run --------------------------------------------------------------------------

@@ -13,12 +13,21 @@ answer: a bad value) is dropped; the first one with a warning naming it, the oth
 The queue is bounded (``max_pending`` calls): what comes while it is full is dropped and
 counted. At the end (``close``) the thread gets time to send what is left: as long as it makes
 progress, or at least ``wait`` seconds; after that, when the server still does not answer, what
-is left is dropped, and one warning counts everything that was not sent (``dropped``).
+is left is dropped, and one warning counts everything that was not sent (``dropped``). A call
+that has been in flight for ``wait`` seconds by then (a server that answers only 5xx, which the
+client retries for minutes, or one that takes the connection and never answers) is given up too.
+
+A sender belongs to the process that made it (``pid``): a forked child (``ddp_notebook``) has
+a copy of it but not its thread, so the logger makes a new one there (``mine``). A sender never
+closed (no ``finalize``) is closed when the interpreter exits (``atexit``), with the same wait
+and the same count.
 """
 
 from __future__ import annotations
 
+import atexit
 import collections
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -63,11 +72,14 @@ class Sender:
         max_pending: The most calls kept while the server does not answer.
         retry_every: Seconds between two tries of a call that failed for want of the server.
         stall_after: Seconds a call may wait for the server before the warning.
+        wait: ``close``'s wait when none is given (at exit).
+        answers: ``close``'s quick look at the server when none is given (at exit).
     """
 
     def __init__(self, who: str, where: str, max_pending: int = 10_000, retry_every: float = 2.0,
-                 stall_after: float = 10.0) -> None:
-        self.who, self.where = who, where
+                 stall_after: float = 10.0, wait: float = 30.0, answers: Callable[[], bool] | None = None) -> None:
+        self.who, self.where, self.wait, self.answers = who, where, wait, answers or (lambda: True)
+        self.pid = os.getpid()
         self.max_pending, self.retry_every, self.stall_after = max_pending, retry_every, stall_after
         self.dropped: collections.Counter[str] = collections.Counter()  # what -> how many, not sent
         self._queue: collections.deque[Call] = collections.deque()
@@ -80,6 +92,14 @@ class Sender:
         self._sending_since: float | None = None  # monotonic time the call in flight began
         self._thread = threading.Thread(target=self._run, name=f"fw-{who}-sender", daemon=True)
         self._thread.start()
+        with _LIVE_LOCK:
+            _LIVE.add(self)
+        _close_at_exit_once()
+
+    @property
+    def mine(self) -> bool:
+        """Made in this process (a forked child's copy has no thread: it must not be used there)."""
+        return self.pid == os.getpid()
 
     @property
     def server_away(self) -> bool:
@@ -102,23 +122,34 @@ class Sender:
             self._queue.append(call)
             self._cond.notify_all()
 
-    def close(self, wait: float, answers: Callable[[], bool]) -> None:
+    def close(self, wait: float | None = None, answers: Callable[[], bool] | None = None) -> None:
         """Send what is left, then end the thread. Waits while calls get sent; once ``wait``
-        seconds have passed, gives up as soon as a call failed for want of the server or
-        ``answers()`` (a quick look: does the server take a connection?) says it is away,
-        dropping what is left. Then one warning counts everything that was not sent."""
+        seconds have passed, gives up as soon as a call failed for want of the server, the call
+        in flight has been sent for ``wait`` seconds, or ``answers()`` (a quick look: does the
+        server take a connection?) says it is away, dropping what is left. What is still queued
+        when the thread has ended is dropped too. Then one warning counts everything that was
+        not sent. (Call it in the process that made the sender: ``mine``.)"""
+        wait = self.wait if wait is None else wait
+        answers = self.answers if answers is None else answers
+        with _LIVE_LOCK:
+            _LIVE.discard(self)
         start = time.monotonic()
         with self._cond:
             self._closing = True
             self._cond.notify_all()
         while self._thread.is_alive():
             self._thread.join(timeout=1.0)
-            if self._thread.is_alive() and time.monotonic() - start >= wait and (self.server_away or not answers()):
-                self._abandon()
+            if self._thread.is_alive() and time.monotonic() - start >= wait and (
+                    self.server_away or self._stuck(wait) or not answers()):
                 break
+        self._abandon()  # whatever is still queued (nothing, when the thread sent it all)
         if self.dropped:
             counts = ", ".join(f"{n} {what}" for what, n in self.dropped.items())
             rank_zero_warn(f"{self.who}: not sent to {self.where}: {counts}")
+
+    def _stuck(self, wait: float) -> bool:
+        since = self._sending_since
+        return since is not None and time.monotonic() - since >= wait
 
     # -- the thread -----------------------------------------------------------------------
     def _run(self) -> None:
@@ -193,6 +224,38 @@ class Sender:
 
     def _drop(self, call: Call) -> None:
         self.dropped[call.what] += call.count
+
+
+_LIVE: set[Sender] = set()  # the senders not closed yet
+_LIVE_LOCK = threading.Lock()
+_AT_EXIT: list[bool] = []
+
+
+def _close_at_exit_once() -> None:
+    if not _AT_EXIT:
+        _AT_EXIT.append(True)
+        atexit.register(_close_at_exit)
+
+
+def _forget_in_child() -> None:
+    """A forked child: the parent's senders are not its own (their threads are not here), and a
+    lock some thread of the parent held at the fork would stay held for good."""
+    global _LIVE_LOCK
+    _LIVE_LOCK = threading.Lock()
+    _LIVE.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_in_child)
+
+
+def _close_at_exit() -> None:
+    """The senders of this process that no ``finalize`` closed: what they hold goes now (or is
+    counted), instead of dying with their daemon thread."""
+    with _LIVE_LOCK:
+        left = [sender for sender in _LIVE if sender.mine]
+    for sender in left:
+        sender.close()
 
 
 def _first_line(err: BaseException) -> str:

@@ -82,7 +82,7 @@ class TensorBoardLogger(Logger):
             from torch.utils.tensorboard import SummaryWriter
 
             before = set(os.listdir(self.log_dir)) if os.path.isdir(self.log_dir) else set()
-            _quiet(self.log_dir)
+            _QUIET.add(self.log_dir)
             try:
                 os.makedirs(self.log_dir, exist_ok=True)
                 self._experiment = SummaryWriter(log_dir=self.log_dir, **self._writer_options)
@@ -145,6 +145,7 @@ class TensorBoardLogger(Logger):
                 self._writer_failed(err)
             # A later write (e.g. trainer.test after fit) opens a new event file in the same folder.
             self._experiment = None
+            _QUIET.remove(self.log_dir)  # its writer thread has ended
         self._failed.report(self.log_dir, len(self._waiting), "log_metrics calls")
         self._waiting = []
 
@@ -225,6 +226,12 @@ class _QuietWriterThreads:
         if threading.excepthook is not self:  # again if another hook was put there since (pytest does, per test)
             self.previous, threading.excepthook = threading.excepthook, self
 
+    def remove(self, folder: str) -> None:
+        """``folder``'s logger was finalized: with no folder left, the hook that was there is back."""
+        self.folders.discard(os.path.abspath(folder))
+        if not self.folders and threading.excepthook is self:
+            threading.excepthook = self.previous
+
     def __call__(self, args: threading.ExceptHookArgs) -> None:
         writer = getattr(getattr(args.thread, "_record_writer", None), "_writer", None)
         path = getattr(writer, "filename", None) or getattr(writer, "name", None)  # tensorboard's stub GFile, tf's
@@ -241,4 +248,4 @@ class _QuietWriterThreads:
             self.calling.now = False
 
 
-_quiet = _QuietWriterThreads().add
+_QUIET = _QuietWriterThreads()

@@ -1,5 +1,6 @@
 import csv
 import os
+import warnings
 
 import pytest
 import yaml
@@ -191,3 +192,47 @@ def test_a_log_folder_that_never_comes_back_is_one_warning_and_one_count(tmp_pat
     # the rows written before the folder went are the first ones sent (fewer columns: the later keys came later)
     assert 0 < len(written) < len(sent_rows)
     assert written == [{key: row[key] for key in written[0]} for row in sent_rows[:len(written)]]
+
+
+def _fill(folder, leave: int) -> str:
+    """Fill the disk of ``folder`` but ``leave`` bytes; the filler's path."""
+    stats = os.statvfs(folder)
+    filler = os.path.join(folder, "filler")
+    with open(filler, "wb") as f:
+        try:
+            f.write(b"x" * (stats.f_bavail * stats.f_frsize - leave))
+        except OSError:
+            pass
+    return filler
+
+
+@pytest.mark.parametrize("freed", [True, False])
+def test_a_disk_that_fills_in_the_middle_of_a_write_leaves_no_torn_row(mount, freed):
+    """A disk with room for a few rows of the 50 being written: the write fails part-way. The part
+    written is cut back, so when the disk has room again (or at the end) the file parses with every
+    row exactly once, in order; when it never has, the warning counts exactly the rows missing.
+    Before, the torn row stayed and the rows were written again after it (duplicated steps)."""
+    disk = mount("size=512k")
+    logger = CSVLogger(save_dir=disk, name="x", version=0, flush_logs_every_n_steps=50)
+    rows = [{f"loss{i}": 0.123456789 + step for i in range(20)} for step in range(250)]
+    for step in range(50):
+        logger.log_metrics(rows[step], step)  # written while there is room
+    filler = _fill(disk, leave=1500)  # room for about 5 rows of the next 50
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        for step in range(50, 250):
+            logger.log_metrics(rows[step], step)
+        if freed:
+            os.remove(filler)
+        logger.finalize("success")
+    said = [str(w.message) for w in record]
+    assert said[0].startswith(f"CSVLogger: cannot write {logger.metrics_file_path} (OSError: "), said
+    _, written = _read(logger.metrics_file_path)  # parses: no torn line
+    assert [int(row["step"]) for row in written] == list(range(len(written)))  # each once, in order
+    assert all(float(row["loss7"]) == rows[int(row["step"])]["loss7"] for row in written)
+    if freed:
+        assert len(written) == 250
+        assert not [s for s in said if "not written" in s], said
+    else:
+        assert 50 <= len(written) < 250
+        assert said[-1] == f"CSVLogger: not written to {logger.metrics_file_path}: {250 - len(written)} rows"

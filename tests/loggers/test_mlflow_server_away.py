@@ -4,8 +4,11 @@ Lightning's MLFlowLogger in the same cases."""
 
 from __future__ import annotations
 
+import http.server
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 import warnings
@@ -211,3 +214,141 @@ def test_an_unknown_uri_scheme_is_one_line(tmp_path):
 
     with pytest.raises(MlflowException, match="unsupported URI"):  # Lightning: MLflow's own error
         _ = LightningMLFlowLogger(tracking_uri="mlfow://127.0.0.1:5000").experiment
+
+
+def _child(code: str, *argv: str, timeout: float = 180) -> subprocess.CompletedProcess:
+    from conftest import subprocess_env
+
+    return subprocess.run([sys.executable, "-c", code, *argv], env=subprocess_env(), capture_output=True, text=True,
+                          timeout=timeout)
+
+
+FORKED_FIT = """
+import sys, time
+import framework as fw
+from toy import LinearModel, ToyData
+from framework.loggers import MLFlowLogger
+if __name__ == "__main__":
+    logger = MLFlowLogger(tracking_uri=sys.argv[1])
+    logger.log_hyperparams({"note": "before the fit"})  # a notebook cell: the sender's thread starts here
+    end = time.monotonic() + 60
+    while logger._sender._queue and time.monotonic() < end:  # sent before the fork (no race with the children)
+        time.sleep(0.05)
+    trainer = fw.Trainer(logger=logger, accelerator="cpu", devices=2, strategy="ddp_notebook", max_epochs=2,
+                         log_every_n_steps=1, enable_progress_bar=False, enable_model_summary=False,
+                         enable_checkpointing=False, default_root_dir=sys.argv[2])
+    trainer.fit(LinearModel(lr=0.05), datamodule=ToyData())
+    print(logger.run_id, trainer.global_step)
+"""
+
+
+@pytest.mark.timeout(300)
+def test_a_logger_used_before_a_forked_fit_sends_the_fit(tmp_path):
+    """ddp_notebook forks the workers after the logger's sender started (a parameter logged in an
+    earlier cell): rank 0's child makes its own sender, so the fit's metrics and the run's end reach
+    the server. Before, the child queued into the parent's sender, whose thread is not there: the
+    run stayed RUNNING with no metric and no warning."""
+    (tmp_path / "server").mkdir()
+    with MlflowServer(tmp_path / "server") as server:
+        done = _child(FORKED_FIT, server.uri, str(tmp_path / "fit"))
+        assert done.returncode == 0, done.stderr[-3000:]
+        run_id, steps = done.stdout.split()[-2:]
+        status, history, params, _ = _on_server(server.uri, run_id)
+    assert status == "FINISHED" and params["note"] == "before the fit" and params["lr"] == "0.05"
+    assert [step for step, _ in history["train/loss_step"]] == list(range(int(steps))), history
+    assert "not sent" not in done.stderr, done.stderr[-3000:]
+
+
+NO_FINALIZE = """
+import sys
+from framework.loggers import MLFlowLogger
+from framework.strategies.processes import kill_tree
+logger = MLFlowLogger(tracking_uri=sys.argv[1], flush_timeout=2)
+for step in range(20):
+    logger.log_metrics({"m": float(step)}, step)
+print(logger.run_id, flush=True)
+if len(sys.argv) > 2:  # the server goes away before the end: what is left is counted
+    import time
+    end = time.monotonic() + 60
+    while logger._sender._queue and time.monotonic() < end:
+        time.sleep(0.05)
+    kill_tree(int(sys.argv[2]))
+    for step in range(20, 25):
+        logger.log_metrics({"m": float(step)}, step)
+"""
+
+
+@pytest.mark.timeout(300)
+def test_what_is_logged_without_finalize_is_sent_at_exit_or_counted(tmp_path, fast_retries):
+    """A script that logs and ends without ``finalize``: the sender's daemon thread would die with
+    it; at exit what waits is sent (the 20 values are on the server), or, with the server gone,
+    counted in one warning after ``flush_timeout``. Before, 0 of 20 arrived and nothing was said."""
+    (tmp_path / "server").mkdir()
+    with MlflowServer(tmp_path / "server") as server:
+        done = _child(NO_FINALIZE, server.uri)
+        assert done.returncode == 0, done.stderr[-3000:]
+        run_id = done.stdout.split()[-1]
+        _, history, _, _ = _on_server(server.uri, run_id)
+        assert history["m"] == [(step, float(step)) for step in range(20)]
+        assert "not sent" not in done.stderr, done.stderr[-3000:]
+
+        start = time.monotonic()
+        done = _child(NO_FINALIZE, server.uri, str(server.process.pid))
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert time.monotonic() - start < 60
+        assert f"MLFlowLogger: not sent to {server.uri}: 5 metric values" in done.stderr, done.stderr[-3000:]
+
+
+class _Answers503(http.server.BaseHTTPRequestHandler):
+    def _answer(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self.send_response(503)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    do_GET = do_POST = _answer
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.mark.timeout(240)
+def test_a_server_that_answers_only_503_costs_the_end_flush_timeout(tmp_path, monkeypatch):
+    """The server is replaced by one that answers every call with 503, which MLflow's client
+    retries (here for about 21 s a call, 3 + 6 + 12; by default about 4 minutes): ``finalize``
+    gives up after ``flush_timeout`` (the call in flight has been sent that long) and counts what
+    was not sent. Before, it waited for MLflow's retries: 248 s with flush_timeout=2 by default."""
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "3")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "3")
+    (tmp_path / "server").mkdir()
+    with MlflowServer(tmp_path / "server") as server:
+        logger = MLFlowLogger(tracking_uri=server.uri, flush_timeout=2)
+        logger.log_hyperparams({"a": 1})
+        logger.log_metrics({"x": 1.0}, 0)
+        end = time.monotonic() + 60
+        while logger._sender._queue and time.monotonic() < end:
+            time.sleep(0.05)
+        server.kill()
+    http.server.ThreadingHTTPServer.allow_reuse_address = True
+    for _ in range(100):
+        try:
+            answers_503 = http.server.ThreadingHTTPServer(("127.0.0.1", server.port), _Answers503)
+            break
+        except OSError:
+            time.sleep(0.2)
+    threading.Thread(target=answers_503.serve_forever, daemon=True).start()
+    try:
+        logger.log_metrics({"x": 2.0}, 1)
+        with warnings.catch_warnings(record=True) as record:
+            warnings.simplefilter("always")
+            start = time.monotonic()
+            logger.finalize("success")
+            took = time.monotonic() - start
+        for thread in threading.enumerate():  # the thread, given up in MLflow's retries, ends when they do
+            if thread.name == "fw-MLFlowLogger-sender":
+                thread.join(timeout=60)
+    finally:
+        answers_503.shutdown()
+        answers_503.server_close()
+    assert took < 10, f"finalize took {took:.0f} s with flush_timeout=2"
+    assert _fw_warnings(record)[-1] == f"MLFlowLogger: not sent to {server.uri}: 1 metric values, 1 the run's end (FINISHED)"

@@ -249,3 +249,25 @@ def test_a_disk_that_stays_full_is_one_warning_and_one_count(tmp_path, mount):
     assert 0 < len(unwritten) < len(recorder.calls)
     assert unwritten == recorder.calls[-len(unwritten):]  # what was written is the calls before the disk filled
     assert len([name for name in os.listdir(logger.log_dir) if name.startswith("events.")]) == 1  # no empty files
+
+
+def test_the_hook_that_quiets_failed_writer_threads_is_there_only_while_a_folder_is_live(tmp_path, monkeypatch):
+    """The ``threading.excepthook`` that keeps a writer thread's ``OSError`` from being printed is
+    put there by the first writer and taken away when the last logger with a folder is finalized;
+    before, it stayed for good."""
+    import threading
+
+    import framework.loggers.tensorboard as tensorboard
+
+    monkeypatch.setattr(tensorboard, "_QUIET", tensorboard._QuietWriterThreads())  # no folder of another test
+    monkeypatch.setattr(threading, "excepthook", threading.excepthook)  # put back whatever happens
+    before = threading.excepthook
+    first = TensorBoardLogger(save_dir=tmp_path, name="a", default_hp_metric=False)
+    second = TensorBoardLogger(save_dir=tmp_path, name="b", default_hp_metric=False)
+    first.log_metrics({"m": 1.0}, 0)
+    second.log_metrics({"m": 1.0}, 0)
+    assert threading.excepthook is not before
+    first.finalize("success")
+    assert threading.excepthook is not before  # the second one's folder is still live
+    second.finalize("success")
+    assert threading.excepthook is before
