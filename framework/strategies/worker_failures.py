@@ -26,7 +26,7 @@ from framework.strategies.failure_stamp import FailureStamp, earliest_first
 from framework.strategies.processes import LAUNCHER_PID
 
 _ERROR_FILE = "TORCHELASTIC_ERROR_FILE"
-QUIET_RANK_GRACE_S = 2.0
+QUIET_RANK_GRACE_S = 10.0  # long enough for torchrun or mpirun to stop this rank after rank 0 ends on a loaded machine
 
 
 #: (id, text) of the exception this process wrote into the error file: a later one that does not
