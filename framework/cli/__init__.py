@@ -94,6 +94,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     from framework.cli.run_recipe import run_recipe
     from framework.config import load_recipe
+    from framework.config.recipe import reads_environment
 
     # `_target_: mymodels.Net` should find mymodels.py in the directory fw runs from, as
     # `python -m` would; the `fw` console script alone puts only its own directory on the path
@@ -107,7 +108,12 @@ def run(args: argparse.Namespace) -> int:
     if args.print_config:
         print(text, end="")
         return 0
-    run_recipe(args.command, recipe, text)
+    try:
+        run_recipe(args.command, recipe, text)
+    except FwError as err:
+        if reads_environment(text):  # its values may differ by node: no check of them is alike on every rank
+            err.alike_on_every_rank = False
+        raise
     return 0
 
 

@@ -7,7 +7,9 @@ file, and says how to fix it.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -42,10 +44,21 @@ LIGHTNING_1X_KEYS = {
 _DEFAULTS = schema_defaults(RecipeConfig, TrainerConfig)
 
 
+#: an OmegaConf resolver call (``${oc.env:HOME}``, ``${my_resolver:x}``), not a plain ``${a.b}``
+_RESOLVER_CALL = re.compile(r"\$\{\s*[\w.]+\s*:")
+
+
+def reads_environment(text: str) -> bool:
+    """Whether a recipe's values may differ from process to process: a resolver (``oc.env``, or
+    one of the user's) may read each node's own environment."""
+    return _RESOLVER_CALL.search(text) is not None
+
+
 def load_recipe(path: str | Path, overrides: Sequence[str] = ()) -> tuple[dict, str]:
     """Return the merged, checked recipe as plain containers, and its YAML text."""
     raw = _read_yaml(Path(path))  # a file: on one node it may be missing, so not marked alike
-    with raised_alike_on_every_rank():  # what follows reads the text and the command line alone
+    alike = not reads_environment(Path(path).read_text() + "\n".join(overrides))
+    with raised_alike_on_every_rank() if alike else contextlib.nullcontext():  # the text and the command line alone
         return _merge(path, raw, overrides)
 
 

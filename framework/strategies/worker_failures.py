@@ -26,7 +26,7 @@ from framework.strategies.failure_stamp import FailureStamp, earliest_first
 from framework.strategies.processes import LAUNCHER_PID
 
 _ERROR_FILE = "TORCHELASTIC_ERROR_FILE"
-QUIET_RANK_GRACE_S = 10.0  # long enough for torchrun or mpirun to stop this rank after rank 0 ends on a loaded machine
+QUIET_RANK_GRACE_S = 10.0  # long enough for torchrun to stop this rank after rank 0 ends, on a loaded machine
 
 
 #: (id, text) of the exception this process wrote into the error file: a later one that does not
@@ -106,14 +106,18 @@ def said_by_another_process(err: FwError) -> bool:
     """Whether another process prints ``err``, which ends this one, for the job: fw's launcher
     (``launcher_reports``), or, under torchrun or mpirun, rank 0, where every rank raises ``err``
     alike (``FwError.alike_on_every_rank``: the configuration's; a rank's own error is its own to say).
-    Such a rank waits ``QUIET_RANK_GRACE_S`` before it exits: torchrun and mpirun stop the job at
-    the first exit, which must not stop rank 0 before its line."""
+    Under torchrun such a rank waits ``QUIET_RANK_GRACE_S``: torchrun stops it when rank 0 ends
+    with the line; still running after the wait, it says the line itself (rank 0 did not raise it).
+    mpiexec and srun stop no rank when another ends: there it exits at once, and rank 0 says it.
+    """
     if os.environ.get(LAUNCHER_PID):
         return launcher_reports(err)
     if not err.alike_on_every_rank or global_rank() == 0:
         return False
-    time.sleep(QUIET_RANK_GRACE_S)  # rank 0's exit with the same line ends this process meanwhile...
-    return False  # ...unless rank 0 did not raise it (a recipe's ${oc.env:...} differs by node): say it here
+    if not os.environ.get("TORCHELASTIC_RUN_ID"):  # mpiexec, srun: nothing stops this rank when rank 0 ends
+        return True
+    time.sleep(QUIET_RANK_GRACE_S)  # torchrun stops this rank when rank 0 ends with the same line...
+    return False  # ...unless rank 0 did not raise it: say it here
 
 
 def _last_attempt() -> bool:

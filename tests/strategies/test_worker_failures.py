@@ -83,6 +83,7 @@ def test_under_torchrun_a_refusal_alike_on_every_rank_is_rank_0s_to_print(torchr
     with pytest.raises(ConfigError) as alike, raised_alike_on_every_rank():
         raise ConfigError(REFUSAL)
     own = ConfigError("checkpoint 'x.ckpt' does not exist")  # a file: one node may lack it
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job")
     for rank, waited in ((0, []), (1, [failures.QUIET_RANK_GRACE_S])):
         torchrun_rank(rank)
         waits.clear()
@@ -90,6 +91,8 @@ def test_under_torchrun_a_refusal_alike_on_every_rank_is_rank_0s_to_print(torchr
         assert waits == waited
         waits.clear()
         assert said_by_another_process(own) is False and waits == []  # a rank's own error: said at once
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID")  # mpiexec or srun: no launcher stops rank 1, rank 0 says it
+    assert said_by_another_process(alike.value) is True and waits == []
 
 
 def test_refusals_from_the_configuration_alone_are_marked_alike_and_others_are_not(tmp_path):
@@ -118,3 +121,18 @@ def test_refusals_from_the_configuration_alone_are_marked_alike_and_others_are_n
     if not torch.cuda.is_available():  # a device one node may lack
         own.append(refusal(lambda: fw.Trainer(accelerator="cuda", devices=1)))
     assert not any(err.alike_on_every_rank for err in own), own
+
+
+def test_a_recipe_that_reads_the_environment_is_not_alike_on_every_rank(tmp_path, monkeypatch):
+    """A resolver (``${oc.env:...}``) may give each node its own value: its errors are each rank's."""
+    from framework.config import load_recipe
+
+    monkeypatch.delenv("FW_TEST_NOT_SET", raising=False)
+    plain, env = tmp_path / "plain.yaml", tmp_path / "env.yaml"
+    plain.write_text("seed: 1\nmodule: {_target_: x.Y}\ntrainer: {max_epochs: -5}\nbogus: 1\n")
+    env.write_text("seed: ${oc.env:FW_TEST_NOT_SET}\nmodule: {_target_: x.Y}\n")
+    with pytest.raises(ConfigError) as fixed:
+        load_recipe(plain)
+    with pytest.raises(ConfigError) as per_node:
+        load_recipe(env)
+    assert fixed.value.alike_on_every_rank and not per_node.value.alike_on_every_rank
