@@ -8,6 +8,7 @@ bucket. Lightning reaches object storage through fsspec; fw does not yet (README
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 from urllib.parse import urlsplit
@@ -40,3 +41,17 @@ def local_path(path: str | os.PathLike, key: str) -> str:
     where = f"a file on host '{parts.netloc}'" if scheme == "file" else f"object storage ({scheme}://)"
     raise ConfigError(f"{key}='{text}': {where} is not supported yet, fw reads and writes local paths only; "
                       "give a local path or a file:// URL (a bucket mounted as a folder is a local path)")
+
+
+def new_record(folder: str | os.PathLike, stem: str) -> str:
+    """Create, empty, the first of ``stem.yaml``, ``stem-1.yaml``, ``stem-2.yaml``, ... that is not
+    in ``folder`` (an exclusive create: never over an earlier command's record) and return its path."""
+    os.makedirs(folder, exist_ok=True)
+    for n in itertools.count():
+        path = os.path.join(folder, f"{stem}.yaml" if n == 0 else f"{stem}-{n}.yaml")
+        try:
+            open(path, "x", encoding="utf-8").close()
+        except FileExistsError:
+            continue
+        return path
+    raise AssertionError("unreachable: itertools.count() does not end")

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import itertools
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from framework.callbacks.base import Callback
 from framework.config import instantiate
+from framework.paths import new_record
 from framework.rank_zero import rank_zero_info, rank_zero_print, rank_zero_warn
 
 if TYPE_CHECKING:
@@ -45,20 +45,13 @@ class SaveRecipe(Callback):
         if stage != self.stage or self.written is not None or not trainer.is_global_zero:
             return
         where = Path(trainer.log_dir or trainer.default_root_dir)
-        where.mkdir(parents=True, exist_ok=True)
         stem = "config" if stage == "fit" else f"{stage}-config"
-        for n in itertools.count():
-            path = where / (f"{stem}.yaml" if n == 0 else f"{stem}-{n}.yaml")
-            try:
-                with open(path, "x", encoding="utf-8") as f:  # never over a file that is there
-                    f.write(self.text)
-            except FileExistsError:
-                continue
-            self.written = path
-            if n:
-                rank_zero_info(f"fw {stage}: {where / (stem + '.yaml')} is an earlier command's record and stays as "
-                               f"it is; this run's recipe is {path.name}")
-            return
+        path = Path(new_record(where, stem))
+        path.write_text(self.text, encoding="utf-8")
+        self.written = path
+        if path.name != f"{stem}.yaml":
+            rank_zero_info(f"fw {stage}: {where / (stem + '.yaml')} is an earlier command's record and stays as "
+                           f"it is; this run's recipe is {path.name}")
 
 
 def run_recipe(stage: str, recipe: dict, recipe_text: str) -> Any:

@@ -12,7 +12,6 @@ integer. The version is resolved once, lazily, on the first access of ``version`
 from __future__ import annotations
 
 import argparse
-import itertools
 import os
 import re
 from abc import ABC, abstractmethod
@@ -21,7 +20,7 @@ from typing import Any
 
 import torch
 
-from framework.paths import local_path
+from framework.paths import local_path, new_record
 
 
 class Logger(ABC):
@@ -248,19 +247,11 @@ class HparamsFile:
             with open(self.path, "w", encoding="utf-8") as f:
                 f.write(text)
             return
-        os.makedirs(folder, exist_ok=True)
-        for n in itertools.count():
-            path = os.path.join(folder, "hparams.yaml" if n == 0 else f"hparams-{n}.yaml")
-            try:
-                f = open(path, "x", encoding="utf-8")  # never over a file that is there
-            except FileExistsError:
-                continue
-            self.path = path  # this command's, also where the write below fails
-            with f:
-                f.write(text)
-            if n:
-                from framework.rank_zero import rank_zero_info
+        self.path = path = new_record(folder, "hparams")  # this command's, also where the write below fails
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text)
+        if os.path.basename(path) != "hparams.yaml":
+            from framework.rank_zero import rank_zero_info
 
-                rank_zero_info(f"{os.path.join(folder, 'hparams.yaml')} is an earlier command's record and stays as "
-                               f"it is; this run's hyperparameters are {os.path.basename(path)}")
-            return
+            rank_zero_info(f"{os.path.join(folder, 'hparams.yaml')} is an earlier command's record and stays as "
+                           f"it is; this run's hyperparameters are {os.path.basename(path)}")
