@@ -45,6 +45,8 @@ from torch import nn
 
 from framework.errors import ConfigError, raised_alike_on_every_rank
 
+__all__ = ["parallelize", "layer_plan", "COLWISE", "ROWWISE", "FUSED", "HEAD_COUNTS", "HEADS"]
+
 #: layer names split by output features: the first layer of each pair
 COLWISE = frozenset({"q", "k", "v", "wq", "wk", "wv", "query", "key", "value", "q_proj", "k_proj", "v_proj",
                      "fc", "fc1", "c_fc", "w1", "w3", "up_proj", "gate_proj", "up", "gate"})

@@ -1,0 +1,39 @@
+"""Sphinx configuration of fw's documentation site (``sphinx-build -W -b html docs docs/_build/html``).
+
+Pages are Markdown (MyST); the API reference is generated from the docstrings (autodoc); the theme
+is Furo, which fetches nothing at view time (system fonts, its own CSS and JavaScript), so the
+built folder opens from disk. ``_ext/public_names.py`` fails the build when a public name is
+missing from the API reference."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))  # the repository's framework/, also without an install
+sys.path.insert(0, str(HERE / "_ext"))
+
+project = "fw"
+author = "fw's developers"
+copyright = "2026, fw's developers"
+release = "0.1.0"
+
+extensions = ["myst_parser", "sphinx.ext.autodoc", "public_names"]
+source_suffix = {".md": "markdown"}
+root_doc = "index"
+exclude_patterns = ["_build", "_ext", "Thumbs.db", ".DS_Store"]
+
+myst_heading_anchors = 3  # `page.md#a-heading` links work as on GitHub
+myst_enable_extensions = ["colon_fence"]
+
+autodoc_member_order = "bysource"
+autodoc_typehints = "description"
+autodoc_typehints_format = "short"
+autodoc_default_options = {"members": True, "show-inheritance": False}
+
+html_theme = "furo"
+html_title = "fw"
+html_static_path: list[str] = []
+html_show_sourcelink = False
+html_copy_source = False
