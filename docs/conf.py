@@ -47,4 +47,8 @@ html_theme = "furo"
 html_title = "fw"
 html_static_path: list[str] = []
 html_show_sourcelink = False
+# No text snippets under the search results: Sphinx fetches each result page for its snippet, which a
+# browser refuses for a page opened from disk (file://, CORS), logging an error per result; without
+# them, search works the same from disk as from a server (the results are the pages' titles).
+html_show_search_summary = False
 html_copy_source = False
