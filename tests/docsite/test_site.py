@@ -74,13 +74,13 @@ def test_the_site_builds_without_a_warning(site: Build):
 @pytest.mark.timeout(BUILD_S)
 def test_a_public_name_missing_from_the_api_reference_fails_the_build(tmp_path: Path):
     """The check of docs/_ext/public_names.py cannot pass silently: a copy of the API reference
-    without its tuner page fails the build, naming exactly the name that page documents
-    (``framework.tuner.Tuner`` is also ``fw.Tuner``, documented on the framework page)."""
+    without its tuner page fails the build, naming exactly the names that page documents
+    (``framework.tuner.LRFinder``; ``framework.tuner.Tuner`` is ``fw.Tuner``, on the framework page)."""
     source = tmp_path / "docs"
     shutil.copytree(DOCS / "api", source)  # api/index.md is the copy's start page
     (source / "tuner.md").unlink()
     documented = _documented_on(DOCS / "api" / "tuner.md")
-    assert documented == {"framework.tuner.LRFinder"}, "the tuner page changed: update this test"
+    assert documented, "docs/api/tuner.md documents nothing"
     # the site's own configuration, run from its place (its paths are relative to docs/)
     (source / "conf.py").write_text(f"import runpy\nglobals().update(runpy.run_path({str(DOCS / 'conf.py')!r}))\n")
     built = sphinx_build(source, tmp_path / "out", builder="dummy")  # reads and checks all, writes nothing
