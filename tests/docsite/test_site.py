@@ -33,7 +33,7 @@ from .blocks import ROOT
 pytestmark = pytest.mark.procs
 
 DOCS = ROOT / "docs"
-BUILD_S = 300  # the whole site: 25-60 s on 2 busy cores (2026-12-07), with room for a slower machine
+BUILD_S = 300  # the whole site took 17-58 s on a 2-core AMD EPYC shared with other work (2026-12-07)
 BROWSER_S = 30  # one page load, one search, one wait
 CHROMIUM = ("/usr/bin/chromium", "chromium", "chromium-browser")
 CHROMEDRIVER = ("/usr/bin/chromedriver", "chromedriver")
