@@ -19,7 +19,7 @@ author = "fw's developers"
 copyright = "2026, fw's developers"
 release = "0.1.0"
 
-extensions = ["myst_parser", "sphinx.ext.autodoc", "public_names"]
+extensions = ["myst_parser", "sphinx.ext.autodoc", "sphinx.ext.napoleon", "attribute_docs", "public_names"]
 source_suffix = {".md": "markdown"}
 root_doc = "index"
 exclude_patterns = ["_build", "_ext", "Thumbs.db", ".DS_Store"]
@@ -28,12 +28,27 @@ myst_heading_anchors = 3  # `page.md#a-heading` links work as on GitHub
 myst_enable_extensions = ["colon_fence"]
 
 autodoc_member_order = "bysource"
-autodoc_typehints = "description"
+# Types go in the signature, one parameter a line once it is long (the Trainer has 45): the docstrings'
+# ``Args:`` name several related arguments in one entry (``max_epochs, min_epochs, ...: when to stop``),
+# which napoleon keeps as one entry without ``napoleon_use_param``, and which a types-in-the-description
+# list would repeat once per name.
+autodoc_typehints = "signature"
 autodoc_typehints_format = "short"
-autodoc_default_options = {"members": True, "show-inheritance": False}
+autodoc_default_options = {"members": True}  # no "Bases:" line: show-inheritance is off
+# a subclass lists what it documents itself; an override without a docstring is its base's, documented there
+autodoc_inherit_docstrings = False
+python_maximum_signature_line_length = 100
+napoleon_google_docstring = True
+napoleon_numpy_docstring = False
+napoleon_use_param = False
+napoleon_use_rtype = False
 
 html_theme = "furo"
 html_title = "fw"
 html_static_path: list[str] = []
 html_show_sourcelink = False
+# No text snippets under the search results: Sphinx fetches each result page for its snippet, which a
+# browser refuses for a page opened from disk (file://, CORS), logging an error per result; without
+# them, search works the same from disk as from a server (the results are the pages' titles).
+html_show_search_summary = False
 html_copy_source = False

@@ -1,6 +1,6 @@
-"""The package's shape stays as README's layout section promises: no file over 300 lines, no
-function over 60, every file opening with a docstring that says what it holds, and no module
-outside ``framework/trainer/`` assigning an attribute of the Trainer."""
+"""The package's shape stays as "How the code is laid out" in docs/contributing.md promises: no
+file over 300 lines, no function over 60, every file opening with a docstring that says what it
+holds, and no module outside ``framework/trainer/`` assigning an attribute of the Trainer."""
 
 from __future__ import annotations
 

@@ -50,18 +50,18 @@ class ModelCheckpoint(Callback):
         filename: Name template without extension, default ``"{epoch}-{step}"``.
         monitor: Key of ``trainer.callback_metrics`` to rank checkpoints by; ``None`` ranks by recency.
         mode: ``"min"`` or ``"max"``: which way is better for ``monitor``.
-        save_top_k: How many of the best checkpoints to keep; -1 all, 0 none. save_last: Also write
-            ``last.ckpt`` at every save point (and at the end of a fit that reached none, as Lightning
-            does); ``"latest"``: the same, chosen (no note of Lightning's rule); ``"link"``: a link.
+        save_top_k: How many of the best checkpoints to keep; -1 all, 0 none.
+        save_last: Also write ``last.ckpt`` at every save point (and at the end of a fit that reached none, as
+            Lightning does); ``"latest"``: the same, chosen (no note of Lightning's rule); ``"link"``: a link.
         every_n_epochs: Save every this many epochs (default 1 unless ``every_n_train_steps`` is given).
         every_n_train_steps: Save every this many optimizer steps (0 or ``None``: never).
-        save_on_train_epoch_end: Save epoch checkpoints at the end of the training epoch
-            (``True``) or at the end of each validation run (``False``); ``None`` (default)
-            decides per run as Lightning does (``checkpoint_schedule.py``).
+        save_on_train_epoch_end: Save epoch checkpoints at the end of the training epoch (``True``) or at the end
+            of each validation run (``False``); ``None`` (default) decides per run as Lightning does.
         auto_insert_metric_name: ``"{epoch}"`` -> ``"epoch=3"`` rather than ``"3"``.
-        verbose: a line at each save. enable_version_counter: ``False`` replaces a file of the same
-            name (no ``-v1``). save_weights_only: Lightning's (``trainer/weights_only.py``).
-            train_time_interval, save_on_exception: refused unless off.
+        verbose: a line at each save.
+        enable_version_counter: ``False`` replaces a file of the same name (no ``-v1``).
+        save_weights_only: Lightning's (``trainer/weights_only.py``).
+        train_time_interval, save_on_exception: refused unless off.
 
     Raises:
         ConfigError: On an invalid ``mode``, ``save_top_k``, interval or option, and when ``monitor``

@@ -23,6 +23,7 @@ from framework.strategies.registry import StrategyRegistry
 from framework.strategies.single import SingleDeviceStrategy
 from framework.strategies.spawn import SpawnDDPStrategy
 
+#: every strategy by name, as ``Trainer(strategy=...)`` names it (``STRATEGIES.describe()``: what each is)
 STRATEGIES = StrategyRegistry()
 STRATEGIES.register("single", SingleDeviceStrategy, "one device, one process")
 STRATEGIES.register("dp", DataParallelStrategy, "torch.nn.DataParallel over the visible GPUs")

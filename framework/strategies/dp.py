@@ -23,6 +23,9 @@ if TYPE_CHECKING:
 
 
 class DataParallelStrategy(Strategy):
+    """``torch.nn.DataParallel`` in one process: each batch split over the visible GPUs, the replicas'
+    losses averaged; on one device (the CPU) where there is no GPU, with a warning."""
+
     name = "dp"
 
     def check(self, devices: Any, num_devices: int, num_nodes: int, environment: ClusterEnvironment) -> None:

@@ -29,21 +29,27 @@ _GPU_ONLY = ("ddp_nccl", "dp")
 
 
 class StrategyRegistry:
+    """Strategies by name: ``register`` refuses a name twice; ``create`` refuses an unknown name (listing the
+    known ones, with a suggestion) and an option that the strategy does not take."""
+
     def __init__(self) -> None:
         self._factories: dict[str, Callable[..., Strategy]] = {}
         self._help: dict[str, str] = {}
         self.other_names: list[str] = []  # names resolved before the registry (auto, ddp, aliases)
 
     def register(self, name: str, factory: Callable[..., Strategy], description: str = "") -> None:
+        """Add ``name``: ``factory(**options)`` builds the strategy; ``description`` is its line in ``describe()``."""
         if name in self._factories:
             raise ValueError(f"strategy '{name}' is already registered")
         self._factories[name] = factory
         self._help[name] = description
 
     def names(self) -> list[str]:
+        """The registered names, sorted."""
         return sorted(self._factories)
 
     def describe(self) -> dict[str, str]:
+        """Each registered name with its one-line description."""
         return dict(self._help)
 
     def create(self, name: str, accelerator_name: str = "cpu", **options: Any) -> Strategy:

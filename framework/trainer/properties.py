@@ -176,6 +176,8 @@ class TrainerProperties:
 
     @property
     def callback_metrics(self) -> dict[str, torch.Tensor]:
+        """The last value of every logged metric (the epoch aggregate of an epoch-level one), as in
+        Lightning: what ModelCheckpoint and EarlyStopping monitor."""
         return self.metrics.callback_metrics
 
     @property
@@ -185,6 +187,7 @@ class TrainerProperties:
 
     @property
     def progress_bar_metrics(self) -> dict[str, float]:
+        """What the progress bar shows (``self.log(..., prog_bar=True)``)."""
         return self.metrics.progress_bar_metrics
 
     # -- the current (or last) call's parts ------------------------------------------------------

@@ -48,44 +48,43 @@ from framework.trainer.summary import print_results
 
 
 class Trainer(TrainerProperties, LightningViews):
-    """Runs fit/validate/test/predict for a ``TrainModule``. Keyword names follow Lightning's.
+    """Runs fit/validate/test/predict for a ``TrainModule``. Keyword names and meanings follow Lightning's.
 
-    This signature is the one list of the Trainer's arguments: the recipe schema
-    (``framework.config.schema.TrainerConfig``) is derived from it.
+    This signature is the one list of the Trainer's arguments: a recipe's ``trainer:`` keys are derived from it.
 
     Args:
-        accelerator: ``cpu``, ``cuda`` or ``auto``.
-        devices: devices per node (int, list of CUDA indices, or ``auto``).
-        num_nodes: nodes in the job; ``devices * num_nodes`` is the world size.
-        strategy: ``single``, ``dp``, ``ddp``, ``ddp_gloo``, ``ddp_nccl``, ``mpi``, ``auto``, a
-            mapping ``{name: ..., init_method: ..., timeout: ...}`` or a Strategy.
-        precision: ``32-true`` (or ``32``), ``64-true``, ``bf16-mixed``, ``16-mixed``, ``bf16-true`` or
-            ``16-true``, as in Lightning; ``trainer.precision`` is that name.
-        max_epochs, min_epochs, max_steps, min_steps, max_time: when to stop (max_time: seconds,
-            ``"DD:HH:MM:SS"`` or ``{days, hours, minutes, seconds}``).
-        accumulate_grad_batches: optimiser step every k batches (DDP skips the all-reduce on
-            the k-1 others).
+        accelerator, devices, num_nodes: ``cpu``, ``cuda`` or ``auto`` (CUDA when available); devices per node (a
+            number, a list of CUDA indices, or ``auto``); nodes in the job. ``devices * num_nodes`` is the world size.
+        strategy: ``single``, ``dp``, ``ddp`` (NCCL on CUDA, else Gloo), ``ddp_gloo``, ``ddp_nccl``, ``fsdp``,
+            ``model_parallel``, ``mpi``, ``ddp_spawn``, ``ddp_notebook`` or ``auto``; a mapping ``{name: ...,
+            init_method: ..., timeout: ...}`` (a name and the strategy's options); or a ``Strategy``.
+        precision: ``32-true`` (or ``32``), ``64-true``, ``bf16-mixed``, ``16-mixed``, ``bf16-true`` or ``16-true``.
+        max_epochs, min_epochs, max_steps, min_steps, max_time: when to stop (``max_time``: seconds,
+            ``"DD:HH:MM:SS"`` or ``{days, hours, minutes, seconds}``); 1000 epochs when none of the maxima is given.
+        limit_{train,val,test,predict}_batches, overfit_batches: an int counts batches, a float is a fraction.
+        val_check_interval: validate every N training batches (int) or fraction of an epoch (float).
+        accumulate_grad_batches: step the optimizer every k batches (DDP skips the all-reduce on the k-1 others).
         gradient_clip_val, gradient_clip_algorithm: clip by ``norm`` (None: norm) or ``value``;
-            ``configure_gradient_clipping`` receives both as given, as in Lightning.
-        val_check_interval: validate every N train batches (int) or fraction of an epoch.
-        check_val_every_n_epoch, num_sanity_val_steps, log_every_n_steps: as in Lightning.
-        limit_{train,val,test,predict}_batches: int (batches) or float (fraction).
-        callbacks, logger: callbacks list; logger ``True`` (TensorBoard), ``False``, a Logger
-            or a list.
-        enable_checkpointing, enable_progress_bar: add the default ModelCheckpoint /
-            progress bar unless one was given.
+            ``configure_gradient_clipping`` receives both as given.
+        callbacks, logger: a Callback or a list; ``logger``: ``True`` (TensorBoard), ``False``, a Logger or a list.
+        enable_checkpointing, enable_progress_bar, enable_model_summary: add the default ModelCheckpoint, progress
+            bar or ModelSummary unless one was given.
         default_root_dir: where logs and checkpoints go (default: the working directory).
-        deterministic: ``torch.use_deterministic_algorithms`` during this Trainer's runs.
+        use_distributed_sampler: shard every loader over the ranks (``False``: keep each loader's own sampler); a
+            shuffled training loader follows one order for any number of ranks, one process included.
+        on_nonfinite: a NaN or infinite loss ``error`` (the default: stop, naming the step), ``skip`` (drop that
+            optimizer step on every rank) or ``warn``; no checkpoint with non-finite weights replaces a good one.
+        preemption_signal, requeue: a signal that, as SIGTERM, stops a fit with a checkpoint (None: SIGTERM and
+            Ctrl-C only); with ``requeue``, a SLURM job then requeues itself and resumes from that checkpoint.
         max_restarts, rdzv_endpoint: passed to the elastic agent when fw launches workers.
-        on_nonfinite: a NaN or infinite loss ``error`` (default: stop, naming the step), ``skip``
-            (drop that optimizer step on every rank) or ``warn`` (go on). Either way no
-            checkpoint is written over a good one with non-finite weights.
-        activation_checkpointing_policy: submodule classes (or their names) whose activations are
-            computed again in the backward instead of kept (``framework/activation_checkpointing.py``).
-        compile: ``torch.compile`` the model's blocks (or the model) after the strategy wrapped it:
-            ``True``, or a mapping of torch.compile's options and ``fallback`` (``framework/compile.py``).
-        profiler: ``simple``, ``advanced``, ``pytorch`` or a ``framework.profilers.Profiler``: every
-            hook timed, a report at the end of each call (``trainer.profiler``; ``framework/profilers``).
+        activation_checkpointing_policy: submodule classes (or their names) whose activations are computed again in
+            the backward instead of kept.
+        compile: ``torch.compile`` the model's blocks (or the model) after the strategy wrapped it: ``True``, or a
+            mapping of torch.compile's options and ``fallback``.
+        profiler: ``simple``, ``advanced``, ``pytorch`` or a ``Profiler``: every hook timed, a report after each call.
+        check_val_every_n_epoch, num_sanity_val_steps, log_every_n_steps, reload_dataloaders_every_n_epochs: as in
+            Lightning.
+        deterministic, benchmark, detect_anomaly, inference_mode, sync_batchnorm, fast_dev_run, barebones: as in Lightning.
     """
 
     def __init__(
@@ -137,10 +136,10 @@ class Trainer(TrainerProperties, LightningViews):
         self.state = RunState()
         self.profiler: Profiler = resolve_profiler(profiler, self.settings.barebones)  # None: PassThroughProfiler
         self._no_metrics = LoggedMetrics()  # what the metric properties read before the first call
-        #: what Lightning keeps between calls (``run.py``): the current or last call's ``Run``, the last fit's,
+        #: the current or last call's ``Run`` (``run.py``), kept between calls as Lightning keeps its state
         self.run: Run | None = None
-        self.last_fit: Run | None = None  # and the batches per loader of the last validate, test and predict
-        self.batch_counts: dict[str, list[int | float]] = {}
+        self.last_fit: Run | None = None  # the last fit's Run, kept through validate, test and predict
+        self.batch_counts: dict[str, list[int | float]] = {}  # batches per loader of the last validate/test/predict
         #: the user's own stateful objects, saved in (and restored from) every checkpoint of a fit
         self.checkpoint_parts: dict[str, Stateful] = {}
         self.fit_loop = FitLoopView(self)  # Lightning's ``trainer.fit_loop``: its progress and bounds
