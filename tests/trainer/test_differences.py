@@ -1,6 +1,6 @@
-"""fw says once, at set-up, in one short line with a pointer to the docs (docs/lightning.md), where it deliberately
-differs from Lightning and the run relies on it without having chosen, and says nothing when the
-run does not or states its choice, as fw's own recipes do."""
+"""fw says once, at set-up, in one short line with a pointer to the docs (docs/lightning.md), where
+it deliberately differs from Lightning and the run relies on it without having chosen, and says
+nothing when the run does not or states its choice, as fw's own recipes do."""
 
 from __future__ import annotations
 
