@@ -3,7 +3,7 @@
 ``hdfs://``, ``http://``, ...) is refused in one line naming the key, before anything is
 created: fw writes with the local file system only, and ``os.makedirs("s3://bucket/run")``
 would make a folder named ``s3:`` on the local disk (lost with a pod) instead of writing to the
-bucket. Lightning reaches object storage through fsspec; fw does not yet (README, "Files").
+bucket. Lightning reaches object storage through fsspec; fw does not yet (docs/troubleshooting.md, "Checkpoints, files and resume").
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Where fw deliberately differs from Lightning, said once per process at the end of set-up (a run
 refused at set-up prints only its error), when the user's code relies on it without having
-chosen (README's section at ``DOCS`` lists them all).
+chosen (the page at ``DOCS``, "Coming from Lightning", lists them all).
 
 Each difference is a condition on the run (its module, loaders, callbacks, strategy) and one
 short line on rank 0: what differs, the setting that chooses (where there is one: stating it,
@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from framework.trainer.run import Run
 
 #: Where the differences are explained (one place to change when the docs move).
-DOCS = "README.md#where-fw-deliberately-differs"
+DOCS = "docs/lightning.md#where-fw-deliberately-differs"
 
 _said: set[str] = set()
 

@@ -203,7 +203,7 @@ def _loaders(run: Run, key: str) -> list:
     the sanity check, whose streams it isolates, before the training loader): a
     ``val_dataloader()`` that draws random data draws what it draws under Lightning, and the
     training data after it too. (Without the sanity check Lightning asks for them at the first
-    validation, fw still at the start: README, "Where fw deliberately differs".)"""
+    validation, fw still at the start: docs/lightning.md, "Where fw deliberately differs".)"""
     assert run.loader_source is not None, "set just before"
     if run.fn != "fit" or key != "validate" or run.settings.num_sanity_val_steps == 0:
         return run.loader_source.loaders(key)

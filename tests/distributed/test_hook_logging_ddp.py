@@ -3,7 +3,7 @@
 (forked from the test process with torchrun's variables, tests/forked.py) fits the same module
 with Lightning's Trainer and with fw's, and rank 0's ``metrics.csv`` rows and
 ``callback_metrics`` are equal (the training loader is shuffled: fw reads
-``DistributedSampler``'s order, and without shuffle Lightning would impose one; see README)."""
+``DistributedSampler``'s order, and without shuffle Lightning would impose one; see docs/lightning.md)."""
 
 from __future__ import annotations
 

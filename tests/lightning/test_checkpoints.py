@@ -26,7 +26,7 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("pytorch_lightning") is
                                        "a test-only dependency)")
 
 # use_distributed_sampler=False: the shuffled loader's own order, which Lightning reads in one
-# process (fw's default is the order of any number of ranks: README, "Where fw deliberately differs")
+# process (fw's default is the order of any number of ranks: docs/lightning.md, "Where fw deliberately differs")
 QUIET = dict(accelerator="cpu", devices=1, enable_progress_bar=False, enable_model_summary=False,
              log_every_n_steps=1, use_distributed_sampler=False)
 

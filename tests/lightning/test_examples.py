@@ -45,7 +45,7 @@ pytest.importorskip("pytorch_lightning")
 from lightning import example_loading as loading  # noqa: E402  (tests/ is on the path: conftest)
 
 #: a shuffled training loader in its own order, as in Lightning in one process (fw's default is
-#: the one order of any number of ranks: README, "Where fw deliberately differs")
+#: the one order of any number of ranks: docs/lightning.md, "Where fw deliberately differs")
 OWN_ORDER = dict(use_distributed_sampler=False)
 _RUNS: dict[str, dict] = {}
 

@@ -4,7 +4,7 @@ validation, with accumulation and clipping, manual optimisation, resumed, failin
 test and predict equal Lightning's, recorded the way Lightning's own ``test_hooks.py`` records
 them: every hook overridden to note its name and call the default.
 
-The differences README's "Coming from Lightning" names are taken out before comparing, each
+The differences docs/lightning.md names are taken out before comparing, each
 checked on its own: fw asks for a stage's loaders once at set-up (after ``configure_model``,
 before ``configure_optimizers``), and restores a checkpoint after ``configure_optimizers``.
 """

@@ -119,7 +119,7 @@ def train(kind: str, overrides: dict, epochs=2, model_args=None, **trainer_args)
     seed(3)
     model = make_model(Base, overrides, **(model_args or {}))()
     # use_distributed_sampler=False: the shuffled loader's own order, Lightning's in one process (fw's
-    # default order is the one of any number of ranks: README, "Where fw deliberately differs")
+    # default order is the one of any number of ranks: docs/lightning.md, "Where fw deliberately differs")
     trainer = Trainer(max_epochs=epochs, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
                       use_distributed_sampler=False,
                       enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,

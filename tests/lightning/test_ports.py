@@ -32,7 +32,7 @@ sys.path.insert(0, {tests!r})
 from lightning.modules import make_boring
 which, out = sys.argv[1], sys.argv[2]
 # use_distributed_sampler=False: the template's shuffled loader in its own order, Lightning's in one
-# process (fw's default is the one order of any number of ranks: README, "Where fw deliberately differs")
+# process (fw's default is the one order of any number of ranks: docs/lightning.md, "Where fw deliberately differs")
 common = dict(max_epochs=3, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
               enable_progress_bar=False, enable_model_summary=False, log_every_n_steps=1,
               use_distributed_sampler=False)

@@ -29,7 +29,7 @@ CALLS = ("init", "fit", "validate", "test", "predict")
 NOT_COMPARED = {
     "environment": "fw's cluster environment (Lightning's is the strategy's); ranks are compared",
 }
-#: where fw still reads otherwise, (attribute, after which call): why (README, "Where fw still differs")
+#: where fw still reads otherwise, (attribute, after which call): why (docs/lightning.md, "Where fw still differs")
 DIFFERENT = {
     **{("min_steps", call): "fw resolves a min_steps not given to 0 (no minimum); Lightning's is None"
        for call in CALLS},

@@ -16,7 +16,7 @@ import framework as fw
 
 pl = pytest.importorskip("pytorch_lightning")
 
-#: fw asks for a call's loaders once at set-up (README, "Coming from Lightning"): not compared
+#: fw asks for a call's loaders once at set-up (docs/lightning.md, "Where fw deliberately differs"): not compared
 LOADER_HOOKS = {"train_dataloader", "val_dataloader"}
 
 
@@ -96,7 +96,7 @@ def test_the_state_and_the_stage_flags_in_every_hook_and_between_calls_are_light
 @pytest.mark.timeout(60)
 def test_log_dir_before_a_fit_and_without_a_logger_is_lightnings(tmp_path):
     root = str(tmp_path)
-    for lib, name in ((fw, "fw_logs"), (pl, "lightning_logs")):  # fw's own folder name (README)
+    for lib, name in ((fw, "fw_logs"), (pl, "lightning_logs")):  # fw's own folder name (docs/lightning.md)
         trainer = lib.Trainer(accelerator="cpu", default_root_dir=root, logger=lib.loggers.CSVLogger(root))
         assert trainer.log_dir == os.path.join(root, name, "version_0")
         assert lib.Trainer(accelerator="cpu", default_root_dir=root, logger=False).log_dir == root

@@ -77,7 +77,7 @@ def test_bad_flush_interval():
 @pytest.mark.timeout(60)
 def test_a_prefix_names_the_columns_as_lightnings_does(tmp_path):
     """``CSVLogger(prefix=...)``, in Lightning's place among the arguments: the same columns and rows
-    as Lightning's from the same fit (fw keeps the columns in the order they came; README)."""
+    as Lightning's from the same fit (fw keeps the columns in the order they came; docs/lightning.md)."""
     import inspect
 
     import framework as fw

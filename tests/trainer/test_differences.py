@@ -1,6 +1,6 @@
-"""fw says once, at set-up, in one short line with a pointer to the README, where it deliberately
-differs from Lightning and the run relies on it without having chosen, and says nothing when the
-run does not or states its choice, as fw's own recipes do."""
+"""fw says once, at set-up, in one short line with a pointer to the docs (docs/lightning.md), where
+it deliberately differs from Lightning and the run relies on it without having chosen, and says
+nothing when the run does not or states its choice, as fw's own recipes do."""
 
 from __future__ import annotations
 
@@ -67,7 +67,7 @@ def test_each_difference_is_said_once_when_the_run_relies_on_it(tmp_path, said):
     for _ in range(2):  # once per process
         fw.Trainer(max_epochs=1, **QUIET).fit(OwnLoaders())
     assert len(said()) == 1 and "loaders are asked for once at set-up" in said()[0]
-    assert said()[0].endswith(f"; see {differences.DOCS}") and len(said()[0]) <= 160, said()[0]
+    assert said()[0].endswith(f"; see {differences.DOCS}") and len(said()[0]) <= 170, said()[0]
 
     trainer = fw.Trainer(max_epochs=1, default_root_dir=str(tmp_path), **{**QUIET, "enable_checkpointing": True})
     trainer.fit(Plateau(), data, data)
@@ -82,6 +82,14 @@ def test_each_difference_is_said_once_when_the_run_relies_on_it(tmp_path, said):
 
     fw.Trainer(max_epochs=2, **QUIET).fit(Loading(), data, data, ckpt_path=ckpt)
     assert "restored" in said()[-1] and len(said()) == 3
+
+
+def test_the_pointer_is_a_page_of_the_clone_with_that_heading():
+    """``DOCS`` opens from a clone: a Markdown file of the repository and one of its headings
+    (the anchor as GitHub and the docs site make it: lower case, punctuation dropped, spaces to hyphens)."""
+    page, anchor = differences.DOCS.split("#")
+    headings = [line.lstrip("#").strip() for line in (REPO / page).read_text().splitlines() if line.startswith("#")]
+    assert anchor in [re.sub(r"[^\w\- ]", "", h.lower()).replace(" ", "-") for h in headings], headings
 
 
 def test_last_checkpoint_difference_is_said_with_a_monitor_and_save_last(tmp_path, said):

@@ -126,7 +126,7 @@ def test_a_sweep_the_data_cuts_short_gives_lightnings_suggestion_or_none_and_say
                                torch.tensor(theirs["loss"], dtype=torch.float64), rtol=0, atol=0, equal_nan=True)
     assert ours["suggestion"] == theirs["suggestion"] and ours["set"] == theirs["set"]
     assert ours["restored"] and theirs["restored"]
-    # fw's Trainer is as before (README, Tuner); Lightning's keeps the optimizer of the fit its finder ran in
+    # fw's Trainer is as before (docs/lightning.md, Tuner); Lightning's keeps the optimizer of the fit its finder ran in
     assert ours["optimizers"] == [] and theirs["optimizers"] == [[theirs["set"]]]
     assert f"LR finder stopped early after {steps} steps" in caplog.text  # Lightning's line (info)
     assert any(f"lr_find: the training data ran out after {steps} of num_training=100 steps (max_epochs=3" in m
