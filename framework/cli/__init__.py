@@ -178,5 +178,5 @@ def _in_mpi_job() -> bool:
 def __getattr__(name: str):
     if name == "LightningCLI":  # a port that kept Lightning's CLI class: say what fw has instead
         raise ImportError("fw has no LightningCLI: write a recipe (YAML: module, data, trainer) and run "
-                          "`fw fit conf/x.yaml key=value ...`; see README.md, Recipes")
+                          "`fw fit conf/x.yaml key=value ...`; see docs/guides/basic/recipes.md")
     raise AttributeError(f"module 'framework.cli' has no attribute '{name}'")
