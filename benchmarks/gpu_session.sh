@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The one prepared run on the lent GPU machine (device time is short): the GPU tests, then the
 # GPU benchmarks. Results land in $OUT; copy them to benchmarks/results/ afterwards.
-# The machine has torch but not omegaconf: carry its wheels in .whl/ (see benchmarks/README.md).
+# The machine has torch but not omegaconf: carry its wheels in .whl/ (benchmarks/README.md, "On a lent GPU machine").
 set -u
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-benchmarks/results}

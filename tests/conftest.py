@@ -70,6 +70,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
     guards.STARTS.begin(item)  # before any fixture: a module-scoped one may start processes too
+    guards.REPO.begin()
     cpu_report.start(item)
 
 
@@ -86,14 +87,20 @@ def pytest_terminal_summary(terminalreporter) -> None:
 
 
 @pytest.fixture(autouse=True)
-def leak_guard():
+def leak_guard(request):
     """Fails a test that leaves a thread, a signal handler, an environment variable or a process
-    group behind, or starts processes without its mark (see guards.py)."""
+    group behind, starts processes without its mark, or writes into the repository (see guards.py)."""
     before = guards.Snapshot()
     yield
-    found = [*guards.leaks(before), *guards.STARTS.take()]
+    found = [*guards.leaks(before), *guards.STARTS.take(), *guards.written_into_the_repository(workers(request.config))]
     if found:
         pytest.fail("leak guard (tests/guards.py):\n  " + "\n  ".join(found), pytrace=False)
+
+
+def workers(config: pytest.Config) -> int:
+    """How many pytest-xdist workers run tests at the same time (1 without ``-n``)."""
+    worker = getattr(config, "workerinput", None)
+    return int(worker["workercount"]) if worker else 1
 
 
 @pytest.fixture(autouse=True)

@@ -37,7 +37,6 @@ from pathlib import Path
 from typing import Any
 
 FW = str(Path(sys.executable).parent / "fw")
-REPO = Path(__file__).resolve().parents[1]
 #: imported by a first ``fw fit`` (the digits recipe's data, torchmetrics, the torch.compile parts
 #: that an optimizer's constructor imports): seconds that every forked copy would pay again
 WARM = ("torch._dynamo", "torchmetrics", "recipes.digits", "framework.loggers.tensorboard")
@@ -73,8 +72,9 @@ def fw_command(*args: str, cwd: str | Path, env: dict[str, str], timeout: float 
 
 
 def run_script(script: Path, *args: str, nprocs: int = 1, timeout: float = 60, env: dict[str, str] | None = None,
-               cwd: str | Path = REPO, run_id: str = "forked"):
-    """``python script ARGS`` in ``cwd`` (the repository's root unless given) in ``nprocs`` forked
+               cwd: str | Path | None = None, run_id: str = "forked"):
+    """``python script ARGS`` in ``cwd`` (the script's folder unless given: what a run writes where
+    it stands lands beside the script, not in the repository) in ``nprocs`` forked
     copies of this process: one plain process, or the ranks of one job. These get what torchrun gives its
     workers: the variables (``RANK``, ``MASTER_PORT``, ``TORCHELASTIC_USE_AGENT_STORE``, one
     thread each; ``TORCHELASTIC_RUN_ID`` is ``run_id``: torchrun gives ``none`` without
@@ -84,6 +84,7 @@ def run_script(script: Path, *args: str, nprocs: int = 1, timeout: float = 60, e
 
     _import_what_commands_import()
     base = clean_env() if env is None else env
+    cwd = Path(script).parent if cwd is None else cwd
 
     def rank(number: int) -> Callable[[], None]:
         def run() -> None:

@@ -17,10 +17,18 @@ it, naming what leaked, when it left behind
   forked from this process later inherits the group without its threads (a forked rank that
   crashed with exit -11 in CI, after such a test had run in the same pytest worker);
 - a process it started without the ``procs`` mark (which would make the fast tier slow), or a
-  cluster job (``srun``, ``sbatch``, network namespaces) without the ``cluster`` mark.
+  cluster job (``srun``, ``sbatch``, network namespaces) without the ``cluster`` mark;
+- a file or folder it added to the repository (a test writes into its ``tmp_path``; a run's
+  ``fw_logs/`` left in the checkout by ``fw fit ... trainer.default_root_dir=.`` was one), outside
+  the caches that appear there by design (``REPO_CACHES``). Under ``pytest -n`` the test each other
+  worker runs at that moment sees the new name too, so the writer fails together with those; the
+  message says so (``pytest -n0`` on the named tests tells which).
 
-Each check costs microseconds; a guard that fails also restores what it can (variables, handlers,
-the signal mask, the process group) so that one leak is reported once, not again by every test after it.
+Each check costs microseconds (the repository's 0.4 ms: one ``stat`` for each of its 51 folders
+on this machine's overlay file system); a guard that fails also restores what it can (variables,
+handlers, the signal mask, the process group) so that one leak is reported once, not again by every
+test after it. What a test wrote into the repository is named, not deleted (a file a developer
+saves there meanwhile would go too), and named once: the next check starts from what is there.
 """
 
 from __future__ import annotations
@@ -34,6 +42,7 @@ import subprocess
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 import torch.distributed as dist
@@ -241,3 +250,86 @@ def watch_process_starts() -> None:
     multiprocessing.process.BaseProcess.start = start  # type: ignore[method-assign]
     os.system = run_shell
     os.fork = fork_a_copy
+
+
+# --- the repository: a test writes nothing into it ----------------------------------------------
+
+#: names that appear in the checkout by design while the tests run (caches, the checkout's own venv
+#: and git folder): never reported, never looked into
+REPO_CACHES = frozenset({".git", ".venv", "__pycache__", ".pytest_cache", ".ruff_cache", ".mypy_cache"})
+
+
+@dataclass
+class RepoTree:
+    """The names in each folder of the repository as last seen, to name what a test added. Adding a
+    name to a folder moves the folder's mtime, so a check stats every folder (51 here: 0.4 ms) and
+    lists only those that moved; the first look lists them all once (11 ms).
+
+    The checks of one process tile its time (each starts where the one before ended), so what a
+    module-scoped fixture writes is named at the end of the test that set it up."""
+
+    root: Path
+    folders: dict[Path, tuple[int, frozenset[str]]] = field(default_factory=dict)  # folder -> (mtime_ns, names)
+
+    def begin(self) -> None:
+        """Take the first look (once a process, before its first test)."""
+        if not self.folders:
+            self._look_into(self.root)
+
+    def added(self) -> list[str]:
+        """Paths (relative to the root; a folder with a trailing ``/``) added since the last call."""
+        if not self.folders:
+            self.begin()
+            return []
+        found = []
+        for folder, (mtime, names) in list(self.folders.items()):
+            try:
+                now = os.stat(folder).st_mtime_ns
+            except FileNotFoundError:  # removed: so are the folders under it
+                del self.folders[folder]
+                continue
+            if now == mtime:
+                continue
+            current = self._names(folder)
+            self.folders[folder] = (now, current)
+            for name in sorted(current - names):
+                path = folder / name
+                if path.is_dir() and not path.is_symlink():
+                    files = self._look_into(path)
+                    found.append(f"{path.relative_to(self.root)}/ ({files} file{'s' if files != 1 else ''} in it)")
+                else:
+                    found.append(str(path.relative_to(self.root)))
+        return sorted(found)
+
+    def _look_into(self, top: Path) -> int:
+        """Remember ``top`` and the folders under it; the number of files in them."""
+        files = 0
+        for folder, dirs, names in os.walk(top):
+            dirs[:] = [d for d in dirs if d not in REPO_CACHES and not os.path.islink(os.path.join(folder, d))]
+            path = Path(folder)
+            self.folders[path] = (os.stat(path).st_mtime_ns, self._names(path))
+            files += len(names)
+        return files
+
+    @staticmethod
+    def _names(folder: Path) -> frozenset[str]:
+        try:
+            return frozenset(name for name in os.listdir(folder) if name not in REPO_CACHES)
+        except FileNotFoundError:
+            return frozenset()
+
+
+REPO = RepoTree(Path(__file__).resolve().parents[1])
+
+
+def written_into_the_repository(workers: int = 1, tree: RepoTree | None = None) -> list[str]:
+    """One line naming what the test added to the repository (``REPO``), or none; ``workers``: how
+    many pytest-xdist workers run tests at the same time."""
+    tree = tree or REPO
+    added = tree.added()
+    if not added:
+        return []
+    beside = (f"; under pytest -n a test running at the same time in another of the {workers} workers may "
+              "have written it instead (pytest -n0 on the tests named tells which)" if workers > 1 else "")
+    return [f"wrote into the repository {tree.root}: {', '.join(added)} (a test writes into its tmp_path: "
+            f"delete these and give the run a folder under tmp_path{beside})"]

@@ -40,7 +40,8 @@ def fw(*args: str, cwd: Path = ROOT, timeout: int = 120) -> subprocess.Completed
 ])
 @pytest.mark.timeout(20)
 def test_user_mistakes_are_one_line_errors(args, code, pattern, tmp_path):
-    proc = fw_command(*args, cwd=ROOT, env=subprocess_env())  # the command's main(), in a fork of this process
+    (tmp_path / "conf").symlink_to(ROOT / "conf")  # the recipes as README.md names them; the run writes here
+    proc = fw_command(*args, cwd=tmp_path, env=subprocess_env())  # the command's main(), in a fork of this process
     assert proc.returncode == code, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert lines[-1].startswith("fw: error:"), proc.stderr

@@ -97,6 +97,33 @@ def test_a_process_needs_the_mark_of_its_tier(marks, argv, found):
     assert starts.take() == ([found] if found else [])
 
 
+def test_what_a_test_adds_to_the_repository_is_named_once_and_caches_are_not(tmp_path):
+    repo = tmp_path / "repo"
+    (repo / "conf").mkdir(parents=True)
+    (repo / "conf" / "digits.yaml").write_text("seed: 1\n")
+    (repo / "fw_logs").mkdir()  # left by an earlier run: not this test's
+    tree = guards.RepoTree(repo)
+    tree.begin()
+    assert guards.written_into_the_repository(tree=tree) == []
+    (repo / "fw_logs" / "version_0").mkdir()
+    (repo / "fw_logs" / "version_0" / "metrics.csv").write_text("step\n")
+    (repo / "fw_logs" / "version_0" / "hparams.yaml").write_text("{}\n")
+    (repo / "conf" / "new.yaml").write_text("seed: 2\n")
+    (repo / "conf" / "digits.yaml").write_text("seed: 3\n")  # changed, not added: not looked at
+    for cache in ("__pycache__", ".pytest_cache"):
+        (repo / cache).mkdir()
+        (repo / cache / "x").write_text("")
+    (found,) = guards.written_into_the_repository(workers=3, tree=tree)
+    assert found.startswith(f"wrote into the repository {repo}: conf/new.yaml, fw_logs/version_0/ (2 files in it) "
+                            "(a test writes into its tmp_path")
+    assert "another of the 3 workers may have written it instead" in found
+    assert guards.written_into_the_repository(tree=tree) == []  # named once
+    (repo / "fw_logs" / "version_0" / "events").write_text("")  # inside the folder just named: still seen
+    assert guards.written_into_the_repository(tree=tree) == [
+        f"wrote into the repository {repo}: fw_logs/version_0/events (a test writes into its tmp_path: "
+        "delete these and give the run a folder under tmp_path)"]
+
+
 def test_popen_is_watched_while_this_test_runs(monkeypatch):
     monkeypatch.setattr(guards, "STARTS", guards.Starts())
     guards.STARTS.begin(_Item())
@@ -167,6 +194,12 @@ def test_starts_a_process_the_marks_do_not_see():
 
 def test_burns_cpu_in_a_child():  # marked procs by tiers.py, which reads the body
     subprocess.run([sys.executable, "-c", "sum(range(3 * 10**7))"], check=True)
+
+def test_writes_into_the_repository():  # as `fw fit ... trainer.default_root_dir=.` with the checkout as cwd
+    from pathlib import Path
+    run = Path(__file__).resolve().parents[1] / "fw_logs" / "version_0"
+    run.mkdir(parents=True)
+    (run / "metrics.csv").write_text("step")
 '''
 
 
@@ -174,14 +207,17 @@ def test_the_conftest_fails_each_leaking_test_and_names_the_leak(tmp_path):
     """... and lists the tests by their CPU, a child's included (cpu_report.py)."""
     from conftest import ROOT, subprocess_env
 
+    tests = tmp_path / "tests"  # tmp_path is the repository of this run
+    tests.mkdir()
     for name in ("conftest.py", "guards.py", "tiers.py", "cpu_report.py"):
-        (tmp_path / name).write_text((ROOT / "tests" / name).read_text())
-    (tmp_path / "test_inner.py").write_text(INNER)
-    (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n    procs\n    cluster\n")  # the tiers' marks
+        (tests / name).write_text((ROOT / "tests" / name).read_text())
+    (tests / "test_inner.py").write_text(INNER)
+    (tests / "pytest.ini").write_text("[pytest]\nmarkers =\n    procs\n    cluster\n")  # the tiers' marks
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_inner.py"],
-                          cwd=tmp_path, env=subprocess_env(), capture_output=True, text=True, timeout=100)
+                          cwd=tests, env=subprocess_env(), capture_output=True, text=True, timeout=100)
     out = proc.stdout + proc.stderr
-    assert proc.returncode == 1 and "6 passed, 4 errors" in out, out  # the calls pass, four teardowns fail
+    assert proc.returncode == 1 and "7 passed, 5 errors" in out, out  # the calls pass, five teardowns fail
+    assert f"wrote into the repository {tmp_path}: fw_logs/ (1 file in it)" in out, out
     assert "environment variable FW_INNER_LEAK added ('1')" in out
     assert "handler of SIGUSR2 not restored" in out
     assert "thread 'inner-sleeper' (non-daemon) still alive 2 s after the test" in out

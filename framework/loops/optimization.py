@@ -125,7 +125,8 @@ def _plain_batch_fn(run: Run, optimizer: torch.optim.Optimizer, guard: Nonfinite
     """``train_batch`` where nothing runs between the closure and the step (``_nothing_between``)
     and every batch steps: the closure's and the step's work in one call, in their order
     (training_step, the loss check, the backward, the optimizer's step, zero_grad), the same
-    numbers with six Python calls fewer a batch (8-9 µs of a CPU step here, see benchmarks/README.md)."""
+    numbers with six Python calls fewer a batch (7-10 µs of a CPU step here: "The batch without a closure" in
+    benchmarks/reports/2026-12-05-fit-overhead.md)."""
     state = run.state
     step, with_idx, backward = training_step_and_backward(run)
     marks = run.strategy.is_distributed  # where a rank waits (waits.py)

@@ -38,7 +38,7 @@ Other things to know:
 * The default group's store is a process-local ``HashStore``, so ``dist.new_group(backend=
   "gloo")`` on top of it cannot rendezvous (it times out). To mix both, initialise Gloo as the
   default group (TCP rendezvous, port sent over MPI) and ``dist.new_group(backend="fw_mpi")``,
-  as ``benchmarks/bench_allreduce.py`` does.
+  as ``fw bench`` does under mpiexec (``framework/bench/context.py``).
 """
 
 from __future__ import annotations

@@ -16,9 +16,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from timescale import scaled
+
 from framework.strategies.processes import descendants as _descendants  # noqa: F401 (re-exported for the tests)
 from framework.strategies.processes import kill_tree as _kill_tree
-from timescale import scaled
 
 REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
@@ -62,7 +63,9 @@ def write_script(tmp_path: Path, body: str, name: str = "job.py") -> Path:
 
 
 def run_cmd(cmd: list[str], timeout: float, env: dict[str, str] | None = None, cwd: str | Path | None = None) -> Result:
-    """Run ``cmd``; on timeout stop it and every process it started, then fail the test.
+    """Run ``cmd`` in ``cwd`` (the repository's root unless given, where ``conf/x.yaml`` is found: a
+    command that writes where it stands gets ``trainer.default_root_dir`` under the test's
+    ``tmp_path``); on timeout stop it and every process it started, then fail the test.
 
     The elastic agent starts its workers in sessions of their own, so killing the launcher's
     process group is not enough: the descendants are collected from ``/proc`` first. ``timeout``
@@ -88,7 +91,8 @@ def run_cmd(cmd: list[str], timeout: float, env: dict[str, str] | None = None, c
 
 def run_script(script: Path, *args: str, launcher: str = "fw", nproc: int = 2, timeout: float = 60,
                env: dict[str, str] | None = None) -> Result:
-    """Run ``script`` in ``nproc`` processes.
+    """Run ``script`` in ``nproc`` processes, in the script's folder (what a run writes where it
+    stands lands beside the script, not in the repository).
 
     Args:
         launcher: ``"fw"``: plain ``python script.py`` (the script asks for devices=nproc and fw
@@ -102,7 +106,7 @@ def run_script(script: Path, *args: str, launcher: str = "fw", nproc: int = 2, t
         cmd = [PYTHON, str(script), *args]
     else:
         raise ValueError(f"unknown launcher {launcher!r}")
-    return run_cmd(cmd, timeout=timeout, env=env)
+    return run_cmd(cmd, timeout=timeout, env=env, cwd=script.parent)
 
 
 def check_ok(result: Result) -> None:
