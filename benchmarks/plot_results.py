@@ -1,7 +1,7 @@
 """The figures of the docs' benchmarks page (docs/benchmarks.md), from the files in benchmarks/results/.
 
 - ``bench-train.png``, ``bench-breakdown.png``, ``bench-comm.png``: the plots of the latest ``fw bench``
-  run kept in results/ (``bench-<date>-<hardware>-{train,breakdown,comm}.png``), copied as they are;
+  run kept in results/ (``bench-<date>-<hardware>.json``), redrawn with today's plotting code;
 - ``bench-resume.png``: the time a mid-epoch resume takes to reach its position, by position
   (``resume-*.json``, written by ``bench_resume.py``);
 - ``bench-fsdp-memory.png``: model state per rank, the live bytes' peak and the peak resident memory
@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import shutil
 import statistics
 from pathlib import Path
 
@@ -50,15 +49,14 @@ def source_line(path: Path) -> str:
 
 
 def copy_bench_plots(out: Path) -> list[Path]:
-    """fw bench's own plots of its latest run, under names that do not change from run to run."""
+    """fw bench's own plots of its latest run kept in results/, redrawn from its JSON with today's
+    plotting code (``framework.bench.plots``), under names that do not change from run to run."""
+    from framework.bench.plots import plots
+    from framework.bench.results import comm_parts, train_rows
+
     doc = latest("bench-*.json")
-    written = []
-    for part in ("train", "breakdown", "comm"):
-        source = doc.with_name(f"{doc.stem}-{part}.png")
-        target = out / f"bench-{part}.png"
-        shutil.copyfile(source, target)
-        written.append(target)
-    return written
+    parts = json.loads(doc.read_text())["parts"]
+    return [out / Path(name).name for name in plots(out / "bench", train_rows(parts), comm_parts(parts))]
 
 
 def plot_resume(out: Path, plt) -> Path:
