@@ -6,7 +6,7 @@ Semantics follow Lightning's ``ModelCheckpoint``:
   validation metrics can be monitored), or at the end of each validation run when validation
   does not run once per epoch; ``every_n_epochs``, ``every_n_train_steps`` and
   ``save_on_train_epoch_end`` change when (``checkpoint_schedule.py``).
-* ``filename`` is a template: ``"{epoch}-{val/acc:.3f}"`` gives ``epoch=3-val_acc=0.951.ckpt``;
+* ``filename`` is a template: ``"{epoch}-{val_acc:.3f}"`` gives ``epoch=3-val_acc=0.951.ckpt``;
   a name already on disk gets ``-v1``, ``-v2`` (``checkpoint_files.py``).
 * ``save_top_k`` keeps the ``k`` best files by ``monitor`` (-1 keeps all, 0 none); without a
   monitor, ``save_top_k=1`` keeps only the latest. ``save_last`` also keeps ``last.ckpt``, the

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 class DataModule(HyperparametersMixin):
     """Owns the data of a run: download once, split, build loaders.
 
-    ``prepare_data`` runs on global rank 0 only (download, write files); ``setup(stage)`` runs on
+    ``prepare_data`` runs once per machine, on its local rank 0 (download, write files); ``setup(stage)`` runs on
     every rank (``stage`` is ``fit``, ``validate``, ``test`` or ``predict``). As Lightning's
     ``LightningDataModule``: ``save_hyperparameters()`` in ``__init__`` records its arguments in
     ``self.hparams`` (checkpoints keep them: ``load_from_checkpoint``), and ``self.trainer`` is the
