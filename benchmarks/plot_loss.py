@@ -1,7 +1,11 @@
 """The loss curves of a run from its CSV log: ``train/loss`` per logged step and ``val/loss`` at
 each validation, as one PNG. ::
 
-    .venv/bin/python benchmarks/plot_loss.py runs/gpt/fw_logs/version_0/metrics.csv docs/images/gpt_loss.png
+    .venv/bin/python benchmarks/plot_loss.py runs/gpt/fw_logs/version_0/metrics.csv loss.png
+
+docs/images/gpt_loss.png is this script on the log kept in benchmarks/results/::
+
+    .venv/bin/python benchmarks/plot_loss.py benchmarks/results/gpt_cpu_metrics-2026-12-02-amd-epyc-2c.csv docs/images/gpt_loss.png
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ def main() -> None:
     for key, style in (("train/loss", "-"), ("val/loss", "o-")):
         points = [(int(r["step"]), float(r[key])) for r in rows if r.get(key)]
         if points:
-            ax.plot(*zip(*points, strict=True), style, label=key, markersize=4)
+            ax.plot(*zip(*points), style, label=key, markersize=4)
     ax.set_xlabel("optimizer step")
     ax.set_ylabel("cross-entropy (nats per byte)")
     ax.set_title(args.title, fontsize=10)
