@@ -15,7 +15,8 @@ from framework.strategies.base import Strategy
 _NOT_PROVIDED = {
     "deepspeed": "use strategy=fsdp, which shards parameters, gradients and optimizer state over the ranks as "
                  "DeepSpeed's ZeRO stage 3 does (sharding_strategy=SHARD_GRAD_OP for stage 2)",
-    "fsdp_cpu": "CPU offload is not supported: use strategy=fsdp (parameters sharded on the devices)",
+    "fsdp_cpu": "Lightning's fsdp_cpu_offload is strategy=fsdp with cpu_offload=True "
+                "(in a recipe: trainer.strategy={name: fsdp, cpu_offload: true})",
     "xla": "fw runs on CPU and CUDA devices only (accelerator=cpu or cuda)",
     "hpu_parallel": "fw runs on CPU and CUDA devices only (accelerator=cpu or cuda)",
     "hpu_single": "fw runs on CPU and CUDA devices only (accelerator=cpu or cuda)",
