@@ -3,7 +3,8 @@
 Pages are Markdown (MyST); the API reference is generated from the docstrings (autodoc); the theme
 is Furo, which fetches nothing at view time (system fonts, its own CSS and JavaScript), so the
 built folder opens from disk. ``_ext/public_names.py`` fails the build when a public name is
-missing from the API reference."""
+missing from the API reference; ``_ext/accepted_types.py`` shows what an argument annotated ``Any``
+accepts."""
 
 from __future__ import annotations
 
@@ -19,7 +20,8 @@ author = "fw's developers"
 copyright = "2026, fw's developers"
 release = "0.1.0"
 
-extensions = ["myst_parser", "sphinx.ext.autodoc", "sphinx.ext.napoleon", "attribute_docs", "public_names"]
+extensions = ["myst_parser", "sphinx.ext.autodoc", "sphinx.ext.napoleon", "attribute_docs", "public_names",
+              "accepted_types"]
 source_suffix = {".md": "markdown"}
 root_doc = "index"
 exclude_patterns = ["_build", "_ext", "Thumbs.db", ".DS_Store"]

@@ -270,19 +270,24 @@ class TrainModule(HyperparametersMixin, ModuleHooks, ModuleExtras, nn.Module):
 
     # -- steps (override) ---------------------------------------------------------------------
     def training_step(self, batch: Any, batch_idx: int) -> Any:
+        """Required: one training batch's loss (a tensor, or a dict with it under ``"loss"``); None skips the batch."""
         raise NotImplementedError(f"{type(self).__name__} must implement training_step(batch, batch_idx)")
 
     def validation_step(self, batch: Any, batch_idx: int) -> Any:
+        """One validation batch: ``self.log`` its metrics. Fit validates only when this is overridden."""
         return None
 
     def test_step(self, batch: Any, batch_idx: int) -> Any:
+        """One batch of ``trainer.test``: ``self.log`` its metrics."""
         return None
 
     def predict_step(self, batch: Any, batch_idx: int) -> Any:
+        """One ``trainer.predict`` batch; the default: ``self(batch)``, or ``self(batch[0])`` for a list or tuple."""
         x = batch[0] if isinstance(batch, (list, tuple)) else batch
         return self(x)
 
     def configure_optimizers(self) -> Any:
+        """Required to fit: an optimizer, ``(optimizers, schedulers)`` or a dict (``optimizer``, ``lr_scheduler``)."""
         raise NotImplementedError(f"{type(self).__name__} must implement configure_optimizers()")
 
 

@@ -19,9 +19,11 @@ class ModuleExtras(nn.Module):
 
     #: the checkpoint keys ``save_hyperparameters``' values are stored under, as in Lightning
     CHECKPOINT_HYPER_PARAMS_KEY = "hyper_parameters"
+    #: Lightning's key for the name of the hyperparameters' argument; fw writes no such key
     CHECKPOINT_HYPER_PARAMS_NAME = "hparams_name"
+    #: Lightning's key for the type of the hyperparameters; fw writes no such key
     CHECKPOINT_HYPER_PARAMS_TYPE = "hparams_type"
-    #: ``prepare_data`` once per machine (True) or once per job (False), as in Lightning
+    #: Lightning's switch (False: ``prepare_data`` once per job); fw does not read it: once per machine either way
     prepare_data_per_node = True
     #: Lightning's switch for loaders that are empty on some ranks; fw refuses an empty loader either way
     allow_zero_length_dataloader_with_multiple_devices = False

@@ -87,7 +87,8 @@ class ModuleHooks(nn.Module):
         """Build what the run needs on every rank (``stage``: fit, validate, test, predict);
         runs before the module's own ``*_dataloader()`` methods are asked for data."""
 
-    def teardown(self, stage: str) -> None: ...
+    def teardown(self, stage: str) -> None:
+        """At the end of each call (``stage``: fit, validate, test or predict); not after a failure."""
 
     def configure_model(self) -> None:
         """Build layers here instead of in ``__init__`` to create them where the run puts them
@@ -99,38 +100,101 @@ class ModuleHooks(nn.Module):
         return []
 
     # -- hooks (override what you need; empty ones cost nothing per step) -------------------
-    def on_fit_start(self) -> None: ...
-    def on_fit_end(self) -> None: ...
-    def on_train_start(self) -> None: ...
-    def on_train_end(self) -> None: ...
-    def on_train_epoch_start(self) -> None: ...
-    def on_train_epoch_end(self) -> None: ...
-    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None: ...
-    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None: ...
-    def on_validation_epoch_start(self) -> None: ...
-    def on_validation_epoch_end(self) -> None: ...
-    def on_test_epoch_start(self) -> None: ...
-    def on_test_epoch_end(self) -> None: ...
-    def on_predict_epoch_start(self) -> None: ...
-    def on_predict_epoch_end(self) -> None: ...
-    def on_validation_start(self) -> None: ...
-    def on_validation_end(self) -> None: ...
-    def on_test_start(self) -> None: ...
-    def on_test_end(self) -> None: ...
-    def on_predict_start(self) -> None: ...
-    def on_predict_end(self) -> None: ...
-    def on_validation_batch_start(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None: ...
-    def on_validation_batch_end(self, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None: ...
-    def on_test_batch_start(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None: ...
-    def on_test_batch_end(self, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None: ...
-    def on_predict_batch_start(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None: ...
-    def on_predict_batch_end(self, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None: ...
-    def on_before_zero_grad(self, optimizer: torch.optim.Optimizer) -> None: ...
-    def on_before_backward(self, loss: torch.Tensor) -> None: ...
-    def on_after_backward(self) -> None: ...
-    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None: ...
-    def on_save_checkpoint(self, checkpoint: dict) -> None: ...
-    def on_load_checkpoint(self, checkpoint: dict) -> None: ...
+    def on_fit_start(self) -> None:
+        """At the start of fit, once set-up is done and a checkpoint restored, before the sanity check."""
+
+    def on_fit_end(self) -> None:
+        """At the end of fit, after ``on_train_end``."""
+
+    def on_train_start(self) -> None:
+        """Before the first training epoch, after the sanity check."""
+
+    def on_train_end(self) -> None:
+        """After the last training epoch."""
+
+    def on_train_epoch_start(self) -> None:
+        """At the start of each training epoch."""
+
+    def on_train_epoch_end(self) -> None:
+        """After each training epoch and its validation; ``trainer.callback_metrics`` holds the epoch's values."""
+
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        """Before each training batch's ``training_step``; return -1 to skip the rest of the epoch."""
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        """After each training batch (and its optimizer step); ``outputs``: what ``training_step`` returned."""
+
+    def on_validation_epoch_start(self) -> None:
+        """Before the first validation batch, after ``on_validation_start``."""
+
+    def on_validation_epoch_end(self) -> None:
+        """After the last validation batch; ``trainer.callback_metrics`` holds the epoch's values."""
+
+    def on_test_epoch_start(self) -> None:
+        """Before the first test batch, after ``on_test_start``."""
+
+    def on_test_epoch_end(self) -> None:
+        """After the last test batch; ``trainer.callback_metrics`` holds the epoch's values."""
+
+    def on_predict_epoch_start(self) -> None:
+        """Before the first prediction batch, after ``on_predict_start``."""
+
+    def on_predict_epoch_end(self) -> None:
+        """After the last prediction batch."""
+
+    def on_validation_start(self) -> None:
+        """At the start of each validation (in fit, the sanity check's too; in ``trainer.validate``)."""
+
+    def on_validation_end(self) -> None:
+        """At the end of each validation, after ``on_validation_epoch_end``."""
+
+    def on_test_start(self) -> None:
+        """At the start of ``trainer.test``, in eval mode, before ``on_test_epoch_start``."""
+
+    def on_test_end(self) -> None:
+        """At the end of ``trainer.test``, after ``on_test_epoch_end``."""
+
+    def on_predict_start(self) -> None:
+        """At the start of ``trainer.predict``, in eval mode, before ``on_predict_epoch_start``."""
+
+    def on_predict_end(self) -> None:
+        """At the end of ``trainer.predict``, after ``on_predict_epoch_end``."""
+
+    def on_validation_batch_start(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
+        """Before each validation batch's ``validation_step``."""
+
+    def on_validation_batch_end(self, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
+        """After each validation batch; ``outputs``: what ``validation_step`` returned."""
+
+    def on_test_batch_start(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
+        """Before each test batch's ``test_step``."""
+
+    def on_test_batch_end(self, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
+        """After each test batch; ``outputs``: what ``test_step`` returned."""
+
+    def on_predict_batch_start(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
+        """Before each prediction batch's ``predict_step``."""
+
+    def on_predict_batch_end(self, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
+        """After each prediction batch; ``outputs``: what ``predict_step`` returned."""
+
+    def on_before_zero_grad(self, optimizer: torch.optim.Optimizer) -> None:
+        """Before the gradients are zeroed, at the start of each accumulation window."""
+
+    def on_before_backward(self, loss: torch.Tensor) -> None:
+        """Before the backward of each training loss (``loss`` as the backward gets it)."""
+
+    def on_after_backward(self) -> None:
+        """After each backward, before the optimizer step: the gradients are there (scaled under 16-mixed)."""
+
+    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        """Before each optimizer step, with the gradients unscaled and not yet clipped."""
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        """When a checkpoint is written, after the callbacks': add what you need to ``checkpoint``."""
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        """When a checkpoint is read, before the weights load: read back what ``on_save_checkpoint`` added."""
 
     # -- evaluation modes and batch transfer (Lightning's defaults) ---------------------------
     def on_validation_model_zero_grad(self) -> None:
@@ -143,6 +207,7 @@ class ModuleHooks(nn.Module):
         return model
 
     def on_validation_model_eval(self) -> None:
+        """Before each validation: the model in eval mode (the default)."""
         self._wrapped_model().eval()
 
     def on_validation_model_train(self) -> None:
@@ -150,12 +215,15 @@ class ModuleHooks(nn.Module):
         self._wrapped_model().train()
 
     def on_test_model_eval(self) -> None:
+        """Before testing: the model in eval mode (the default)."""
         self._wrapped_model().eval()
 
     def on_test_model_train(self) -> None:
+        """After testing: the default puts back each submodule's own mode from before."""
         self._wrapped_model().train()
 
     def on_predict_model_eval(self) -> None:
+        """Before predicting: the model in eval mode (the default)."""
         self._wrapped_model().eval()
 
     def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:

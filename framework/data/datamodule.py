@@ -25,10 +25,13 @@ class DataModule(HyperparametersMixin):
 
     #: the checkpoint key of ``save_hyperparameters``' values, as in Lightning
     CHECKPOINT_HYPER_PARAMS_KEY = "datamodule_hyper_parameters"
+    #: Lightning's key for the name of the hyperparameters' argument; fw writes no such key
     CHECKPOINT_HYPER_PARAMS_NAME = "datamodule_hparams_name"
+    #: Lightning's key for the type of the hyperparameters; fw writes no such key
     CHECKPOINT_HYPER_PARAMS_TYPE = "datamodule_hparams_type"
-    #: ``prepare_data`` once per machine (True) or once per job (False), as in Lightning
+    #: Lightning's switch (False: ``prepare_data`` once per job); fw does not read it: once per machine either way
     prepare_data_per_node = True
+    #: Lightning's switch for loaders that are empty on some ranks; fw refuses an empty loader either way
     allow_zero_length_dataloader_with_multiple_devices = False
     #: Lightning's optional name of the data (shown nowhere by fw; kept for code that sets it)
     name: str | None = None
@@ -74,9 +77,11 @@ class DataModule(HyperparametersMixin):
             datamodule.load_state_dict(state)
         return datamodule
 
-    def prepare_data(self) -> None: ...
+    def prepare_data(self) -> None:
+        """Download or write files: once per machine (local rank 0), before ``setup``; keep nothing in ``self``."""
 
-    def setup(self, stage: str) -> None: ...
+    def setup(self, stage: str) -> None:
+        """Build the datasets on every rank (``stage``: fit, validate, test or predict), before the loaders."""
 
     def teardown(self, stage: str) -> None:
         """After ``fit``/``validate``/``test``/``predict`` (not after a failure: ``on_exception``)."""
@@ -85,34 +90,43 @@ class DataModule(HyperparametersMixin):
         """A run failed with ``exception`` (before it goes on to the caller)."""
 
     def train_dataloader(self) -> DataLoader:
+        """The training loader, which fit requires (fw shards it over the ranks)."""
         raise NotImplementedError(f"{type(self).__name__} has no train_dataloader()")
 
     def val_dataloader(self) -> DataLoader | None:
+        """The validation loader (or a list of them); None: no validation."""
         return None
 
     def test_dataloader(self) -> DataLoader | None:
+        """The test loader (or a list of them), for ``trainer.test``."""
         return None
 
     def predict_dataloader(self) -> DataLoader | None:
+        """The prediction loader (or a list of them), for ``trainer.predict``."""
         return None
 
     # -- batch transfer: an override here wins over the module's, as in Lightning -------------
     def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        """Change a batch before it moves to the device (on the CPU)."""
         return batch
 
     def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
+        """Move a batch to ``device``: tensors in lists, tuples, dicts and dataclasses, and anything with ``.to``."""
         from framework.accelerators.base import move_to_device
 
         return move_to_device(batch, device)
 
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        """Change a batch after it moved to the device (e.g. augment it on the GPU)."""
         return batch
 
     # -- checkpoints: what ``state_dict`` returns is saved and handed back on resume ----------
     def state_dict(self) -> dict:
+        """What to save in every checkpoint; ``load_state_dict`` gets it back on resume."""
         return {}
 
-    def load_state_dict(self, state: dict) -> None: ...
+    def load_state_dict(self, state: dict) -> None:
+        """On resume: what ``state_dict`` saved in the checkpoint."""
 
 
 def batch_size_of(batch: Any) -> int:

@@ -116,14 +116,17 @@ class LightningViews:
 
     @property
     def scaler(self) -> torch.amp.GradScaler | None:
+        """The ``GradScaler`` of ``16-mixed`` (None under other precisions)."""
         return self.precision_plugin.scaler
 
     @property
     def received_sigterm(self) -> bool:
+        """Whether the current (or last) fit received SIGTERM, which stops it with a checkpoint."""
         return self.state.signal == signal.SIGTERM
 
     @property
     def evaluating(self) -> bool:
+        """Whether a validation, test or sanity check runs now."""
         return self.state.stage in ("validate", "test", "sanity_check")
 
     @property
@@ -160,18 +163,22 @@ class LightningViews:
 
     @property
     def train_dataloader(self) -> Any:
+        """The current (or last) call's training loader (None without one)."""
         return self._loaders_of("train")
 
     @property
     def val_dataloaders(self) -> Any:
+        """The current (or last) call's validation loader, a list of them for several, or None."""
         return self._loaders_of("validate")
 
     @property
     def test_dataloaders(self) -> Any:
+        """The current (or last) call's test loader, a list of them for several, or None."""
         return self._loaders_of("test")
 
     @property
     def predict_dataloaders(self) -> Any:
+        """The current (or last) call's prediction loader, a list of them for several, or None."""
         return self._loaders_of("predict")
 
     def _batches_per_loader(self, fn: str, stage: str) -> list[int | float]:
@@ -199,10 +206,12 @@ class LightningViews:
 
     @property
     def num_test_batches(self) -> list[int | float]:
+        """Test batches per loader of the last ``test`` call (``inf`` for a loader without a length)."""
         return self._batches_per_loader("test", "test")
 
     @property
     def num_predict_batches(self) -> list[int | float]:
+        """Prediction batches per loader of the last ``predict`` call (as ``num_test_batches``)."""
         return self._batches_per_loader("predict", "predict")
 
     @property

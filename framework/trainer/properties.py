@@ -37,7 +37,8 @@ def _setting(name: str) -> property:
 
 
 def _limit(stage: str) -> property:
-    return property(lambda self: _or_all(self.settings.limits[stage]), doc=f"``limit_*_batches`` of ``{stage}``.")
+    return property(lambda self: _or_all(self.settings.limits[stage]),
+                    doc=f"The ``{stage}`` batches to run: a count, or a fraction of each loader (1.0: all).")
 
 
 def _or_all(value: int | float | None) -> int | float:

@@ -109,9 +109,9 @@ class Trainer(TrainerProperties, LightningViews):
         self.settings = Settings.resolve(**arguments)
 
         # where the run happens: accelerator, devices, strategy, and how its processes start
-        self.accelerator = get_accelerator(accelerator)
+        self.accelerator = get_accelerator(accelerator)  #: Where the run computes: a CPU or CUDA ``Accelerator``.
         self.num_nodes = args.positive_int("num_nodes", num_nodes)
-        self.environment = detect_environment()
+        self.environment = detect_environment()  #: Who started this process: torchrun, SLURM, MPI or local.
         self.devices = args.parse_devices(args.devices_for(devices, self.environment, self.accelerator),
                                           self.accelerator)
         self.strategy: Strategy = create_strategy(
@@ -140,9 +140,9 @@ class Trainer(TrainerProperties, LightningViews):
         self.run: Run | None = None
         self.last_fit: Run | None = None  # the last fit's Run, kept through validate, test and predict
         self.batch_counts: dict[str, list[int | float]] = {}  # batches per loader of the last validate/test/predict
-        #: the user's own stateful objects, saved in (and restored from) every checkpoint of a fit
+        #: The user's own stateful objects, saved in (and restored from) every checkpoint of a fit.
         self.checkpoint_parts: dict[str, Stateful] = {}
-        self.fit_loop = FitLoopView(self)  # Lightning's ``trainer.fit_loop``: its progress and bounds
+        self.fit_loop = FitLoopView(self)  #: Lightning's ``trainer.fit_loop``: its progress and bounds.
 
     # -- public API -----------------------------------------------------------------------------
     def fit(self, model: TrainModule, train_dataloaders: Any = None, val_dataloaders: Any = None,
