@@ -190,9 +190,10 @@ def _launch_config(nproc_per_node: int, num_nodes: int, max_restarts: int, rdzv_
 
 
 def _launch_hosting_once(config: LaunchConfig) -> None:
-    """Run the agent. Two nodes' launchers on one host (a test, or the README's two-node command
-    tried on one machine) both own the endpoint's address: the one that loses the race to bind
-    the rendezvous port joins as a client instead of failing with EADDRINUSE."""
+    """Run the agent. Two nodes' launchers on one host (a test, or the two-node command of
+    docs/guides/intermediate/multi-node.md tried on one machine) both own the endpoint's address:
+    the one that loses the race to bind the rendezvous port joins as a client instead of failing
+    with EADDRINUSE."""
     import dataclasses
 
     from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError

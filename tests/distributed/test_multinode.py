@@ -229,8 +229,9 @@ torch.save(result, f"{sys.argv[2]}/rank{result['rank']}.pt")
 
 @pytest.mark.timeout(60)
 def test_two_nodes_launched_on_one_host_at_once_find_each_other(tmp_path):
-    """The README's two-node command, both 'nodes' on one machine and started together: both own
-    the endpoint's address, one hosts the rendezvous and the other joins (was: EADDRINUSE)."""
+    """The two-node command of docs/guides/intermediate/multi-node.md, both 'nodes' on one machine
+    and started together: both own the endpoint's address, one hosts the rendezvous and the other
+    joins (was: EADDRINUSE)."""
     script = write_script(tmp_path, SAME_HOST)
     endpoint = f"127.0.0.1:{free_port()}"
     procs = [subprocess.Popen([sys.executable, str(script), endpoint, str(tmp_path)], stdout=subprocess.PIPE,
