@@ -1,7 +1,8 @@
 """The figures of the docs' benchmarks page (docs/benchmarks.md), from the files in benchmarks/results/.
 
 - ``bench-train.png``, ``bench-breakdown.png``, ``bench-comm.png``: the plots of the latest ``fw bench``
-  run kept in results/ (``bench-<date>-<hardware>.json``), redrawn with today's plotting code;
+  run kept in results/ (``bench-<date>-<hardware>.json``), drawn from its JSON by ``fw bench``'s own
+  figure functions (``framework.bench.plots``);
 - ``bench-resume.png``: the time a mid-epoch resume takes to reach its position, by position
   (``resume-*.json``, written by ``bench_resume.py``);
 - ``bench-fsdp-memory.png``: model state per rank, the live bytes' peak and the peak resident memory
@@ -11,7 +12,8 @@
 - ``bench-checkpoint.png``: how long training waits for each kind of save under FSDP
   (``checkpoint_fsdp2-*.json``, written by ``bench_checkpoint.py``).
 
-Each figure names the file it was drawn from, whose name carries the date and the machine. ::
+Each figure names in its footer the file it was drawn from, whose name carries the date and the
+machine. ::
 
     .venv/bin/python benchmarks/plot_results.py                 # into docs/images/
     .venv/bin/python benchmarks/plot_results.py --out /tmp/figs
@@ -48,15 +50,28 @@ def source_line(path: Path) -> str:
     return f"benchmarks/results/{path.name}"
 
 
-def copy_bench_plots(out: Path) -> list[Path]:
-    """fw bench's own plots of its latest run kept in results/, redrawn from its JSON with today's
-    plotting code (``framework.bench.plots``), under names that do not change from run to run."""
-    from framework.bench.plots import plots
+def plot_bench(out: Path, plt) -> list[Path]:
+    """fw bench's three plots of its latest run kept in results/, drawn from its JSON by fw bench's
+    own figure functions, under names that do not change from run to run, with the footer the
+    other figures have (fw bench's own files name their run in the file name instead)."""
+    from framework.bench.plots import _breakdown_figure, _comm_figure, _train_figure
     from framework.bench.results import comm_parts, train_rows
 
-    doc = latest("bench-*.json")
-    parts = json.loads(doc.read_text())["parts"]
-    return [out / Path(name).name for name in plots(out / "bench", train_rows(parts), comm_parts(parts))]
+    path = latest("bench-*.json")
+    doc = json.loads(path.read_text())
+    train, comm = train_rows(doc["parts"]), comm_parts(doc["parts"])
+    # the rows fw bench's plots() draws: fw's CPU runs in 32-bit
+    fw_train = [r for r in train if r["side"] == "fw" and r["precision"] == "32-true" and r["device"] == "cpu"]
+    workloads = sorted({r["workload"] for r in fw_train})
+    note = f"fw bench, {doc['machine']['date']}, {doc['machine']['hardware']}"
+    figures = [
+        ("bench-train.png", _train_figure(train, workloads)),
+        ("bench-breakdown.png", _breakdown_figure(fw_train)),
+        ("bench-comm.png", _comm_figure(comm)),
+    ]
+    written = [_save(fig, out / name, path, note=note) for name, fig in figures]
+    plt.close("all")
+    return written
 
 
 def plot_resume(out: Path, plt) -> Path:
@@ -131,8 +146,10 @@ def plot_checkpoint(out: Path, plt) -> Path:
     return _save(fig, out / "bench-checkpoint.png", path)
 
 
-def _save(fig, target: Path, *sources: Path) -> Path:
-    fig.text(0.99, 0.01, ", ".join(source_line(s) for s in sources), ha="right", va="bottom", fontsize=6, color="0.4")
+def _save(fig, target: Path, *sources: Path, note: str = "") -> Path:
+    """Write ``fig`` with a footer naming the results files it was drawn from (after ``note``)."""
+    footer = ", ".join(source_line(s) for s in sources)
+    fig.text(0.99, 0.01, f"{note}: {footer}" if note else footer, ha="right", va="bottom", fontsize=6, color="0.4")
     fig.tight_layout(rect=(0, 0.03, 1, 1))
     fig.savefig(target, dpi=110)
     fig.clf()
@@ -149,7 +166,7 @@ def main() -> None:
     import matplotlib.pyplot as plt
 
     args.out.mkdir(parents=True, exist_ok=True)
-    written = copy_bench_plots(args.out)
+    written = plot_bench(args.out, plt)
     written += [plot(args.out, plt) for plot in (plot_resume, plot_fsdp_memory, plot_checkpoint)]
     for path in written:
         print(f"wrote {path}")
