@@ -1,8 +1,8 @@
 """``ModuleHooks``: every hook of a ``TrainModule`` that the Trainer calls, with Lightning's
 names, arguments and defaults; override what you need.
 
-The loops call an override where Lightning calls it (``framework/trainer/hooks.py`` says in
-which order); a hook nobody overrides costs nothing per step (the loops do its default inline).
+The loops call an override where Lightning calls it (``tests/lightning/test_hook_calls.py`` proves
+the order against Lightning's); a hook nobody overrides costs nothing per step (the loops do its default inline).
 """
 
 from __future__ import annotations

@@ -283,7 +283,7 @@ class Trainer(TrainerProperties, LightningViews):
         if not failed and state.status == "running":  # after the teardown hooks, as in Lightning
             state.status = "finished"
         if fn == "fit" and state.stop_reason == "preempted":
-            raise StoppedBySignal(0)  # with its state saved: a clean end of the program (signals.py)
+            raise StoppedBySignal(0)  # with its state saved: a clean end of the program (preemption.py)
         return result
 
     def _dist_info(self) -> DistInfo:  # from the launcher around us, else fresh (one process, or fw starts them)
