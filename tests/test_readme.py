@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 
 from conftest import ROOT
+from docsite.blocks import blocks
 
 README = (ROOT / "README.md").read_text()
 
@@ -19,8 +20,7 @@ def test_the_readme_is_short():
 
 
 def test_ci_runs_the_readmes_two_commands_first():
-    first_block = README.split("```bash\n", 1)[1].split("```", 1)[0]
-    readme = [c for c in _commands(first_block) if not c.startswith("#")]
+    readme = _commands(blocks(ROOT / "README.md")[0].body)
     assert len(readme) == 2, readme
     ci = _commands((ROOT / ".ci" / "run").read_text())
     assert ci[:2] == readme, f".ci/run starts with {ci[:2]}, README says {readme}"
