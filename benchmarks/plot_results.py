@@ -50,28 +50,18 @@ def source_line(path: Path) -> str:
     return f"benchmarks/results/{path.name}"
 
 
-def plot_bench(out: Path, plt) -> list[Path]:
+def plot_bench(out: Path) -> list[Path]:
     """fw bench's three plots of its latest run kept in results/, drawn from its JSON by fw bench's
-    own figure functions, under names that do not change from run to run, with the footer the
+    own ``plots()``, under names that do not change from run to run, with the footer the
     other figures have (fw bench's own files name their run in the file name instead)."""
-    from framework.bench.plots import _breakdown_figure, _comm_figure, _train_figure
+    from framework.bench.plots import plots
     from framework.bench.results import comm_parts, train_rows
 
     path = latest("bench-*.json")
     doc = json.loads(path.read_text())
-    train, comm = train_rows(doc["parts"]), comm_parts(doc["parts"])
-    # the rows fw bench's plots() draws: fw's CPU runs in 32-bit
-    fw_train = [r for r in train if r["side"] == "fw" and r["precision"] == "32-true" and r["device"] == "cpu"]
-    workloads = sorted({r["workload"] for r in fw_train})
-    note = f"fw bench, {doc['machine']['date']}, {doc['machine']['hardware']}"
-    figures = [
-        ("bench-train.png", _train_figure(train, workloads)),
-        ("bench-breakdown.png", _breakdown_figure(fw_train)),
-        ("bench-comm.png", _comm_figure(comm)),
-    ]
-    written = [_save(fig, out / name, path, note=note) for name, fig in figures]
-    plt.close("all")
-    return written
+    footer = f"fw bench, {doc['machine']['date']}, {doc['machine']['hardware']}: {source_line(path)}"
+    names = plots(out / "bench", train_rows(doc["parts"]), comm_parts(doc["parts"]), footer=footer)
+    return [out / name for name in names]
 
 
 def plot_resume(out: Path, plt) -> Path:
@@ -166,7 +156,7 @@ def main() -> None:
     import matplotlib.pyplot as plt
 
     args.out.mkdir(parents=True, exist_ok=True)
-    written = plot_bench(args.out, plt)
+    written = plot_bench(args.out)
     written += [plot(args.out, plt) for plot in (plot_resume, plot_fsdp_memory, plot_checkpoint)]
     for path in written:
         print(f"wrote {path}")

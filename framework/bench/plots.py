@@ -14,19 +14,20 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 
-def plots(stem: Path, train: list[dict], comm: list[tuple[str, dict]]) -> list[str]:
-    """Write the plots next to ``stem``; their file names."""
+def plots(stem: Path, train: list[dict], comm: list[tuple[str, dict]], footer: str | None = None) -> list[str]:
+    """Write the plots next to ``stem``; their file names. ``footer``: a line at each figure's foot
+    (the docs' copies name the run they were drawn from: benchmarks/plot_results.py)."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only, no display: before pyplot is first imported
     written = []
     if comm:
-        written.append(_save(_comm_figure(comm), stem, "comm"))
+        written.append(_save(_comm_figure(comm), stem, "comm", footer))
     fw_train = [r for r in train if r["side"] == "fw" and r["precision"] == "32-true" and r["device"] == "cpu"]
     workloads = sorted({r["workload"] for r in fw_train})
     if workloads:
-        written.append(_save(_train_figure(train, workloads), stem, "train"))
-        written.append(_save(_breakdown_figure(fw_train), stem, "breakdown"))
+        written.append(_save(_train_figure(train, workloads), stem, "train", footer))
+        written.append(_save(_breakdown_figure(fw_train), stem, "breakdown", footer))
     return written
 
 
@@ -100,9 +101,13 @@ def _breakdown_figure(fw_train: list[dict]) -> Figure:
     return fig
 
 
-def _save(fig: Figure, stem: Path, what: str) -> str:
+def _save(fig: Figure, stem: Path, what: str, footer: str | None = None) -> str:
     path = stem.parent / f"{stem.name}-{what}.png"
-    fig.tight_layout()
+    if footer:
+        fig.text(0.99, 0.01, footer, ha="right", va="bottom", fontsize=6, color="0.4")
+        fig.tight_layout(rect=(0, 0.03, 1, 1))
+    else:
+        fig.tight_layout()
     fig.savefig(path, dpi=110)
     import matplotlib.pyplot as plt
 
