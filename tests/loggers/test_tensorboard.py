@@ -224,6 +224,7 @@ def test_a_full_disk_mid_fit_is_one_warning_and_every_value_is_written_when_it_h
 
     pl = pytest.importorskip("pytorch_lightning")
     import signal
+    import threading
 
     from pytorch_lightning.loggers import TensorBoardLogger as LightningTensorBoardLogger
     from toy import loader, regression_data
@@ -240,6 +241,11 @@ def test_a_full_disk_mid_fit_is_one_warning_and_every_value_is_written_when_it_h
             trainer.fit(_module(pl.LightningModule), loader(data), loader(data))
     finally:
         signal.signal(signal.SIGTERM, handler)  # Lightning's failed fit leaves its handler there
+        # Its writer's thread, dead of the OSError, may still be on its way to threading.excepthook:
+        # wait for it here, or pytest gives its traceback to whichever test runs next.
+        for thread in threading.enumerate():
+            if getattr(thread, "exception", None) is not None and hasattr(thread, "_record_writer"):
+                thread.join(timeout=30)
 
 
 @pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")  # the writer's thread is quiet
