@@ -16,9 +16,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from fixtures.parts_checkpoint import CHECKPOINT, FINAL, FSDP, SHARDED, SHARDED_WEIGHTS, fit
 
 import framework as fw
-from fixtures.parts_checkpoint import CHECKPOINT, FINAL, FSDP, SHARDED, SHARDED_WEIGHTS, fit
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "distributed"))
 import sharded  # noqa: E402
@@ -53,7 +53,7 @@ def _same(a, b) -> bool:
     if isinstance(a, dict):
         return isinstance(b, dict) and a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
     if isinstance(a, (list, tuple)):
-        return type(a) is type(b) and len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+        return type(a) is type(b) and len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
     if isinstance(a, torch.Tensor):
         return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
     if isinstance(a, np.ndarray):
