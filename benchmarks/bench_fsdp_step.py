@@ -1,6 +1,13 @@
 """fw's ``fsdp`` against a hand-written FSDP2 loop: the same GPT, the same units and mesh, the
 same data and AdamW, whole calls as users make them, side by side in one run.
 
+Why: fw's ``fsdp`` should cost no more than the same FSDP2 training written by hand.
+Read: the fw / hand-written ratio's median over rounds and its 95 % interval (1: the same);
+the start-up, steps and end columns say in which part a difference lies.
+Time: a round is two 100-step fits, 8-15 s each on 2 cores: about 5 minutes with 15 rounds;
+``--steps 10 --rounds 2`` under a minute.
+Run: ``python benchmarks/run.py fsdp_step [--rounds 5]`` (2 ranks under torchrun).
+
 Each round times one ``fit`` of ``--steps`` steps on each side, start-up included (building the
 model, sharding it, the optimizer, the loader; the process group exists already for both), in
 alternating order. The hand-written side is what a user writes without a framework:
@@ -36,6 +43,8 @@ from bench_fit import median_interval  # noqa: E402
 from framework.bench.common import machine_info, median, print_table, result_path, write_json  # noqa: E402
 from recipes.bench import TinyGPT  # noqa: E402
 
+#: the processes ``benchmarks/run.py`` starts this script in (under torchrun; ``--ranks`` overrides)
+LAUNCH_RANKS = 2
 GPT = {"vocab": 256, "context": 64, "dim": 192, "layers": 3, "heads": 6}  # conf/bench/gpt.yaml
 
 

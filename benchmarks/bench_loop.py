@@ -1,5 +1,13 @@
 """fw's training loop against a hand-written PyTorch loop, one process (CPU or one GPU).
 
+Why: the per-batch cost of fw's loop is what stays when a fit is long; the target is fw within
+1 % of the hand-written loop, and this is the benchmark to rerun when the training step changes
+(issue 49: this and ``bench_fit.py`` against the previous commit).
+Read: fw/raw (ratio of the medians) and its paired estimate (median of per-round ratios); trust
+a difference only where it is larger than the IQR; "bitwise equal" must hold.
+Time: about 70 s on 2 cores; ``--quick`` a few seconds.
+Run: ``python benchmarks/run.py loop [--quick] [--manual] [--device cuda]``.
+
 Same model (MLP 64-256-256-10), same initial weights (a copied ``state_dict``), same data
 (an in-memory ``TensorDataset``, ``DataLoader(shuffle=False)``, batch 64), same optimiser and
 the same number of steps. Run::
