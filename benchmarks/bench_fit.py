@@ -62,11 +62,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+from _modules import MLPModule, make_mlp, make_optimizer  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset  # noqa: E402
 
 import framework as fw  # noqa: E402
-from _modules import MLPModule, make_mlp, make_optimizer  # noqa: E402
 from framework.bench.common import machine_info, median, print_table, result_path, write_json  # noqa: E402
 
 #: the processes ``benchmarks/run.py`` starts this script in (under torchrun; ``--ranks`` overrides)

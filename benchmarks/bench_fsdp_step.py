@@ -36,10 +36,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
+from bench_fit import median_interval  # noqa: E402
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset  # noqa: E402
 
 import framework as fw  # noqa: E402
-from bench_fit import median_interval  # noqa: E402
 from framework.bench.common import machine_info, median, print_table, result_path, write_json  # noqa: E402
 from recipes.bench import TinyGPT  # noqa: E402
 

@@ -105,8 +105,9 @@ def loop(quick: bool, out: Path) -> dict:
 
 # -- 3. strategies, side by side ------------------------------------------------------------------
 def strategies(quick: bool) -> dict:
-    import framework as fw
     from _modules import EpochTimer, MLPModule, make_mlp, make_optimizer, raw_epochs
+
+    import framework as fw
 
     steps, epochs, rounds = (50, 3, 3) if quick else (200, 4, 8)
     ensure_nccl_group()  # raw DDP and fw ddp_nccl share it (fw leaves a group it did not create)

@@ -37,8 +37,8 @@ from torch import nn  # noqa: E402
 from torch.utils.data import DataLoader, Dataset  # noqa: E402
 
 import framework as fw  # noqa: E402
-from framework.callbacks import ModelCheckpoint  # noqa: E402
 from framework.bench.common import fmt_time, machine_info, median, print_table, result_path, write_json  # noqa: E402
+from framework.callbacks import ModelCheckpoint  # noqa: E402
 
 BATCHES, BATCH = 200, 8
 POSITIONS = (0, 50, 100, 150, 199)
