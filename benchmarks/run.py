@@ -6,6 +6,8 @@
     python benchmarks/run.py fit --control       # bench_fit.py on 2 Gloo ranks under torchrun
     python benchmarks/run.py --ranks 1 fit       # the same benchmark in one process
     python benchmarks/run.py --dry-run fit       # print the command instead of running it
+    python benchmarks/run.py --new-report fit-overhead benchmarks/results/fit_ddp2-....json
+                                                 # start reports/<today>-fit-overhead.md and .json
 
 Everything after the name goes to the script unchanged. A script that sets ``LAUNCH_RANKS`` runs
 under ``torch.distributed.run`` with that many processes (``--ranks`` overrides; a script argument
@@ -24,6 +26,8 @@ from __future__ import annotations
 
 import argparse
 import ast
+import datetime
+import json
 import os
 import subprocess
 import sys
@@ -99,6 +103,27 @@ def listing(found: dict[str, Benchmark]) -> str:
     return "\n".join(rows)
 
 
+def new_report(topic: str, results: list[str]) -> list[Path]:
+    """Start ``reports/<today>-<topic>.md`` and its ``.json`` (the results it quotes, the figures
+    to fill in); refuses to overwrite a report."""
+    stem = f"{datetime.date.today().isoformat()}-{topic}"
+    md, numbers = HERE / "reports" / f"{stem}.md", HERE / "reports" / f"{stem}.json"
+    if md.exists() or numbers.exists():
+        raise SystemExit(f"run.py: {md.name} exists already; reports are not overwritten")
+    quoted = [Path(r).resolve() for r in results]
+    for q in quoted:
+        if q.parent != HERE / "results" or not q.is_file():
+            raise SystemExit(f"run.py: {q} is not a file of benchmarks/results/ (a report quotes only kept results)")
+    machine = json.loads(quoted[0].read_text()).get("machine", {}) if quoted else {}
+    md.write_text(f"# {topic.replace('-', ' ').capitalize()} ({stem[:10]})\n\n"
+                  "What was measured and why; how (script, command, rounds); on what; what it showed.\n\n"
+                  + "".join(f"- `benchmarks/results/{q.name}`\n" for q in quoted), encoding="utf-8")
+    doc = {"report": md.name, "date": stem[:10], "topic": topic, "title": topic, "machine": machine,
+           "scripts": [], "results": [os.path.relpath(q, md.parent) for q in quoted], "figures": {}}
+    numbers.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+    return [md, numbers]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                      usage="%(prog)s [--list | --show NAME | [--ranks N] [--dry-run] NAME [ARGS...]]")
@@ -106,10 +131,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--show", metavar="NAME", help="print one benchmark's docstring and exit")
     parser.add_argument("--ranks", type=int, default=None, help="processes to start (default: the script's LAUNCH_RANKS, or 1)")
     parser.add_argument("--dry-run", action="store_true", help="print the command instead of running it")
+    parser.add_argument("--new-report", metavar="TOPIC",
+                        help="start reports/<today>-TOPIC.md and .json; the arguments after it are the results it quotes")
     parser.add_argument("name", nargs="?", help="a benchmark's name (bench_<name>.py)")
     parser.add_argument("args", nargs=argparse.REMAINDER, help="the script's own arguments")
     opts = parser.parse_args(argv)
     found = benchmarks()
+    if opts.new_report:
+        for path in new_report(opts.new_report, [a for a in [opts.name, *opts.args] if a]):
+            print(f"wrote {path.relative_to(ROOT)}: fill in the text and the figures")
+        return 0
     if opts.list:
         print(listing(found))
         return 0

@@ -84,3 +84,21 @@ def test_the_readme_is_a_summary_under_10_kb_whose_links_resolve():
         assert (readme.parent / target).exists(), f"README.md links to {target}, which is not there"
     for path in SCRIPTS:
         assert f"`{path.stem.removeprefix('bench_')}`" in text, f"README.md does not say how to run {path.name}"
+
+
+def test_a_new_report_starts_as_a_pair_quoting_kept_results_and_never_overwrites(tmp_path, monkeypatch):
+    runner = load_runner()
+    monkeypatch.setattr(runner, "HERE", tmp_path)
+    (tmp_path / "reports").mkdir()
+    (tmp_path / "results").mkdir()
+    kept = tmp_path / "results" / "fit_single-2026-12-07-amd-epyc-2c.json"
+    kept.write_text(json.dumps({"machine": {"hardware": "amd-epyc-2c"}}))
+    md, numbers = runner.new_report("fit-overhead", [str(kept)])
+    doc = json.loads(numbers.read_text())
+    assert md.name == doc["report"] and md.stem == numbers.stem and md.stem.endswith("-fit-overhead")
+    assert doc["results"] == ["../results/fit_single-2026-12-07-amd-epyc-2c.json"]
+    assert doc["machine"] == {"hardware": "amd-epyc-2c"}
+    with pytest.raises(SystemExit, match="exists already"):
+        runner.new_report("fit-overhead", [str(kept)])
+    with pytest.raises(SystemExit, match="not a file of benchmarks/results/"):
+        runner.new_report("elsewhere", [str(tmp_path / "x.json")])
