@@ -114,6 +114,7 @@ def main() -> None:
     parser.add_argument("--width", type=int, default=2048)
     parser.add_argument("--blocks", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--out", type=Path, default=None, help="results folder (default benchmarks/results)")
     parser.add_argument("--dir", default=None, help="where the checkpoints go (default: a temporary folder)")
     args = parser.parse_args()
     run_id = os.environ.get("TORCHELASTIC_RUN_ID", "local")  # one folder for all ranks
@@ -138,7 +139,7 @@ def main() -> None:
                 caption=f"{args.repeats} saves of each kind, the slowest rank each time")
     result = {**machine_info(), "parameters": params, "state_gb": state_gb, "repeats": args.repeats,
               "blocked_s": timer.times, "async_committed_s": timer.committed}
-    print(f"wrote {write_json(result_path('checkpoint_fsdp2'), result)}")
+    print(f"wrote {write_json(result_path('checkpoint_fsdp2', out=args.out), result)}")
 
 
 if __name__ == "__main__":

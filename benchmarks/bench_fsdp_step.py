@@ -106,6 +106,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--batch", type=int, default=8, help="sequences per rank")
+    parser.add_argument("--out", default=None, help="results folder (default benchmarks/results)")
     parser.add_argument("--rounds", type=int, default=15)
     args = parser.parse_args()
     dist.init_process_group("gloo")
@@ -139,7 +140,7 @@ def main() -> None:
                                                               "after the last step"], split)
         result = {**machine_info(), "args": vars(args), "times_s": times, "ratio_median": median(ratios),
                   "ratio_interval": [low, high], "phases_s": phases}
-        print(f"wrote {write_json(result_path('fsdp_step'), result)}")
+        print(f"wrote {write_json(result_path('fsdp_step', out=args.out), result)}")
     dist.destroy_process_group()
 
 
