@@ -4,7 +4,7 @@ side: the same network and step, so the comparison measures the framework and no
 from __future__ import annotations
 
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F

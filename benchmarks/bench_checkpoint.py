@@ -3,6 +3,13 @@ shards), an asynchronous sharded save (``async_save=True``: the call returns onc
 copied; the shards are written while training goes on) and a full-state save (gathered through
 rank 0's CPU into one file), side by side in one run.
 
+Why: under FSDP a save is the one moment training waits on the disk; this says which kind of
+save to pick (the benchmarks page and the FSDP guide quote it).
+Read: seconds each call blocks (the slowest rank), median of ``--repeats``; for the asynchronous
+save also the seconds until the checkpoint was committed (under its name).
+Time: about a minute on 2 cores (1.2 GB of model state saved 9 times); ``--width 512`` seconds.
+Run: ``python benchmarks/run.py checkpoint [--width 512]`` (2 ranks under torchrun).
+
 A model of ``--blocks`` blocks of two ``--width`` x ``4*width`` Linear layers (width 2048, 3
 blocks: 101 M parameters; with AdamW 1.2 GB of model state) is sharded over the ranks and
 trained for one step (so AdamW has its moments); then, inside the same fit, each kind of save
@@ -36,8 +43,9 @@ from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
 import framework as fw  # noqa: E402
 from framework.bench.common import machine_info, median, print_table, result_path, write_json  # noqa: E402
-from framework.strategies.dcp_async import finish_pending  # noqa: E402
 
+#: the processes ``benchmarks/run.py`` starts this script in (under torchrun; ``--ranks`` overrides)
+LAUNCH_RANKS = 2
 KINDS = {"sharded": ("sharded", False), "sharded, async": ("sharded", True), "full (rank 0)": ("full", False)}
 
 
@@ -81,8 +89,18 @@ class TimeSaves(fw.Callback):
                 trainer.save_checkpoint(path)
                 self.times[kind].append(_slowest(time.perf_counter() - start))
                 if async_save:
-                    finish_pending(strategy)
+                    _wait_until_committed(path)
                     self.committed.append(_slowest(time.perf_counter() - start))
+
+
+def _wait_until_committed(path: Path, timeout: float = 600.0) -> None:
+    """An asynchronous save is under its name only once committed (until then it is written under
+    a partial name): wait for the name to appear, as a reader of the folder sees it."""
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{path} was not committed within {timeout:g} s")
+        time.sleep(0.002)
 
 
 def _slowest(seconds: float) -> float:
@@ -96,6 +114,7 @@ def main() -> None:
     parser.add_argument("--width", type=int, default=2048)
     parser.add_argument("--blocks", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--out", type=Path, default=None, help="results folder (default benchmarks/results)")
     parser.add_argument("--dir", default=None, help="where the checkpoints go (default: a temporary folder)")
     args = parser.parse_args()
     run_id = os.environ.get("TORCHELASTIC_RUN_ID", "local")  # one folder for all ranks
@@ -120,7 +139,7 @@ def main() -> None:
                 caption=f"{args.repeats} saves of each kind, the slowest rank each time")
     result = {**machine_info(), "parameters": params, "state_gb": state_gb, "repeats": args.repeats,
               "blocked_s": timer.times, "async_committed_s": timer.committed}
-    print(f"wrote {write_json(result_path('checkpoint_fsdp2'), result)}")
+    print(f"wrote {write_json(result_path('checkpoint_fsdp2', out=args.out), result)}")
 
 
 if __name__ == "__main__":

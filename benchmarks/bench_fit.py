@@ -1,32 +1,45 @@
-"""A whole ``fit()`` as a user makes it, against the hand-written loop: set-up and teardown included.
+"""fw's overhead on a whole ``fit()`` as users call it, fixed costs included, against a hand-written loop.
+
+Why: what a user waits for is the whole call, set-up and teardown included; the per-batch figure
+(``bench_loop.py``) leaves those out. This is the benchmark that answered how much fw adds to a
+short fit (1-3 %: ``reports/2026-12-06-fit-overhead.md``), and the one to rerun when a change
+may have moved it (issue 49: this and ``bench_loop.py`` against the previous commit).
+Read: the table's ``/raw`` column is the median over rounds of each side's time over the raw
+loop's in the same round, with a 95 % bootstrap interval; ``raw_again`` (``--control``) is the
+loop against itself, the method's own bias: believe a difference of fw's only where it is
+larger than that side's distance from 1 and than the interval. ``lightning`` (``--lightning``)
+puts Lightning's Trainer in the same run.
+Time: ~40 s on 2 cores (9 rounds of 100-step fits, 2 ranks); ``--quick`` a few seconds.
+Run: ``python benchmarks/run.py fit [--control] [--lightning]`` (2 Gloo ranks under torchrun);
+``python benchmarks/run.py fit --single`` (one process).
 
 Same model (MLP 64-512-512-10), same initial weights, same data (32 samples per rank per step,
 ``DistributedSampler(shuffle=False)``'s shard), Adam, ``--steps`` steps (100). One call per side
 per round, timed on every rank from just before the side builds anything (the Trainer, or DDP
 and the loader) to just after it returns; a round's time is the slowest rank's. The sides take
 turns (the order rotates every round) in the same processes, so machine noise lands on all of
-them; the ratio reported is the median over rounds of fw's time over the raw loop's. ::
+them. Only public API is used: fw's side is ``fw.Trainer(...).fit(...)``, nothing inside it is
+replaced. ::
 
     # 2 Gloo ranks under torchrun (the group is made once; every side uses it)
-    .venv/bin/python -m torch.distributed.run --standalone --nproc-per-node 2 benchmarks/bench_fit.py
+    .venv/bin/python -m torch.distributed.run --standalone --nproc-per-node 2 benchmarks/bench_fit.py --control
     # one process
-    .venv/bin/python benchmarks/bench_fit.py --single
+    .venv/bin/python benchmarks/bench_fit.py --single --control
     # each rank on a core of its own (less noise from the scheduler moving them)
     .venv/bin/python -m torch.distributed.run --standalone --nproc-per-node 2 benchmarks/bench_fit.py --pin
     # where fw's time goes (rank 0, one fw fit under cProfile)
     .venv/bin/python -m torch.distributed.run --standalone --nproc-per-node 2 benchmarks/bench_fit.py --profile
 
-``--lightning`` adds Lightning's Trainer as a third side; ``--setup-only`` a side that runs fw's fit
-with the loop's epoch inside (fw's set-up and teardown, not its per-batch path); ``--closure`` a
-side whose batches all take the closure path (fw before the batch without one); ``--without
-heartbeat,stop-checks`` a side for each part of fw's named, with that part switched off (the
-heartbeat thread; the stop checks during the epoch, leaving the epoch end's). ``--shuffle`` runs
-the sides of each round in a random order (the same on every rank) instead of rotating them: with
-three sides or more, rotation keeps each side behind the same one every round (with ``--control``,
-the loop behind the loop again), and what the side before leaves in the caches lands on the next.
-``bench_fit_instructions.py`` counts the instructions of the same fits instead (valgrind): the work
-fw adds, free of the machine's noise. Results: a table, and JSON under ``benchmarks/results/``
-(``--out``).
+``--shuffle`` runs the sides of each round in a random order (the same on every rank) instead of
+rotating them: with three sides or more, rotation keeps each side behind the same one every
+round, and what the side before leaves in the caches lands on the next. ``--clock cpu`` counts
+the process's CPU time instead of wall time (use with ``--threads 1``). Results: a table, and
+JSON under ``benchmarks/results/`` (``--out``), ``fit_single-...`` or ``fit_ddp2-...``.
+
+The scripts that split this question further (``bench_fit_fixed.py``, ``bench_fit_phases.py``,
+``bench_fit_timeline.py``, ``bench_fit_instructions.py``, and this script's ``--setup-only``,
+``--closure`` and ``--without`` sides) replaced fw's private functions to time them; they served
+the finished 2 % question and were removed (benchmarks/README.md says where they are kept).
 """
 
 from __future__ import annotations
@@ -35,7 +48,6 @@ import argparse
 import contextlib
 import cProfile
 import datetime
-import importlib
 import io
 import os
 import pstats
@@ -44,21 +56,21 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
-from unittest import mock
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+from _modules import MLPModule, make_mlp, make_optimizer  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset  # noqa: E402
 
 import framework as fw  # noqa: E402
-from _modules import MLPModule, make_mlp, make_optimizer  # noqa: E402
 from framework.bench.common import machine_info, median, print_table, result_path, write_json  # noqa: E402
 
+#: the processes ``benchmarks/run.py`` starts this script in (under torchrun; ``--ranks`` overrides)
+LAUNCH_RANKS = 2
 SIZES = (64, 512, 512, 10)
 PER_RANK_BATCH = 32
 QUIET = dict(accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
@@ -84,68 +96,6 @@ def fw_fit(net: nn.Module, data: TensorDataset, steps: int, world: int) -> None:
     trainer = fw.Trainer(**QUIET, devices=world, strategy="ddp_gloo" if world > 1 else "single", max_steps=steps)
     with contextlib.redirect_stderr(io.StringIO()):  # fw's one-line run summary
         trainer.fit(MLPModule(net), DataLoader(data, batch_size=PER_RANK_BATCH))
-
-
-def fw_fit_with_the_loops_epoch(net: nn.Module, data: TensorDataset, steps: int, world: int) -> None:
-    """fw's fit with its training epoch replaced by the hand-written loop's (on fw's loader, model
-    and optimizer; on several ranks through fw's DDP, whose forward is ``training_step``): fw's
-    set-up and teardown alone, and what they leave the steps to run beside."""
-    import framework.loops.fit as fit_loop
-
-    def the_loops_epoch(run, loader, stops) -> None:
-        model, opt = run.strategy.model, run.optimizers[0]
-        for step, (x, y) in enumerate(loader):
-            if step == steps:
-                break
-            loss = model((x, y), step) if world > 1 else F.cross_entropy(run.module.net(x), y)
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-        run.state.global_step = steps
-
-    with mock.patch.object(fit_loop, "run_train_epoch", the_loops_epoch):
-        fw_fit(net, data, steps, world)
-
-
-def fw_fit_with_closures(net: nn.Module, data: TensorDataset, steps: int, world: int) -> None:
-    """fw's fit with every batch through the closure, as before the batch without one
-    (``loops/optimization.py``'s ``_plain_batch_fn``): what that path saves, in the same run."""
-    import framework.loops.optimization as optimization
-
-    with mock.patch.object(optimization, "_nothing_between", lambda run: False):
-        fw_fit(net, data, steps, world)
-
-
-def fw_fit_without(part: str) -> Callable[[nn.Module, TensorDataset, int, int], None]:
-    """fw's fit with one of its parts switched off: ``heartbeat`` (no thread beside the run) or
-    ``stop-checks`` (the interval between stop checks is then about 5 s of training, longer
-    than these fits, so only the fit's first two and the epoch end's run)."""
-    from framework.trainer.heartbeat import Heartbeat
-    from framework.trainer.preemption import StopCheck
-
-    owner, changes = {
-        "heartbeat": (Heartbeat, {"__enter__": lambda self: self, "__exit__": lambda self, *exc: None}),
-        "stop-checks": (StopCheck, {"MOST": 10**9}),
-    }[part]
-
-    def fit(net: nn.Module, data: TensorDataset, steps: int, world: int) -> None:
-        with mock.patch.multiple(owner, **changes):
-            fw_fit(net, data, steps, world)
-
-    return fit
-
-
-def replace_attribute(module_name: str, path: str, wrap: Callable[[Any], Any]) -> None:
-    """Replace what ``path`` (dotted: ``Class.method``, or a dict's entry) names in the module
-    ``module_name`` by ``wrap(original)``: how the other benchmarks measure parts of a fit."""
-    owner: Any = importlib.import_module(module_name)
-    *outer, name = path.split(".")
-    for attr in outer:
-        owner = getattr(owner, attr)
-    if isinstance(owner, dict):
-        owner[name] = wrap(owner[name])
-    else:
-        setattr(owner, name, wrap(getattr(owner, name)))
 
 
 def lightning_fit(net: nn.Module, data: TensorDataset, steps: int, world: int) -> None:
@@ -191,6 +141,7 @@ def main() -> None:
     global SIZES
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--quick", action="store_true", help="a smoke run: 10 steps, 2 rounds")
     parser.add_argument("--sizes", default=",".join(map(str, SIZES)),
                         help="the MLP's layer sizes (8,16,4: a network whose step is Python's)")
     parser.add_argument("--rounds", type=int, default=9)
@@ -198,11 +149,6 @@ def main() -> None:
     parser.add_argument("--lightning", action="store_true", help="Lightning's Trainer as a third side")
     parser.add_argument("--control", action="store_true",
                         help="the hand-written loop again as a side of its own: what this method gives two equal sides")
-    parser.add_argument("--setup-only", action="store_true",
-                        help="a side whose fit is fw's with the loop's epoch inside: fw's set-up and teardown alone")
-    parser.add_argument("--closure", action="store_true",
-                        help="a side whose fit takes the closure path on every batch (fw before the plain batch)")
-    parser.add_argument("--without", default="", help="heartbeat,stop-checks: a side for each, fw without that part")
     parser.add_argument("--shuffle", action="store_true", help="each round's sides in a random order, not rotated")
     parser.add_argument("--profile", action="store_true", help="cProfile one fw fit on rank 0 instead")
     parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
@@ -212,6 +158,8 @@ def main() -> None:
     parser.add_argument("--pin", action="store_true", help="pin rank r to core r (the scheduler does not move the ranks)")
     parser.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
     args = parser.parse_args()
+    if args.quick:
+        args.steps, args.rounds = 10, 2
     SIZES = tuple(int(size) for size in args.sizes.split(","))
     world = 1 if args.single else int(os.environ.get("WORLD_SIZE", "1"))
     if world > 1:
@@ -226,13 +174,6 @@ def main() -> None:
              "fw": lambda: fw_fit(fresh(), data, args.steps, world)}
     if args.control:
         sides["raw_again"] = lambda: raw_fit(fresh(), data, args.steps, rank, world)
-    if args.setup_only:
-        sides["fw_setup_only"] = lambda: fw_fit_with_the_loops_epoch(fresh(), data, args.steps, world)
-    if args.closure:
-        sides["fw_closure"] = lambda: fw_fit_with_closures(fresh(), data, args.steps, world)
-    for part in filter(None, args.without.split(",")):
-        without = fw_fit_without(part)
-        sides[f"fw_without_{part}"] = lambda without=without: without(fresh(), data, args.steps, world)
     if args.lightning:
         sides["lightning"] = lambda: lightning_fit(fresh(), data, args.steps, world)
     if args.profile:

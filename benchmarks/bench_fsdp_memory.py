@@ -1,5 +1,12 @@
 """Peak memory per rank of DDP and FSDP on a GPT of about 100 M parameters, on 2 ranks and on 1.
 
+Why: FSDP's promise is memory per rank; this checks what a CPU rank really holds and where
+the peaks go (the benchmarks page's figure and the FSDP report come from it).
+Read: model state per rank should halve from DDP to FSDP on 2 ranks; peak RSS follows only when
+glibc returns what FSDP frees (``MALLOC_MMAP_THRESHOLD_``), which ``--breakdown`` shows.
+Time: about 3 minutes on 2 cores; ``--dim 256 --layers 2`` under a minute.
+Run: ``python benchmarks/run.py fsdp_memory [--breakdown]`` (it starts its own jobs).
+
 Each configuration is a fresh job (torchrun, or one process): it builds the GPT of
 ``recipes.bench.TinyGPT`` (vocab 8192, context 64, width 768, 12 blocks of 12 heads: 97 M
 parameters), trains ``--steps`` AdamW steps through ``trainer.fit`` and reports per rank: the

@@ -1,5 +1,12 @@
 """GPU benchmarks for one machine with one GPU: NCCL all-reduce, and fw against raw loops.
 
+Why: the CPU machines cannot show what fw costs where the step is fast; this is the one
+prepared run for a lent GPU machine (``gpu_session.sh`` calls it).
+Read: fw / raw per part, as ``bench_loop.py`` reads; the all-reduce times are a launch cost with
+a world of one, not a network's.
+Time: about 2.5 minutes on one H200; ``--quick`` under a minute. Needs CUDA.
+Run: ``python benchmarks/run.py gpu [--quick]``.
+
     python benchmarks/bench_gpu.py            # ~1-2 minutes on one H200
     python benchmarks/bench_gpu.py --quick
 
@@ -98,8 +105,9 @@ def loop(quick: bool, out: Path) -> dict:
 
 # -- 3. strategies, side by side ------------------------------------------------------------------
 def strategies(quick: bool) -> dict:
-    import framework as fw
     from _modules import EpochTimer, MLPModule, make_mlp, make_optimizer, raw_epochs
+
+    import framework as fw
 
     steps, epochs, rounds = (50, 3, 3) if quick else (200, 4, 8)
     ensure_nccl_group()  # raw DDP and fw ddp_nccl share it (fw leaves a group it did not create)

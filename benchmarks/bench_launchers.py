@@ -1,8 +1,15 @@
 """The same 2-process DDP fit under each launcher: fw's own, torchrun, srun and mpiexec.
 
+Why: how a job is started changes its threads per process and so its speed; this checks that
+no launcher is left slow.
+Read: the median step per launcher; the forced old srun behaviour shows what fw's thread
+setting saves.
+Time: about 2 minutes on 2 cores; ``--quick`` under a minute (launchers not installed are skipped).
+Run: ``python benchmarks/run.py launchers [--quick]``.
+
 Under srun and mpiexec every task used to keep all the cores' threads, and two tasks on two
 cores ran many times slower per step than under torchrun (which sets OMP_NUM_THREADS=1). fw now
-gives each process its share of the cores (see ``framework/strategies/distributed.py``); this
+gives each process its share of the cores (its distributed strategies set the threads); this
 measures the step time under each launcher side by side, in rounds that alternate the order,
 and also srun with the old behaviour forced (``OMP_NUM_THREADS`` = all cores) for comparison.
 

@@ -1,5 +1,13 @@
 """fw's training loop against a hand-written PyTorch loop, one process (CPU or one GPU).
 
+Why: the per-batch cost of fw's loop is what stays when a fit is long; the target is fw within
+1 % of the hand-written loop, and this is the benchmark to rerun when the training step changes
+(issue 49: this and ``bench_fit.py`` against the previous commit).
+Read: fw/raw (ratio of the medians) and its paired estimate (median of per-round ratios); trust
+a difference only where it is larger than the IQR; "bitwise equal" must hold.
+Time: about 70 s on 2 cores; ``--quick`` a few seconds.
+Run: ``python benchmarks/run.py loop [--quick] [--manual] [--device cuda]``.
+
 Same model (MLP 64-256-256-10), same initial weights (a copied ``state_dict``), same data
 (an in-memory ``TensorDataset``, ``DataLoader(shuffle=False)``, batch 64), same optimiser and
 the same number of steps. Run::
@@ -35,11 +43,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
+from _modules import EpochTimer, ManualMLPModule, MLPModule, make_mlp, make_optimizer, raw_epochs  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
 import framework as fw  # noqa: E402
-from _modules import EpochTimer, ManualMLPModule, MLPModule, make_mlp, make_optimizer, raw_epochs  # noqa: E402
 from framework.bench.common import fmt_time, iqr, machine_info, median, print_table, result_path, write_json  # noqa: E402
 
 BATCH = 64
@@ -90,9 +98,9 @@ def exactness(steps: int, optimizer: str, device: str) -> dict:
     data = make_data(steps, dev, seed=2)
     raw_side(raw_net, DataLoader(data, batch_size=BATCH, shuffle=False), optimizer, 1, lambda: None)
     fw_epochs(fw_net, DataLoader(data, batch_size=BATCH, shuffle=False), optimizer, 1, device, lambda: None)
-    diffs = [(a - b).abs().max().item() for a, b in zip(raw_net.parameters(), fw_net.parameters())]
-    bitwise = all(torch.equal(a, b) for a, b in zip(raw_net.parameters(), fw_net.parameters()))
-    moved = max((a - b).abs().max().item() for a, b in zip(raw_net.parameters(), init.parameters()))
+    diffs = [(a - b).abs().max().item() for a, b in zip(raw_net.parameters(), fw_net.parameters(), strict=True)]
+    bitwise = all(torch.equal(a, b) for a, b in zip(raw_net.parameters(), fw_net.parameters(), strict=True))
+    moved = max((a - b).abs().max().item() for a, b in zip(raw_net.parameters(), init.parameters(), strict=True))
     return {"steps": steps, "bitwise_equal": bitwise, "max_abs_diff": max(diffs), "max_abs_change_from_init": moved}
 
 

@@ -31,7 +31,7 @@ def main() -> None:
     for key, style in (("train/loss", "-"), ("val/loss", "o-")):
         points = [(int(r["step"]), float(r[key])) for r in rows if r.get(key)]
         if points:
-            ax.plot(*zip(*points), style, label=key, markersize=4)
+            ax.plot(*zip(*points, strict=True), style, label=key, markersize=4)
     ax.set_xlabel("optimizer step")
     ax.set_ylabel("cross-entropy (nats per byte)")
     ax.set_title(args.title, fontsize=10)
