@@ -23,8 +23,8 @@ _EXPORTS = {
     "DistributedSetupError": "framework.errors",
     "CheckpointError": "framework.errors",
     "rank_zero_only": "framework.rank_zero",
-    "TrainOptimizer": "framework.loops.manual",
-    "LightningOptimizer": "framework.loops.manual",
+    "TrainOptimizer": "framework.module",
+    "LightningOptimizer": "framework.module",
     "Tuner": "framework.tuner",
 }
 

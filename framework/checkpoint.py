@@ -227,7 +227,7 @@ def load_for_building(path: Any, map_location: Any, hparams_file: Any, key: str 
     path = local_path(path, "checkpoint_path")
     checkpoint = load_checkpoint(path, map_location=map_location if map_location is not None else "cpu")
     if hparams_file is not None:
-        from framework.hparams import hparams_from_file
+        from framework.module.hparams import hparams_from_file
 
         checkpoint[key] = hparams_from_file(hparams_file)
     return checkpoint

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from framework.hparams import HyperparametersMixin, class_only
+from framework.module.hparams import HyperparametersMixin, class_only
 
 if TYPE_CHECKING:
     from framework.trainer import Trainer

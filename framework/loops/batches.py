@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
-import sys
-import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 from framework.errors import ConfigError
@@ -66,40 +64,7 @@ class LookAhead:
         return item
 
 
-#: the arity of a function that takes ``*args``: an int, so that ``args[:arity]`` keeps them all
-ANY_NUMBER = sys.maxsize
-
-
 def up_to(iterator: Iterator[Any], count: float) -> Iterator[Any]:
     """The first ``count`` items of ``iterator`` (all for ``inf``), never reading one more: a
     batch read past a limit draws what a random transform draws, and Lightning reads none."""
     return iterator if math.isinf(count) else itertools.islice(iterator, max(0, int(count)))
-
-
-def positional_arity(fn: Callable[..., Any]) -> int:
-    """How many positional arguments ``fn`` takes (``ANY_NUMBER`` with ``*args``): a step written
-    as ``training_step(self, batch)`` is called without ``batch_idx``, as Lightning does. A bound
-    method's is its function's less ``self``, read once per function (each call binds anew)."""
-    func = getattr(fn, "__func__", None)
-    if func is None or getattr(fn, "__self__", None) is None:
-        return _arity(fn)
-    arity = _ARITIES.get(func)
-    if arity is None:
-        arity = _ARITIES[func] = _arity(func)
-    return arity if arity == ANY_NUMBER or arity == 0 else arity - 1
-
-
-#: functions' arities, kept as long as the function lives (a class's methods: the process)
-_ARITIES: weakref.WeakKeyDictionary[Callable[..., Any], int] = weakref.WeakKeyDictionary()
-
-
-def _arity(fn: Callable[..., Any]) -> int:
-    import inspect
-
-    try:
-        params = inspect.signature(fn).parameters.values()
-    except (TypeError, ValueError):
-        return ANY_NUMBER
-    if any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in params):
-        return ANY_NUMBER
-    return sum(p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD) for p in params)

@@ -14,8 +14,8 @@ import torch
 
 from framework.counting import every
 from framework.errors import TrainingError
-from framework.loops.batches import positional_arity
 from framework.loops.nonfinite import NonfiniteGuard
+from framework.module.step_arity import positional_arity
 from framework.strategies.base import inside
 from framework.waits import waiting_in
 

@@ -14,8 +14,8 @@ from framework.counting import every
 from framework.errors import ConfigError, TrainingError
 from framework.loops.batches import num_batches
 from framework.loops.evaluation import run_evaluation
-from framework.loops.manual import ManualOptimization, check_manual_settings
 from framework.loops.training_epoch import run_train_epoch
+from framework.module.manual_optimization import ManualOptimization, check_manual_settings
 from framework.rank_zero import rank_zero_warn
 from framework.seed import isolated_rng
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from framework.loops.batches import positional_arity
+from framework.module.step_arity import positional_arity
 
 if TYPE_CHECKING:
     from framework.trainer.run import Run

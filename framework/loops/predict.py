@@ -7,10 +7,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from framework.errors import ConfigError
-from framework.loops.batches import num_batches, positional_arity, up_to
+from framework.loops.batches import num_batches, up_to
 from framework.loops.eval_batch import batch_call
 from framework.loops.evaluation import ModuleModes
 from framework.loops.transfer import batch_transfer_fn
+from framework.module.step_arity import positional_arity
 from framework.profilers.timing import PREDICT_NEXT
 
 if TYPE_CHECKING:

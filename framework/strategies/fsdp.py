@@ -35,11 +35,12 @@ import torch
 from torch import nn
 
 from framework.errors import CheckpointError, ConfigError
+from framework.parallel.blocks import class_names, units
 from framework.strategies.base import StepModule
 from framework.strategies.ddp import DDPStrategy
 from framework.strategies.distributed import DEFAULT_TIMEOUT_S, destroy_groups_at_exit
 from framework.strategies.fsdp_init import has_meta_tensors, materialize, recording_makers
-from framework.strategies.fsdp_options import class_names, mesh_shape, precision_policy, units, without_split_ties
+from framework.strategies.fsdp_options import mesh_shape, precision_policy, without_split_ties
 
 if TYPE_CHECKING:
     from framework.module import TrainModule

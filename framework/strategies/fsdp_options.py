@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -44,36 +43,6 @@ def precision_policy(precision: str) -> Any:
                       "gradient scaler); use trainer.precision=bf16-mixed, bf16-true or 32-true")
 
 
-def class_names(policy: Iterable[type[nn.Module] | str] | None, key: str = "trainer.strategy.auto_wrap_policy"
-                ) -> set[str]:
-    """The names of the unit classes (a class's ``__name__``, or the name a recipe gave)."""
-    if policy is None:
-        return set()
-    if isinstance(policy, (str, type)):
-        policy = [policy]
-    names = set()
-    for item in policy:
-        if isinstance(item, type) and issubclass(item, nn.Module):
-            names.add(item.__name__)
-        elif isinstance(item, str) and item:
-            names.add(item.rsplit(".", 1)[-1])
-        else:
-            raise ConfigError(f"{key}: {item!r} is not a module class or its name; "
-                              "give the classes of the blocks to shard, e.g. {Block} or [Block]")
-    return names
-
-
-def units(module: nn.Module, names: set[str], key: str = "trainer.strategy.auto_wrap_policy") -> list[nn.Module]:
-    """The submodules to shard as units, innermost first; a named class the model lacks is an error."""
-    found = [m for m in module.modules() if m is not module and _class_names(m) & names]
-    missing = names - set().union(*(_class_names(m) for m in found))
-    if missing:
-        have = sorted({type(m).__name__ for m in module.modules() if m is not module})
-        raise ConfigError(f"{key}: {type(module).__name__} has no submodule of class "
-                          f"{', '.join(sorted(missing))}; its submodules' classes: {', '.join(have) or 'none'}")
-    return list(reversed(found))  # modules() lists parents first: shard the children before them
-
-
 def without_split_ties(module: nn.Module, blocks: list[nn.Module]) -> list[nn.Module]:
     """``blocks`` less those that share a parameter with a module outside them (a GPT's embedding,
     whose weight its head uses): FSDP cannot split one parameter over two units, so it stays in
@@ -108,9 +77,3 @@ def only_sharded(optimizers: list[torch.optim.Optimizer]) -> None:
                 f"optimizer {i} ({type(optimizer).__name__}) holds {len(plain)} parameter(s) that FSDP did not "
                 "shard (built before sharding, e.g. in __init__): it would step tensors the model no longer "
                 "uses. Build it in configure_optimizers() from self.parameters()")
-
-
-def _class_names(module: nn.Module) -> set[str]:
-    """The names of the module's class and of those it derives from (a class named in a policy
-    takes its subclasses, as ``isinstance`` does: FSDP's ``FSDPBlock`` for ``Block``, too)."""
-    return {cls.__name__ for cls in type(module).__mro__ if issubclass(cls, nn.Module) and cls is not nn.Module}

@@ -32,8 +32,8 @@ if TYPE_CHECKING:
     from framework.callbacks.base import Callback
     from framework.data.run_loaders import LoaderSource
     from framework.loggers.base import Logger
-    from framework.loops.manual import ManualOptimization
     from framework.module import TrainModule
+    from framework.module.manual_optimization import ManualOptimization
     from framework.optim import LRSchedulerConfig
     from framework.precision import Precision
     from framework.strategies import Strategy

@@ -14,10 +14,10 @@ import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from framework.activation_checkpointing import policy_names
 from framework.compile import compile_options
 from framework.errors import raised_alike_on_every_rank
 from framework.loops.batches import LIMIT_ARGUMENTS
+from framework.parallel.activation_checkpointing import policy_names
 from framework.paths import local_path
 from framework.trainer import arguments as args
 

@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from framework.activation_checkpointing import checkpoint_activations, one_policy
 from framework.callbacks.base import Callback
 from framework.compile import compile_model
 from framework.data import DataModule
@@ -26,6 +25,7 @@ from framework.loops.hooks import overrides
 from framework.loops.optimization import check_one_optimizer
 from framework.module import TrainModule
 from framework.optim import parse_optimizers
+from framework.parallel.activation_checkpointing import checkpoint_activations, one_policy
 from framework.profilers import timing
 from framework.rank_zero import rank_zero_warn
 from framework.seed import isolated_rng, sampler_seed

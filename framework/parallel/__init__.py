@@ -44,6 +44,7 @@ from typing import Any
 from torch import nn
 
 from framework.errors import ConfigError, raised_alike_on_every_rank
+from framework.parallel.blocks import class_names, units
 
 __all__ = ["parallelize", "layer_plan", "COLWISE", "ROWWISE", "FUSED", "HEAD_COUNTS", "HEADS"]
 
@@ -91,8 +92,6 @@ def parallelize(model: nn.Module, device_mesh: Any, blocks: Iterable[type[nn.Mod
     if any(isinstance(m, FSDPModule) for m in model.modules()) or any(
             isinstance(p, DTensor) for p in model.parameters()):
         return model  # parallelized by an earlier call
-    from framework.strategies.fsdp_options import class_names, units
-
     key = "fw.parallel.parallelize(blocks=...)"
     names = class_names(blocks, key)
     if not names:
@@ -111,7 +110,7 @@ def parallelize(model: nn.Module, device_mesh: Any, blocks: Iterable[type[nn.Mod
             _divide_head_counts(block, tp.size())
             _split_block(block, kinds, tp, sequence_parallel)
         if sequence_parallel:
-            from framework.sequence_parallel import split_between
+            from framework.parallel.sequence_parallel import split_between
 
             order = {id(m): i for i, m in enumerate(model.modules())}
             split_between(min(found, key=lambda m: order[id(m)]), max(found, key=lambda m: order[id(m)]), tp)
@@ -137,7 +136,7 @@ def _split_block(block: nn.Module, kinds: dict[str, str], mesh: Any, sequence_pa
                               if kind == "colwise" else RowwiseParallel(output_layouts=between)
                               for name, kind in kinds.items()}
     if sequence_parallel:
-        from framework.sequence_parallel import gather_once, norms
+        from framework.parallel.sequence_parallel import gather_once, norms
 
         styles.update(norms(block))
         gather_once(block, [name for name, kind in kinds.items() if kind == "colwise"], mesh)

@@ -17,7 +17,7 @@ from framework.errors import ConfigError
 
 if TYPE_CHECKING:
     from framework.callbacks.base import Callback
-    from framework.loops.manual import TrainOptimizer
+    from framework.module.manual_optimization import TrainOptimizer
     from framework.trainer import Trainer
 
 
@@ -26,7 +26,7 @@ class ModuleHooks(nn.Module):
 
     trainer: Trainer  # TrainModule's property: the Trainer it is attached to
 
-    # -- optimization (manual optimization: framework/loops/manual.py) ------------------------
+    # -- optimization (manual optimization: manual_optimization.py) ---------------------------
     def clip_gradients(self, optimizer: torch.optim.Optimizer | TrainOptimizer, gradient_clip_val: float | None = None,
                        gradient_clip_algorithm: str | None = None) -> None:
         """Clip ``optimizer``'s gradients by norm (default) or value, as Lightning does: a value

@@ -25,8 +25,8 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from framework.activation_checkpointing import recomputing
 from framework.errors import ConfigError
+from framework.parallel.activation_checkpointing import recomputing
 
 #: the dimension of a block's input and output that is split: (batch, sequence, width)
 SEQUENCE_DIM = 1

@@ -1,10 +1,11 @@
 """``TrainModule``: the user's model, its steps, its optimisers, ``self.log``.
 
 A ``TrainModule`` is an ``nn.Module`` with Lightning's method names: the hooks Lightning calls
-(and their defaults) are in ``module_hooks.py``, ``save_hyperparameters`` and
-``load_from_checkpoint`` in ``hparams.py``. The Trainer attaches itself
-(``self.trainer``) before any hook runs; ``self.log`` records a metric in the Trainer's
-collector for the current stage.
+(and their defaults) are in ``hooks.py``, ``save_hyperparameters`` and ``load_from_checkpoint`` in
+``hparams.py``, ``to_onnx`` and ``to_torchscript`` in ``export.py``, ``device`` and Lightning's
+other plain attributes in ``attributes.py``, what ``self.optimizers()`` returns in
+``manual_optimization.py``. The Trainer attaches itself (``self.trainer``) before any hook runs;
+``self.log`` records a metric in the Trainer's collector for the current stage.
 """
 
 from __future__ import annotations
@@ -17,18 +18,19 @@ import torch
 from torch import nn
 
 from framework.errors import ConfigError
-from framework.hparams import HyperparametersMixin
-from framework.module_extras import JIT_IGNORED_ATTRIBUTES, ModuleExtras, jit_unused_properties
-from framework.module_hooks import ModuleHooks, unwrapped
+from framework.module.attributes import ModuleAttributes
+from framework.module.export import JIT_IGNORED_ATTRIBUTES, ModuleExport, jit_unused_properties
+from framework.module.hooks import ModuleHooks, unwrapped
+from framework.module.hparams import HyperparametersMixin
+from framework.module.manual_optimization import TrainOptimizer
 from framework.rank_zero import rank_zero_print
 
 if TYPE_CHECKING:
     from framework.loggers import Logger
-    from framework.loops.manual import TrainOptimizer
     from framework.trainer import Trainer
 
 
-class TrainModule(HyperparametersMixin, ModuleHooks, ModuleExtras, nn.Module):
+class TrainModule(HyperparametersMixin, ModuleHooks, ModuleAttributes, ModuleExport, nn.Module):
     """Subclass and implement ``training_step`` and ``configure_optimizers``.
 
     Example::
@@ -155,7 +157,7 @@ class TrainModule(HyperparametersMixin, ModuleHooks, ModuleExtras, nn.Module):
         """``print`` on global rank 0 only."""
         rank_zero_print(*args, **kwargs)
 
-    # -- optimization (Lightning's names; manual optimization in framework/loops/manual.py) ----
+    # -- optimization (Lightning's names; manual optimization in manual_optimization.py) ------
     @property
     def automatic_optimization(self) -> bool:
         """False: ``training_step`` drives the optimizers itself (``self.optimizers()``,
@@ -170,8 +172,6 @@ class TrainModule(HyperparametersMixin, ModuleHooks, ModuleExtras, nn.Module):
         """The optimizers from ``configure_optimizers``: one, or a list when there are several
         (``Any``, as the count decides). Their ``step`` does what a step needs under this run's
         strategy and precision."""
-        from framework.loops.manual import TrainOptimizer
-
         trainer = self.trainer
         opts = trainer.optimizers
         if use_pl_optimizer:

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from framework.errors import ConfigError
-from framework.loops.batches import positional_arity
+from framework.module.step_arity import positional_arity
 
 if TYPE_CHECKING:
     from framework.loops.nonfinite import NonfiniteGuard

@@ -1,12 +1,10 @@
-"""The rest of a ``TrainModule``'s Lightning names: where it runs (``device``, ``on_gpu``), how a checkpoint's
-weights are loaded into it (``strict_loading``), exporting it (``to_onnx``, ``to_torchscript``),
-and the class attributes Lightning code sets or reads (``prepare_data_per_node``, the
-checkpoint's hyperparameter keys). Each means what Lightning's does."""
+"""Exporting a ``TrainModule``, as Lightning's ``to_onnx`` and ``to_torchscript`` do: traced with the
+input given or ``example_input_array``, and the attributes fw keeps on a module hidden from TorchScript."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -14,46 +12,14 @@ from torch import nn
 from framework.errors import require_package
 
 
-class ModuleExtras(nn.Module):
+class ModuleExport(nn.Module):
     """Mixed into ``TrainModule``."""
-
-    #: the checkpoint keys ``save_hyperparameters``' values are stored under, as in Lightning
-    CHECKPOINT_HYPER_PARAMS_KEY = "hyper_parameters"
-    #: Lightning's key for the name of the hyperparameters' argument; fw writes no such key
-    CHECKPOINT_HYPER_PARAMS_NAME = "hparams_name"
-    #: Lightning's key for the type of the hyperparameters; fw writes no such key
-    CHECKPOINT_HYPER_PARAMS_TYPE = "hparams_type"
-    #: Lightning's switch (False: ``prepare_data`` once per job); fw does not read it: once per machine either way
-    prepare_data_per_node = True
-    #: Lightning's switch for loaders that are empty on some ranks; fw refuses an empty loader either way
-    allow_zero_length_dataloader_with_multiple_devices = False
-    #: Lightning Fabric's handle; a TrainModule runs under a Trainer only
-    fabric = None
 
     example_input_array: Any  # TrainModule's property
 
-    @property
-    def device(self) -> torch.device:
-        """Where the module's (first) parameter is; the CPU without parameters."""
-        for p in self.parameters():
-            return p.device
-        return torch.device("cpu")
-
-    @property
-    def on_gpu(self) -> bool:
-        """Whether the module is on a CUDA device."""
-        return self.device.type == "cuda"
-
-    @property
-    def strict_loading(self) -> bool:
-        """Whether a checkpoint's weights must match the module's exactly (``ckpt_path=`` and
-        ``load_from_checkpoint``); set it to False to load a checkpoint that lacks some weights
-        (a frozen backbone not saved, say)."""
-        return self.__dict__.get("_strict_loading") in (None, True)
-
-    @strict_loading.setter
-    def strict_loading(self, value: bool) -> None:
-        object.__setattr__(self, "_strict_loading", bool(value))
+    if TYPE_CHECKING:
+        @property
+        def device(self) -> torch.device: ...  # ModuleAttributes'
 
     def _export_input(self, given: Any, what: str) -> Any:
         from framework.accelerators.base import move_to_device
@@ -85,7 +51,7 @@ class ModuleExtras(nn.Module):
         if method not in ("script", "trace"):
             raise ValueError(f"to_torchscript(method={method!r}): use 'script' or 'trace'")
         mode = self.training
-        modules = [m for m in self.modules() if isinstance(m, ModuleExtras)]
+        modules = [m for m in self.modules() if isinstance(m, ModuleExport)]
         for m in modules:  # the scripting reads every attribute: ``trainer`` must not raise then
             object.__setattr__(m, "_jit_is_scripting", True)
         try:

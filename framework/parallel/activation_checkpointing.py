@@ -17,6 +17,8 @@ from typing import Any
 
 from torch import nn
 
+from framework.parallel.blocks import class_names, units
+
 #: set on a submodule that checkpoints its activations
 _APPLIED = "_fw_activation_checkpointed"
 KEY = "trainer.activation_checkpointing_policy"
@@ -24,8 +26,6 @@ KEY = "trainer.activation_checkpointing_policy"
 
 def policy_names(policy: Any, key: str = KEY) -> frozenset[str]:
     """The class names a policy (classes, or their names in a recipe) stands for."""
-    from framework.strategies.fsdp_options import class_names
-
     return frozenset(class_names(policy, key))
 
 
@@ -33,8 +33,6 @@ def checkpoint_activations(module: nn.Module, names: frozenset[str], key: str = 
     """Checkpoint the activations of every submodule of ``module`` whose class is in ``names``;
     how many there are (a named class the model lacks is refused, naming the classes it has)."""
     from torch.distributed._composable import checkpoint
-
-    from framework.strategies.fsdp_options import units
 
     if not names:
         return 0
