@@ -195,7 +195,7 @@ def test_save_checkpoint_after_validate_only(tmp_path):
     trainer = fw.Trainer(**QUIET)
     trainer.validate(LinearModel(), loader(regression_data(16), 8))
     trainer.save_checkpoint(tmp_path / "v.ckpt")
-    from framework.checkpoint import load_checkpoint
+    from framework.checkpointing.file import load_checkpoint
 
     assert load_checkpoint(tmp_path / "v.ckpt")["global_step"] == 0
 

@@ -15,7 +15,7 @@ from toy import QUIET, DropoutMLP, loader, regression_data
 
 import framework as fw
 from framework.callbacks import ModelCheckpoint
-from framework.checkpoint import load_checkpoint
+from framework.checkpointing.file import load_checkpoint
 from framework.errors import CheckpointError
 
 RUN = textwrap.dedent(

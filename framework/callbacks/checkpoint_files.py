@@ -19,7 +19,7 @@ import shutil
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
-from framework.checkpoint import check_writable_on_every_rank, remove_stale_temp_files
+from framework.checkpointing.file import check_writable_on_every_rank, remove_stale_temp_files
 from framework.rank_zero import rank_zero_info
 
 if TYPE_CHECKING:

@@ -24,7 +24,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def export(args: argparse.Namespace) -> str:
     """Write ``args.out``; the line to print."""
-    from framework import checkpoint as ckpt
+    from framework.checkpointing import file as ckpt
 
     source, out = os.fspath(args.source), os.fspath(args.out)
     if os.path.abspath(source) == os.path.abspath(out):

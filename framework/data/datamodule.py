@@ -68,7 +68,7 @@ class DataModule(HyperparametersMixin):
                              hparams_file: Any = None, **kwargs: Any) -> Any:
         """This DataModule rebuilt from the hyperparameters a checkpoint keeps
         (``datamodule_hyper_parameters``; ``kwargs`` win), with its ``state_dict`` loaded."""
-        from framework.checkpoint import build_from_hparams, load_for_building
+        from framework.checkpointing.rebuild import build_from_hparams, load_for_building
 
         checkpoint = load_for_building(checkpoint_path, map_location, hparams_file, cls.CHECKPOINT_HYPER_PARAMS_KEY)
         datamodule = build_from_hparams(cls, checkpoint.get(cls.CHECKPOINT_HYPER_PARAMS_KEY, {}), kwargs)

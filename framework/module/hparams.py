@@ -6,12 +6,9 @@ from __future__ import annotations
 
 import copy
 import inspect
-import os
 from argparse import Namespace
 from types import FrameType
 from typing import TYPE_CHECKING, Any, TypeVar
-
-from framework.errors import ConfigError
 
 M = TypeVar("M", bound="HyperparametersMixin")
 
@@ -154,30 +151,7 @@ class HyperparametersMixin:
         """A module of this class rebuilt from a checkpoint: ``__init__`` gets the saved
         hyperparameters (``save_hyperparameters``), overridden by ``kwargs``; then the weights
         are loaded. ``map_location`` as in ``torch.load``."""
-        from framework.checkpoint import load_from_checkpoint
+        from framework.checkpointing.rebuild import load_from_checkpoint
 
         return load_from_checkpoint(cls, checkpoint_path, map_location=map_location, strict=strict,
                                     hparams_file=hparams_file, **kwargs)
-
-
-def hparams_from_file(path: Any) -> dict[str, Any]:
-    """Hyperparameters from a YAML file (``hparams.yaml``, as the loggers write it) or a CSV of
-    ``key,value`` rows, for ``load_from_checkpoint(hparams_file=...)`` (Lightning's formats)."""
-    import ast
-    import csv
-
-    import yaml
-
-    suffix = os.path.splitext(os.fspath(path))[1].lower()
-    with open(path, newline="") as f:
-        if suffix in (".yaml", ".yml"):
-            return dict(yaml.safe_load(f) or {})
-        if suffix == ".csv":
-            def value(text: str) -> Any:
-                try:
-                    return ast.literal_eval(text)
-                except (ValueError, SyntaxError):
-                    return text
-
-            return {row[0]: value(row[1]) for row in list(csv.reader(f))[1:]}
-    raise ConfigError(f"hparams_file '{path}': give a .yaml, .yml or .csv file, as Lightning reads")

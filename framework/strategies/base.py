@@ -21,9 +21,9 @@ from framework.environments import ClusterEnvironment, DistInfo
 from framework.errors import ConfigError
 
 if TYPE_CHECKING:
+    from framework.checkpointing.parts import CheckpointParts
     from framework.module import TrainModule
     from framework.strategies.launchers import Launcher
-    from framework.trainer.parts import CheckpointParts
 
 
 def inside(context: Callable[[], Any], fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -276,13 +276,13 @@ class Strategy(ABC):
     def save_checkpoint(self, path: str, parts: CheckpointParts) -> None:
         """Write ``parts`` to ``path``; call on every rank. Here: rank 0 writes one file, with
         every rank's per-rank parts (``checkpoint_io.py``)."""
-        from framework.strategies.checkpoint_io import save_from_rank_zero
+        from framework.checkpointing.single_file import save_from_rank_zero
 
         save_from_rank_zero(self, path, parts)
 
     def load_checkpoint(self, path: str, parts: CheckpointParts) -> dict[str, Any]:
         """Load ``parts`` from ``path`` on every rank; the checkpoint's contents."""
-        from framework.strategies.checkpoint_io import load_on_every_rank
+        from framework.checkpointing.single_file import load_on_every_rank
 
         return load_on_every_rank(self, path, parts)
 

@@ -27,28 +27,27 @@ as ``weights_only`` keeps a file from running code.
 from __future__ import annotations
 
 import os
-import pickle
 import shutil
-import warnings
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
-from framework import checkpoint as ckpt
+from framework.checkpointing import file as ckpt
+from framework.checkpointing.file import read_fw_file
+from framework.checkpointing.parts import Value, check_count, items_of
+from framework.checkpointing.sharded import COMMIT_MARK, FW_FILE, PARTIAL, read_metadata, storage_reader
+from framework.checkpointing.sharded import is_sharded as is_sharded  # what FSDPStrategy.load_checkpoint asks
+from framework.checkpointing.single_file import save_from_rank_zero
 from framework.errors import CheckpointError
-from framework.strategies.checkpoint_io import save_from_rank_zero
-from framework.trainer.parts import Value, check_count, items_of
 
 if TYPE_CHECKING:
     from concurrent.futures import Future
 
+    from framework.checkpointing.parts import CheckpointParts
     from framework.module import TrainModule
     from framework.strategies.fsdp import FSDPStrategy
-    from framework.trainer.parts import CheckpointParts
-
-FW_FILE, COMMIT_MARK, PARTIAL = "fw_state.pt", "COMMITTED", ".partial"
 
 
 # -- writing --------------------------------------------------------------------------------------
@@ -124,56 +123,6 @@ def _commit(partial: Path, final: Path) -> None:
 
 
 # -- reading --------------------------------------------------------------------------------------
-def is_sharded(path: str | os.PathLike) -> bool:
-    """Is ``path`` a folder that fw's sharded save wrote (or began to)?"""
-    folder = Path(path)
-    return folder.is_dir() and ((folder / FW_FILE).exists() or (folder / ".metadata").exists())
-
-
-def read_fw_file(path: str | os.PathLike) -> dict[str, Any]:
-    """The ``fw_state.pt`` of a complete sharded checkpoint (no tensor of the model read).
-
-    Raises:
-        CheckpointError: the folder has no commit mark (a save that did not finish) or no fw_state.pt.
-    """
-    folder = Path(path)
-    if not (folder / COMMIT_MARK).exists():
-        raise CheckpointError(f"checkpoint '{path}' is incomplete (no {COMMIT_MARK} mark: a save that did not finish "
-                              "writes none); it was not loaded. Resume from an earlier checkpoint")
-    return ckpt.load_checkpoint(folder / FW_FILE)
-
-
-def full_checkpoint(path: str | os.PathLike, map_location: Any = "cpu") -> dict[str, Any]:
-    """The sharded checkpoint at ``path`` as fw's one-file checkpoint: full tensors (read into
-    this process alone, no collective), the optimizer state keyed by parameter name."""
-    import torch.distributed.checkpoint as dcp
-
-    checkpoint = read_fw_file(path)
-    metadata = _metadata(path)
-    tensors = {key: torch.empty(meta.size, dtype=meta.properties.dtype)
-               for key, meta in metadata.state_dict_metadata.items()}
-    with warnings.catch_warnings():  # DCP's note that no process group is used: none is meant to be
-        warnings.filterwarnings("ignore", message=".*assuming the intent is to load in a single process")
-        dcp.load(tensors, storage_reader=_reader(path, metadata), no_dist=True)
-    if map_location not in (None, "cpu"):
-        tensors = {key: value.to(map_location) for key, value in tensors.items()}
-    checkpoint["state_dict"] = {key[len("model/"):]: value for key, value in tensors.items() if key.startswith("model/")}
-    if "optimizer_states" in checkpoint:
-        checkpoint["optimizer_states"] = [_optimizer_state(tensors, i, saved)
-                                          for i, saved in enumerate(checkpoint["optimizer_states"])]
-    return checkpoint
-
-
-def _optimizer_state(tensors: dict[str, torch.Tensor], index: int, saved: dict) -> dict:
-    state: dict[str, dict] = {name: dict(entries) for name, entries in saved["state"].items()}
-    prefix = f"optimizer{index}/"
-    for key, value in tensors.items():
-        if key.startswith(prefix):
-            name, _, entry = key[len(prefix):].rpartition("/")
-            state.setdefault(name, {})[entry] = value
-    return {"state": state, "param_groups": saved["param_groups"]}
-
-
 def load_sharded(strategy: FSDPStrategy, module: TrainModule, path: str, parts: CheckpointParts) -> dict[str, Any]:
     """Every rank reads its part of every tensor into the sharded module and optimizers, and the
     rest from ``fw_state.pt``; the contents of ``fw_state.pt``."""
@@ -203,12 +152,12 @@ def _load_tensors(module: TrainModule, optimizers: list, checkpoint: dict, path:
     model = get_model_state_dict(module)
     states: list[dict[str, Any]] = [dict(get_optimizer_state_dict(module, opt)) for opt in optimizers]
     tensors, _ = _split(model, states)
-    metadata = _metadata(path)
+    metadata = read_metadata(path)
     saved_tensors = metadata.state_dict_metadata
     if not optimizers:  # validate, test, predict: the weights alone, whatever optimizer state the folder holds
         saved_tensors = {key: value for key, value in saved_tensors.items() if key.startswith("model/")}
     _refuse_other_tensors(path, tensors, saved_tensors)
-    dcp.load(tensors, storage_reader=_reader(path, metadata))
+    dcp.load(tensors, storage_reader=storage_reader(path, metadata))
     set_model_state_dict(module, model)
     for opt, state, mine in zip(optimizers, saved, states, strict=True):
         for name, entries in state["state"].items():
@@ -227,47 +176,3 @@ def _refuse_other_tensors(path: str, tensors: dict[str, torch.Tensor], saved: di
                 for label, keys in (("missing", missing), ("not in this model", extra), ("other shapes", shapes)) if keys]
         raise CheckpointError(f"checkpoint '{path}' does not fit this model and its optimizers ({'; '.join(what)}); "
                               "resume with the model and configure_optimizers() it was written with")
-
-
-# -- DCP's metadata, read safely ------------------------------------------------------------------
-_ALLOWED = {
-    ("pathlib", "PosixPath"), ("pathlib", "WindowsPath"), ("torch", "Size"), ("torch.serialization", "_get_layout"),
-    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
-}
-
-
-class _MetadataUnpickler(pickle.Unpickler):
-    def find_class(self, module: str, name: str) -> Any:
-        if (module, name) in _ALLOWED or module == "torch.distributed.checkpoint.metadata":
-            return super().find_class(module, name)
-        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
-            return getattr(torch, name)
-        raise pickle.UnpicklingError(f"{module}.{name}")
-
-
-def _metadata(path: str | os.PathLike) -> Any:
-    from torch.distributed.checkpoint.metadata import StorageMeta, TensorStorageMetadata
-
-    try:
-        with open(Path(path) / ".metadata", "rb") as f:
-            metadata = _MetadataUnpickler(f).load()
-    except (OSError, pickle.UnpicklingError, EOFError, AttributeError, ValueError) as err:
-        raise CheckpointError(f"checkpoint '{path}': its .metadata is missing or holds data that is not DCP's "
-                              f"({type(err).__name__}: {str(err)[:100]}); it was left as it is") from None
-    others = [key for key, meta in metadata.state_dict_metadata.items() if not isinstance(meta, TensorStorageMetadata)]
-    if others:
-        raise CheckpointError(f"checkpoint '{path}' holds non-tensor entries ({', '.join(others[:3])}), which fw never "
-                              "writes and does not unpickle; load it with torch.distributed.checkpoint if you trust it")
-    if getattr(metadata, "storage_meta", None) is None:
-        metadata.storage_meta = StorageMeta()
-    return metadata
-
-
-def _reader(path: str | os.PathLike, metadata: Any) -> Any:
-    """DCP's file reader, given the metadata read above (it never unpickles the file itself)."""
-    from torch.distributed.checkpoint import FileSystemReader
-
-    reader = FileSystemReader(os.fspath(path))
-    metadata.storage_meta.load_id = reader.load_id
-    reader.read_metadata = lambda *args, **kwargs: metadata  # type: ignore[method-assign]
-    return reader

@@ -43,10 +43,10 @@ from framework.strategies.fsdp_init import has_meta_tensors, materialize, record
 from framework.strategies.fsdp_options import mesh_shape, precision_policy, without_split_ties
 
 if TYPE_CHECKING:
+    from framework.checkpointing.parts import CheckpointParts
     from framework.module import TrainModule
     from framework.strategies.dcp_async import PendingSave
     from framework.strategies.fsdp_steps import ManualSteps
-    from framework.trainer.parts import CheckpointParts
 
 #: Lightning's sharding strategies that fw runs, and whether each reshards after forward
 SHARDING = {"FULL_SHARD": True, "SHARD_GRAD_OP": False, "HYBRID_SHARD": True}

@@ -15,16 +15,16 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from framework import checkpoint as ckpt
+from framework.checkpointing import file as ckpt
+from framework.checkpointing.optimizer_keys import keyed_by_name, to_names
+from framework.checkpointing.parts import Value, check_count, items_of
+from framework.checkpointing.single_file import load_on_every_rank, save_from_rank_zero
 from framework.errors import CheckpointError
-from framework.strategies.checkpoint_io import load_on_every_rank, save_from_rank_zero
-from framework.strategies.optimizer_keys import keyed_by_name, to_names
-from framework.trainer.parts import Value, check_count, items_of
 
 if TYPE_CHECKING:
+    from framework.checkpointing.parts import CheckpointParts
     from framework.module import TrainModule
     from framework.strategies.base import Strategy
-    from framework.trainer.parts import CheckpointParts
 
 
 def save_full(strategy: Strategy, module: TrainModule, path: str, parts: CheckpointParts) -> None:

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from framework.checkpoint import writable_error
+from framework.checkpointing.file import writable_error
 from framework.waits import waiting_in
 
 if TYPE_CHECKING:

@@ -24,7 +24,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from framework.checkpoint import data_ranks_that_wrote, ranks_that_wrote
+from framework.checkpointing.file import data_ranks_that_wrote, ranks_that_wrote
 from framework.data.global_order import GlobalOrderSampler
 from framework.errors import CheckpointError
 from framework.rank_zero import rank_zero_info

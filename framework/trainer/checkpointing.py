@@ -21,18 +21,18 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from framework import checkpoint as ckpt
-from framework import checkpoint_search as search
+from framework.checkpointing import file as ckpt
+from framework.checkpointing import search
+from framework.checkpointing.optimizer_keys import numbered
+from framework.checkpointing.parts import Callbacks, CheckpointParts, Each, OnLoad, Stateful, Value
+from framework.checkpointing.single_file import is_live
+from framework.checkpointing.weights_only import refuse_to_resume_from_weights_only, weights_only_parts
 from framework.errors import CheckpointError, ConfigError, TrainingError
 from framework.paths import local_path
 from framework.rank_zero import rank_zero_info, rank_zero_warn
-from framework.strategies.checkpoint_io import is_live
-from framework.strategies.optimizer_keys import numbered
 from framework.strategies.rendezvous import elastic_job_id
 from framework.trainer import carry_over, end_of_fit
-from framework.trainer.parts import Callbacks, CheckpointParts, Each, OnLoad, Stateful, Value
 from framework.trainer.resume import position_parts, progress_part, resume_point
-from framework.trainer.weights_only import refuse_to_resume_from_weights_only, weights_only_parts
 from framework.waits import waiting_in
 
 if TYPE_CHECKING:

@@ -21,11 +21,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from framework.accelerators.base import move_to_device
-from framework.strategies.checkpoint_io import is_live
-from framework.trainer.parts import EndOfFit, Value
+from framework.checkpointing.parts import EndOfFit, Value
+from framework.checkpointing.single_file import is_live
 
 if TYPE_CHECKING:
-    from framework.trainer.parts import CheckpointParts
+    from framework.checkpointing.parts import CheckpointParts
     from framework.trainer.run import Run
 
 

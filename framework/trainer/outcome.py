@@ -20,9 +20,9 @@ from framework.trainer import checkpointing, end_of_fit
 from framework.trainer.run import Run
 
 if TYPE_CHECKING:
+    from framework.checkpointing.parts import EndOfFit
     from framework.loggers.base import HparamsFile
     from framework.module import TrainModule
-    from framework.trainer.parts import EndOfFit
     from framework.trainer.trainer import Trainer
 
 

@@ -24,12 +24,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from framework.checkpointing.parts import FromRanks, Stateful, Value
 from framework.data.global_order import GlobalOrderSampler
 from framework.data.sampler_injection import iterate_after
 from framework.rank_zero import rank_zero_warn
 from framework.seed import get_rng_state, set_rng_state
 from framework.trainer.metric_merge import merge_aggregates
-from framework.trainer.parts import FromRanks, Stateful, Value
 
 if TYPE_CHECKING:
     from framework.trainer.carry_over import Carry

@@ -30,6 +30,7 @@ from framework.trainer.metrics import LoggedMetrics
 if TYPE_CHECKING:
     from framework.accelerators import Accelerator
     from framework.callbacks.base import Callback
+    from framework.checkpointing.parts import EndOfFit
     from framework.data.run_loaders import LoaderSource
     from framework.loggers.base import Logger
     from framework.module import TrainModule
@@ -37,7 +38,6 @@ if TYPE_CHECKING:
     from framework.optim import LRSchedulerConfig
     from framework.precision import Precision
     from framework.strategies import Strategy
-    from framework.trainer.parts import EndOfFit
     from framework.trainer.preemption import StopCheck
     from framework.trainer.settings import Settings
     from framework.trainer.state import RunState

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from framework.checkpoint import plain_hparams
+from framework.checkpointing.file import plain_hparams
 from framework.errors import ConfigError
 
 if TYPE_CHECKING:

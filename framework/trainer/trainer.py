@@ -22,6 +22,7 @@ import torch
 from framework import loops
 from framework.accelerators import get_accelerator
 from framework.callbacks.base import Callback
+from framework.checkpointing.parts import Stateful
 from framework.data import DataModule
 from framework.environments import DistInfo, detect_environment
 from framework.errors import ConfigError
@@ -38,7 +39,6 @@ from framework.trainer.heartbeat import Heartbeat
 from framework.trainer.lightning_views import FitLoopView, LightningViews
 from framework.trainer.metrics import LoggedMetrics
 from framework.trainer.outcome import Outcome
-from framework.trainer.parts import Stateful
 from framework.trainer.preemption import SignalCatcher, StopCheck, StoppedBySignal, save_after_signal
 from framework.trainer.properties import TrainerProperties
 from framework.trainer.run import Call, Run, one_datamodule, split_datamodule

@@ -13,7 +13,7 @@ from toy import QUIET, LinearModel, loader, regression_data
 
 import framework as fw
 from framework.callbacks import Timer
-from framework.checkpoint import load_checkpoint
+from framework.checkpointing.file import load_checkpoint
 from framework.errors import ConfigError
 
 

@@ -14,7 +14,7 @@ from toy import QUIET, LinearModel, loader, regression_data
 
 import framework as fw
 from framework.callbacks import EMAWeightAveraging, ModelCheckpoint, StochasticWeightAveraging
-from framework.checkpoint import load_checkpoint
+from framework.checkpointing.file import load_checkpoint
 from framework.errors import ConfigError
 
 

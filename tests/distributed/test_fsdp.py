@@ -16,7 +16,7 @@ import torch
 import forked
 
 from framework.callbacks import ModelCheckpoint
-from framework.checkpoint import load_checkpoint, read_values
+from framework.checkpointing.file import load_checkpoint, read_values
 from framework.cli import main as fw_main
 from framework.errors import CheckpointError
 
@@ -30,7 +30,7 @@ import json, sys
 import torch
 import sharded
 from framework.callbacks import ModelCheckpoint
-from framework.checkpoint import load_checkpoint, read_values
+from framework.checkpointing.file import load_checkpoint, read_values
 from framework.cli import main as fw_main
 from framework.errors import CheckpointError
 

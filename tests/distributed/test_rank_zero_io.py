@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from framework.checkpoint import load_checkpoint
+from framework.checkpointing.file import load_checkpoint
 
 from forked import run_script
 
@@ -17,7 +17,7 @@ SCRIPT = """
 import json, os, sys
 from torch.utils.data import DataLoader
 import framework as fw
-import framework.checkpoint as ckpt
+import framework.checkpointing.file as ckpt
 from framework.callbacks import ModelCheckpoint
 from framework.loggers import CSVLogger, Logger, TensorBoardLogger
 import workload

@@ -9,7 +9,7 @@ import pytest
 import torch
 from forked import run_script
 
-from framework.checkpoint import load_checkpoint
+from framework.checkpointing.file import load_checkpoint
 
 from .helpers import check_ok, write_script
 

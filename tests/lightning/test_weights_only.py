@@ -12,7 +12,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 import framework as fw
-from framework.checkpoint import load_checkpoint
+from framework.checkpointing.file import load_checkpoint
 from framework.errors import CheckpointError, ConfigError
 
 pl = pytest.importorskip("pytorch_lightning")

@@ -14,7 +14,7 @@ from torch import nn
 from toy import RecordingLogger, loader, regression_data
 
 import framework as fw
-from framework.checkpoint import load_checkpoint
+from framework.checkpointing.file import load_checkpoint
 BATCHES = 5  # per epoch
 STOP_AT = 7  # global step: batch 2 of epoch 1
 

@@ -37,7 +37,7 @@ def test_a_nan_loss_stops_the_run_naming_the_step_and_keeps_the_checkpoints(tmp_
         trainer.fit(NaNAt(6), loader(regression_data(40), 8))
     saved = sorted(name for name in os.listdir(tmp_path) if not name.startswith("."))  # not the index
     assert saved == [f"epoch={e}-step={s}.ckpt" for e, s in ((0, 1), (0, 2), (0, 3), (0, 4), (0, 5))]
-    from framework.checkpoint import load_checkpoint
+    from framework.checkpointing.file import load_checkpoint
 
     weights = load_checkpoint(tmp_path / "epoch=0-step=5.ckpt")["state_dict"]
     assert all(torch.isfinite(w).all() for w in weights.values())

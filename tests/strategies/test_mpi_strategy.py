@@ -23,7 +23,7 @@ SCRIPT = textwrap.dedent(
     """
     import json, sys, torch
     import framework as fw
-    import framework.checkpoint as ckpt_module
+    import framework.checkpointing.file as ckpt_module
     from framework.callbacks import ModelCheckpoint
     from framework.loggers import CSVLogger
     from toy import LinearModel, loader, regression_data

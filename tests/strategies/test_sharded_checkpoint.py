@@ -20,7 +20,7 @@ from forked import call, in_a_copy  # noqa: E402
 
 import framework as fw  # noqa: E402
 from framework.callbacks import ModelCheckpoint  # noqa: E402
-from framework.checkpoint import load_checkpoint  # noqa: E402
+from framework.checkpointing.file import load_checkpoint  # noqa: E402
 from framework.cli import main as fw_main  # noqa: E402
 from framework.errors import CheckpointError  # noqa: E402
 

@@ -22,7 +22,7 @@ from forked import in_a_copy  # noqa: E402
 
 import framework as fw  # noqa: E402
 from framework.callbacks import ModelCheckpoint  # noqa: E402
-from framework.checkpoint import load_checkpoint  # noqa: E402
+from framework.checkpointing.file import load_checkpoint  # noqa: E402
 
 FSDP = {"name": "fsdp", "auto_wrap_policy": ["Block"]}
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import framework as fw
-from framework import checkpoint as ckpt
+from framework.checkpointing import file as ckpt
 from fixtures.old_checkpoint import CHECKPOINT, FINAL, fit
 
 

@@ -1,4 +1,4 @@
-"""The index beside the checkpoints (``framework/checkpoint_index.py``): a restarted job finds its
+"""The index beside the checkpoints (``framework/checkpointing/index.py``): a restarted job finds its
 run's newest checkpoint from it without reading the checkpoints, drops what top-k pruning
 removed, and reads a file the index does not vouch for (written over by something else)."""
 
@@ -11,7 +11,7 @@ import torch
 from toy import QUIET, LinearModel, loader, regression_data
 
 import framework as fw
-from framework import checkpoint_search as search
+from framework.checkpointing import search
 from framework.callbacks import ModelCheckpoint
 
 

@@ -19,7 +19,7 @@ from forked import run_script
 from torch.utils.data import DataLoader
 
 import framework as fw
-from framework.checkpoint import load_checkpoint
+from framework.checkpointing.file import load_checkpoint
 from framework.cli import main as fw_main
 from framework.errors import CheckpointError
 

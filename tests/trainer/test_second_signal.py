@@ -20,7 +20,7 @@ import pytest
 from timescale import scaled
 
 from distributed.helpers import PYTHON, _kill_tree, clean_env, write_script
-from framework.checkpoint import load_checkpoint
+from framework.checkpointing.file import load_checkpoint
 
 SCRIPT = """
 import collections, os, sys, time

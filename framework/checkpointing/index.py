@@ -1,7 +1,7 @@
 """A small index beside the checkpoints of a folder: which run wrote each file.
 
 A restarted (elastic) or requeued (SLURM) job looks for the newest checkpoint its own run wrote
-(``checkpoint.newest_checkpoint_of_run``). Reading each candidate to learn its run id costs what
+(``search.newest_checkpoint_of_run``). Reading each candidate to learn its run id costs what
 the file weighs (gigabytes for a large model), so rank 0 notes, for every checkpoint file it
 writes, the entries that search matches on in ``.fw-checkpoints.json`` in the same folder. An
 entry is trusted only while the file's size and modification time are the ones noted (a file
@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from framework.checkpoint import new_file_mode
+from framework.checkpointing.file import new_file_mode
 
 INDEX = ".fw-checkpoints.json"
 #: the entries of a checkpoint that the search for a run's own checkpoints matches on

@@ -13,16 +13,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from framework import checkpoint_index
+from framework.checkpointing import index as checkpoint_index
+from framework.checkpointing.parts import CheckpointParts
 from framework.errors import CheckpointError
-from framework.trainer.parts import CheckpointParts
 
 if TYPE_CHECKING:
     from framework.trainer.run import Run
 
 #: the entry that says a checkpoint is fw's weights-only one
 MARK = "fw_weights_only"
-#: what a weights-only checkpoint leaves out of a fit's parts (``checkpointing.parts_of``)
+#: what a weights-only checkpoint leaves out of a fit's parts (``trainer/checkpointing.py``: ``parts_of``)
 RESUME_ONLY = ("optimizer_states", "lr_schedulers", "precision", "callbacks", "fw/callback_hooks")
 
 

@@ -1,18 +1,20 @@
-"""Checkpoints: what a run needs to continue bit for bit, written atomically on rank 0.
+"""The checkpoint file: what a run needs to continue bit for bit, written atomically, read safely.
 
 A checkpoint holds the module's weights, optimiser and scheduler states, the GradScaler, loop
 counters, callback states, hyperparameters and the RNG states of every rank (Python, NumPy,
 torch, CUDA), including the states at the start of the epoch so that a mid-epoch checkpoint
 resumes with the same data order. Files are written to a temporary file in the same directory,
 fsynced and renamed, so a crash never leaves a half-written checkpoint under the real name.
-Loading uses ``torch.load(weights_only=True)``: a checkpoint cannot run code.
+Loading uses ``torch.load(weights_only=True)``: a checkpoint cannot run code. A sharded
+checkpoint (a folder, ``sharded.py``) is read whole by the same ``load_checkpoint``. Also here:
+whether a checkpoint folder is writable, the removal of what killed writes left, and the
+hyperparameters as a checkpoint keeps them.
 """
 
 from __future__ import annotations
 
 import contextlib
 import glob
-import inspect
 import os
 import tempfile
 from pathlib import Path
@@ -20,8 +22,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from framework.checkpointing import sharded
 from framework.errors import CheckpointError, ConfigError
-from framework.paths import local_path
 
 if TYPE_CHECKING:
     from framework.strategies import Strategy
@@ -84,13 +86,11 @@ def data_ranks_that_wrote(checkpoint: dict) -> int:
 
 
 def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu") -> dict:
-    """Read a checkpoint written by fw; a missing, corrupt or truncated file is a CheckpointError
-    and the file is left untouched."""
+    """Read a checkpoint written by fw, a file or a sharded folder (``sharded.py``); a missing,
+    corrupt or truncated one is a CheckpointError and is left untouched."""
     path = Path(path)
-    if path.is_dir() and _sharded(path):
-        from framework.strategies.dcp_checkpoint import full_checkpoint
-
-        return full_checkpoint(path, map_location)
+    if sharded.is_sharded(path):
+        return sharded.with_full_tensors(read_fw_file(path), path, map_location)
     if path.is_dir():
         inside = sorted(p.name for p in path.glob("*.ckpt"))
         hint = f"; it holds {', '.join(inside[:5])}" if inside else "; it holds no .ckpt file"
@@ -112,19 +112,20 @@ def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu") -> dict:
     return checkpoint
 
 
-def _sharded(path: Path) -> bool:
-    """A folder a sharded (DCP) save wrote: ``strategies/dcp_checkpoint.py``."""
-    return (path / "fw_state.pt").exists() or (path / ".metadata").exists()
+def read_fw_file(path: str | os.PathLike) -> dict[str, Any]:
+    """The ``fw_state.pt`` of the complete sharded checkpoint at ``path`` (no tensor of the
+    model read).
+
+    Raises:
+        CheckpointError: the folder has no commit mark (a save that did not finish) or no fw_state.pt.
+    """
+    return load_checkpoint(sharded.committed_fw_file(path))
 
 
 def read_values(path: str | os.PathLike) -> dict:
     """A checkpoint's entries without its sharded tensors (a sharded checkpoint's ``fw_state.pt``):
     what finding a run's checkpoint needs to read."""
-    if Path(path).is_dir() and _sharded(Path(path)):
-        from framework.strategies.dcp_checkpoint import read_fw_file
-
-        return read_fw_file(path)
-    return load_checkpoint(path)
+    return read_fw_file(path) if sharded.is_sharded(path) else load_checkpoint(path)
 
 
 def writable_error(path: str | os.PathLike, what: str) -> str | None:
@@ -208,52 +209,6 @@ def plain_hparams(hparams: dict, keep_types: bool = False) -> dict:
         return str(value)
 
     return {str(k): plain(v) for k, v in hparams.items()}
-
-
-def build_from_hparams(cls: type, saved: dict, overrides: dict) -> Any:
-    """``cls(**hyperparameters)`` from those a checkpoint saved, ``overrides`` winning; only the
-    names ``__init__`` takes, unless it takes ``**kwargs``."""
-    kwargs = {**saved, **overrides}
-    params = inspect.signature(cls).parameters
-    if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-        kwargs = {k: v for k, v in kwargs.items() if k in params}
-    return cls(**kwargs)
-
-
-def load_for_building(path: Any, map_location: Any, hparams_file: Any, key: str = "hyper_parameters") -> dict:
-    """The checkpoint a class is rebuilt from (on the CPU unless ``map_location`` says), the
-    hyperparameters under ``key`` replaced by ``hparams_file``'s (YAML or CSV) when given, as
-    Lightning's ``load_from_checkpoint`` reads them."""
-    path = local_path(path, "checkpoint_path")
-    checkpoint = load_checkpoint(path, map_location=map_location if map_location is not None else "cpu")
-    if hparams_file is not None:
-        from framework.module.hparams import hparams_from_file
-
-        checkpoint[key] = hparams_from_file(hparams_file)
-    return checkpoint
-
-
-def load_from_checkpoint(cls, path: str | os.PathLike, map_location: Any = None, strict: bool | None = None,
-                         hparams_file: Any = None, **overrides: Any):
-    """``cls`` built from the hyperparameters saved in the checkpoint at ``path`` (``overrides``
-    win; only names ``__init__`` takes, unless it takes ``**kwargs``), its ``on_load_checkpoint``
-    run, the weights loaded (``strict`` by default) and the module moved where they were
-    loaded to (``map_location``, the CPU when None); ``hparams_file`` (YAML or CSV) replaces the
-    saved hyperparameters. As Lightning's ``load_from_checkpoint``."""
-    checkpoint = load_for_building(path, map_location, hparams_file)
-    module = build_from_hparams(cls, checkpoint.get("hyper_parameters", {}), overrides)
-    module.on_load_checkpoint(checkpoint)
-    chosen = module.__dict__.get("_strict_loading")  # set in __init__ (module.strict_loading = False)
-    if chosen is not None and strict is not None and strict != chosen:
-        raise ConfigError(f"{cls.__name__}.load_from_checkpoint(strict={strict}) contradicts "
-                          f"{cls.__name__}.strict_loading={chosen}: give the same value to both, or only one")
-    strict = getattr(module, "strict_loading", True) if strict is None else strict
-    try:
-        module.load_state_dict(checkpoint["state_dict"], strict=strict)
-    except RuntimeError as err:
-        raise CheckpointError(f"checkpoint '{path}' does not fit {cls.__name__}: {state_dict_mismatch(err)}") from None
-    device = next((t.device for t in checkpoint["state_dict"].values() if isinstance(t, torch.Tensor)), None)
-    return module.to(device) if device is not None else module
 
 
 def state_dict_mismatch(err: Exception) -> str:

@@ -10,8 +10,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from framework import checkpoint_index
-from framework.checkpoint import read_values
+from framework.checkpointing import index as checkpoint_index
+from framework.checkpointing.file import read_values
 from framework.errors import CheckpointError
 
 
@@ -58,7 +58,7 @@ def best_recorded_under(dirs: Sequence[str | None], root: str) -> tuple[str, str
 def newest_checkpoint_of_run(dirs: Sequence[str | None], match: dict[str, Any]) -> str | None:
     """The newest complete checkpoint (``*.ckpt``, newest first by modification time) under
     ``dirs`` whose entries equal ``match`` (the run's id and which fit of the program it is),
-    as the folders' indexes say (``checkpoint_index.py``); a file they do not vouch for is read."""
+    as the folders' indexes say (``index.py``); a file they do not vouch for is read."""
     found = {p for d in dirs if d and os.path.isdir(d) for p in glob.glob(os.path.join(d, "**", "*.ckpt"), recursive=True)}
     dated = []
     for path in found:

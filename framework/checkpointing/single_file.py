@@ -1,5 +1,5 @@
 """How a strategy without sharded state writes and reads a checkpoint: every rank's per-rank
-parts are gathered, rank 0 writes one file (atomically: ``framework/checkpoint.py``), and every
+parts are gathered, rank 0 writes one file (atomically: ``file.py``), and every
 rank learns whether that write succeeded; on load every rank reads the file and loads its parts.
 
 After a fit, the per-rank parts are those the fit ended with; where its process group is gone,
@@ -13,14 +13,14 @@ from typing import TYPE_CHECKING, Any
 
 import torch.distributed
 
-from framework import checkpoint as ckpt
-from framework import checkpoint_index
+from framework.checkpointing import file as ckpt
+from framework.checkpointing import index as checkpoint_index
 from framework.errors import CheckpointError
 from framework.rank_zero import rank_zero_warn
 
 if TYPE_CHECKING:
+    from framework.checkpointing.parts import CheckpointParts
     from framework.strategies.base import Strategy
-    from framework.trainer.parts import CheckpointParts
 
 
 def is_live(strategy: Strategy) -> bool:
