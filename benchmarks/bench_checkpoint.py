@@ -36,7 +36,7 @@ from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
 import framework as fw  # noqa: E402
 from framework.bench.common import machine_info, median, print_table, result_path, write_json  # noqa: E402
-from framework.strategies.dcp_async import finish_pending  # noqa: E402
+from framework.strategies.fsdp.async_save import finish_pending  # noqa: E402
 
 KINDS = {"sharded": ("sharded", False), "sharded, async": ("sharded", True), "full (rank 0)": ("full", False)}
 

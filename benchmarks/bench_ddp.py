@@ -24,7 +24,7 @@ leaves it alone at teardown.
 
 MPI mode: the default group is Gloo (TCP, port picked by rank 0 and sent over MPI) and an
 ``fw_mpi`` group (mpi4py ProcessGroup) is made with ``new_group`` (the order that works, see
-``framework/strategies/mpi_backend.py``). Sides: ``raw_gloo`` (DDP on the default group),
+``framework/strategies/mpi/backend.py``). Sides: ``raw_gloo`` (DDP on the default group),
 ``fw_ddp_gloo`` (fw finds the group initialised and uses it), ``raw_fw_mpi`` (hand-written DDP
 with ``process_group=`` the fw_mpi group) and ``fw_mpi`` (fw's ``MPIStrategy`` with
 ``ddp_kwargs["process_group"]`` set to that group: the same per-step path as ``strategy=mpi``,
@@ -82,14 +82,14 @@ class Comm:
         if backend == "mpi":
             from mpi4py import MPI
 
-            from framework.strategies.mpi_backend import register_mpi_backend
+            from framework.strategies.mpi.backend import register_mpi_backend
 
             self.mpi = MPI.COMM_WORLD
             self.rank, self.size = self.mpi.Get_rank(), self.mpi.Get_size()
             port = self.free_port()
             dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=self.rank,
                                     world_size=self.size, timeout=datetime.timedelta(seconds=300))
-            # Gloo default + an fw_mpi subgroup works; the reverse cannot rendezvous (mpi_backend.py)
+            # Gloo default + an fw_mpi subgroup works; the reverse cannot rendezvous (strategies/mpi/backend.py)
             self.mpi_group = dist.new_group(backend=register_mpi_backend())
         else:
             dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=300))
@@ -282,7 +282,7 @@ def report(args, comm: Comm, sides: list[str], slowest: dict, exact: dict, wall:
         "samples_step_s": slowest,
     }  # fmt: skip
     if args.backend == "mpi":
-        from framework.strategies.mpi_backend import mpi_library_version
+        from framework.strategies.mpi.backend import mpi_library_version
 
         result["mpi_library"] = mpi_library_version()
     path = write_json(result_path(name, "cpu", args.out), result)

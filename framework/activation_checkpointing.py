@@ -24,7 +24,7 @@ KEY = "trainer.activation_checkpointing_policy"
 
 def policy_names(policy: Any, key: str = KEY) -> frozenset[str]:
     """The class names a policy (classes, or their names in a recipe) stands for."""
-    from framework.strategies.fsdp_options import class_names
+    from framework.strategies.fsdp.options import class_names
 
     return frozenset(class_names(policy, key))
 
@@ -34,7 +34,7 @@ def checkpoint_activations(module: nn.Module, names: frozenset[str], key: str = 
     how many there are (a named class the model lacks is refused, naming the classes it has)."""
     from torch.distributed._composable import checkpoint
 
-    from framework.strategies.fsdp_options import units
+    from framework.strategies.fsdp.options import units
 
     if not names:
         return 0

@@ -88,7 +88,7 @@ def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu") -> dict:
     and the file is left untouched."""
     path = Path(path)
     if path.is_dir() and _sharded(path):
-        from framework.strategies.dcp_checkpoint import full_checkpoint
+        from framework.strategies.fsdp.sharded_checkpoint import full_checkpoint
 
         return full_checkpoint(path, map_location)
     if path.is_dir():
@@ -113,7 +113,7 @@ def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu") -> dict:
 
 
 def _sharded(path: Path) -> bool:
-    """A folder a sharded (DCP) save wrote: ``strategies/dcp_checkpoint.py``."""
+    """A folder a sharded (DCP) save wrote: ``strategies/fsdp/sharded_checkpoint.py``."""
     return (path / "fw_state.pt").exists() or (path / ".metadata").exists()
 
 
@@ -121,7 +121,7 @@ def read_values(path: str | os.PathLike) -> dict:
     """A checkpoint's entries without its sharded tensors (a sharded checkpoint's ``fw_state.pt``):
     what finding a run's checkpoint needs to read."""
     if Path(path).is_dir() and _sharded(Path(path)):
-        from framework.strategies.dcp_checkpoint import read_fw_file
+        from framework.strategies.fsdp.sharded_checkpoint import read_fw_file
 
         return read_fw_file(path)
     return load_checkpoint(path)

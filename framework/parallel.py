@@ -91,7 +91,7 @@ def parallelize(model: nn.Module, device_mesh: Any, blocks: Iterable[type[nn.Mod
     if any(isinstance(m, FSDPModule) for m in model.modules()) or any(
             isinstance(p, DTensor) for p in model.parameters()):
         return model  # parallelized by an earlier call
-    from framework.strategies.fsdp_options import class_names, units
+    from framework.strategies.fsdp.options import class_names, units
 
     key = "fw.parallel.parallelize(blocks=...)"
     names = class_names(blocks, key)

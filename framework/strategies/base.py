@@ -98,7 +98,7 @@ class Strategy(ABC):
     def launcher(self, environment: ClusterEnvironment, num_nodes: int, max_restarts: int,
                  rdzv_endpoint: str | None) -> Launcher | None:
         """How this strategy's processes are started: a ``Launcher`` that fw runs before the
-        first stage (see ``framework/strategies/launchers.py``), or None when this process is
+        first stage (see ``framework/strategies/launchers/``), or None when this process is
         the whole job or a launcher already started the workers."""
         return None
 

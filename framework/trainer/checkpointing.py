@@ -27,8 +27,8 @@ from framework.errors import CheckpointError, ConfigError, TrainingError
 from framework.paths import local_path
 from framework.rank_zero import rank_zero_info, rank_zero_warn
 from framework.strategies.checkpoint_io import is_live
+from framework.strategies.launchers.rendezvous import elastic_job_id
 from framework.strategies.optimizer_keys import numbered
-from framework.strategies.rendezvous import elastic_job_id
 from framework.trainer import carry_over, end_of_fit
 from framework.trainer.parts import Callbacks, CheckpointParts, Each, OnLoad, Stateful, Value
 from framework.trainer.resume import position_parts, progress_part, resume_point
