@@ -3,7 +3,7 @@
 
 Subclasses say how the default process group is made (``_init_process_group``) and how their
 processes are started (``launcher``): ``DDPStrategy`` (Gloo or NCCL, from an init method) in
-``ddp.py`` and ``MPIStrategy`` (over MPI, under ``mpiexec``) in ``mpi.py``.
+``ddp/`` and ``MPIStrategy`` (over MPI, under ``mpiexec``) in ``mpi/``.
 """
 
 from __future__ import annotations

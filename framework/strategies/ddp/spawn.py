@@ -16,7 +16,8 @@ state and seed. When they are done, rank 0's outcome comes back to the caller as
 (``trainer/outcome.py``), which the Trainer applies, as Lightning does: the trained weights are
 loaded into the caller's module, and ``callback_metrics``, ``global_step``, ``current_epoch``,
 the checkpoint callbacks' best/last paths and the call's return value are the workers'. A
-failing worker ends the call with that worker's traceback.
+failing worker ends the call with that worker's traceback. The workers are started by
+``SpawnLauncher`` (``strategies/launchers/spawn.py``).
 """
 
 from __future__ import annotations
