@@ -119,7 +119,7 @@ def plan(suites: list[str], quick: bool, limit: int | None) -> tuple[list[dict],
 
 def run_job(job: dict, part: Path, index: int, count: int) -> dict:
     """Run one job's processes (their progress lines pass through to stderr); its record."""
-    from framework.strategies.processes import kill_tree
+    from framework.strategies.launchers.processes import kill_tree
 
     cmd = [*job["cmd"], "--part", str(part)]
     sys.stderr.write(f"fw bench: [{index}/{count}] {job['name']}: {' '.join(Path(c).name if i == 0 else c for i, c in enumerate(cmd))}\n")

@@ -3,7 +3,7 @@
 A job is ``single`` (one process), ``gloo`` (started by torchrun, srun or fw bench itself through
 torch's elastic agent), ``mpi`` (started by mpiexec) or ``nccl`` (torchrun, one process per GPU).
 Every multi-process job has a Gloo default group; an MPI job adds an ``fw_mpi`` group (the
-order that works, see ``framework/strategies/mpi_backend.py``) and keeps mpi4py's communicator
+order that works, see ``framework/strategies/mpi/backend.py``) and keeps mpi4py's communicator
 for the raw MPI side; an NCCL job adds an NCCL group.
 """
 
@@ -136,7 +136,7 @@ def _start_env(kind: str) -> Job:
 def _start_mpi() -> Job:
     from mpi4py import MPI
 
-    from framework.strategies.mpi_backend import register_mpi_backend
+    from framework.strategies.mpi.backend import register_mpi_backend
 
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()

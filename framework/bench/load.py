@@ -77,7 +77,7 @@ def process_cpu_s() -> float:
 def own_cpu_s() -> float:
     """CPU seconds of this process, the children it reaped, and every live process below it.
     Each second is counted once: a reaped process's time is in its parent's cutime/cstime."""
-    from framework.strategies.processes import descendants
+    from framework.strategies.launchers.processes import descendants
 
     total = process_cpu_s()
     for pid in descendants(os.getpid()):

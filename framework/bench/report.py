@@ -50,7 +50,7 @@ def versions() -> dict[str, Any]:
             out[name] = version(name)
         except PackageNotFoundError:
             out[name] = None
-    from framework.strategies.mpi_backend import mpi_library_version
+    from framework.strategies.mpi.backend import mpi_library_version
 
     out["mpi_library"] = mpi_library_version()
     if torch.cuda.is_available():

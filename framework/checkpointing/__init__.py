@@ -17,5 +17,5 @@ not load the rest of fw. Importing this package imports none of its modules.
 
 Which parts a run's checkpoint holds, and resuming from one, are the Trainer's
 (``framework/trainer/checkpointing.py``, ``resume.py``); writing a sharded folder is FSDP's
-(``framework/strategies/fsdp/dcp_checkpoint.py``).
+(``framework/strategies/fsdp/sharded_checkpoint.py``).
 """

@@ -12,7 +12,7 @@ DDP, ``fw checkpoint export``, ``load_from_checkpoint``).
   without it is never loaded.
 
 FSDP writes the folder, and reads each rank's part of every tensor
-(``framework/strategies/fsdp/dcp_checkpoint.py``).
+(``framework/strategies/fsdp/sharded_checkpoint.py``).
 
 DCP reads ``.metadata`` with ``pickle``; fw reads it with an unpickler that knows DCP's metadata
 classes and nothing else (``read_metadata``), so a sharded checkpoint cannot run code, as

@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     except ProgramEnds as end:  # the workers' job is done, or a signal stopped the fit: its status
         return int(end.code or 0)
     except FwError as err:
-        from framework.strategies.worker_failures import said_by_another_process
+        from framework.strategies.launchers.worker_failures import said_by_another_process
 
         if said_by_another_process(err):  # fw's launcher, or rank 0 for a refusal alike on every rank
             return err.exit_code

@@ -12,7 +12,7 @@ class LocalEnvironment(ClusterEnvironment):
     """The fallback: always detected, last in line.
 
     When the run asks for more than one device, the strategy's launcher
-    (``framework/strategies/launchers.py``) starts the workers itself, so ``launched_externally``
+    (``framework/strategies/launchers/``) starts the workers itself, so ``launched_externally``
     is False.
     """
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from framework.errors import ConfigError
 from framework.strategies.base import StepModule, Strategy
-from framework.strategies.ddp import DDPStrategy
+from framework.strategies.ddp import DDPStrategy, SpawnDDPStrategy
 from framework.strategies.distributed import DistributedStrategy
 from framework.strategies.dp import DataParallelStrategy
 from framework.strategies.fsdp import FSDPStrategy
@@ -21,7 +21,6 @@ from framework.strategies.model_parallel import ModelParallelStrategy
 from framework.strategies.mpi import MPIStrategy
 from framework.strategies.registry import StrategyRegistry
 from framework.strategies.single import SingleDeviceStrategy
-from framework.strategies.spawn import SpawnDDPStrategy
 
 #: every strategy by name, as ``Trainer(strategy=...)`` names it (``STRATEGIES.describe()``: what each is)
 STRATEGIES = StrategyRegistry()

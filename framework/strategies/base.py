@@ -98,7 +98,7 @@ class Strategy(ABC):
     def launcher(self, environment: ClusterEnvironment, num_nodes: int, max_restarts: int,
                  rdzv_endpoint: str | None) -> Launcher | None:
         """How this strategy's processes are started: a ``Launcher`` that fw runs before the
-        first stage (see ``framework/strategies/launchers.py``), or None when this process is
+        first stage (see ``framework/strategies/launchers/``), or None when this process is
         the whole job or a launcher already started the workers."""
         return None
 
@@ -272,10 +272,10 @@ class Strategy(ABC):
         """Where tensors handed to collectives must live (NCCL: the GPU; Gloo/MPI: the CPU)."""
         return self.root_device
 
-    # -- checkpoints (``framework/trainer/parts.py``) -----------------------------------
+    # -- checkpoints (``framework/checkpointing/parts.py``) -----------------------------
     def save_checkpoint(self, path: str, parts: CheckpointParts) -> None:
         """Write ``parts`` to ``path``; call on every rank. Here: rank 0 writes one file, with
-        every rank's per-rank parts (``checkpoint_io.py``)."""
+        every rank's per-rank parts (``checkpointing/single_file.py``)."""
         from framework.checkpointing.single_file import save_from_rank_zero
 
         save_from_rank_zero(self, path, parts)

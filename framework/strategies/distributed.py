@@ -3,7 +3,7 @@
 
 Subclasses say how the default process group is made (``_init_process_group``) and how their
 processes are started (``launcher``): ``DDPStrategy`` (Gloo or NCCL, from an init method) in
-``ddp.py`` and ``MPIStrategy`` (over MPI, under ``mpiexec``) in ``mpi.py``.
+``ddp/`` and ``MPIStrategy`` (over MPI, under ``mpiexec``) in ``mpi/``.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import torch.distributed as dist
 from torch import nn
 
 from framework import waits
-from framework.strategies import object_bytes
+from framework.strategies import gather_objects
 from framework.strategies.base import StepModule, Strategy
 from framework.waits import waiting_in
 
@@ -194,10 +194,10 @@ class DistributedStrategy(Strategy):
         return torch.stack(out)
 
     def all_gather_object(self, obj: Any) -> list[Any]:
-        """Every rank's ``obj``, in rank order (``object_bytes``: one collective for a few kB a rank)."""
+        """Every rank's ``obj``, in rank order (``gather_objects``: one collective for a few kB a rank)."""
         with _IN_ALL_GATHER:
-            out = object_bytes.all_gather(object_bytes.dumps(obj), self.world_size, self.collective_device)
-        return [object_bytes.loads(data) for data in out]
+            out = gather_objects.all_gather(gather_objects.dumps(obj), self.world_size, self.collective_device)
+        return [gather_objects.loads(data) for data in out]
 
     def broadcast(self, obj: Any, src: int = 0) -> Any:
         box = [obj]

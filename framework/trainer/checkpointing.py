@@ -30,7 +30,7 @@ from framework.checkpointing.weights_only import refuse_to_resume_from_weights_o
 from framework.errors import CheckpointError, ConfigError, TrainingError
 from framework.paths import local_path
 from framework.rank_zero import rank_zero_info, rank_zero_warn
-from framework.strategies.rendezvous import elastic_job_id
+from framework.strategies.launchers.rendezvous import elastic_job_id
 from framework.trainer import carry_over, end_of_fit
 from framework.trainer.resume import position_parts, progress_part, resume_point
 from framework.waits import waiting_in

@@ -11,7 +11,7 @@ seconds, the thread reads everyone's beats and prints one line: which ranks stop
 slow step). The main thread's only cost is the progress counters it keeps anyway.
 
 Only for process groups that met at a TCP store (fw's launcher, torchrun, srun, ``tcp://``);
-the ``mpi`` strategy's group watches its own calls (``strategies/mpi_pg.py``).
+the ``mpi`` strategy's group watches its own calls (``strategies/mpi/process_group.py``).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 import torch.distributed as dist
 
 from framework import waits
-from framework.strategies.rendezvous import default_tcp_store
+from framework.strategies.launchers.rendezvous import default_tcp_store
 
 if TYPE_CHECKING:
     from framework.trainer.run import Run

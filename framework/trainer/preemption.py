@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from framework.errors import ProgramEnds
-from framework.strategies.processes import BLOCKED_AT_START, launcher_lost
+from framework.strategies.launchers.processes import BLOCKED_AT_START, launcher_lost
 from framework.trainer.checkpointing import save
 from framework.waits import waiting_in
 

@@ -32,7 +32,7 @@ from framework.profilers import Profiler, resolve_profiler
 from framework.rank_zero import rank_zero_info
 from framework.strategies import Strategy, create_strategy
 from framework.strategies.launchers import as_launcher_worker
-from framework.strategies.worker_failures import record_worker_error
+from framework.strategies.launchers.worker_failures import record_worker_error
 from framework.trainer import arguments as args
 from framework.trainer import checkpointing, reports, run_loggers, setup
 from framework.trainer.heartbeat import Heartbeat

@@ -225,7 +225,7 @@ def test_sigterm_kills_the_running_job_and_reports_the_jobs_before_it(tmp_path):
     import time
     import uuid
 
-    from framework.strategies.processes import kill_tree
+    from framework.strategies.launchers.processes import kill_tree
 
     mark = uuid.uuid4().hex
     proc = subprocess.Popen([FW, "bench", "--quick", "--suite", "train", "--out", str(tmp_path)],

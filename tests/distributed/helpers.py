@@ -18,8 +18,8 @@ from pathlib import Path
 
 from timescale import scaled
 
-from framework.strategies.processes import descendants as _descendants  # noqa: F401 (re-exported for the tests)
-from framework.strategies.processes import kill_tree as _kill_tree
+from framework.strategies.launchers.processes import descendants as _descendants  # noqa: F401 (re-exported for the tests)
+from framework.strategies.launchers.processes import kill_tree as _kill_tree
 
 REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent

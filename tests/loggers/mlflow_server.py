@@ -13,7 +13,7 @@ from pathlib import Path
 
 from distributed.helpers import free_port
 
-from framework.strategies.processes import kill_tree
+from framework.strategies.launchers.processes import kill_tree
 
 
 class MlflowServer:

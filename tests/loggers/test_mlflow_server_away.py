@@ -262,7 +262,7 @@ def test_a_logger_used_before_a_forked_fit_sends_the_fit(tmp_path):
 NO_FINALIZE = """
 import sys
 from framework.loggers import MLFlowLogger
-from framework.strategies.processes import kill_tree
+from framework.strategies.launchers.processes import kill_tree
 logger = MLFlowLogger(tracking_uri=sys.argv[1], flush_timeout=2)
 for step in range(20):
     logger.log_metrics({"m": float(step)}, step)

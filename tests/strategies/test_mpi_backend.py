@@ -1,4 +1,4 @@
-"""The fw_mpi backend (``framework/strategies/mpi_backend.py``): collectives, DDP and failure.
+"""The fw_mpi backend (``framework/strategies/mpi/backend.py``): collectives, DDP and failure.
 
 Each multi-rank test writes a script to ``tmp_path`` and runs it on 2 ranks under
 ``mpiexec -n 2 python -m mpi4py``; the script asserts and prints a marker that the test checks.
@@ -25,7 +25,7 @@ _mpiexec = mpiexec
 
 PRELUDE = """
 import torch, torch.distributed as dist
-from framework.strategies.mpi_backend import init_mpi_process_group
+from framework.strategies.mpi.backend import init_mpi_process_group
 torch.set_num_threads(1)
 rank, world = init_mpi_process_group()
 assert world == 2 and dist.get_backend() == "fw_mpi", (world, dist.get_backend())
@@ -272,7 +272,7 @@ print("EXIT-OK")  # and exit at once, while the communication thread may still b
 SERIALIZED = """
 from mpi4py import MPI
 from torch.nn.parallel import DistributedDataParallel as DDP
-from framework.strategies.mpi_pg import MPIProcessGroup
+from framework.strategies.mpi.process_group import MPIProcessGroup
 
 assert MPI.Query_thread() == MPI.THREAD_SERIALIZED
 assert not dist.group.WORLD.overlap  # below MPI_THREAD_MULTIPLE: synchronous, as before
@@ -358,7 +358,7 @@ def test_exception_on_one_rank_ends_the_job(tmp_path):
 
 
 def test_register_is_idempotent():
-    from framework.strategies.mpi_backend import register_mpi_backend
+    from framework.strategies.mpi.backend import register_mpi_backend
 
     assert register_mpi_backend() == "fw_mpi"
     assert register_mpi_backend() == "fw_mpi"
@@ -369,7 +369,7 @@ def test_missing_mpi4py_says_how_to_install(monkeypatch):
     import torch.distributed as dist
 
     from framework.errors import DistributedSetupError
-    from framework.strategies.mpi_backend import init_mpi_process_group
+    from framework.strategies.mpi.backend import init_mpi_process_group
 
     monkeypatch.setitem(sys.modules, "mpi4py", None)  # makes ``import mpi4py`` fail
     monkeypatch.setattr(dist, "is_mpi_available", lambda: False)

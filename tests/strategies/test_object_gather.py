@@ -1,4 +1,4 @@
-"""``DistributedStrategy.all_gather_object`` (``strategies/object_bytes.py``): every rank's
+"""``DistributedStrategy.all_gather_object`` (``strategies/gather_objects.py``): every rank's
 object comes back in rank order and equal to what it sent, tensors included (dtypes, shapes,
 values; bfloat16 and tensors that need grad pickled as torch pickles them), in one collective
 when every rank's bytes fit the buffer and by torch's two rounds when one rank's do not."""
@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, TensorDataset
 import framework as fw
-from framework.strategies import object_bytes
+from framework.strategies import gather_objects
 from toy import QUIET, LinearModel
 
 calls = []
@@ -29,7 +29,7 @@ dist.all_gather_object = lambda *a, **k: (calls.append(1), real(*a, **k))[1]
 def obj(r, big):
     return {"rank": r, "rng": torch.arange(5 + r, dtype=torch.uint8), "f": torch.full((2, 3), r + 0.5),
             "bf": torch.ones(2, dtype=torch.bfloat16) * r, "grad": torch.ones(1, requires_grad=True) * r,
-            "scalar": torch.tensor(r), "py": (r, "x" * r), "big": "y" * (object_bytes.CAPACITY + 1) if big and r == 1 else ""}
+            "scalar": torch.tensor(r), "py": (r, "x" * r), "big": "y" * (gather_objects.CAPACITY + 1) if big and r == 1 else ""}
 
 def same(a, b):
     if isinstance(a, torch.Tensor):

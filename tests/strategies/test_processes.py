@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from framework.strategies.processes import children, descendants, kill_tree, resume_stopped_workers
+from framework.strategies.launchers.processes import children, descendants, kill_tree, resume_stopped_workers
 
 # a worker's stand-in: handlers for the signals that end a job, unblocked (as fw's fit has them: a
 # worker that fw's launcher starts has them blocked until then, and a child inherits its parent's

@@ -6,8 +6,8 @@ import pytest
 import torch.distributed as dist
 
 from framework.rank_zero import FwWarning
-from framework.strategies import rendezvous
-from framework.strategies.rendezvous import elastic_job_id
+from framework.strategies.launchers import rendezvous
+from framework.strategies.launchers.rendezvous import elastic_job_id
 
 
 def test_the_job_id_is_the_run_id_and_one_nonce_per_agent_store(monkeypatch):

@@ -1,4 +1,4 @@
-"""The launcher's report of failed workers (``framework/strategies/worker_failures.py``): a user's
+"""The launcher's report of failed workers (``framework/strategies/launchers/worker_failures.py``): a user's
 mistake raised alike on every rank is one line, once, with no traceback; a mistake beside other
 failures is named with its rank; an error in user code keeps its traceback."""
 
@@ -9,7 +9,7 @@ from distributed.helpers import REPO
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
 from framework.errors import ConfigError
-from framework.strategies.worker_failures import record_worker_error, report_failures
+from framework.strategies.launchers.worker_failures import record_worker_error, report_failures
 
 
 def _failed(tmp_path, monkeypatch, rank: int, exc: BaseException, exitcode: int) -> ProcessFailure:
@@ -62,8 +62,8 @@ def test_a_refusal_exits_with_the_code_of_a_worker_that_exited_not_of_one_stoppe
 @pytest.fixture
 def torchrun_rank(monkeypatch):
     """This process as rank ``n`` of a job torchrun started (not fw's launcher), without the wait."""
-    import framework.strategies.worker_failures as failures
-    from framework.strategies.processes import LAUNCHER_PID
+    import framework.strategies.launchers.worker_failures as failures
+    from framework.strategies.launchers.processes import LAUNCHER_PID
 
     monkeypatch.delenv(LAUNCHER_PID, raising=False)
     monkeypatch.setattr(failures, "QUIET_RANK_GRACE_S", 0)
@@ -74,9 +74,9 @@ def test_under_torchrun_a_refusal_alike_on_every_rank_is_rank_0s_to_print(torchr
     """Rank 0 says it at once; another rank first waits for rank 0's exit to end the job (torchrun
     stops it then, tests/distributed/test_failure.py), and says it itself if it is still running
     after the wait: rank 0 did not raise it."""
-    import framework.strategies.worker_failures as failures
+    import framework.strategies.launchers.worker_failures as failures
     from framework.errors import raised_alike_on_every_rank
-    from framework.strategies.worker_failures import said_by_another_process
+    from framework.strategies.launchers.worker_failures import said_by_another_process
 
     waits: list[float] = []
     monkeypatch.setattr(failures.time, "sleep", waits.append)
@@ -102,7 +102,7 @@ def test_refusals_from_the_configuration_alone_are_marked_alike_and_others_are_n
     import framework as fw
     from framework.config import load_recipe
     from framework.parallel import _divide_head_counts
-    from framework.strategies.fsdp_options import precision_policy
+    from framework.strategies.fsdp.options import precision_policy
 
     def refusal(fn):
         with pytest.raises(ConfigError) as raised:

@@ -20,7 +20,7 @@ from types import FrameType
 from typing import Any
 
 from framework.errors import ConfigError, first_line
-from framework.strategies.failure_stamp import FailureStamp, earliest_first
+from framework.strategies.launchers.failure_stamp import FailureStamp, earliest_first
 
 
 def refuse_unguarded_main(strategy: str) -> None:

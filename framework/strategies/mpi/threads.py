@@ -1,4 +1,4 @@
-"""The two threads of an ``MPIProcessGroup`` (``mpi_pg.py``): the watchdog that bounds every
+"""The two threads of an ``MPIProcessGroup`` (``process_group.py``): the watchdog that bounds every
 MPI call by the group's timeout, and the communication thread that runs the all-reduces a caller
 waits for later (DDP's gradient buckets), in order, while the caller goes on computing.
 """
@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from framework import waits
-from framework.strategies.mpi_rollcall import RollCall, describe_absent
+from framework.strategies.mpi.rollcall import RollCall, describe_absent
 
 
 def call_unwatched(_what: str, call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:

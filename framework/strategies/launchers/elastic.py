@@ -1,20 +1,12 @@
-"""Launchers: how a strategy's processes are started. A strategy returns one (or None); every
-launcher has one method, ``launch(fn, *args)``: run one Trainer call as every rank of the job.
-
-- ``ElasticLauncher`` (DDP over Gloo or NCCL): without a launcher around and with
-  ``devices * num_nodes > 1``, fw re-runs the current command (``fw fit ...`` or ``python
-  script.py``) in one worker per device through torch.distributed.run's elastic agent, the engine
-  behind ``torchrun``: it sets RANK/LOCAL_RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT, watches the
-  workers, and when one fails it stops the others and reports that worker's error (a worker
-  stopped by SIGSTOP is resumed so that it acts on that SIGTERM: ``processes.py``). The launching
-  process does not train: once the workers are done it ends with the job's status
-  (``JobEnded``). On one node the agent binds the rendezvous port itself (``127.0.0.1:0``, as
-  ``torchrun --standalone``), so jobs started at once on one machine never race for a port.
-- ``SpawnLauncher`` (``ddp_spawn``, ``ddp_notebook``; ``spawn.py``): runs the call in workers it
-  starts from this process and returns rank 0's outcome.
-- ``MPIExecLauncher`` (the mpi strategy): MPI jobs are started by ``mpiexec``, so it refuses
-  with the command to run.
-- ``None``: one process, or the workers already exist (torchrun, srun, mpiexec).
+"""``ElasticLauncher`` (DDP over Gloo or NCCL): without a launcher around and with
+``devices * num_nodes > 1``, fw re-runs the current command (``fw fit ...`` or ``python
+script.py``) in one worker per device through torch.distributed.run's elastic agent, the engine
+behind ``torchrun``: it sets RANK/LOCAL_RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT, watches the
+workers, and when one fails it stops the others and reports that worker's error (a worker
+stopped by SIGSTOP is resumed so that it acts on that SIGTERM: ``processes.py``). The launching
+process does not train: once the workers are done it ends with the job's status
+(``JobEnded``). On one node the agent binds the rendezvous port itself (``127.0.0.1:0``, as
+``torchrun --standalone``), so jobs started at once on one machine never race for a port.
 
 For several nodes, run the same command on every node with the same ``rdzv_endpoint``
 (``trainer.rdzv_endpoint=HOST:PORT``, or MASTER_ADDR/MASTER_PORT), as with torchrun; the node
@@ -30,13 +22,13 @@ import signal
 import socket
 import sys
 import uuid
-from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from framework.errors import ConfigError, ProgramEnds
-from framework.strategies.processes import LAUNCHER_PID as _LAUNCHER_PID
-from framework.strategies.worker_failures import leave_tracebacks_to_the_launcher, report_failures
+from framework.errors import ConfigError
+from framework.strategies.launchers.base import JobEnded, Launcher
+from framework.strategies.launchers.processes import LAUNCHER_PID as _LAUNCHER_PID
+from framework.strategies.launchers.worker_failures import leave_tracebacks_to_the_launcher, report_failures
 
 if TYPE_CHECKING:
     from torch.distributed.launcher.api import LaunchConfig
@@ -49,36 +41,6 @@ _WORKERS_STOP_ON = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
 _BLOCKED_UNTIL_FIT = (signal.SIGUSR1,)
 #: signals the elastic agent passes on to the workers (the one that ends a job is SIGTERM)
 _PASSED_ON = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1)
-
-
-class Launcher(ABC):
-    """Starts a job's processes for one Trainer call: ``launch(fn, *args)`` runs ``fn(*args)``
-    as every rank and returns rank 0's result here. How differs inside: ``SpawnLauncher``
-    (``ddp_spawn``) calls ``fn`` in the workers it starts; ``ElasticLauncher`` re-runs the whole
-    program in its workers, which make the call themselves, so this process ends instead
-    (``JobEnded``, with the job's status)."""
-
-    @abstractmethod
-    def launch(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """``fn(*args)`` on every rank; rank 0's result, or ``JobEnded``."""
-
-
-class JobEnded(ProgramEnds):
-    """This process only launched the workers, which ran the whole program, and they are done:
-    it ends with the job's exit status (the code after the call ran in every worker)."""
-
-
-class MPIExecLauncher(Launcher):
-    """MPI jobs are started by ``mpiexec``: say so, with the command."""
-
-    def __init__(self, world_size: int) -> None:
-        self.world_size = world_size
-
-    def launch(self, fn: Callable[..., Any], *args: Any) -> Any:
-        raise ConfigError(
-            f"trainer.strategy=mpi with {self.world_size} processes needs an MPI launcher: "
-            f"mpiexec -n {self.world_size} fw fit ... (or set trainer.devices=1)"
-        )
 
 
 class ElasticLauncher(Launcher):
@@ -130,7 +92,7 @@ def launch_workers(nproc_per_node: int, num_nodes: int = 1, max_restarts: int = 
     agent_log.setLevel(logging.CRITICAL if not os.environ.get("FW_DEBUG_LAUNCH") else logging.INFO)
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc_per_node)))
     os.environ[_LAUNCHER_PID] = str(os.getpid())  # workers die with this process (as_launcher_worker)
-    from framework.strategies.processes import exit_barrier_within, resume_stopped_workers, started_blocking
+    from framework.strategies.launchers.processes import exit_barrier_within, resume_stopped_workers, started_blocking
 
     try:
         with resume_stopped_workers(_PASSED_ON), started_blocking(_BLOCKED_UNTIL_FIT), exit_barrier_within(timeout):

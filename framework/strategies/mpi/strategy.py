@@ -1,11 +1,11 @@
 """DDP whose communication runs over MPI, for jobs started with ``mpirun``/``mpiexec``.
 
 PyTorch wheels carry no native MPI backend. When torch has one, ``init_process_group("mpi")``
-is used; otherwise ``framework.strategies.mpi_backend`` registers a ProcessGroup backed by mpi4py
+is used; otherwise ``framework.strategies.mpi.backend`` registers a ProcessGroup backed by mpi4py
 (backend ``fw_mpi``), so unmodified DDP (bucketing, ``no_sync``, its options) and every
 collective of the framework move data over MPI, with no ports to open. Where the MPI library
 allows calls from several threads, DDP's gradient all-reduce overlaps backward (see
-``mpi_pg.py``).
+``process_group.py``).
 
 Ranks come from the MPI launcher. Without one, ``fw fit`` with ``devices > 1`` refuses with the
 command to run (MPI jobs are started by ``mpiexec``, not by fw). An exception on one rank aborts
@@ -71,7 +71,7 @@ class MPIStrategy(DistributedStrategy):
         return MPIExecLauncher(len(self.devices) * num_nodes)
 
     def _init_process_group(self) -> None:
-        from framework.strategies.mpi_backend import init_mpi_process_group
+        from framework.strategies.mpi.backend import init_mpi_process_group
 
         rank, world_size = init_mpi_process_group(datetime.timedelta(seconds=self.timeout))
         if (rank, world_size) != (self.dist.rank, self.dist.world_size):

@@ -1,4 +1,4 @@
-"""Which ranks a stuck MPI collective waits for (the watchdog's roll call, ``mpi_threads.py``).
+"""Which ranks a stuck MPI collective waits for (the watchdog's roll call, ``threads.py``).
 
 MPI says nothing about who has not arrived in a collective. So a rank that has waited in one for
 a second tells every other rank of the group so, on a communicator of its own (a ``Dup``: these

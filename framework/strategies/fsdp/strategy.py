@@ -6,7 +6,7 @@ The units are the submodules whose class is in ``auto_wrap_policy`` (Lightning's
 classes, or their names in a recipe; one tied to a module outside it stays in the unit around both), then the root. The root is a ``StepModule`` around the
 TrainModule, so every step (training, validation, test, predict) runs inside the root's forward and
 parameters owned by no smaller unit are gathered for it too (and kept for the backward:
-``fsdp_steps.py``). ``configure_model()`` has run before sharding; ``configure_optimizers()`` runs
+``resharding.py``). ``configure_model()`` has run before sharding; ``configure_optimizers()`` runs
 after it, so the optimizers see the sharded parameters (an optimizer over the unsharded ones would
 step tensors that no longer train: it is refused). ``HYBRID_SHARD`` shards over one dimension of a
 2-D mesh and replicates over the other (HSDP); ``bf16-mixed`` gathers and computes in bfloat16 and
@@ -15,12 +15,12 @@ reduces in float32 into float32 shards. Evaluation runs under ``no_grad``, never
 
 After a call the module stays sharded and its group up (until the process ends) for the next
 call on it (``fit`` then ``test``), as in Lightning; sharding it another way is refused. A model
-built on the meta device (``trainer.init_module()``) is made real shard by shard (``fsdp_init.py``).
+built on the meta device (``trainer.init_module()``) is made real shard by shard (``materialize.py``).
 
 Checkpoints: ``state_dict_type="sharded"`` (the default) writes a folder that every rank writes
-its own shards into (``dcp_checkpoint.py``: nothing is gathered); ``"full"`` (Lightning's FSDP
+its own shards into (``sharded_checkpoint.py``: nothing is gathered); ``"full"`` (Lightning's FSDP
 default) gathers the full model and optimizer state through rank 0's CPU into the one file fw
-writes for DDP (``fsdp_checkpoint.py``). Either loads on any number of ranks, and under DDP or
+writes for DDP (``full_checkpoint.py``). Either loads on any number of ranks, and under DDP or
 in one process; the optimizer state is keyed by parameter name.
 """
 
@@ -39,14 +39,14 @@ from framework.parallel.blocks import class_names, units
 from framework.strategies.base import StepModule
 from framework.strategies.ddp import DDPStrategy
 from framework.strategies.distributed import DEFAULT_TIMEOUT_S, destroy_groups_at_exit
-from framework.strategies.fsdp_init import has_meta_tensors, materialize, recording_makers
-from framework.strategies.fsdp_options import mesh_shape, precision_policy, without_split_ties
+from framework.strategies.fsdp.materialize import has_meta_tensors, materialize, recording_makers
+from framework.strategies.fsdp.options import mesh_shape, precision_policy, without_split_ties
 
 if TYPE_CHECKING:
     from framework.checkpointing.parts import CheckpointParts
     from framework.module import TrainModule
-    from framework.strategies.dcp_async import PendingSave
-    from framework.strategies.fsdp_steps import ManualSteps
+    from framework.strategies.fsdp.async_save import PendingSave
+    from framework.strategies.fsdp.resharding import ManualSteps
 
 #: Lightning's sharding strategies that fw runs, and whether each reshards after forward
 SHARDING = {"FULL_SHARD": True, "SHARD_GRAD_OP": False, "HYBRID_SHARD": True}
@@ -66,8 +66,8 @@ class FSDPStrategy(DDPStrategy):
             within a node, replicate across).
         device_mesh: ``[replicas, shard size]`` for ``HYBRID_SHARD``.
         state_dict_type: ``sharded`` (a folder every rank writes its shards into:
-            ``dcp_checkpoint.py``) or ``full`` (one file, as for DDP, gathered through rank 0's CPU).
-        async_save: write sharded checkpoints while training goes on (``dcp_async.py``).
+            ``sharded_checkpoint.py``) or ``full`` (one file, as for DDP, gathered through rank 0's CPU).
+        async_save: write sharded checkpoints while training goes on (``async_save.py``).
         cpu_offload: keep the shards (parameters, gradients, optimizer state) in CPU memory and
             step the optimizer there; each unit's parameters go to the device for its compute.
         activation_checkpointing_policy: as the Trainer's (Lightning takes it here).
@@ -117,9 +117,9 @@ class FSDPStrategy(DDPStrategy):
         self.module: TrainModule | None = None
         self._after_call: TrainModule | None = None  # the last call's module: still sharded, its group up
         self._init_rng: torch.Tensor | None = None  # the RNG state trainer.init_module() ended with
-        self.pending_save: PendingSave | None = None  # an asynchronous save in flight (dcp_async.py)
+        self.pending_save: PendingSave | None = None  # an asynchronous save in flight (async_save.py)
         self.checkpoint_group: Any = None  # the Gloo group asynchronous saves coordinate over
-        self.manual: ManualSteps | None = None  # manual optimization's steps (fsdp_steps.py)
+        self.manual: ManualSteps | None = None  # manual optimization's steps (resharding.py)
 
     def setup_module(self, module: TrainModule) -> nn.Module:
         from torch.distributed.device_mesh import init_device_mesh
@@ -145,7 +145,7 @@ class FSDPStrategy(DDPStrategy):
             for unit in blocks:
                 fully_shard(unit, **shard)
             root = StepModule(module)
-            keep = None if self.reshard_after_forward else False  # None: the root keeps them for backward (fsdp_steps.py)
+            keep = None if self.reshard_after_forward else False  # None: the root keeps them for backward (resharding.py)
             fully_shard(root, **{**shard, "reshard_after_forward": keep})
             materialize(module, self.root_device, self._init_rng)  # meta-built: shard by shard
             module.__dict__[_SHARDED] = (root, layout)  # not a submodule: the root holds the module
@@ -168,7 +168,7 @@ class FSDPStrategy(DDPStrategy):
         return units(module, self.wrap_classes) if self.wrap_classes else []
 
     def training_step_fn(self, module: TrainModule) -> Callable[..., Any]:
-        from framework.strategies.fsdp_steps import ManualSteps
+        from framework.strategies.fsdp.resharding import ManualSteps
 
         assert self.model is not None, "setup_module() first"
         self.manual = None if module.automatic_optimization else ManualSteps(self.model)
@@ -184,13 +184,13 @@ class FSDPStrategy(DDPStrategy):
 
     def step_fn(self, module: TrainModule, name: str) -> Callable[..., Any]:
         """The step in the root's forward, which gathers the parameters no smaller unit holds."""
-        from framework.strategies.fsdp_steps import fsdp_modules, resharding
+        from framework.strategies.fsdp.resharding import fsdp_modules, resharding
 
         assert self.model is not None, "setup_module() first"
         return resharding(functools.partial(self.model, step=name), fsdp_modules(self.model))
 
     def check_optimizers(self, optimizers: list[torch.optim.Optimizer]) -> None:
-        from framework.strategies.fsdp_options import only_sharded
+        from framework.strategies.fsdp.options import only_sharded
 
         only_sharded(optimizers)
 
@@ -207,7 +207,7 @@ class FSDPStrategy(DDPStrategy):
         failure both go: the module cannot be used by another call."""
         import torch.distributed as dist
 
-        from framework.strategies.dcp_async import finish_pending
+        from framework.strategies.fsdp.async_save import finish_pending
 
         try:
             finish_pending(self, barrier=not self._failed)  # the call ends with its last checkpoint committed
@@ -239,32 +239,32 @@ class FSDPStrategy(DDPStrategy):
     def model_building_context(self) -> contextlib.AbstractContextManager:
         return recording_makers()  # a tied layer built on meta in configure_model() is initialised by its maker
 
-    # -- checkpoints (fsdp_checkpoint.py) ----------------------------------------------------
+    # -- checkpoints (full_checkpoint.py) ----------------------------------------------------
     def save_checkpoint(self, path: str, parts: CheckpointParts) -> None:
         """``sharded``: every rank writes its shards into the folder ``path``; ``full``: every
         rank gathers the full state (rank 0 keeps it, on the CPU), rank 0 writes it."""
-        from framework.strategies import dcp_checkpoint, fsdp_checkpoint
+        from framework.strategies.fsdp import full_checkpoint, sharded_checkpoint
 
         if self.state_dict_type == "sharded":  # asynchronous within a call only (whose end commits it)
             asynchronous = self.async_save and self.module is not None
-            dcp_checkpoint.save_sharded(self, self._sharded_module(), path, parts, asynchronous=asynchronous)
+            sharded_checkpoint.save_sharded(self, self._sharded_module(), path, parts, asynchronous=asynchronous)
         else:
-            fsdp_checkpoint.save_full(self, self._sharded_module(), path, parts)
+            full_checkpoint.save_full(self, self._sharded_module(), path, parts)
 
     def load_checkpoint(self, path: str, parts: CheckpointParts) -> dict[str, Any]:
         """A sharded checkpoint: every rank reads its part of each tensor; one file: every rank
         reads it and shards its full state onto this rank's parameters."""
-        from framework.strategies import dcp_checkpoint, fsdp_checkpoint
+        from framework.strategies.fsdp import full_checkpoint, sharded_checkpoint
 
-        load = dcp_checkpoint.load_sharded if dcp_checkpoint.is_sharded(path) else fsdp_checkpoint.load_full
+        load = sharded_checkpoint.load_sharded if sharded_checkpoint.is_sharded(path) else full_checkpoint.load_full
         return load(self, self._sharded_module(), path, parts)
 
     def _sharded_module(self) -> TrainModule:
         """The call's module, or the last call's while its group is up (``save_checkpoint`` after
-        ``fit``), holding only its shards (``fsdp_steps.py``)."""
+        ``fit``), holding only its shards (``resharding.py``)."""
         import torch.distributed as dist
 
-        from framework.strategies.fsdp_steps import reshard_all
+        from framework.strategies.fsdp.resharding import reshard_all
 
         module = self.module if self.module is not None else self._after_call
         if module is None or not dist.is_initialized():

@@ -3,7 +3,7 @@ with the model and optimizer state gathered from the shards.
 
 Saving: every rank takes part in ``get_model_state_dict``/``get_optimizer_state_dict`` with
 ``full_state_dict=True, cpu_offload=True`` (a collective: only rank 0 keeps the result, in CPU
-memory), then rank 0 writes as for DDP (``checkpoint_io.save_from_rank_zero``). The optimizer
+memory), then rank 0 writes as for DDP (``checkpointing/single_file.py``: ``save_from_rank_zero``). The optimizer
 state is keyed by parameter name (``fw_optimizer_keys: names`` in the file). Loading: every rank
 reads the file and ``set_*_state_dict`` shards its full state onto this rank's parameters. A
 checkpoint of DDP or one process (optimizer state keyed by position) is renamed first, and one

@@ -54,11 +54,11 @@ if TYPE_CHECKING:
 def save_sharded(strategy: FSDPStrategy, module: TrainModule, path: str, parts: CheckpointParts,
                  asynchronous: bool = False) -> None:
     """Every rank writes its shards, rank 0 the rest and then the commit mark (call on every
-    rank); ``asynchronous``: the shards are written while training goes on (``dcp_async.py``)."""
+    rank); ``asynchronous``: the shards are written while training goes on (``async_save.py``)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 
-    from framework.strategies.dcp_async import PendingSave, checkpoint_group, finish_pending
+    from framework.strategies.fsdp.async_save import PendingSave, checkpoint_group, finish_pending
 
     finish_pending(strategy)
     final = Path(path)

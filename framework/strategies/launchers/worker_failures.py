@@ -22,8 +22,8 @@ from typing import Any
 
 from framework.errors import FwError
 from framework.rank_zero import global_rank
-from framework.strategies.failure_stamp import FailureStamp, earliest_first
-from framework.strategies.processes import LAUNCHER_PID
+from framework.strategies.launchers.failure_stamp import FailureStamp, earliest_first
+from framework.strategies.launchers.processes import LAUNCHER_PID
 
 _ERROR_FILE = "TORCHELASTIC_ERROR_FILE"
 QUIET_RANK_GRACE_S = 10.0  # long enough for torchrun to stop this rank after rank 0 ends, on a loaded machine

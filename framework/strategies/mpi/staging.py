@@ -13,7 +13,7 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import _create_work_from_future  # type: ignore[attr-defined]  # private torch API, not in its stubs
 
 if TYPE_CHECKING:
-    from framework.strategies.mpi_threads import CommThread
+    from framework.strategies.mpi.threads import CommThread
 
 # dtypes that MPI cannot reduce directly (MPI has no bfloat16, no half arithmetic and no
 # logical-as-arithmetic bool), mapped to the dtype the reduction runs in.

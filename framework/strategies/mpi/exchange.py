@@ -1,5 +1,5 @@
 """The collectives of ``MPIProcessGroup`` that exchange data rather than reduce it: all-gather,
-gather, scatter and all-to-all (mixed into the group; the rules are ``mpi_pg.py``'s)."""
+gather, scatter and all-to-all (mixed into the group; the rules are ``process_group.py``'s)."""
 
 from __future__ import annotations
 
@@ -9,12 +9,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from framework.strategies.mpi_staging import _done, _staged, _synchronous
+from framework.strategies.mpi.staging import _done, _staged, _synchronous
 
 if TYPE_CHECKING:
     from torch._C._distributed_c10d import AllgatherOptions, AllToAllOptions, GatherOptions, ScatterOptions
 
-    from framework.strategies.mpi_threads import CommThread
+    from framework.strategies.mpi.threads import CommThread
 
 
 class ExchangeCollectives:

@@ -92,12 +92,12 @@ class ModelParallelStrategy(FSDPStrategy):
         return mesh_shape(self.sizes, self.world_size, self.dist.local_world_size)
 
     def setup_module(self, module: TrainModule) -> nn.Module:
-        from framework.loops.hooks import overrides
         from framework.module import TrainModule
         from framework.parallel import LOSS_PARALLEL
-        from framework.strategies.fsdp_init import materialize
+        from framework.strategies.fsdp.materialize import materialize
 
-        if not overrides(module, TrainModule, "configure_model"):
+        # overridden by its class, or held by the module itself (as the hook dispatcher reads a hook)
+        if type(module).configure_model is TrainModule.configure_model and "configure_model" not in vars(module):
             raise ConfigError(f"strategy model_parallel: {type(module).__name__} does not override configure_model(), "
                               "where the model is parallelized over self.device_mesh; add it (one line: "
                               "fw.parallel.parallelize(self.model, self.device_mesh, blocks={Block})), or use "
@@ -150,7 +150,7 @@ class ModelParallelStrategy(FSDPStrategy):
         return [m for m in module.modules() if m.__dict__.get(BLOCK)]
 
     def training_step_fn(self, module: TrainModule) -> Callable[..., Any]:
-        from framework.strategies.fsdp_steps import fsdp_modules, resharding
+        from framework.strategies.fsdp.resharding import fsdp_modules, resharding
 
         step = module.training_step
         if self._loss_parallel and not module.automatic_optimization:  # automatic: the loop runs step and
@@ -158,7 +158,7 @@ class ModelParallelStrategy(FSDPStrategy):
         return resharding(step, fsdp_modules(module))  # a root gathered by a step without backward reshards
 
     def step_fn(self, module: TrainModule, name: str) -> Callable[..., Any]:
-        from framework.strategies.fsdp_steps import fsdp_modules, resharding
+        from framework.strategies.fsdp.resharding import fsdp_modules, resharding
 
         step = getattr(module, name)
         return resharding(inside(self.step_context, step) if self._loss_parallel else step, fsdp_modules(module))

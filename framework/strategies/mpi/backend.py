@@ -2,13 +2,13 @@
 
 The PyPI torch wheels are built without MPI (``torch.distributed.is_mpi_available()`` is
 False), so ``init_process_group("mpi")`` fails there. This module registers a Python process
-group backed by mpi4py (``MPIProcessGroup`` in ``mpi_pg.py``) as the c10d backend
+group backed by mpi4py (``MPIProcessGroup`` in ``process_group.py``) as the c10d backend
 ``"fw_mpi"`` and initialises the default group with it: ranks come from ``MPI.COMM_WORLD``,
 no address, port or rendezvous is needed.
 
 Usage (inside a job started by ``mpiexec``/``mpirun``)::
 
-    from framework.strategies.mpi_backend import init_mpi_process_group
+    from framework.strategies.mpi.backend import init_mpi_process_group
     rank, world_size = init_mpi_process_group()
     model = torch.nn.parallel.DistributedDataParallel(model)   # gradients move over MPI
 
@@ -38,7 +38,7 @@ Other things to know:
 * The default group's store is a process-local ``HashStore``, so ``dist.new_group(backend=
   "gloo")`` on top of it cannot rendezvous (it times out). To mix both, initialise Gloo as the
   default group (TCP rendezvous, port sent over MPI) and ``dist.new_group(backend="fw_mpi")``,
-  as ``fw bench`` does under mpiexec (``framework/bench/context.py``).
+  as ``fw bench`` does under mpiexec (``_start_mpi`` in ``framework/bench/context.py``).
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ def _create_backend(backend_opts: Any, _pg_options: Any) -> dist.ProcessGroup:
     ``backend_opts`` is c10d's private ``_DistributedBackendOptions``, whose stub lacks
     ``global_ranks_in_group``; ``_pg_options`` the backend options given to ``new_group``.
     """
-    from framework.strategies.mpi_pg import MPIProcessGroup
+    from framework.strategies.mpi.process_group import MPIProcessGroup
 
     MPI = _import_mpi()
     world = MPI.COMM_WORLD

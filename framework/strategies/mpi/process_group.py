@@ -3,7 +3,7 @@
 torch's CPU wheels carry no native MPI backend, so this class bridges c10d to an mpi4py
 communicator: ``torch.distributed`` calls (and ``DistributedDataParallel``) land in the
 methods below, which hand the tensors' memory to MPI (no copy, no numpy) and return ``Work``.
-Registration and ``init_process_group`` live in ``mpi_backend.py``.
+Registration and ``init_process_group`` live in ``backend.py``.
 
 Rules that every method follows:
 
@@ -30,8 +30,8 @@ Rules that every method follows:
 * MPI collectives have no timeout, so the group keeps its own: a watchdog thread says on stderr
   what a rank has been waiting for (every 30 s) and aborts the MPI job once one call has
   waited longer than the group's timeout (a rank that stopped answering). It and the
-  communication thread live in ``mpi_threads.py``; the staging rules in ``mpi_staging.py``;
-  the collectives that exchange data (gather, scatter, all-to-all) in ``mpi_exchange.py``. A rank that
+  communication thread live in ``threads.py``; the staging rules in ``staging.py``;
+  the collectives that exchange data (gather, scatter, all-to-all) in ``exchange.py``. A rank that
   raises aborts the job at once (``MPIStrategy.on_exception`` and the excepthook).
 
 This relies on a private, experimental torch API (``_create_work_from_future``, Python
@@ -49,10 +49,10 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import PythonCallbackWork
 
-from framework.strategies.mpi_exchange import ExchangeCollectives
-from framework.strategies.mpi_rollcall import RollCall
-from framework.strategies.mpi_staging import _REDUCE_AS, _done, _staged, _synchronous
-from framework.strategies.mpi_threads import CommThread, Watchdog, call_unwatched
+from framework.strategies.mpi.exchange import ExchangeCollectives
+from framework.strategies.mpi.rollcall import RollCall
+from framework.strategies.mpi.staging import _REDUCE_AS, _done, _staged, _synchronous
+from framework.strategies.mpi.threads import CommThread, Watchdog, call_unwatched
 
 if TYPE_CHECKING:
     from torch._C._distributed_c10d import (

@@ -28,8 +28,8 @@ from framework.environments import ClusterEnvironment
 from framework.errors import ConfigError, DistributedSetupError, did_you_mean
 from framework.strategies.distributed import DEFAULT_TIMEOUT_S, DistributedStrategy
 from framework.strategies.launchers import ElasticLauncher, Launcher
-from framework.strategies.processes import beside
-from framework.strategies.rendezvous import attempt_store, prefixed_by_init
+from framework.strategies.launchers.processes import beside
+from framework.strategies.launchers.rendezvous import attempt_store, prefixed_by_init
 
 #: what set-up may write into ``os.environ`` for ``init_process_group``; teardown puts it back
 _SET_UP_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
@@ -118,7 +118,7 @@ class DDPStrategy(DistributedStrategy):
                 # a world of one talks only to itself: a store on a port it holds from bind to end
                 own_store = dist.TCPStore("127.0.0.1", 0, 1, is_master=True, wait_for_workers=False)
             elif info.source == "mpi" and "MASTER_PORT" not in os.environ:
-                from framework.strategies.rendezvous import mpi_store
+                from framework.strategies.launchers.rendezvous import mpi_store
 
                 host = "127.0.0.1" if info.num_nodes == 1 else given_addr
                 own_store = mpi_store(info.rank, info.world_size, host, datetime.timedelta(seconds=self.timeout),
