@@ -8,14 +8,15 @@ calls ``on_train_batch_start``; after it, the epoch counts the step and calls
 ``automatic_step_fn``):
 
 1. ``training_step``, through the strategy's wrapper, under autocast (``forward_and_backward``);
-2. the loss checked (``trainer.on_nonfinite``, ``nonfinite.py``);
+2. the loss checked (``trainer.on_nonfinite``, ``nonfinite.py``; a batch ``skip`` drops runs no
+   backward, or where DDP expects one runs it, and 5-6 then drop its window's gradients);
 3. on the first batch of an accumulation window, where something watches it:
    ``on_before_zero_grad``, ``optimizer_zero_grad``;
 4. the loss divided by ``accumulate_grad_batches``, scaled under ``16-mixed``, then
    ``on_before_backward``, ``backward``, ``on_after_backward``. A batch that only accumulates
    (k-1 of every k) ends here, with 1-4 inside DDP's or FSDP's ``no_sync`` (no all-reduce);
 5. the gradients unscaled under ``16-mixed``, ``on_before_optimizer_step``, clipping
-   (``configure_gradient_clipping``, or the Trainer's ``gradient_clip_val``) (``optimizer_step``);
+   (``configure_gradient_clipping``, or the Trainer's ``gradient_clip_val``) (``clip_and_step``);
 6. the optimizer's step, through the GradScaler;
 7. ``zero_grad`` right after the step, where nothing watches it (else at 3 of the next window).
 
@@ -84,11 +85,11 @@ def automatic_step_fn(run: Run) -> tuple[Callable[[Any, int, bool], Any], Callab
         optimizer.zero_grad()  # gradients left from before this epoch (a backward outside fit) do not count
     guard = nonfinite_guard(run)
     forward_and_backward = forward_and_backward_fn(run, optimizer, guard, zero_at_window_start=not zero_after_step)
-    optimizer_step = optimizer_step_fn(run, optimizer, zero_after_step, reevaluates)
+    clip_and_step = clip_and_step_fn(run, optimizer, zero_after_step, reevaluates)
 
     def step(closure: Callable[[], Any] | None = None, **kwargs: Any) -> Any:
         """What ``optimizer.step(closure=...)`` does in automatic optimization: 1-4, then 5-7."""
-        return optimizer_step(closure() if closure is not None else None, closure, **kwargs)
+        return clip_and_step(closure() if closure is not None else None, closure, **kwargs)
 
     wrapped.use_automatic_step(step)
     with_closure = user_step is not None or reevaluates or hooks.profiler is not None
@@ -104,7 +105,7 @@ def automatic_step_fn(run: Run) -> tuple[Callable[[Any, int, bool], Any], Callab
                 return forward_and_backward(batch, batch_idx)[0]
         if not with_closure:
             outputs, loss = forward_and_backward(batch, batch_idx)  # 1-4
-            optimizer_step(loss)  # 5-7
+            clip_and_step(loss)  # 5-7
             return outputs
         closure = Closure(forward_and_backward, batch, batch_idx)  # Lightning's optimizer_step contract
         if user_step is None:
@@ -184,7 +185,7 @@ def forward_and_backward_fn(run: Run, optimizer: torch.optim.Optimizer, guard: N
     return forward_and_backward
 
 
-def optimizer_step_fn(run: Run, optimizer: torch.optim.Optimizer, zero_after_step: bool, reevaluates: bool
+def clip_and_step_fn(run: Run, optimizer: torch.optim.Optimizer, zero_after_step: bool, reevaluates: bool
                       ) -> Callable[..., Any]:
     """5-7: ``(loss of 1-4, closure or None, **the optimizer's step arguments) -> loss``; with
     LBFGS the closure is what its step calls again (each call then runs 5's hooks and clipping)."""
@@ -207,7 +208,7 @@ def optimizer_step_fn(run: Run, optimizer: torch.optim.Optimizer, zero_after_ste
         elif clip_val:
             default_clip(optimizer, float(clip_val), clip_algorithm or "norm")
 
-    def optimizer_step(loss: Any, closure: Callable[[], Any] | None = None, **kwargs: Any) -> Any:
+    def clip_and_step(loss: Any, closure: Callable[[], Any] | None = None, **kwargs: Any) -> Any:
         if state.skip_step:  # a non-finite loss in this accumulation window (on_nonfinite=skip)
             state.skip_step = False
             optimizer.zero_grad(set_to_none=True)
@@ -225,7 +226,7 @@ def optimizer_step_fn(run: Run, optimizer: torch.optim.Optimizer, zero_after_ste
             zero_grad()  # 7
         return result
 
-    return optimizer_step
+    return clip_and_step
 
 
 def _again(loss: Any, closure: Callable[[], Any], before_the_step: Callable[[], None]) -> Callable[[], Any]:
