@@ -107,19 +107,13 @@ def fw_fit_with_the_loops_epoch(net: nn.Module, data: TensorDataset, steps: int,
         fw_fit(net, data, steps, world)
 
 
-class MLPModuleThroughTheClosure(MLPModule):
-    """Lightning's default ``optimizer_step`` written out: fw then hands every batch to the
-    optimizer as a closure (``loops/training_step.py``), as it did before the batch without one."""
-
-    def optimizer_step(self, epoch, batch_idx, optimizer, optimizer_closure=None):
-        optimizer.step(closure=optimizer_closure)
-
-
 def fw_fit_with_closures(net: nn.Module, data: TensorDataset, steps: int, world: int) -> None:
-    """fw's fit with every batch through the closure: what the batch without one saves, in the same run."""
-    trainer = fw.Trainer(**QUIET, devices=world, strategy="ddp_gloo" if world > 1 else "single", max_steps=steps)
-    with contextlib.redirect_stderr(io.StringIO()):  # fw's one-line run summary
-        trainer.fit(MLPModuleThroughTheClosure(net), DataLoader(data, batch_size=PER_RANK_BATCH))
+    """fw's fit with every batch through the closure, as before the batch without one
+    (``loops/optimization.py``'s ``_plain_batch_fn``): what that path saves, in the same run."""
+    import framework.loops.optimization as optimization
+
+    with mock.patch.object(optimization, "_nothing_between", lambda run: False):
+        fw_fit(net, data, steps, world)
 
 
 def fw_fit_without(part: str) -> Callable[[nn.Module, TensorDataset, int, int], None]:
