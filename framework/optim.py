@@ -1,4 +1,5 @@
-"""Turn what ``configure_optimizers`` returns into optimisers and scheduler configs."""
+"""Turn what ``configure_optimizers`` returns into optimisers and scheduler configs, and clip an
+optimizer's gradients (``clip_gradients``: the Trainer's ``gradient_clip_val`` and ``self.clip_gradients``)."""
 
 from __future__ import annotations
 
@@ -80,3 +81,15 @@ def after_first_step(optimizer: torch.optim.Optimizer, fn: Any) -> None:
             fn()
 
     optimizer.register_step_post_hook(hook)
+
+
+def clip_gradients(optimizer: torch.optim.Optimizer, value: float, algorithm: str) -> None:
+    """Clip the gradients of ``optimizer``'s parameters to ``value`` by their total norm
+    (``algorithm`` ``"norm"``) or elementwise (``"value"``); nothing for a value of 0 or less."""
+    if value <= 0:
+        return
+    params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+    if algorithm == "norm":
+        torch.nn.utils.clip_grad_norm_(params, value)
+    else:
+        torch.nn.utils.clip_grad_value_(params, value)

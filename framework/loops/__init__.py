@@ -2,9 +2,14 @@
 
 - ``fit.py``: ``run_fit`` — sanity check, then training epochs until a limit or a stop request.
 - ``training_epoch.py``: one training epoch — batches, periodic validation, the epoch's end.
-- ``optimization.py``: the per-batch training path — forward and backward (gradient
-  accumulation, ``no_sync``, autocast), the optimizer step (unscale, clipping, GradScaler), the
-  LR schedulers.
+- ``training_step.py``: one batch of automatic optimization, read top to bottom — training_step,
+  the loss check, zero_grad, backward (gradient accumulation, ``no_sync``, autocast), clipping,
+  the optimizer step (unscale, GradScaler), with each Lightning hook where Lightning calls it
+  (and the closure ``optimizer_step`` overrides and LBFGS get).
+- ``nonfinite.py``: what a non-finite loss does (``trainer.on_nonfinite``).
+- ``transfer.py``: a batch's way to the device, through the transfer hooks.
+- ``forward_only.py``: an epoch of training_step alone (SWA's BatchNorm epoch).
+- ``schedulers.py``: stepping the LR schedulers.
 - ``evaluation.py``: validate and test — one pass in eval mode, exact across ranks.
 - ``predict.py``: predict.
 - ``batches.py``: how many batches a loader gives under a limit, and a look-ahead iterator for

@@ -1,5 +1,5 @@
-"""One training epoch: batches (see ``optimization.py`` for the per-batch path), validation
-every ``val_check_interval`` batches, and the epoch's end.
+"""One training epoch: batches (``training_step.py``: one batch of automatic optimization),
+validation every ``val_check_interval`` batches, and the epoch's end.
 
 Gradient accumulation: ``accumulate_grad_batches = k`` runs forward/backward on every batch and
 steps the optimizers on every k-th batch, on the epoch's last batch (even when its group is
@@ -29,8 +29,8 @@ from framework.loops.batches import LookAhead, up_to
 from framework.loops.evaluation import log_epoch_metrics, log_row, run_evaluation
 from framework.loops.forward_only import forward_only_step_fn
 from framework.loops.nonfinite import nonfinite_guard
-from framework.loops.optimization import automatic_step_fn
 from framework.loops.schedulers import step_schedulers
+from framework.loops.training_step import automatic_step_fn
 from framework.loops.transfer import batch_transfer_fn
 from framework.profilers.timing import TRAIN_NEXT
 
@@ -53,7 +53,7 @@ def run_train_epoch(run: Run, loader, stops: StopCheck) -> None:
         iterator = lookahead = LookAhead(iterator)
 
     # everything per batch is looked up once per epoch
-    manual = run.manual is not None  # the module steps its optimizers itself (loops/manual.py)
+    manual = run.manual is not None  # the module steps its optimizers itself (module/manual_optimization.py)
     train_batch, flush_checks = _batch_step(run)
     batch_start, batch_end = hooks.per_batch("on_train_batch_start"), hooks.per_batch("on_train_batch_end")
     to_device = batch_transfer_fn(run, 0)

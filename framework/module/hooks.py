@@ -34,7 +34,7 @@ class ModuleHooks(nn.Module):
         that contradicts the Trainer's is an error. In manual optimization the gradients are
         averaged over the ranks and unscaled first, so the clip sees the gradients the step will
         use."""
-        from framework.loops.optimization import clip_gradients
+        from framework.optim import clip_gradients
 
         trainer = self.trainer
         manual = trainer.run.manual if trainer.run is not None else None

@@ -180,7 +180,7 @@ class TrainOptimizer:
     def __init__(self, optimizer: torch.optim.Optimizer, trainer: Trainer) -> None:
         self.__dict__["optimizer"] = optimizer
         self.__dict__["_trainer"] = trainer
-        #: in automatic optimization, what ``step(closure)`` does (``loops/optimization.py``)
+        #: in automatic optimization, what ``step(closure)`` does (``loops/training_step.py``)
         self.__dict__["automatic_step"] = None
         cls = optimizer.__class__  # imitated, so that isinstance checks against it hold, as in Lightning
         object.__setattr__(self, "__class__", type("Lightning" + cls.__name__, (TrainOptimizer, cls), {}))
@@ -206,7 +206,7 @@ class TrainOptimizer:
     def step(self, closure: Callable[[], Any] | None = None, **kwargs: Any) -> Any:
         run = self._trainer.run
         manual = run.manual if run is not None else None
-        if manual is None:  # automatic optimization: optimizer_step's step (loops/optimization.py)
+        if manual is None:  # automatic optimization: optimizer_step's step (loops/training_step.py)
             if self.automatic_step is not None:
                 return self.automatic_step(closure, **kwargs)
             return self.optimizer.step(closure=closure, **kwargs) if closure else self.optimizer.step(**kwargs)

@@ -60,7 +60,7 @@ class Run:
         loaders: the loaders per stage key (``train``, ``validate``, ``test``, ``predict``),
             sharded for this rank; ``loader_source`` asks for them again (reloads).
         optimizers, lr_scheduler_configs: a fit's, from ``configure_optimizers``.
-        manual: a fit in manual optimization: its ``loops/manual.ManualOptimization``.
+        manual: a fit in manual optimization: its ``module/manual_optimization.ManualOptimization``.
         num_training_batches, num_val_batches: batches per epoch of the stage running (for the
             progress bar and the schedules).
         fit_batches: a fit's training batches per epoch, what ``trainer.num_training_batches``

@@ -22,7 +22,7 @@ from framework.data.run_loaders import LOADER_METHODS, LoaderSource
 from framework.errors import ConfigError
 from framework.loops.batches import refuse_a_fraction_of_no_batch
 from framework.loops.hooks import overrides
-from framework.loops.optimization import check_one_optimizer
+from framework.loops.training_step import check_one_optimizer
 from framework.module import TrainModule
 from framework.optim import parse_optimizers
 from framework.parallel.activation_checkpointing import checkpoint_activations, one_policy
