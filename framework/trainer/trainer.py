@@ -34,6 +34,7 @@ from framework.strategies.launchers import as_launcher_worker
 from framework.strategies.worker_failures import record_worker_error
 from framework.trainer import arguments as args
 from framework.trainer import checkpointing, reports, run_loggers, setup
+from framework.trainer.controls import TrainerControls
 from framework.trainer.heartbeat import Heartbeat
 from framework.trainer.lightning_views import FitLoopView, LightningViews
 from framework.trainer.metrics import LoggedMetrics
@@ -47,7 +48,7 @@ from framework.trainer.state import RUNNING_STAGE, RunState
 from framework.trainer.summary import print_results
 
 
-class Trainer(TrainerProperties, LightningViews):
+class Trainer(TrainerProperties, LightningViews, TrainerControls):
     """Runs fit/validate/test/predict for a ``TrainModule``. Keyword names and meanings follow Lightning's.
 
     This signature is the one list of the Trainer's arguments: a recipe's ``trainer:`` keys are derived from it.
