@@ -45,7 +45,6 @@ from framework.trainer.properties import TrainerProperties
 from framework.trainer.run import Call, Run, one_datamodule, split_datamodule
 from framework.trainer.settings import Settings
 from framework.trainer.state import RUNNING_STAGE, RunState
-from framework.trainer.summary import print_results
 
 
 class Trainer(TrainerProperties, LightningViews, TrainerControls):
@@ -260,7 +259,7 @@ class Trainer(TrainerProperties, LightningViews, TrainerControls):
                 if fn == "fit":
                     reports.report_where_it_went(run)
                 elif fn in ("validate", "test") and call.verbose and self.is_global_zero:
-                    print_results(fn, result)
+                    reports.print_results(fn, result)
         except BaseException as exc:
             failed = True
             state.status = "interrupted"
