@@ -12,7 +12,7 @@
 - ``preemption.py``: stop signals end to end (handlers, the joint stop check, the checkpoint).
 - ``parts.py``: the stateful parts a checkpoint is made of; ``checkpointing.py``: which parts a
   run's checkpoint holds, save and restore (the strategy reads and writes the file).
-- ``setup.py``: what a call builds before its loop and releases after it; ``outcome.py``: what
+- ``setup.py``: what a call builds before its loop and releases after it; ``spawned_outcome.py``: what
   a call run in spawned workers brings back.
 - ``metrics.py``: what ``self.log`` records and how it becomes step and epoch values.
 """

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from framework.callbacks.base import Callback
     from framework.loggers.base import Logger
     from framework.optim import LRSchedulerConfig
-    from framework.trainer.lightning_views import FitLoopView
+    from framework.trainer.fit_loop_view import FitLoopView
     from framework.trainer.metrics import LoggedMetrics
     from framework.trainer.run import Run
     from framework.trainer.settings import Settings
