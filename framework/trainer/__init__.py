@@ -4,8 +4,10 @@
   (fit/validate/test/predict/save_checkpoint) and where each call runs.
 - ``settings.py``: ``Settings`` — the arguments checked and resolved once (``arguments.py``
   checks each), frozen.
-- ``run.py``: ``Run`` — one call's parts, what the loops take; ``properties.py``: the
-  Trainer's Lightning names, read from its settings, its state and the current ``Run``.
+- ``run.py``: ``Run`` — one call's parts, what the loops take; ``properties.py``,
+  ``data_properties.py``, ``fit_loop_view.py``: the Trainer's Lightning names, read from its
+  settings, its state and the current ``Run``.
+- ``controls.py``: what code outside this package may change on a Trainer, each a named method.
 - ``state.py``: ``RunState`` — where the run stands (epoch, step counters, stop reason).
 - ``resume.py``: the data position and how to get back to it (checkpoint parts, the resumed
   epoch's iterator), and the checkpoints a fit refuses to continue.
