@@ -1,6 +1,7 @@
 """The package's shape stays as "How the code is laid out" in docs/contributing.md promises: no
 file over 300 lines, no function over 60, every file opening with a docstring that says what it
-holds, and no module outside ``framework/trainer/`` assigning an attribute of the Trainer."""
+holds, and no module outside ``framework/trainer/`` changing the Trainer other than through its
+methods (an assignment, ``setattr``, a list's or dict's own change, or a helper that does one)."""
 
 from __future__ import annotations
 
@@ -47,11 +48,46 @@ def _is_a_trainer(node: ast.expr) -> bool:
             and node.value.id in ("self", "run", "module", "pl_module"))
 
 
-def _trainer_attributes_assigned(node: ast.AST) -> list[str]:
+def _trainer_path(node: ast.expr) -> list[str] | None:
+    """``["state", "forward_only"]`` for ``trainer.state.forward_only`` (and ``trainer.x[i]``'s
+    ``["x"]``); ``[]`` for the trainer itself; None for what is not reached from a trainer."""
+    path: list[str] = []
+    while not _is_a_trainer(node):
+        if isinstance(node, ast.Attribute):
+            path.insert(0, node.attr)
+        elif not isinstance(node, ast.Subscript):
+            return None
+        node = node.value  # type: ignore[assignment]
+    return path
+
+
+#: the methods that change the list or dict they are called on
+_MUTATING = {"append", "extend", "insert", "pop", "remove", "clear", "update", "setdefault", "popitem"}
+
+
+def _trainer_writes(node: ast.AST, helpers: frozenset[str] | set[str] = frozenset()) -> list[str]:
+    """What ``node`` writes of a trainer: ``trainer.a.b = ...`` (and ``+=``, ``trainer.a[k] = ...``),
+    ``setattr(trainer.a, ...)``, ``object.__setattr__(trainer, ...)``, ``trainer.a.update(...)``
+    (a list's or dict's own change), and a call of a helper in ``helpers`` given a trainer."""
     targets = node.targets if isinstance(node, ast.Assign) else [node.target] \
         if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else []
     flat = [t for target in targets for t in (target.elts if isinstance(target, ast.Tuple) else [target])]
-    return [t.attr for t in flat if isinstance(t, ast.Attribute) and _is_a_trainer(t.value)]
+    paths = [_trainer_path(t) for t in flat if isinstance(t, (ast.Attribute, ast.Subscript))]
+    found = [".".join(path) for path in paths if path]
+    if isinstance(node, ast.Call):
+        func, args = node.func, node.args
+        name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
+        if name in ("setattr", "__setattr__", "delattr", "__delattr__") and args:
+            path = _trainer_path(args[0])
+            if path is not None:
+                found.append(".".join([*path, "<setattr>"]))
+        elif name in _MUTATING and isinstance(func, ast.Attribute):
+            path = _trainer_path(func.value)
+            if path:
+                found.append(".".join([*path, f"{name}()"]))
+        elif name in helpers and any(_trainer_path(arg) == [] for arg in [*args, *(k.value for k in node.keywords)]):
+            found.append(f"<{name}()>")
+    return found
 
 
 def _public_setters() -> set[str]:
@@ -62,9 +98,19 @@ def _public_setters() -> set[str]:
             if isinstance(value, property) and value.fset is not None}
 
 
+def _writing_helpers() -> set[str]:
+    """The functions of ``framework/trainer/`` (not the Trainer's methods) that write a trainer
+    they are given: calling one from outside writes the Trainer as much as an assignment does."""
+    return {node.name for name, tree, _ in _files() if name.startswith("framework/trainer/")
+            for node in tree.body if isinstance(node, ast.FunctionDef)
+            and any(_trainer_writes(inner) for inner in ast.walk(node))}
+
+
 def test_only_the_trainer_package_sets_the_trainers_attributes():
-    public = _public_setters()
-    outside = [f"{name}:{node.lineno} trainer.{attr}" for name, tree, _ in _files()
+    """Outside ``framework/trainer/`` a Trainer changes only through its own methods (and
+    Lightning's public setters: ``trainer.should_stop = True``)."""
+    public, helpers = _public_setters(), _writing_helpers()
+    outside = [f"{name}:{node.lineno} trainer.{what}" for name, tree, _ in _files()
                if not name.startswith("framework/trainer/") for node in ast.walk(tree)
-               for attr in _trainer_attributes_assigned(node) if attr not in public]
-    assert not outside, "a Trainer attribute assigned outside framework/trainer/: " + ", ".join(outside)
+               for what in _trainer_writes(node, helpers) if what not in public]
+    assert not outside, "a Trainer changed outside framework/trainer/: " + ", ".join(outside)

@@ -22,11 +22,12 @@ from typing import Any
 from framework.bench.common import cpu_tag, gpu_tag, machine_info, today, write_json
 from framework.bench.load import busy_verdict
 from framework.bench.recommend import recommendation
-from framework.bench.results import comm_parts, peak_for, train_rows
+from framework.bench.results import comm_parts, train_rows
 from framework.bench.tables import Table, load_table, tables
+from framework.callbacks.throughput import peak_for
 from framework.rank_zero import library_logger
 
-# peak_for was defined here before results.py held the numbers: it is still importable from here
+# peak_for was defined here before ThroughputMonitor held the GPUs' peaks: it is still importable from here
 __all__ = ["SCHEMA", "markdown", "peak_for", "show", "versions", "write_report"]
 
 #: 2: the machine's load (``load``), ``warnings``, refused values (``refused``, ``untrusted``)

@@ -1,5 +1,6 @@
 """The numbers of ``fw bench``'s report: every job's runs pooled into one row per setting, with
-scaling, overhead over the hand-written loop and (GPU, bf16) model FLOPs utilisation; the
+scaling, overhead over the hand-written loop and (GPU, bf16) model FLOPs utilisation (against
+the peaks of ``ThroughputMonitor``'s table, ``callbacks/throughput.py``); the
 all-reduce ratio of fw's MPI process group to raw mpi4py. A speed-up or ratio that cannot be
 true is refused (``trust.py``).
 
@@ -9,35 +10,12 @@ device); its step time is the median over every timed step of them.
 
 from __future__ import annotations
 
-import re
 from collections import defaultdict
 
 from framework.bench.common import iqr, median
 from framework.bench.labels import PART_LABELS
 from framework.bench.trust import refuse_implausible
-
-#: dense bf16 peak FLOP/s of one GPU (the vendors' data sheets), for MFU: the first pattern
-#: that matches the device's name wins, so a variant comes before its family
-PEAK_BF16 = (
-    (r"\bMIG\b", None),  # a slice of a GPU: its share of the peak is not known here
-    (r"\bH100\b.*\bPCIe\b", 756e12), (r"\bH100 NVL\b", 835e12), (r"\bH100\b", 989e12),
-    (r"\bH200 NVL\b", 835e12), (r"\bG?H200\b", 989e12),
-    (r"\bA100\b", 312e12), (r"\bL40S\b", 362e12), (r"\bL4\b", 121e12), (r"\bA10\b", 125e12),
-)  # fmt: skip
-
-
-def peak_for(name: str) -> float | None:
-    """The bf16 peak of the GPU called ``name`` (as CUDA names it), None for one not in the table."""
-    return next((peak for pattern, peak in PEAK_BF16 if re.search(pattern, name, re.IGNORECASE)), None)
-
-
-def peak_flops(device: str) -> float | None:
-    """The bf16 peak of the GPU this process sees, when it is in ``PEAK_BF16``."""
-    import torch
-
-    if not device.startswith("cuda") or not torch.cuda.is_available():
-        return None
-    return peak_for(torch.cuda.get_device_name(0))
+from framework.callbacks.throughput import peak_flops
 
 
 # -- the rows ---------------------------------------------------------------------------------

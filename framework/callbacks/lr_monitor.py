@@ -109,7 +109,7 @@ class LearningRateMonitor(Callback):
         stats = self.extract_stats(interval)
         if not stats:
             return
-        trainer.callback_metrics.update({k: torch.tensor(v) for k, v in stats.items()})  # one dict, kept
+        trainer.add_callback_metrics({k: torch.tensor(v) for k, v in stats.items()})
         trainer.log_metrics(stats, step=trainer.state.batches_that_stepped)
 
     def extract_stats(self, interval: str | None = None) -> dict[str, float]:

@@ -123,7 +123,7 @@ class StochasticWeightAveraging(Callback):
         if stage != "fit":
             return
         averaging.refuse_sharded(trainer, "StochasticWeightAveraging")
-        trainer.state.forward_only = False
+        trainer.set_forward_only(False)
         self._reset_fit_state()
         # copied here, before the strategy moves and wraps the module, as Lightning copies it
         self._average = averaging.averaged_copy(module, None, avg_fn=self._avg_fn, use_buffers=False)
@@ -135,7 +135,7 @@ class StochasticWeightAveraging(Callback):
         self._max_epochs = trainer.max_epochs
         self._has_batch_norm = self.pl_module_contains_batch_norm(module)
         if self._has_batch_norm and self._max_epochs != -1:
-            trainer.fit_loop.max_epochs += 1  # the BatchNorm epoch
+            trainer.add_epochs(1)  # the BatchNorm epoch
             self._bumped = True
         assert self._average is not None, "setup('fit') made it"
         self._average = averaging.conform(self._average, module, self._device, avg_fn=self._avg_fn, use_buffers=False)
@@ -180,16 +180,12 @@ class StochasticWeightAveraging(Callback):
         elif trainer.current_epoch != self.swa_start:
             rank_zero_warn("StochasticWeightAveraging starts after swa_start without a checkpoint's SWA state: the "
                            "average and the SWA schedule begin now")
-        configs = trainer.lr_scheduler_configs
-        if configs:
-            self._displaced = configs[0]
-            if self._displaced.interval != "epoch" or self._displaced.frequency != 1:
+        self._displaced = displaced = trainer.swap_lr_scheduler(LRSchedulerConfig(self._swa_scheduler))
+        if displaced is not None:
+            if displaced.interval != "epoch" or displaced.frequency != 1:
                 rank_zero_warn(f"StochasticWeightAveraging steps its schedule once per epoch; the module's scheduler "
-                               f"(interval={self._displaced.interval!r}, frequency={self._displaced.frequency}) is replaced")
-            rank_zero_info(f"fw: StochasticWeightAveraging: {type(self._displaced.scheduler).__name__} is replaced by SWALR")
-            configs[0] = LRSchedulerConfig(self._swa_scheduler)
-        else:
-            configs.append(LRSchedulerConfig(self._swa_scheduler))
+                               f"(interval={displaced.interval!r}, frequency={displaced.frequency}) is replaced")
+            rank_zero_info(f"fw: StochasticWeightAveraging: {type(displaced.scheduler).__name__} is replaced by SWALR")
 
     def _begin_batch_norm_epoch(self, trainer: Trainer, module: TrainModule) -> None:
         """The average into the module, its BatchNorm statistics afresh; the epoch runs forward only."""
@@ -202,7 +198,7 @@ class StochasticWeightAveraging(Callback):
         for layer in self.momenta:
             layer.momentum = None  # a cumulative mean over the epoch's batches
         self._bn_update_started = True
-        trainer.state.forward_only = True
+        trainer.set_forward_only(True)
 
     def on_validation_start(self, trainer: Trainer, module: TrainModule) -> None:
         if trainer.state.forward_only and not trainer.sanity_checking:
@@ -231,10 +227,10 @@ class StochasticWeightAveraging(Callback):
         self._end_fit(trainer)
 
     def _end_fit(self, trainer: Trainer) -> None:
-        trainer.state.forward_only = False
+        trainer.set_forward_only(False)
         self.reset_momenta()
         if self._bumped:
-            trainer.fit_loop.max_epochs -= 1
+            trainer.add_epochs(-1)
             self._bumped = False
 
     @staticmethod

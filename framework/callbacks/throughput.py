@@ -6,14 +6,15 @@ Logged on the batches where ``self.log``'s step rows are (every ``trainer.log_ev
 batches that stepped, ``trainer.state.log_due``), at their step, as ``throughput/batches_per_sec`` and ``throughput/samples_per_sec`` (global: this
 rank's samples times the data-parallel ranks, as each of them runs the same per-rank batch). With
 ``flops_per_token``: ``throughput/tokens_per_sec_per_device`` (the global tokens over every device:
-ranks that split a model share their batch's tokens) and, on a GPU whose bf16 peak fw bench's
-table knows and in a bf16 precision, ``throughput/mfu`` = tokens/s per device x FLOPs per token
+ranks that split a model share their batch's tokens) and, on a GPU whose bf16 peak ``PEAK_BF16``
+knows (fw bench's MFU reads the same table) and in a bf16 precision, ``throughput/mfu`` = tokens/s per device x FLOPs per token
 / peak. A line at the end of training gives the run's figures after its first 10 batches. Timing is host-side and
 unsynchronised; over a window of many batches, queued device work evens out.
 """
 
 from __future__ import annotations
 
+import re
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
@@ -27,6 +28,28 @@ from framework.errors import ConfigError
 if TYPE_CHECKING:
     from framework.module import TrainModule
     from framework.trainer import Trainer
+
+
+#: dense bf16 peak FLOP/s of one GPU (the vendors' data sheets), for MFU: the first pattern
+#: that matches the device's name wins, so a variant comes before its family
+PEAK_BF16 = (
+    (r"\bMIG\b", None),  # a slice of a GPU: its share of the peak is not known here
+    (r"\bH100\b.*\bPCIe\b", 756e12), (r"\bH100 NVL\b", 835e12), (r"\bH100\b", 989e12),
+    (r"\bH200 NVL\b", 835e12), (r"\bG?H200\b", 989e12),
+    (r"\bA100\b", 312e12), (r"\bL40S\b", 362e12), (r"\bL4\b", 121e12), (r"\bA10\b", 125e12),
+)  # fmt: skip
+
+
+def peak_for(name: str) -> float | None:
+    """The bf16 peak of the GPU called ``name`` (as CUDA names it), None for one not in the table."""
+    return next((peak for pattern, peak in PEAK_BF16 if re.search(pattern, name, re.IGNORECASE)), None)
+
+
+def peak_flops(device: str) -> float | None:
+    """The bf16 peak of the GPU this process sees, when it is in ``PEAK_BF16``."""
+    if not device.startswith("cuda") or not torch.cuda.is_available():
+        return None
+    return peak_for(torch.cuda.get_device_name(0))
 
 
 def default_batch_size(batch: Any) -> int:
@@ -90,14 +113,12 @@ class ThroughputMonitor(Callback):
         self._flops_per_token = float(count()) if callable(count) else None
         precision, device = str(trainer.precision), str(trainer.strategy.root_device)
         if self._flops_per_token and precision.startswith("bf16"):
-            from framework.bench.results import peak_flops
-
             self._peak = peak_flops(device)
         self._no_mfu = ("" if self._peak else
                         "no MFU: it needs a GPU (this run is on the CPU)" if not device.startswith("cuda") else
                         f"no MFU: it is measured against the bf16 peak, and this run is {precision}"
                         if not precision.startswith("bf16") else
-                        "no MFU: this GPU is not in fw bench's table of peaks (framework/bench/results.py)")
+                        "no MFU: this GPU is not in the table of peaks (framework/callbacks/throughput.py's PEAK_BF16)")
 
     def on_train_epoch_start(self, trainer: Trainer, module: TrainModule) -> None:
         # The gap between epochs (validation, checkpointing) is not training time.

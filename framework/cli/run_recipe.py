@@ -67,7 +67,10 @@ def run_recipe(stage: str, recipe: dict, recipe_text: str) -> Any:
         callbacks.append(PredictionWriter())  # predictions.pt in the run directory; it says where
     logger = recipe.get("logger", True)
     logger = instantiate(logger, "logger") if isinstance(logger, (dict, list)) else logger
-    trainer = Trainer(**recipe["trainer"], callbacks=[*callbacks, SaveRecipe(recipe_text, stage)], logger=logger)
+    arguments = dict(recipe["trainer"])
+    if isinstance(arguments.get("profiler"), dict):  # {_target_: framework.profilers.SimpleProfiler, ...}
+        arguments["profiler"] = instantiate(arguments["profiler"], "trainer.profiler")
+    trainer = Trainer(**arguments, callbacks=[*callbacks, SaveRecipe(recipe_text, stage)], logger=logger)
     module = instantiate(recipe["module"], "module")
     data = instantiate(recipe["data"], "data") if recipe.get("data") else None
     ckpt_path = recipe.get("ckpt_path")

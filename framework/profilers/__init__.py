@@ -14,7 +14,6 @@ run folder). Under DDP every rank profiles its own process.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 from framework.errors import ConfigError
@@ -34,8 +33,9 @@ PROFILERS: dict[str, type[Profiler]] = {"simple": SimpleProfiler, "advanced": Ad
 
 def resolve_profiler(profiler: Any, barebones: bool = False) -> Profiler:
     """What ``Trainer(profiler=...)`` holds: a name (``simple``, ``advanced``, ``pytorch``, any
-    case), a ``Profiler``, a recipe mapping ``{_target_: framework.profilers.SimpleProfiler,
-    filename: perf}``, or None (a ``PassThroughProfiler``, which times nothing).
+    case), a ``Profiler``, or None (a ``PassThroughProfiler``, which times nothing). A recipe's
+    mapping ``{_target_: framework.profilers.SimpleProfiler, filename: perf}`` is built by the
+    recipe's runner (``framework/cli/run_recipe.py``), as its callbacks and loggers are.
 
     Raises:
         ConfigError: another value, or a profiler with ``barebones=True`` (Lightning's rule:
@@ -50,11 +50,5 @@ def resolve_profiler(profiler: Any, barebones: bool = False) -> Profiler:
         return profiler
     if isinstance(profiler, str) and profiler.lower() in PROFILERS:
         return PROFILERS[profiler.lower()]()
-    if isinstance(profiler, Mapping) and "_target_" in profiler:
-        from framework.config import instantiate
-
-        made = instantiate(dict(profiler), "trainer.profiler")
-        if isinstance(made, Profiler):
-            return made
     raise ConfigError(f"trainer.profiler={profiler!r}: use one of {', '.join(PROFILERS)}, a framework.profilers."
-                      "Profiler, or a mapping {_target_: framework.profilers.SimpleProfiler, filename: perf}")
+                      "Profiler, or in a recipe a mapping {_target_: framework.profilers.SimpleProfiler, filename: perf}")

@@ -8,7 +8,7 @@ epoch rebuilds that epoch's data order from the epoch-start RNG, draws (and drop
 already trained on, then puts back the RNG state of the moment the checkpoint was written, so
 the resumed run is bit for bit the run that was never stopped. That position is counted in
 batches per rank, and in samples of the global order on another number of ranks or batch size
-(``carry_over.py``). The file format (atomic write, safe load) is ``framework/checkpoint.py``.
+(``position_mapping.py``). The file format (atomic write, safe load) is ``framework/checkpointing/file.py``.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from framework.errors import CheckpointError, ConfigError, TrainingError
 from framework.paths import local_path
 from framework.rank_zero import rank_zero_info, rank_zero_warn
 from framework.strategies.launchers.rendezvous import elastic_job_id
-from framework.trainer import carry_over, end_of_fit
+from framework.trainer import end_of_fit, position_mapping
 from framework.trainer.resume import position_parts, progress_part, resume_point
 from framework.waits import waiting_in
 
@@ -97,9 +97,9 @@ def _values(run: Run) -> dict[str, Any]:
         "global_step": state.global_step,
         "hyper_parameters": ckpt.plain_hparams(getattr(run.module, "hparams", {}) or {}, keep_types=True),
         "world_size": run.strategy.world_size,
-        "data_ranks": run.strategy.data_parallel_size,  # fewer under tensor parallelism (carry_over.py)
-        "train_batch_size": carry_over.train_batch_size(run),  # the unit of a mid-epoch position ("loop")
-        "train_order": carry_over.train_order(run),  # what that position means in samples (carry_over.py)
+        "data_ranks": run.strategy.data_parallel_size,  # fewer under tensor parallelism (position_mapping.py)
+        "train_batch_size": position_mapping.train_batch_size(run),  # the unit of a mid-epoch position ("loop")
+        "train_order": position_mapping.train_order(run),  # what that position means in samples (position_mapping.py)
         # a restarted (elastic) or requeued (SLURM) job looks for its own checkpoints by these
         "run_id": state.run_id,
         "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
@@ -233,13 +233,13 @@ def restore(run: Run, ckpt_path: str | None) -> None:
     if ckpt_path is None:
         return
 
-    carry: list[carry_over.Carry | None] = [None]
+    carry: list[position_mapping.Carry | None] = [None]
 
     def on_read(checkpoint: dict) -> None:
         if fn == "fit":  # before anything is loaded: a refused resume leaves the model as it was
             refuse_to_resume_from_weights_only(checkpoint, ckpt_path)
-            carry[0] = carry_over.check_position_carries_over(run, checkpoint, ckpt_path)
-            carry_over.continue_order(run, checkpoint)
+            carry[0] = position_mapping.check_position_carries_over(run, checkpoint, ckpt_path)
+            position_mapping.continue_order(run, checkpoint)
         run.hooks.module_hook("on_load_checkpoint", checkpoint)
 
     mine: dict[str, Any] = {}

@@ -1,7 +1,8 @@
 """The Trainer's read-only views with Lightning's names: its settings, where this process and the
-run stand, the metrics, the callbacks and the devices (the loaders are in ``lightning_views.py``).
-Kept apart from ``trainer.py`` so that the Trainer's own code (its arguments, its calls) reads on
-its own; every name here means what Lightning's does. What belongs to one call (the module, the
+run stand (ranks, devices, precision, stage and signal flags), the metrics, the run's parts and
+the callbacks, and ``trainer.print`` (the data's are in ``data_properties.py``, ``fit_loop`` in
+``fit_loop_view.py``). Kept apart from ``trainer.py`` so that the Trainer's own code (its
+arguments, its calls) reads on its own; every name here means what Lightning's does. What belongs to one call (the module, the
 metrics) is read from the current (or last) ``Run``; before the first call those answer None or
 empty.
 What Lightning keeps from one call to the next is read from the last fit (``trainer.last_fit``):
@@ -11,8 +12,8 @@ Lightning's strategy keeps them, and so are the training batch counts.
 
 from __future__ import annotations
 
-import math
-from typing import TYPE_CHECKING
+import signal
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -23,6 +24,7 @@ if TYPE_CHECKING:
     from framework.loggers.base import Logger
     from framework.module import TrainModule
     from framework.optim import LRSchedulerConfig
+    from framework.precision import Precision
     from framework.strategies import Strategy
     from framework.strategies.launchers import Launcher
     from framework.trainer.metrics import LoggedMetrics
@@ -58,6 +60,7 @@ class TrainerProperties:
     devices: list[int]
     num_nodes: int
     launcher: Launcher | None
+    precision_plugin: Precision
     run: Run | None
     last_fit: Run | None
 
@@ -119,6 +122,17 @@ class TrainerProperties:
     def device_ids(self) -> list[int]:
         return list(self.devices)
 
+    @property
+    def precision(self) -> str:
+        """Lightning's name of the run's precision: ``32-true``, ``bf16-mixed``, ``16-mixed``,
+        ``64-true``, ``bf16-true`` or ``16-true`` (the object is ``precision_plugin``)."""
+        return self.precision_plugin.precision
+
+    @property
+    def scaler(self) -> torch.amp.GradScaler | None:
+        """The ``GradScaler`` of ``16-mixed`` (None under other precisions)."""
+        return self.precision_plugin.scaler
+
     # -- where the run stands (``self.state``) ----------------------------------------------------
     @property
     def current_epoch(self) -> int:
@@ -159,6 +173,16 @@ class TrainerProperties:
     @property
     def interrupted(self) -> bool:
         return self.state.status == "interrupted"
+
+    @property
+    def received_sigterm(self) -> bool:
+        """Whether the current (or last) fit received SIGTERM, which stops it with a checkpoint."""
+        return self.state.signal == signal.SIGTERM
+
+    @property
+    def evaluating(self) -> bool:
+        """Whether a validation, test or sanity check runs now."""
+        return self.state.stage in ("validate", "test", "sanity_check")
 
     @property
     def ckpt_path(self) -> str | None:
@@ -232,33 +256,6 @@ class TrainerProperties:
         first.set_default_root(self.default_root_dir)
         return first.log_dir
 
-    @property
-    def num_training_batches(self) -> float:
-        """Training batches per epoch of the last fit (``inf`` before its training starts, or
-        for a loader without a length), as Lightning reports them."""
-        found = self.last_fit.fit_batches if self.last_fit is not None else None
-        return math.inf if found is None else found
-
-    @property
-    def estimated_stepping_batches(self) -> float:
-        """Optimizer steps the fit will take at most (``inf`` without a bound), from the
-        training loader's length, the limits and accumulation: for sizing LR schedules in
-        ``configure_optimizers``."""
-        from framework.loops.batches import num_batches
-
-        settings = self.settings
-        loaders = self.run.loaders.get("train") if self.run is not None else None
-        if not loaders and (fit := self.last_fit) is not None:  # after a fit: its loader's, as Lightning's
-            loaders = fit.loaders.get("train")
-        if not loaders:
-            return math.inf if settings.max_steps == -1 else float(settings.max_steps)
-        per_epoch = num_batches(loaders[0], settings.limits["train"])
-        steps = math.ceil(per_epoch / settings.accumulate_grad_batches) * max(settings.max_epochs, 1) \
-            if not math.isinf(per_epoch) and settings.max_epochs != -1 else math.inf
-        if settings.max_steps != -1:
-            steps = min(steps, settings.max_steps)
-        return steps
-
     # -- callbacks ------------------------------------------------------------------------------
     @property
     def checkpoint_callbacks(self) -> list[ModelCheckpoint]:
@@ -288,3 +285,8 @@ class TrainerProperties:
         from framework.callbacks import RichProgressBar
 
         return next((cb for cb in self.callbacks if isinstance(cb, RichProgressBar)), None)
+
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        """``print`` on each machine's first process only, as Lightning's ``trainer.print``."""
+        if self.strategy.local_rank == 0:
+            print(*args, **kwargs)  # noqa: T201 - the user's own print, as in Lightning

@@ -1,10 +1,15 @@
-"""The lines a run writes on rank 0 (stderr, through logging): what it runs on at the start, and at
-the end of a fit where it stopped, why, and where its logs and checkpoints are."""
+"""What a run shows on rank 0 (stderr): the line through logging of what it runs on at the start
+(with the model summary of ``enable_model_summary``, whose table is ``ModelSummary``'s), at the end
+of a fit the line of where it stopped, why, and where its logs and checkpoints are, and the results
+table of ``validate`` and ``test`` (``verbose=True``: each logged metric per loader), as Lightning's."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from torch import nn
+
+from framework.callbacks.model_summary import ModelSummary, print_model_summary, short_count
 from framework.rank_zero import rank_zero_info
 
 if TYPE_CHECKING:
@@ -30,16 +35,10 @@ def print_summary(run: Run) -> None:
     if per_device_batch:
         parts.append(_batch_sizes(per_device_batch, info.get("replicas", 1), world, strategy.data_parallel_size))
     if fn == "fit":
-        from framework.trainer.summary import parameter_bytes
-
         parts.append(parameter_bytes(run.module))
     rank_zero_info(" | ".join(parts))
-    from framework.callbacks.model_summary import ModelSummary
-
     given = any(isinstance(cb, ModelSummary) for cb in run.callbacks)  # it prints its own, at on_fit_start
     if fn == "fit" and run.settings.enable_model_summary and not given and strategy.is_global_zero:
-        from framework.trainer.summary import print_model_summary
-
         print_model_summary(run.module)
 
 
@@ -88,3 +87,38 @@ def _why_it_stopped(run: Run) -> str:
         if isinstance(message, str) and message:
             return f"stopped by {type(cb).__name__}: {message.removesuffix('; stopping.').removesuffix('.')}"
     return "stopped by trainer.should_stop"
+
+
+def print_results(fn: str, results: list[dict[str, float]]) -> None:
+    """``validate``/``test``'s results, one column per loader, as Lightning's ``verbose`` table."""
+    from rich.console import Console
+    from rich.table import Table
+
+    if len(results) > 1:  # one row per metric, a column per loader, as in Lightning
+        results = [{k.rpartition("/dataloader_idx_")[0] or k: v for k, v in r.items()} for r in results]
+    names = sorted({name for per_loader in results for name in per_loader})
+    if not names:
+        return
+    table = Table(title=f"{fn} results", title_justify="left")
+    table.add_column("Metric")
+    for i in range(len(results)):
+        table.add_column("value" if len(results) == 1 else f"dataloader {i}", justify="right")
+    for name in names:
+        table.add_row(name, *(f"{r[name]:.6g}" if name in r else "" for r in results))
+    Console(stderr=True).print(table)
+
+
+def parameter_bytes(module: nn.Module) -> str:
+    """The bytes of parameters this rank holds, and of the whole model where it holds a shard
+    (FSDP: a parameter is a DTensor whose ``numel`` is the whole tensor's)."""
+    local = whole = 0
+    for p in module.parameters():
+        mine = p.to_local() if hasattr(p, "to_local") else p
+        local += mine.numel() * mine.element_size()
+        whole += p.numel() * p.element_size()
+    share = f" of {_bytes(whole)}" if local != whole else ""
+    return f"parameters {_bytes(local)} per rank{share}"
+
+
+def _bytes(n: int) -> str:
+    return short_count(n, ("GB", "MB", "kB"), ones="B")

@@ -12,7 +12,7 @@ RNG state of the moment the checkpoint was written, so the resumed run is bit fo
 that was never stopped.
 
 That position is a count of batches per rank; on another number of ranks or another batch size
-it is read as samples of the global order (``carry_over.py``: a ``Carry``), and the epoch goes
+it is read as samples of the global order (``position_mapping.py``: a ``Carry``), and the epoch goes
 on from that sample. Each rank then takes over the per-rank parts of the ranks it replaces
 (``parts.FromRanks``): their metric aggregates merged, an RNG state of one of them.
 """
@@ -32,9 +32,9 @@ from framework.seed import get_rng_state, set_rng_state
 from framework.trainer.metric_merge import merge_aggregates
 
 if TYPE_CHECKING:
-    from framework.trainer.carry_over import Carry
     from framework.trainer.metric_collector import MetricCollector
     from framework.trainer.metrics import LoggedMetrics
+    from framework.trainer.position_mapping import Carry
     from framework.trainer.run import Run
     from framework.trainer.state import RunState
 
@@ -145,7 +145,7 @@ def start_at_sample(loader: Any, samples: int) -> int:
     """Start ``loader``'s next pass at sample ``samples`` of its global order; the index of the
     batch it begins with, counted so that the epoch's last batch keeps its index."""
     sampler = loader.sampler
-    assert isinstance(sampler, GlobalOrderSampler), "carry_over: only the global order carries over in samples"
+    assert isinstance(sampler, GlobalOrderSampler), "position_mapping: only the global order carries over in samples"
     whole = len(loader)
     sampler.start_at(samples)
     return whole - len(loader)

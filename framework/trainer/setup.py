@@ -31,7 +31,7 @@ from framework.rank_zero import rank_zero_warn
 from framework.seed import isolated_rng, sampler_seed
 from framework.trainer import agreement, checkpointing, end_of_fit, run_loggers
 from framework.trainer import arguments as args
-from framework.trainer.differences import note_differences
+from framework.trainer.lightning_differences import note_differences
 from framework.trainer.run import Run
 
 if TYPE_CHECKING:

@@ -35,19 +35,20 @@ from framework.strategies.launchers import as_launcher_worker
 from framework.strategies.launchers.worker_failures import record_worker_error
 from framework.trainer import arguments as args
 from framework.trainer import checkpointing, reports, run_loggers, setup
+from framework.trainer.controls import TrainerControls
+from framework.trainer.data_properties import DataProperties
+from framework.trainer.fit_loop_view import FitLoopView
 from framework.trainer.heartbeat import Heartbeat
-from framework.trainer.lightning_views import FitLoopView, LightningViews
 from framework.trainer.metrics import LoggedMetrics
-from framework.trainer.outcome import Outcome
 from framework.trainer.preemption import SignalCatcher, StopCheck, StoppedBySignal, save_after_signal
 from framework.trainer.properties import TrainerProperties
 from framework.trainer.run import Call, Run, one_datamodule, split_datamodule
 from framework.trainer.settings import Settings
+from framework.trainer.spawned_outcome import Outcome
 from framework.trainer.state import RUNNING_STAGE, RunState
-from framework.trainer.summary import print_results
 
 
-class Trainer(TrainerProperties, LightningViews):
+class Trainer(TrainerProperties, DataProperties, TrainerControls):
     """Runs fit/validate/test/predict for a ``TrainModule``. Keyword names and meanings follow Lightning's.
 
     This signature is the one list of the Trainer's arguments: a recipe's ``trainer:`` keys are derived from it.
@@ -211,7 +212,7 @@ class Trainer(TrainerProperties, LightningViews):
     # -- orchestration --------------------------------------------------------------------------
     def _call(self, call: Call) -> Any:
         """Here, or as every rank of the workers the launcher starts: rank 0's outcome comes back
-        and is applied here (``outcome.py``); fw's own launcher ends this process instead
+        and is applied here (``spawned_outcome.py``); fw's own launcher ends this process instead
         (``JobEnded``: its workers re-ran the whole program)."""
         setup.refuse_a_call_inside_another(self.state, call.fn)
         call = dataclasses.replace(call, ckpt_path=checkpointing.lightnings_default(
@@ -259,7 +260,7 @@ class Trainer(TrainerProperties, LightningViews):
                 if fn == "fit":
                     reports.report_where_it_went(run)
                 elif fn in ("validate", "test") and call.verbose and self.is_global_zero:
-                    print_results(fn, result)
+                    reports.print_results(fn, result)
         except BaseException as exc:
             failed = True
             state.status = "interrupted"

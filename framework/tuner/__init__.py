@@ -2,7 +2,8 @@
 ``Tuner(trainer).scale_batch_size(model)``.
 
 - ``tuning.py``: ``Tuner``, its arguments and checks.
-- ``aside.py``: how the Tuner runs the Trainer's calls and puts everything back after them.
+- ``trials.py``: how the Tuner runs its trials (the Trainer's own calls) on the user's Trainer
+  and puts everything back after them.
 - ``lr_sweep.py``: the learning-rate sweep; ``lr_finder.py``: its results (``LRFinder``:
   ``results``, ``suggestion()``, ``plot()``).
 - ``batch_size.py``: the batch-size search (``power``, ``binsearch``) and out-of-memory trials.

@@ -1,6 +1,6 @@
 """The batch-size search behind ``Tuner.scale_batch_size``, trial for trial Lightning's.
 
-Each trial is one call aside (``Aside``) of ``steps_per_trial`` steps (a fit: that many
+Each trial is one ``Trials.call`` of ``steps_per_trial`` steps (a fit: that many
 optimizer steps on all the training batches, validation on as many batches; validate, test,
 predict: that many batches) with the batch size set on the module or DataModule, whose
 ``*_dataloader()`` builds the loaders anew for each call. A trial that runs out of memory

@@ -1,6 +1,6 @@
 """The learning-rate sweep behind ``Tuner.lr_find``, step for step Lightning's.
 
-One fit of ``num_training`` optimizer steps (``Aside``: the tuner's callback only, no logger,
+One fit of ``num_training`` optimizer steps (``Trials``: the tuner's callback only, no logger,
 the weights put back after). At its start the one optimizer's rates are set to ``min_lr`` and
 the module's schedulers are replaced by one that raises the rate after every step; before each
 step the callback records the rate, after it the loss smoothed over the steps so far
@@ -21,8 +21,8 @@ from framework.callbacks.base import Callback
 from framework.errors import ConfigError
 from framework.optim import LRSchedulerConfig
 from framework.rank_zero import rank_zero_info, rank_zero_warn
-from framework.tuner.aside import Aside
 from framework.tuner.lr_finder import LRFinder
+from framework.tuner.trials import Trials
 
 if TYPE_CHECKING:
     from framework.module import TrainModule
@@ -108,11 +108,11 @@ class _Recorder(Callback):
         self.steps = trainer.global_step
 
 
-def sweep(aside: Aside, finder: LRFinder, early_stop_threshold: float | None, train: Any, val: Any) -> None:
-    """Run the sweep as one fit aside; its rates and losses go into ``finder.results``."""
+def sweep(trials: Trials, finder: LRFinder, early_stop_threshold: float | None, train: Any, val: Any) -> None:
+    """Run the sweep as one trial fit; its rates and losses go into ``finder.results``."""
     recorder = _Recorder(finder, early_stop_threshold)
     # Lightning validates on as many batches as it trains during the sweep
-    aside.call("fit", [recorder], train=train, val=val, max_steps=finder.num_training,
+    trials.call("fit", [recorder], train=train, val=val, max_steps=finder.num_training,
                limits={"validate": finder.num_training})
     finder.results = {"lr": recorder.lrs, "loss": recorder.losses}
     steps, asked = recorder.steps, finder.num_training
@@ -124,6 +124,6 @@ def sweep(aside: Aside, finder: LRFinder, early_stop_threshold: float | None, tr
     # Lightning 2.6 says so at info level alone (and calls it a diverging loss), and suggests from what ran
     reached = f"the rates swept reached {recorder.lrs[-1]:.3g}" if recorder.lrs else "no rate was tried"
     rank_zero_warn(f"lr_find: the training data ran out after {steps} of num_training={asked} steps "
-                   f"(max_epochs={aside.trainer.settings.max_epochs}, limit_train_batches): {reached} of "
+                   f"(max_epochs={trials.trainer.settings.max_epochs}, limit_train_batches): {reached} of "
                    f"max_lr={finder.lr_max:g}, and a suggestion comes from that part of the range only; raise "
                    "max_epochs (or the training batches) or lower num_training to sweep all of it")

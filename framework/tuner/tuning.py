@@ -1,6 +1,6 @@
 """``Tuner``: Lightning's ``pytorch_lightning.tuner.Tuner`` for fw, with its arguments and
 defaults: ``lr_find`` (a learning-rate range test) and ``scale_batch_size`` (the largest batch
-size that fits in memory). Each runs the Trainer's own calls aside (``aside.py``) and leaves
+size that fits in memory). Each runs the Trainer's own calls as trials (``trials.py``) and leaves
 the module's weights, the Trainer and the random streams as they were; what it changes is the
 tuned value on the module (or DataModule), when asked to.
 
@@ -21,9 +21,9 @@ from framework.data import DataModule
 from framework.errors import ConfigError, did_you_mean
 from framework.rank_zero import rank_zero_info, rank_zero_warn
 from framework.tuner import batch_size, lr_sweep
-from framework.tuner.aside import Aside
 from framework.tuner.attributes import TunedValue
 from framework.tuner.lr_finder import MODES, LRFinder
+from framework.tuner.trials import Trials
 
 if TYPE_CHECKING:
     from framework.module import TrainModule
@@ -78,8 +78,8 @@ class Tuner:
             return None
         value = _lr_value(model, datamodule, attr_name) if update_attr else None
         finder = LRFinder(mode, min_lr, max_lr, num_training)
-        with Aside(self._trainer, model, datamodule) as aside:
-            lr_sweep.sweep(aside, finder, early_stop_threshold, train_dataloaders, val_dataloaders)
+        with Trials(self._trainer, model, datamodule) as trials:
+            lr_sweep.sweep(trials, finder, early_stop_threshold, train_dataloaders, val_dataloaders)
         if value is not None:
             lr = finder.suggestion()
             if lr is not None:
@@ -134,32 +134,32 @@ class Tuner:
         if self._trainer.settings.fast_dev_run:
             rank_zero_warn("scale_batch_size: skipped, as fast_dev_run is on (as in Lightning)")
             return None
-        with Aside(self._trainer, model, datamodule) as aside:
-            size = _search(aside, value, method, mode, val_dataloaders, steps_per_trial, init_val, max_trials,
+        with Trials(self._trainer, model, datamodule) as trials:
+            size = _search(trials, value, method, mode, val_dataloaders, steps_per_trial, init_val, max_trials,
                            margin, max_val)
         rank_zero_info(f"fw scale_batch_size: finished, batch size {size} ({batch_arg_name})")
         return size
 
 
-def _search(aside: Aside, value: TunedValue, method: str, mode: str, val: Any, steps_per_trial: int,
+def _search(trials: Trials, value: TunedValue, method: str, mode: str, val: Any, steps_per_trial: int,
             init_val: int, max_trials: int, margin: float, max_val: int) -> int:
     """A call of no steps reads the data set's length, then the trials run as Lightning's."""
     stage = "train" if method == "fit" else method
     probe = batch_size.DatasetLength(stage)
     if method == "fit":
-        aside.call(method, [probe], val=val, max_steps=0)
+        trials.call(method, [probe], val=val, max_steps=0)
     else:
-        aside.call(method, [probe], limits={method: 0})
+        trials.call(method, [probe], limits={method: 0})
     if method != "fit" and probe.loaders > 1:
         raise ConfigError(f"scale_batch_size: method={method!r} runs on {probe.loaders} loaders; the search sizes "
                           "one: return a single loader (as Lightning requires)")
 
     def run_trial() -> None:
         if method == "fit":  # every training batch; validation on as many batches as steps
-            aside.call(method, [], val=val, max_steps=steps_per_trial,
+            trials.call(method, [], val=val, max_steps=steps_per_trial,
                        limits={"train": None, "validate": steps_per_trial})
         else:
-            aside.call(method, [], limits={method: steps_per_trial})
+            trials.call(method, [], limits={method: steps_per_trial})
 
     search = batch_size.BatchSizeSearch(value, batch_size.trial_fn(run_trial), probe.length, max_val)
     size = search.set_up(init_val)

@@ -10,8 +10,8 @@ from torch import nn
 
 import framework as fw
 from framework.callbacks import ModelSummary
+from framework.callbacks.model_summary import layer_rows
 from framework.errors import ConfigError
-from framework.trainer.summary import layer_rows
 from lightning.modules import regression_loader
 
 pl = pytest.importorskip("pytorch_lightning")

@@ -13,7 +13,7 @@ the workers from the call itself instead:
 
 Each worker runs the call (``fit``, ``validate``, ...) as one rank, with this process's RNG
 state and seed. When they are done, rank 0's outcome comes back to the caller as one value
-(``trainer/outcome.py``), which the Trainer applies, as Lightning does: the trained weights are
+(``trainer/spawned_outcome.py``), which the Trainer applies, as Lightning does: the trained weights are
 loaded into the caller's module, and ``callback_metrics``, ``global_step``, ``current_epoch``,
 the checkpoint callbacks' best/last paths and the call's return value are the workers'. A
 failing worker ends the call with that worker's traceback. The workers are started by

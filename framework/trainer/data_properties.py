@@ -1,102 +1,21 @@
-"""The rest of the Trainer's Lightning names that Lightning code reads: ``trainer.precision`` (the
-name), ``scaler``, ``fit_loop`` (its epoch progress and limits), the loaders and the per-loader
-batch counts, and the stage and signal flags. Each means what Lightning's does; kept apart from
-``properties.py`` so that each file stays one concept (these are views of Lightning's loop
-objects, which fw does not have)."""
+"""The Trainer's properties about the data, with Lightning's names: the current (or last) call's
+loaders, the batches per loader of the last call of each kind (as Lightning's loops keep theirs
+from one call to the next; a fit's from its loaders), the training and stepping batches of a fit,
+when validation runs inside an epoch, and how a sampler shards the data over the job."""
 
 from __future__ import annotations
 
-import dataclasses
-import signal
+import math
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    import torch
-
-    from framework.precision import Precision
     from framework.strategies import Strategy
     from framework.trainer.run import Run
     from framework.trainer.settings import Settings
     from framework.trainer.state import RunState
 
 
-@dataclasses.dataclass(frozen=True)
-class Tracker:
-    """Lightning's ``_ProcessedTracker``: how many epochs were made ready, started (their
-    ``on_train_epoch_start`` ran), processed (their batches ran) and completed."""
-
-    ready: int
-    started: int
-    processed: int
-    completed: int
-
-
-@dataclasses.dataclass(frozen=True)
-class EpochProgress:
-    """Lightning's ``fit_loop.epoch_progress``; ``total`` and ``current`` are equal in fw (a resumed
-    run continues the counts it saved, as Lightning's do)."""
-
-    total: Tracker
-    current: Tracker
-
-
-class EpochLoopView:
-    """Lightning's ``trainer.fit_loop.epoch_loop``: the step counters."""
-
-    def __init__(self, trainer: Any) -> None:
-        self._trainer = trainer
-
-    @property
-    def global_step(self) -> int:
-        return self._trainer.state.global_step
-
-    @property
-    def max_steps(self) -> int:
-        return self._trainer.settings.max_steps
-
-    @property
-    def _batches_that_stepped(self) -> int:
-        return self._trainer.state.batches_that_stepped
-
-    @property
-    def batch_idx(self) -> int:
-        """The index in its epoch of the training batch running, or of the last one run."""
-        return self._trainer.state.batch_idx
-
-
-class FitLoopView:
-    """Lightning's ``trainer.fit_loop``: ``epoch_progress``, the epoch and step bounds (which
-    may be set between fits, as in Lightning: ``trainer.fit_loop.max_epochs = 10``)."""
-
-    def __init__(self, trainer: Any) -> None:
-        self._trainer = trainer
-        self.epoch_loop = EpochLoopView(trainer)
-
-    @property
-    def epoch_progress(self) -> EpochProgress:
-        state: RunState = self._trainer.state
-        epoch, phase = state.epoch, state.epoch_phase
-        tracker = Tracker(ready=epoch + (phase >= 1), started=epoch + (phase >= 2), processed=epoch + (phase >= 3),
-                          completed=epoch)
-        return EpochProgress(total=tracker, current=tracker)
-
-    def _setting(self, name: str) -> Any:
-        return getattr(self._trainer.settings, name)
-
-    def _change(self, name: str, value: int) -> None:
-        """The next fit's bound (and the running fit's, read at its next epoch)."""
-        trainer = self._trainer
-        trainer.settings = dataclasses.replace(trainer.settings, **{name: int(value)})
-        if trainer.run is not None:
-            trainer.run.settings = trainer.settings
-
-    max_epochs = property(lambda self: self._setting("max_epochs"), lambda self, v: self._change("max_epochs", v))
-    min_epochs = property(lambda self: self._setting("min_epochs"), lambda self, v: self._change("min_epochs", v))
-    max_steps = property(lambda self: self._setting("max_steps"), lambda self, v: self._change("max_steps", v))
-    min_steps = property(lambda self: self._setting("min_steps"), lambda self, v: self._change("min_steps", v))
-
-
-class LightningViews:
+class DataProperties:
     """Mixed into ``Trainer``."""
 
     settings: Settings
@@ -105,29 +24,6 @@ class LightningViews:
     run: Run | None
     last_fit: Run | None
     batch_counts: dict[str, list[int | float]]
-    precision_plugin: Precision
-    fit_loop: FitLoopView
-
-    @property
-    def precision(self) -> str:
-        """Lightning's name of the run's precision: ``32-true``, ``bf16-mixed``, ``16-mixed``,
-        ``64-true``, ``bf16-true`` or ``16-true`` (the object is ``precision_plugin``)."""
-        return self.precision_plugin.precision
-
-    @property
-    def scaler(self) -> torch.amp.GradScaler | None:
-        """The ``GradScaler`` of ``16-mixed`` (None under other precisions)."""
-        return self.precision_plugin.scaler
-
-    @property
-    def received_sigterm(self) -> bool:
-        """Whether the current (or last) fit received SIGTERM, which stops it with a checkpoint."""
-        return self.state.signal == signal.SIGTERM
-
-    @property
-    def evaluating(self) -> bool:
-        """Whether a validation, test or sanity check runs now."""
-        return self.state.stage in ("validate", "test", "sanity_check")
 
     @property
     def enable_validation(self) -> bool:
@@ -215,6 +111,33 @@ class LightningViews:
         return self._batches_per_loader("predict", "predict")
 
     @property
+    def num_training_batches(self) -> float:
+        """Training batches per epoch of the last fit (``inf`` before its training starts, or
+        for a loader without a length), as Lightning reports them."""
+        found = self.last_fit.fit_batches if self.last_fit is not None else None
+        return math.inf if found is None else found
+
+    @property
+    def estimated_stepping_batches(self) -> float:
+        """Optimizer steps the fit will take at most (``inf`` without a bound), from the
+        training loader's length, the limits and accumulation: for sizing LR schedules in
+        ``configure_optimizers``."""
+        from framework.loops.batches import num_batches
+
+        settings = self.settings
+        loaders = self.run.loaders.get("train") if self.run is not None else None
+        if not loaders and (fit := self.last_fit) is not None:  # after a fit: its loader's, as Lightning's
+            loaders = fit.loaders.get("train")
+        if not loaders:
+            return math.inf if settings.max_steps == -1 else float(settings.max_steps)
+        per_epoch = num_batches(loaders[0], settings.limits["train"])
+        steps = math.ceil(per_epoch / settings.accumulate_grad_batches) * max(settings.max_epochs, 1) \
+            if not math.isinf(per_epoch) and settings.max_epochs != -1 else math.inf
+        if settings.max_steps != -1:
+            steps = min(steps, settings.max_steps)
+        return steps
+
+    @property
     def val_check_batch(self) -> int | float | None:
         """Training batches between validations inside an epoch (None before a fit's training
         starts; the last fit's after it, as in Lightning)."""
@@ -225,8 +148,3 @@ class LightningViews:
         if interval is None or (isinstance(interval, float) and interval == 1.0):
             return limit
         return max(1, int(limit * interval)) if isinstance(interval, float) else int(interval)
-
-    def print(self, *args: Any, **kwargs: Any) -> None:
-        """``print`` on each machine's first process only, as Lightning's ``trainer.print``."""
-        if self.strategy.local_rank == 0:
-            print(*args, **kwargs)  # noqa: T201 - the user's own print, as in Lightning

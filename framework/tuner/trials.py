@@ -1,9 +1,10 @@
-"""``Aside``: the Tuner's own calls on the user's Trainer, and everything they change put back.
+"""``Trials``: the Tuner's own calls on the user's Trainer, and everything they change put back.
 
 Lightning's finders run inside the user's ``fit``: at ``on_fit_start`` they save a checkpoint,
 swap the callbacks for their own and the logger for a dummy, set ``max_steps`` and the limits,
 run the loop, then restore the checkpoint and the settings. fw's Tuner does the same from the
-outside, through the Trainer's own calls: each trial is a real ``trainer.fit`` (or ``validate``,
+outside, through the Trainer's own calls and its named methods for trials (``keep_parts``,
+``lend_parts``, ``restore_parts``: ``trainer/controls.py``): each trial is a real ``trainer.fit`` (or ``validate``,
 ``test``, ``predict``) with
 
 - the tuner's callbacks only (the Trainer's and the module's ``configure_callbacks()`` are left
@@ -43,8 +44,6 @@ from framework.loggers.base import Logger, NoExperiment
 from framework.rank_zero import library_logger
 from framework.seed import get_rng_state, set_rng_state
 from framework.trainer.checkpointing import fits_not_counted
-from framework.trainer.lent import lend_parts
-from framework.trainer.state import RunState
 
 if TYPE_CHECKING:
     from framework.data import DataModule
@@ -52,19 +51,17 @@ if TYPE_CHECKING:
     from framework.trainer import Trainer
 
 
-class Aside:
-    """``with Aside(trainer, module, datamodule) as aside: aside.call("fit", [callback], max_steps=3)``."""
+class Trials:
+    """``with Trials(trainer, module, datamodule) as trials: trials.call("fit", [callback], max_steps=3)``."""
 
     def __init__(self, trainer: Trainer, module: TrainModule, datamodule: DataModule | None) -> None:
         self.trainer, self.module, self.datamodule = trainer, module, datamodule
         self._weights: dict[str, Any] | None = None
         self._stack = contextlib.ExitStack()
 
-    def __enter__(self) -> Aside:
+    def __enter__(self) -> Trials:
         trainer, datamodule = self.trainer, self.datamodule
-        self._settings, self._callbacks, self._loggers = trainer.settings, trainer.callbacks, trainer.loggers
-        self._run, self._last_fit, self._state = trainer.run, trainer.last_fit, _fields(trainer.state)
-        self._batch_counts = dict(trainer.batch_counts)
+        self._kept = trainer.keep_parts()
         self._rng = get_rng_state()
         self._precision = copy.deepcopy(trainer.precision_plugin.state_dict())
         self._datamodule = copy.deepcopy(datamodule.state_dict()) if datamodule is not None else None
@@ -81,10 +78,7 @@ class Aside:
     def __exit__(self, *exc: object) -> None:
         trainer = self.trainer
         try:  # what cannot fail first, then what calls into the module, the scaler, the DataModule
-            lend_parts(trainer, settings=self._settings, callbacks=self._callbacks, loggers=self._loggers,
-                       run=self._run, last_fit=self._last_fit, batch_counts=self._batch_counts)
-            for name, value in self._state.items():
-                setattr(trainer.state, name, value)
+            trainer.restore_parts(self._kept)
             set_rng_state(self._rng)
             if self._weights is not None:
                 self.module.load_state_dict(self._weights)
@@ -107,16 +101,13 @@ class Aside:
         """One ``trainer.<fn>`` with ``callbacks`` (and one that keeps the weights), the
         Trainer's settings with ``settings`` and ``limits`` on top; ``train``/``val``: a fit's
         loaders as the user gave them."""
-        trainer, base = self.trainer, self._settings
+        trainer, base = self.trainer, self._kept.settings
         settings_now = dataclasses.replace(
             base, default_root_dir=self._root, num_sanity_val_steps=0, max_time=None, on_nonfinite="warn",
             enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
             limits=dataclasses.replace(base.limits, **(limits or {})), **settings)
-        lend_parts(trainer, settings=settings_now, callbacks=[_KeepWeights(self), *callbacks],
-                   loggers=[_SilentLogger(self._root)] if self._loggers else [])
-        fresh = RunState()
-        for name in self._state:
-            setattr(trainer.state, name, getattr(fresh, name))
+        trainer.lend_parts(settings_now, callbacks=[_KeepWeights(self), *callbacks],
+                           loggers=[_SilentLogger(self._root)] if self._kept.loggers else [])
         module, datamodule = self.module, self.datamodule
         with _quiet():
             if fn == "fit":
@@ -128,13 +119,13 @@ class Aside:
 
 
 class _KeepWeights(Callback):
-    """Has the ``Aside`` remember the weights at the start of its first call."""
+    """Has the ``Trials`` remember the weights at the start of its first call."""
 
-    def __init__(self, aside: Aside) -> None:
-        self._aside = aside
+    def __init__(self, trials: Trials) -> None:
+        self._trials = trials
 
     def _keep(self, trainer: Trainer, module: TrainModule) -> None:
-        self._aside.keep_weights()
+        self._trials.keep_weights()
 
     on_fit_start = on_validation_start = on_test_start = on_predict_start = _keep
 
@@ -156,11 +147,6 @@ class _SilentLogger(Logger):
 
     def log_hyperparams(self, params: Any) -> None:
         pass
-
-
-def _fields(state: RunState) -> dict[str, Any]:
-    """The state's fields as they are (the loops replace what a fresh state gets, never these)."""
-    return {field.name: getattr(state, field.name) for field in dataclasses.fields(state)}
 
 
 @contextlib.contextmanager

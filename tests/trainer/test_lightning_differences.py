@@ -16,7 +16,7 @@ from toy import QUIET, LinearModel, loader, regression_data
 import framework as fw
 from framework.callbacks import ModelCheckpoint
 from framework.rank_zero import library_logger
-from framework.trainer import differences
+from framework.trainer import lightning_differences as differences
 
 
 @pytest.fixture(autouse=True)
