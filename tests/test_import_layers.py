@@ -47,3 +47,13 @@ def test_an_upward_import_inside_a_function_breaks_the_layers_and_one_for_annota
     (package / "low.py").write_text("def late():\n    from layered import high\n")
     done = _lint(tmp_path)
     assert done.returncode == 1 and "layered.low -> layered.high" in done.stdout, done.stdout
+
+
+def test_importing_the_recipe_code_does_not_load_the_trainer():
+    """The recipe's schema is built from the Trainer's signature on first use, not at import."""
+    done = subprocess.run([sys.executable, "-c", "import sys, framework.config; "
+                           "print(sorted(m for m in sys.modules if m.startswith('framework')))"],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+    loaded = done.stdout
+    assert done.returncode == 0 and "framework.config" in loaded, done.stderr
+    assert "framework.trainer" not in loaded and "framework.strategies" not in loaded, loaded

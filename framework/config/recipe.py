@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -16,14 +17,12 @@ from typing import TYPE_CHECKING, Any
 
 from framework.config.coerce import PLAIN_NAMES, mismatch_message
 from framework.config.overrides import apply_override, parse_override, schema_defaults
-from framework.config.schema import RecipeConfig, TrainerConfig
+from framework.config.schema import recipe_config, trainer_config
 from framework.errors import ConfigError, did_you_mean, first_line, raised_alike_on_every_rank
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
 
-_SECTIONS = {f.name for f in dataclasses.fields(RecipeConfig)}
-_TRAINER_KEYS = {f.name for f in dataclasses.fields(TrainerConfig)}
 #: Lightning 1.x's Trainer arguments that Lightning 2 (and fw) dropped, and what to write instead
 LIGHTNING_1X_KEYS = {
     "gpus": "trainer.accelerator=gpu trainer.devices=N (Trainer(accelerator='gpu', devices=N))",
@@ -41,7 +40,22 @@ LIGHTNING_1X_KEYS = {
     "auto_scale_batch_size": "Tuner(trainer).scale_batch_size(model) (framework.tuner), before fit",
     "stochastic_weight_avg": "+callbacks={_target_: framework.callbacks.StochasticWeightAveraging, swa_lrs: 0.01}",
 }
-_DEFAULTS = schema_defaults(RecipeConfig, TrainerConfig)
+
+
+@functools.cache
+def _sections() -> frozenset[str]:
+    """The recipe's top-level keys."""
+    return frozenset(f.name for f in dataclasses.fields(recipe_config()))
+
+
+@functools.cache
+def _trainer_keys() -> frozenset[str]:
+    return frozenset(f.name for f in dataclasses.fields(trainer_config()))
+
+
+@functools.cache
+def _defaults() -> Any:
+    return schema_defaults(recipe_config(), trainer_config())
 
 
 #: an OmegaConf resolver call (``${oc.env:HOME}``, ``${my_resolver:x}``), not a plain ``${a.b}``
@@ -70,13 +84,13 @@ def _merge(path: str | Path, raw: DictConfig, overrides: Sequence[str]) -> tuple
     _check_keys(OmegaConf.to_container(raw), "recipe")
     for change in changes:
         _check_keys(_nest(change.key), "override")
-    schema = OmegaConf.structured(RecipeConfig)
+    schema = OmegaConf.structured(recipe_config())
     try:
         merged = OmegaConf.merge(schema, raw)
         assert isinstance(merged, DictConfig), "a structured config merged with a mapping is one"
         for change in changes:  # in order: later overrides win
             _strategy_as_mapping(merged, change.key)
-            apply_override(merged, change, _free_form(change.key), _DEFAULTS)
+            apply_override(merged, change, _free_form(change.key), _defaults())
         plain = OmegaConf.to_container(merged, resolve=True)
     except OmegaConfBaseException as err:
         raise ConfigError(_explain(err)) from None
@@ -125,10 +139,10 @@ def _check_keys(tree: Any, where: str) -> None:
         if key in LIGHTNING_1X_KEYS:  # `fw fit x.yaml gpus=1`: a Trainer argument of Lightning 1.x
             raise ConfigError(f"{where}: '{key}' is Lightning 1.x's Trainer argument; today's spelling: "
                               f"{LIGHTNING_1X_KEYS[key]}")
-        if key not in _SECTIONS:
+        if key not in _sections():
             raise ConfigError(
-                f"{where}: unknown key '{key}'{did_you_mean(key, _SECTIONS)}; "
-                f"top-level keys are {', '.join(sorted(_SECTIONS))}"
+                f"{where}: unknown key '{key}'{did_you_mean(key, _sections())}; "
+                f"top-level keys are {', '.join(sorted(_sections()))}"
             )
     trainer = tree.get("trainer")
     if isinstance(trainer, dict):
@@ -140,9 +154,9 @@ def _check_keys(tree: Any, where: str) -> None:
             if key in LIGHTNING_1X_KEYS:
                 raise ConfigError(f"{where}: 'trainer.{key}' is Lightning 1.x's; today's spelling: "
                                   f"{LIGHTNING_1X_KEYS[key]}")
-            if key not in _TRAINER_KEYS:
+            if key not in _trainer_keys():
                 raise ConfigError(
-                    f"{where}: unknown key 'trainer.{key}'{did_you_mean(key, _TRAINER_KEYS)}; "
+                    f"{where}: unknown key 'trainer.{key}'{did_you_mean(key, _trainer_keys())}; "
                     "the Trainer's keys are the arguments of framework.Trainer"
                 )
 
@@ -177,7 +191,7 @@ def _explain(err: Exception) -> str:
 
 
 def _expected_type(key: str) -> str:
-    schema = TrainerConfig if key.startswith("trainer.") else RecipeConfig
+    schema = trainer_config() if key.startswith("trainer.") else recipe_config()
     fields = {f.name: f.type for f in dataclasses.fields(schema)}
     type_name = str(fields.get(key.rsplit(".", 1)[-1], "another type"))
     for kind, plain in PLAIN_NAMES.items():

@@ -1,7 +1,8 @@
 """The recipe's schema: typed dataclasses that OmegaConf checks a YAML file against.
 
 ``TrainerConfig`` is derived from ``Trainer.__init__``'s signature (names, defaults, types), so
-a new Trainer argument is added in one place. A type OmegaConf can check (``int``, ``float``,
+a new Trainer argument is added in one place; both dataclasses are built on first use (reading
+that signature loads the Trainer: importing the schema does not). A type OmegaConf can check (``int``, ``float``,
 ``bool``, ``str``, or one of them ``| None``) is kept; anything richer (``int | float | None``,
 ``Any``) becomes ``Any`` and the Trainer checks it. Types are checked here (``max_epochs: abc``
 fails with the key's path); meanings (is this a known strategy?) are checked by the Trainer,
@@ -11,9 +12,10 @@ which raises ``ConfigError`` naming the key.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import typing
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any, Optional
 
 #: Trainer arguments that are recipe sections of their own (built from ``_target_``).
@@ -32,7 +34,9 @@ def _schema_type(annotation: Any) -> Any:
     return Any
 
 
-def _trainer_config() -> type:
+@functools.cache
+def trainer_config() -> type:
+    """``TrainerConfig``: the Trainer's keyword arguments, with the types OmegaConf can check."""
     from framework.trainer import Trainer
 
     hints = typing.get_type_hints(Trainer.__init__)
@@ -42,22 +46,31 @@ def _trainer_config() -> type:
         if name != "self" and name not in _SECTIONS_OF_THEIR_OWN
     ]
     return dataclasses.make_dataclass(
-        "TrainerConfig", fields, namespace={"__doc__": "The Trainer's keyword arguments; see framework.Trainer."}
+        "TrainerConfig", fields, namespace={"__doc__": "The Trainer's keyword arguments; see framework.Trainer.", "__module__": __name__}
     )
 
 
-TrainerConfig = _trainer_config()
+@functools.cache
+def recipe_config() -> type:
+    """``RecipeConfig``: a whole recipe: what to build (``module``, ``data``, ``callbacks``,
+    ``logger``, each ``_target_`` + keyword arguments) and how to run it (``trainer``, ``seed``,
+    ``ckpt_path``)."""
+    trainer = trainer_config()
+    return dataclasses.make_dataclass("RecipeConfig", [
+        ("module", Any, field(default=None)),
+        ("data", Any, field(default=None)),
+        ("trainer", trainer, field(default_factory=trainer)),
+        ("callbacks", Any, field(default_factory=list)),
+        ("logger", Any, field(default=True)),
+        ("seed", Optional[int], field(default=None)),
+        ("ckpt_path", Optional[str], field(default=None)),
+    ], namespace={"__doc__": recipe_config.__doc__, "__module__": __name__})
 
 
-@dataclass
-class RecipeConfig:
-    """A whole recipe: what to build (``module``, ``data``, ``callbacks``, ``logger``, each
-    ``_target_`` + keyword arguments) and how to run it (``trainer``, ``seed``, ``ckpt_path``)."""
-
-    module: Any = None
-    data: Any = None
-    trainer: TrainerConfig = field(default_factory=TrainerConfig)  # type: ignore[valid-type]
-    callbacks: Any = field(default_factory=list)
-    logger: Any = True
-    seed: Optional[int] = None
-    ckpt_path: Optional[str] = None
+def __getattr__(name: str) -> Any:
+    """``TrainerConfig`` and ``RecipeConfig`` as names of this module, built on first use."""
+    if name == "TrainerConfig":
+        return trainer_config()
+    if name == "RecipeConfig":
+        return recipe_config()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
