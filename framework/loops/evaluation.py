@@ -20,7 +20,7 @@ from framework.module.step_arity import positional_arity
 from framework.profilers.timing import EVAL_NEXT
 
 if TYPE_CHECKING:
-    from framework.trainer.metric_collector import MetricCollector
+    from framework.run_state.metric_collector import MetricCollector
     from framework.trainer.run import Run
 
 _LOADER_NAMES = {"validate": "val_dataloader", "test": "test_dataloader"}
@@ -57,7 +57,7 @@ def run_evaluation(run: Run, stage: str, limit: int | None = None, log: bool = T
     """One pass over the ``stage`` loaders in eval mode, no gradients; returns epoch metrics.
     ``zero_grad``: inside fit, free the gradients first (``on_validation_model_zero_grad``).
     ``epoch_end``: the validation at a training epoch's end: once its values are recorded, a
-    checkpoint written in ``on_validation_end`` resumes after it (``resume.DataPosition``)."""
+    checkpoint written in ``on_validation_end`` resumes after it (``run_state/position.py``: ``DataPosition``)."""
     module, hooks, state = run.module, run.hooks, run.state
     loaders = run.loaders.get(stage) or []
     name = "validation_step" if stage == "validate" else "test_step"

@@ -34,8 +34,8 @@ from framework.profilers import timing
 
 if TYPE_CHECKING:
     from framework.module import TrainModule
+    from framework.run_state.metrics import LoggedMetrics
     from framework.trainer import Trainer
-    from framework.trainer.metrics import LoggedMetrics
 
 _CALLBACK_HOOKS = [name for name in vars(Callback) if name.startswith(("on_", "setup", "teardown"))]
 F = TypeVar("F", bound=Callable[..., Any])

@@ -35,10 +35,10 @@ from framework.loops.transfer import batch_transfer_fn
 from framework.profilers.timing import TRAIN_NEXT
 
 if TYPE_CHECKING:
-    from framework.trainer.metric_collector import MetricCollector
+    from framework.run_state.metric_collector import MetricCollector
+    from framework.run_state.state import RunState
     from framework.trainer.preemption import StopCheck
     from framework.trainer.run import Run
-    from framework.trainer.state import RunState
 
 
 def run_train_epoch(run: Run, loader, stops: StopCheck) -> None:

@@ -17,7 +17,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from framework.trainer.state import RunState
+from framework.run_state.state import RunState
 
 if TYPE_CHECKING:
     import torch
@@ -25,8 +25,8 @@ if TYPE_CHECKING:
     from framework.callbacks.base import Callback
     from framework.loggers.base import Logger
     from framework.optim import LRSchedulerConfig
+    from framework.run_state.metrics import LoggedMetrics
     from framework.trainer.fit_loop_view import FitLoopView
-    from framework.trainer.metrics import LoggedMetrics
     from framework.trainer.run import Run
     from framework.trainer.settings import Settings
 

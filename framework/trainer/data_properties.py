@@ -9,10 +9,10 @@ import math
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from framework.run_state.state import RunState
     from framework.strategies import Strategy
     from framework.trainer.run import Run
     from framework.trainer.settings import Settings
-    from framework.trainer.state import RunState
 
 
 class DataProperties:

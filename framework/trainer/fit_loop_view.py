@@ -8,7 +8,7 @@ import dataclasses
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from framework.trainer.state import RunState
+    from framework.run_state.state import RunState
 
 
 @dataclasses.dataclass(frozen=True)

@@ -25,12 +25,12 @@ if TYPE_CHECKING:
     from framework.module import TrainModule
     from framework.optim import LRSchedulerConfig
     from framework.precision import Precision
+    from framework.run_state.metrics import LoggedMetrics
+    from framework.run_state.state import RunState
     from framework.strategies import Strategy
     from framework.strategies.launchers import Launcher
-    from framework.trainer.metrics import LoggedMetrics
     from framework.trainer.run import Run
     from framework.trainer.settings import Settings
-    from framework.trainer.state import RunState
 
 
 def _setting(name: str) -> property:

@@ -25,7 +25,7 @@ from framework.data.run_loaders import shut_down_workers
 from framework.errors import ConfigError
 from framework.loops.batches import num_batches
 from framework.loops.hooks import HookDispatcher
-from framework.trainer.metrics import LoggedMetrics
+from framework.run_state.metrics import LoggedMetrics
 
 if TYPE_CHECKING:
     from framework.accelerators import Accelerator
@@ -37,10 +37,10 @@ if TYPE_CHECKING:
     from framework.module.manual_optimization import ManualOptimization
     from framework.optim import LRSchedulerConfig
     from framework.precision import Precision
+    from framework.run_state.state import RunState
     from framework.strategies import Strategy
     from framework.trainer.preemption import StopCheck
     from framework.trainer.settings import Settings
-    from framework.trainer.state import RunState
     from framework.trainer.trainer import Trainer
 
 

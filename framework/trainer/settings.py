@@ -22,7 +22,7 @@ from framework.paths import local_path
 from framework.trainer import arguments as args
 
 if TYPE_CHECKING:
-    from framework.trainer.state import RunState
+    from framework.run_state.state import RunState
 
 
 @dataclass(frozen=True)

@@ -35,8 +35,8 @@ from framework.trainer.lightning_differences import note_differences
 from framework.trainer.run import Run
 
 if TYPE_CHECKING:
+    from framework.run_state.state import RunState
     from framework.trainer.settings import Settings
-    from framework.trainer.state import RunState
     from framework.trainer.trainer import Trainer
 
 

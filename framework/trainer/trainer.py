@@ -30,6 +30,8 @@ from framework.module import TrainModule
 from framework.precision import Precision
 from framework.profilers import Profiler, resolve_profiler
 from framework.rank_zero import rank_zero_info
+from framework.run_state.metrics import LoggedMetrics
+from framework.run_state.state import RUNNING_STAGE, RunState
 from framework.strategies import Strategy, create_strategy
 from framework.strategies.launchers import as_launcher_worker
 from framework.strategies.launchers.worker_failures import record_worker_error
@@ -39,13 +41,11 @@ from framework.trainer.controls import TrainerControls
 from framework.trainer.data_properties import DataProperties
 from framework.trainer.fit_loop_view import FitLoopView
 from framework.trainer.heartbeat import Heartbeat
-from framework.trainer.metrics import LoggedMetrics
 from framework.trainer.preemption import SignalCatcher, StopCheck, StoppedBySignal, save_after_signal
 from framework.trainer.properties import TrainerProperties
 from framework.trainer.run import Call, Run, one_datamodule, split_datamodule
 from framework.trainer.settings import Settings
 from framework.trainer.spawned_outcome import Outcome
-from framework.trainer.state import RUNNING_STAGE, RunState
 
 
 class Trainer(TrainerProperties, DataProperties, TrainerControls):

@@ -182,7 +182,7 @@ def test_after_a_stop_on_a_signal_the_same_trainer_validates_normally(tmp_path):
 
 
 def test_a_signal_wins_over_max_time_as_the_stop_reason():
-    from framework.trainer.state import RunState
+    from framework.run_state.state import RunState
 
     state = RunState()
     state.stop("max_time")

@@ -2,8 +2,8 @@
 
 The Trainer owns one ``RunState`` (``trainer.state``); the loops advance it, callbacks read it
 through the Trainer's properties (``current_epoch``, ``global_step``, ``should_stop``,
-``sanity_checking``). The training's position in its data, and how a checkpoint gets back to it,
-is ``position`` (``resume.py``, which also makes both checkpoint parts).
+``sanity_checking``). The training's position in its data is ``position`` (``position.py``); how a
+checkpoint gets back to both is the Trainer's (``framework/trainer/resume.py``).
 
 ``fn`` and ``stage`` use Lightning's values (``trainer.state.fn == "fit"``,
 ``trainer.state.stage == "sanity_check"``), so code written against Lightning's ``TrainerFn``
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from framework.trainer.resume import DataPosition
+from framework.run_state.position import DataPosition
 
 #: the stage each call runs in, from its start to its end (hooks included; the loops set the sanity
 #: check and a fit's validations), as in Lightning
@@ -50,7 +50,7 @@ class RunState:
             per step (ThroughputMonitor, StepTimeBreakdown), all at ``logger_step``.
         eval_batches: evaluation batches run so far in this process (with the training position,
             the progress that ``trainer/heartbeat.py`` watches).
-        position: where the training stands in its data (``resume.DataPosition``).
+        position: where the training stands in its data (``position.DataPosition``).
         fit_index: which fit of this program the last fit was (1, 2, ...; see checkpointing).
         run_id: the elastic job the last fit ran in, as its checkpoints name it
             (``rendezvous.elastic_job_id``); None outside the elastic agent.

@@ -16,8 +16,8 @@ from torch import nn
 
 from framework.errors import ConfigError
 from framework.rank_zero import rank_zero_warn
-from framework.trainer.log_options import useful
-from framework.trainer.logged_value import as_scalar, at_least_float32, is_metric, reduce_across_ranks
+from framework.run_state.log_options import useful
+from framework.run_state.logged_value import as_scalar, at_least_float32, is_metric, reduce_across_ranks
 from framework.waits import waiting_in
 
 if TYPE_CHECKING:

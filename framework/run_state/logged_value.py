@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 if TYPE_CHECKING:
+    from framework.run_state.metric_collector import _Entry as Entry
     from framework.strategies import Strategy
-    from framework.trainer.metric_collector import _Entry as Entry
 
 
 def is_metric(value: Any) -> bool:

@@ -21,8 +21,8 @@ import torch
 
 from framework.data import batch_size_of
 from framework.errors import ConfigError
-from framework.trainer import log_options
-from framework.trainer.metric_collector import MetricCollector, _Entry
+from framework.run_state import log_options
+from framework.run_state.metric_collector import MetricCollector, _Entry
 
 if TYPE_CHECKING:
     from framework.strategies import Strategy
