@@ -8,6 +8,7 @@ import os
 
 import pytest
 import torch
+from lightning.modules import QUIET, make_regressor, regression_loader
 
 import framework as fw
 import framework.callbacks as fw_callbacks
@@ -15,7 +16,6 @@ import framework.loggers as fw_loggers
 import framework.profilers as fw_profilers
 from framework.errors import ConfigError
 from framework.paths import local_path
-from lightning.modules import QUIET, make_regressor, regression_loader
 
 
 @pytest.mark.parametrize("given,local", [

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import torch
-from toy import QUIET, LinearModel
 from torch.utils.data import DataLoader, TensorDataset
 from torchmetrics import SumMetric
+from toy import QUIET, LinearModel
 
 import framework as fw
 

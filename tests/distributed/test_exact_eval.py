@@ -8,9 +8,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from torch.utils.data import DataLoader
-
 from forked import run_script
+from torch.utils.data import DataLoader
 
 from . import workload
 from .helpers import check_ok, write_script

@@ -42,7 +42,7 @@ from torch.utils.data import DataLoader, random_split
 
 pytest.importorskip("pytorch_lightning")
 
-from lightning import example_loading as loading  # noqa: E402  (tests/ is on the path: conftest)
+from lightning import example_loading as loading
 
 #: a shuffled training loader in its own order, as in Lightning in one process (fw's default is
 #: the one order of any number of ranks: docs/lightning.md, "Where fw deliberately differs")
@@ -337,7 +337,7 @@ def seeded_cartpole():
     process), with the seeded CartPole registered for this module."""
     needs_old_gym()
     import gym
-    import gym.envs.classic_control  # noqa: F401  (pygame, once)
+    import gym.envs.classic_control  # pygame, once
 
     loading.register_seeded_cartpole()
     yield

@@ -13,7 +13,7 @@ import os
 import pytest
 
 import framework as fw
-import framework.callbacks  # noqa: F401  (fw.callbacks)
+import framework.callbacks  # fw.callbacks
 import framework.loggers as fw_loggers
 from framework.errors import ConfigError
 from lightning.modules import QUIET, make_regressor, regression_loader

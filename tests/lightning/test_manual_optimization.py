@@ -13,9 +13,9 @@ import pytest
 import torch
 from conftest import ROOT, subprocess_env
 from forked import run_script
+from mpi_helpers import mpiexec, needs_mpi
 
 from framework.errors import ConfigError
-from mpi_helpers import mpiexec, needs_mpi
 
 needs_lightning = pytest.mark.skipif(importlib.util.find_spec("pytorch_lightning") is None,
                                      reason="pytorch_lightning is not installed (pip install pytorch-lightning; "

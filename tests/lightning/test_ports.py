@@ -4,7 +4,6 @@ bug-report template run on fw with Lightning's meaning, and give Lightning's num
 from __future__ import annotations
 
 import importlib.util
-import math
 import subprocess
 import sys
 
@@ -12,7 +11,6 @@ import pytest
 import torch
 from conftest import ROOT, subprocess_env
 from forked import run_script
-from torch import nn
 from torch.utils.data import DataLoader
 
 import framework as fw

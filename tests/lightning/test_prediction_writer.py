@@ -11,7 +11,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 import framework as fw
-import framework.callbacks  # noqa: F401  (fw.callbacks, as pl.callbacks)
+import framework.callbacks  # fw.callbacks, as pl.callbacks
 from framework.errors import ConfigError
 
 pl = pytest.importorskip("pytorch_lightning")

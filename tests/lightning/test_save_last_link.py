@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import framework as fw
-import framework.callbacks  # noqa: F401  (fw.callbacks, as pl.callbacks)
+import framework.callbacks  # fw.callbacks, as pl.callbacks
 from lightning.modules import make_regressor, regression_loader
 
 pl = pytest.importorskip("pytorch_lightning")

@@ -80,8 +80,9 @@ def test_a_prefix_names_the_columns_as_lightnings_does(tmp_path):
     as Lightning's from the same fit (fw keeps the columns in the order they came; docs/lightning.md)."""
     import inspect
 
-    import framework as fw
     from lightning.modules import make_regressor, regression_loader
+
+    import framework as fw
 
     pl = pytest.importorskip("pytorch_lightning")
     assert list(inspect.signature(CSVLogger).parameters)[:5] == list(

@@ -15,6 +15,7 @@ from toy import RecordingLogger, loader, regression_data
 
 import framework as fw
 from framework.checkpointing.file import load_checkpoint
+
 BATCHES = 5  # per epoch
 STOP_AT = 7  # global step: batch 2 of epoch 1
 

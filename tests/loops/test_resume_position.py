@@ -6,8 +6,8 @@ restored instead of being skipped through."""
 from __future__ import annotations
 
 import torch
-from toy import QUIET, DropoutMLP, regression_data
 from torch.utils.data import DataLoader, Dataset
+from toy import QUIET, DropoutMLP, regression_data
 
 import framework as fw
 

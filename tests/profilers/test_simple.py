@@ -81,8 +81,8 @@ def test_every_hook_is_timed_as_often_as_lightning_times_it():
     assert ours.keys() - theirs.keys() == ONLY_FW
     for action in theirs.keys() - ours.keys():  # Lightning calls every hook; fw skips what nobody overrides
         hook = action.rpartition(".")[2]
-        assert (action.startswith("[LightningModule]Model.") and hook not in MODEL_HOOKS
-                or action.startswith("[Callback]Recorder.") and hook not in CALLBACK_HOOKS
+        assert ((action.startswith("[LightningModule]Model.") and hook not in MODEL_HOOKS)
+                or (action.startswith("[Callback]Recorder.") and hook not in CALLBACK_HOOKS)
                 or action.startswith("[Strategy]SingleDeviceStrategy.on_")), action  # Lightning's strategy hooks
 
 

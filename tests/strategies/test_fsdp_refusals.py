@@ -10,11 +10,11 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "distributed"))
-import sharded  # noqa: E402
-from forked import in_a_copy  # noqa: E402
+import sharded
+from forked import in_a_copy
 
-from framework.errors import CheckpointError, ConfigError  # noqa: E402
-from framework.strategies import create_strategy  # noqa: E402
+from framework.errors import CheckpointError, ConfigError
+from framework.strategies import create_strategy
 
 FSDP = {"name": "fsdp", "auto_wrap_policy": ["Block"]}
 

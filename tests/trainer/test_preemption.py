@@ -15,8 +15,8 @@ from pathlib import Path
 
 import forked
 import pytest
-from timescale import scaled
 from distributed.helpers import PYTHON, _descendants, _kill_tree, check_ok, clean_env, write_script
+from timescale import scaled
 
 SCRIPT = """
 import json, os, sys, time

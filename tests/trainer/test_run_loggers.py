@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from lightning.modules import QUIET, regression_loader
 from torch import nn
 
 import framework as fw
 from framework.errors import CheckpointError
-from lightning.modules import QUIET, regression_loader
 
 pl = pytest.importorskip("pytorch_lightning")
 LIBS = {"fw": (fw, fw.TrainModule), "lightning": (pl, pl.LightningModule)}

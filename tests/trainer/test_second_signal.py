@@ -17,9 +17,9 @@ import time
 from pathlib import Path
 
 import pytest
+from distributed.helpers import PYTHON, _kill_tree, clean_env, write_script
 from timescale import scaled
 
-from distributed.helpers import PYTHON, _kill_tree, clean_env, write_script
 from framework.checkpointing.file import load_checkpoint
 
 SCRIPT = """
