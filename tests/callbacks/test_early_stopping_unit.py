@@ -167,7 +167,7 @@ def test_state_dict_round_trip():
     assert run(resumed, [1.3]) == 0
 
 
-@pytest.mark.parametrize("kwargs, match", [({"mode": "mn"}, "did you mean 'min'"), ({"patience": -1}, "patience")])
+@pytest.mark.parametrize(("kwargs", "match"), [({"mode": "mn"}, "did you mean 'min'"), ({"patience": -1}, "patience")])
 def test_invalid_arguments(kwargs, match):
     with pytest.raises(ConfigError, match=match):
         EarlyStopping("val/loss", **kwargs)

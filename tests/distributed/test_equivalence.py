@@ -54,7 +54,7 @@ def init_method(kind: str, tmp_path, tag: str) -> str:
 # agent's store a second env:// init_process_group must not read the first one's keys.
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize(
-    "kind, launcher, accumulates",
+    ("kind", "launcher", "accumulates"),
     [("env", "fw", (1, 2)), ("tcp", "torchrun", (1, 2)), ("file", "fw", (1, 2))],
 )
 def test_ddp_gloo_matches_single_process(kind, launcher, accumulates, tmp_path):

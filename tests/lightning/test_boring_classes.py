@@ -113,7 +113,7 @@ def test_to_torchscript_and_to_onnx_export_what_lightnings_do(tmp_path):
     graph, their_graph = onnx.load(tmp_path / "m.onnx").graph, onnx.load(tmp_path / "l.onnx").graph
     assert [i.name for i in graph.input] == [i.name for i in their_graph.input]
     assert sorted(t.raw_data for t in graph.initializer) == sorted(t.raw_data for t in their_graph.initializer)
-    with pytest.raises(ValueError, match="no input to trace with; pass one, or set self.example_input_array"):
+    with pytest.raises(ValueError, match=r"no input to trace with; pass one, or set self.example_input_array"):
         demo_classes("fw").DemoModel().to_onnx(tmp_path / "x.onnx")
 
 

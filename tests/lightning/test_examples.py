@@ -346,7 +346,7 @@ def seeded_cartpole():
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("name,steps", [("qnet", 8), ("ppo", 16)])
+@pytest.mark.parametrize(("name", "steps"), [("qnet", 8), ("ppo", 16)])
 def test_reinforcement_learning_examples_give_lightnings_weights(data_root, seeded_cartpole, name, steps):
     theirs, ours = both(name, RL_CASES[name], data_root).values()
     assert ours["step"] == theirs["step"] == steps  # qnet: 16 samples / 4 a batch, ppo: 64 / 16, two optimizers

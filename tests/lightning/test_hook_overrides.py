@@ -150,7 +150,7 @@ def test_an_overridden_hook_under_accumulation_and_clipping_gives_lightnings_par
                     accumulate_grad_batches=2, gradient_clip_val=0.5)
 
 
-@pytest.mark.parametrize("interval,frequency", [("step", 3), ("epoch", 2)])
+@pytest.mark.parametrize(("interval", "frequency"), [("step", 3), ("epoch", 2)])
 def test_scheduler_frequency_counts_as_lightnings_does(interval, frequency):
     assert_same_run({}, model_args={"interval": interval, "frequency": frequency}, accumulate_grad_batches=2,
                     epochs=3)

@@ -66,5 +66,5 @@ def test_a_writer_written_for_lightning_is_called_as_lightning_calls_it(interval
 
 
 def test_an_unknown_interval_is_refused():
-    with pytest.raises(ConfigError, match="write_interval='step'.*batch, epoch, batch_and_epoch"):
+    with pytest.raises(ConfigError, match=r"write_interval='step'.*batch, epoch, batch_and_epoch"):
         fw.callbacks.BasePredictionWriter("step")

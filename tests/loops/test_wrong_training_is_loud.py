@@ -65,7 +65,7 @@ def test_non_finite_weights_are_never_written(tmp_path):
     before = good.read_bytes()
     with torch.no_grad():  # as a finite loss with a NaN gradient would leave them
         model.net.weight.fill_(float("nan"))
-    with pytest.raises(TrainingError, match="weights are not finite.*was not written"):
+    with pytest.raises(TrainingError, match=r"weights are not finite.*was not written"):
         trainer.save_checkpoint(good)
     assert good.read_bytes() == before
 
@@ -88,7 +88,7 @@ def test_an_empty_training_set_is_an_error_shuffled_or_not():
         def train_dataloader(self):
             return DataLoader(empty, batch_size=4, shuffle=True)
 
-    with pytest.raises(ConfigError, match="EmptyData.train_dataloader\\(\\): the data set is empty"):
+    with pytest.raises(ConfigError, match=r"EmptyData.train_dataloader\(\): the data set is empty"):
         fw.Trainer(**QUIET).fit(LinearModel(), datamodule=EmptyData())
 
 

@@ -172,7 +172,7 @@ def test_only_local_rank_zero_logs_the_report(caplog):
         assert ("VALIDATE Profiler Report" in caplog.text) is logged, rank
 
 
-@pytest.mark.parametrize("value,message", [
+@pytest.mark.parametrize(("value", "message"), [
     ("xla", "trainer.profiler='xla': use one of simple, advanced, pytorch"),
     (1, "trainer.profiler=1: use one of"),
     ({"_target_": "framework.callbacks.EarlyStopping", "monitor": "x"}, "trainer.profiler=.*EarlyStopping"),

@@ -182,7 +182,7 @@ OUTSIDE = textwrap.dedent(
 
 
 @pytest.mark.timeout(45)
-@pytest.mark.parametrize("body,message", [
+@pytest.mark.parametrize(("body", "message"), [
     (FAIL, "ValueError: rank 1 failed at batch 3"),  # inside the loop: the strategy aborts
     (OUTSIDE, "RuntimeError: rank 1 failed between fit and validate"),  # outside: the excepthook does
 ])

@@ -18,14 +18,16 @@ To run: python backbone_image_classifier.py --trainer.max_epochs=50
 """
 
 from os import path
+from typing import Optional
 
 import torch
+from torch.nn import functional as F
+from torch.utils.data import DataLoader, random_split
+
 from lightning.pytorch import LightningDataModule, LightningModule, cli_lightning_logo
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.demos.mnist_datamodule import MNIST
 from lightning.pytorch.utilities.imports import _TORCHVISION_AVAILABLE
-from torch.nn import functional as F
-from torch.utils.data import DataLoader, random_split
 
 if _TORCHVISION_AVAILABLE:
     from torchvision import transforms
@@ -61,7 +63,7 @@ class LitClassifier(LightningModule):
     )
     """
 
-    def __init__(self, backbone: Backbone | None = None, learning_rate: float = 0.0001):
+    def __init__(self, backbone: Optional[Backbone] = None, learning_rate: float = 0.0001):
         super().__init__()
         self.save_hyperparameters(ignore=["backbone"])
         if backbone is None:

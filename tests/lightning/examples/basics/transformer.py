@@ -1,8 +1,9 @@
-import lightning as L
 import torch
 import torch.nn.functional as F
-from lightning.pytorch.demos import Transformer, WikiText2
 from torch.utils.data import DataLoader, random_split
+
+import lightning as L
+from lightning.pytorch.demos import Transformer, WikiText2
 
 
 class LanguageModel(L.LightningModule):

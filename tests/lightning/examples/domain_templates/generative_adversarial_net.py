@@ -25,6 +25,7 @@ from argparse import ArgumentParser, Namespace
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
 from lightning.pytorch import cli_lightning_logo
 from lightning.pytorch.core import LightningModule
 from lightning.pytorch.demos.mnist_datamodule import MNISTDataModule
