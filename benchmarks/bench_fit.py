@@ -177,7 +177,8 @@ def main() -> None:
     if args.lightning:
         sides["lightning"] = lambda: lightning_fit(fresh(), data, args.steps, world)
     if args.profile:
-        return profile(sides, rank, world)
+        profile(sides, rank, world)
+        return
 
     for side in sides.values():  # warm-up: imports, first-call costs
         side()

@@ -176,10 +176,8 @@ def main() -> None:
         sys.exit("bench_gpu.py: CUDA is not available here")
     os.environ.setdefault("NCCL_DEBUG", "WARN")
     result: dict = {"benchmark": "gpu", **machine_info("cuda"), "quick": args.quick, "errors": {}}
-    try:
+    with contextlib.suppress(Exception):
         result["nccl_version"] = ".".join(map(str, torch.cuda.nccl.version()))
-    except Exception:
-        pass
     parts = {
         "nccl_allreduce": lambda: nccl_allreduce(args.quick),
         "loop": lambda: loop(args.quick, args.out),

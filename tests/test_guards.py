@@ -127,7 +127,7 @@ def test_what_a_test_adds_to_the_repository_is_named_once_and_caches_are_not(tmp
 def test_popen_is_watched_while_this_test_runs(monkeypatch):
     monkeypatch.setattr(guards, "STARTS", guards.Starts())
     guards.STARTS.begin(_Item())
-    with pytest.raises(OSError):
+    with pytest.raises(OSError, match="fw-guard-probe"):
         subprocess.Popen(["/nonexistent/fw-guard-probe"])  # noted before it fails to start
     assert guards.STARTS.take() == ["process '/nonexistent/fw-guard-probe' started, but the test is not marked procs"]
 

@@ -135,7 +135,7 @@ def test_strict_missing_metric_raises_with_available_keys():
     assert "did you mean 'val/loss'" in str(info.value) and "train/loss" in str(info.value)
     lenient = EarlyStopping("val/los", strict=False)
     lenient.on_fit_start(trainer, None)
-    with pytest.warns(UserWarning):
+    with pytest.warns(UserWarning, match=r"found no metric 'val/los'"):
         lenient.on_validation_end(trainer, None)
 
 

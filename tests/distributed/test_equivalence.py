@@ -71,7 +71,7 @@ def test_ddp_gloo_matches_single_process(kind, launcher, accumulates, tmp_path):
         for name, value in ref.items():
             assert torch.equal(rank0[name], rank1[name]), f"{case['tag']}: ranks differ in {name}"
             torch.testing.assert_close(rank0[name], value, rtol=0, atol=1e-5,
-                                       msg=lambda m: f"{case['tag']} {name}: {m}")
+                                       msg=lambda m, tag=case["tag"], name=name: f"{tag} {name}: {m}")
         # training moved the parameters, so the equality above is not the trivial one
         workload.fw.seed_everything(0)
         initial = workload.Regressor().state_dict()

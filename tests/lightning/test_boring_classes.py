@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 import torch
@@ -177,7 +178,7 @@ def test_a_datamodules_hyperparameters_are_saved_logged_and_rebuilt(tmp_path):
     assert torch.load(tmp_path / "m.ckpt", weights_only=False)["datamodule_hyper_parameters"] == data.hparams
     import yaml
 
-    logged = yaml.safe_load(open(f"{logger.log_dir}/hparams.yaml"))
+    logged = yaml.safe_load(Path(logger.log_dir, "hparams.yaml").read_text())
     assert logged == {"batch_size": 8, "sizes": "small"}  # DemoModel saved none: the DataModule's alone
     rebuilt = Data.load_from_checkpoint(tmp_path / "m.ckpt", sizes="large")
     assert rebuilt.hparams == {"batch_size": 8, "sizes": "large"} and rebuilt.trainer is None

@@ -145,7 +145,7 @@ def test_only_the_lightning_import_lines_change(which):
         source = (loading.EXAMPLES / relative).read_text().splitlines()
         changed = loading.changed_source("\n".join(source), which).splitlines()
         assert len(changed) == len(source), relative
-        differing = [old for old, new in zip(source, changed) if old != new]
+        differing = [old for old, new in zip(source, changed, strict=True) if old != new]
         assert differing, relative
         for line in differing:
             assert "lightning" in line and line.startswith(("from ", "import ")), (relative, line)

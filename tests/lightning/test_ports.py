@@ -78,7 +78,7 @@ def test_hparams_are_attributes_and_load_from_checkpoint_rebuilds_the_module(tmp
     model.hparams.learning_rate = 0.2
     assert model.hparams_initial.learning_rate == 0.05
     with pytest.raises(AttributeError, match="hparams has no 'lr'"):
-        model.hparams.lr
+        _ = model.hparams.lr
     trainer = fw.Trainer(max_epochs=1, **QUIET)
     trainer.fit(model)
     path = tmp_path / "m.ckpt"

@@ -99,13 +99,13 @@ def test_limits_that_leave_no_batch_warn():
 
 def test_the_cli_prints_one_line_and_exits_1(tmp_path):
     (tmp_path / "nanmodel.py").write_text(
-        "import sys\nsys.path.insert(0, %r)\nfrom toy import LinearModel\n"
+        f"import sys\nsys.path.insert(0, {os.path.dirname(__file__) + '/..'!r})\nfrom toy import LinearModel\n"
         "class NaN(LinearModel):\n"
         "    def training_step(self, batch, batch_idx):\n"
         "        return super().training_step(batch, batch_idx) * float('nan')\n"
         "import framework as fw\nfrom toy import regression_data, loader\n"
         "class Data(fw.DataModule):\n"
-        "    def train_dataloader(self):\n        return loader(regression_data(16), 8)\n" % str(os.path.dirname(__file__) + "/..")
+        "    def train_dataloader(self):\n        return loader(regression_data(16), 8)\n"
     )
     (tmp_path / "r.yaml").write_text("module: {_target_: nanmodel.NaN}\ndata: {_target_: nanmodel.Data}\n"
                                      "trainer: {max_epochs: 1, accelerator: cpu, enable_progress_bar: false}\nlogger: false\n")
