@@ -36,13 +36,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-from torch import nn  # noqa: E402
-from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
 
-import framework as fw  # noqa: E402
-from framework.bench.common import machine_info, median, print_table, result_path, write_json  # noqa: E402
+import framework as fw
+from framework.bench.common import machine_info, median, print_table, result_path, write_json
 
 #: the processes ``benchmarks/run.py`` starts this script in (under torchrun; ``--ranks`` overrides)
 LAUNCH_RANKS = 2

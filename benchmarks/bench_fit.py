@@ -59,15 +59,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from _modules import MLPModule, make_mlp, make_optimizer  # noqa: E402
-from torch import nn  # noqa: E402
-from torch.utils.data import DataLoader, DistributedSampler, TensorDataset  # noqa: E402
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from _modules import MLPModule, make_mlp, make_optimizer
+from torch import nn
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
-import framework as fw  # noqa: E402
-from framework.bench.common import machine_info, median, print_table, result_path, write_json  # noqa: E402
+import framework as fw
+from framework.bench.common import machine_info, median, print_table, result_path, write_json
 
 #: the processes ``benchmarks/run.py`` starts this script in (under torchrun; ``--ranks`` overrides)
 LAUNCH_RANKS = 2
@@ -177,7 +177,8 @@ def main() -> None:
     if args.lightning:
         sides["lightning"] = lambda: lightning_fit(fresh(), data, args.steps, world)
     if args.profile:
-        return profile(sides, rank, world)
+        profile(sides, rank, world)
+        return
 
     for side in sides.values():  # warm-up: imports, first-call costs
         side()

@@ -314,7 +314,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.worker:
         args.strategy, args.devices, args.meta = args.worker[0], int(args.worker[1]), args.worker[2] == "1"
-        return worker(args)
+        worker(args)
+        return
     sizes = ["--vocab", str(args.vocab), "--dim", str(args.dim), "--layers", str(args.layers), "--heads", str(args.heads),
              "--batch", str(args.batch), "--steps", str(args.steps)]
     sizes += ["--breakdown"] * args.breakdown + ["--trim"] * args.trim
@@ -380,9 +381,9 @@ def print_breakdown(results: dict, print_table) -> None:
             if name in snaps[0] and "activations" in snaps[0][name]:
                 rows.append([f"(step {name[5]}: fwd saved {snaps[0][name]['activations']:.0f} MB of activations)"]
                             + [""] * (2 * len(ranks) + 2))
-        columns = ["phase"] + [f"r{r['rank']} {k}" for r in ranks for k in ("in use", "RSS")]
+        columns = ["phase", *(f"r{r['rank']} {k}" for r in ranks for k in ("in use", "RSS"))]
         print_table(f"{label}: the highest in each phase (MB)",
-                    columns + ["r0 at start: params grads AdamW gathered unsh.grads", "r0 at start: in use / free / maxrss"],
+                    [*columns, "r0 at start: params grads AdamW gathered unsh.grads", "r0 at start: in use / free / maxrss"],
                     rows)
         rows = []
         for name, ph in ranks[0]["breakdown"]["phases"].items():

@@ -43,12 +43,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-from torch import nn  # noqa: E402
-from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
 
-from framework.bench.common import RESULTS, fmt_time, machine_info, median, print_table, result_path, write_json  # noqa: E402
+from framework.bench.common import RESULTS, fmt_time, machine_info, median, print_table, result_path, write_json
 
 SIZES = {"1KB": 1 << 10, "64KB": 1 << 16, "1MB": 1 << 20, "16MB": 1 << 24, "256MB": 1 << 28}
 MLP = (64, 512, 512, 10)
@@ -158,7 +158,7 @@ def strategies(quick: bool) -> dict:
                 continue
             try:
                 samples[name].extend(t / steps for t in sides[name](nets[name])[1:])
-            except Exception as err:  # noqa: BLE001 - record and go on with the other sides
+            except Exception as err:  # record and go on with the other sides
                 errors[name] = f"{type(err).__name__}: {err}"
     med = {k: median(v) for k, v in samples.items() if v}
     ratios = {f"{k}_over_raw": med[f"fw_{k}"] / med[f"raw_{k}"] for k in ("single", "ddp_nccl", "dp")
@@ -176,10 +176,8 @@ def main() -> None:
         sys.exit("bench_gpu.py: CUDA is not available here")
     os.environ.setdefault("NCCL_DEBUG", "WARN")
     result: dict = {"benchmark": "gpu", **machine_info("cuda"), "quick": args.quick, "errors": {}}
-    try:
+    with contextlib.suppress(Exception):
         result["nccl_version"] = ".".join(map(str, torch.cuda.nccl.version()))
-    except Exception:  # noqa: BLE001
-        pass
     parts = {
         "nccl_allreduce": lambda: nccl_allreduce(args.quick),
         "loop": lambda: loop(args.quick, args.out),
@@ -190,7 +188,7 @@ def main() -> None:
         t0 = time.perf_counter()
         try:
             result[name] = fn()
-        except Exception as err:  # noqa: BLE001 - every part is independent
+        except Exception as err:  # every part is independent
             result["errors"][name] = "".join(traceback.format_exception_only(type(err), err)).strip()
             traceback.print_exc()
         result.setdefault("part_wall_s", {})[name] = time.perf_counter() - t0

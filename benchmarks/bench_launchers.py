@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from framework.bench.common import machine_info, median, print_table, result_path, write_json  # noqa: E402
+from framework.bench.common import machine_info, median, print_table, result_path, write_json
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent

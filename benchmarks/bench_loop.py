@@ -42,13 +42,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import torch  # noqa: E402
-from _modules import EpochTimer, ManualMLPModule, MLPModule, make_mlp, make_optimizer, raw_epochs  # noqa: E402
-from torch import nn  # noqa: E402
-from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
+import torch
+from _modules import EpochTimer, ManualMLPModule, MLPModule, make_mlp, make_optimizer, raw_epochs
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
 
-import framework as fw  # noqa: E402
-from framework.bench.common import fmt_time, iqr, machine_info, median, print_table, result_path, write_json  # noqa: E402
+import framework as fw
+from framework.bench.common import fmt_time, iqr, machine_info, median, print_table, result_path, write_json
 
 BATCH = 64
 SIZES = (64, 256, 256, 10)

@@ -31,14 +31,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from torch import nn  # noqa: E402
-from torch.utils.data import DataLoader, Dataset  # noqa: E402
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
 
-import framework as fw  # noqa: E402
-from framework.bench.common import fmt_time, machine_info, median, print_table, result_path, write_json  # noqa: E402
-from framework.callbacks import ModelCheckpoint  # noqa: E402
+import framework as fw
+from framework.bench.common import fmt_time, machine_info, median, print_table, result_path, write_json
+from framework.callbacks import ModelCheckpoint
 
 BATCHES, BATCH = 200, 8
 POSITIONS = (0, 50, 100, 150, 199)

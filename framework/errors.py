@@ -67,7 +67,7 @@ def did_you_mean(name: str, known: Iterable[object]) -> str:
     return f" (did you mean '{by_lower[close[0]]}'?)" if close else ""
 
 
-class ProgramEnds(SystemExit):  # noqa: N818 (a SystemExit: the program ends with its code)
+class ProgramEnds(SystemExit):  # a SystemExit: the program ends with its code
     """fw ends the program from inside a call, with ``code`` as its exit status: the process only
     launched the workers (``JobEnded``), or a fit stopped on a signal with its checkpoint
     written (``StoppedBySignal``). ``fw``'s entry point returns the code; under a user's script

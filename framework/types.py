@@ -56,6 +56,6 @@ OptimizerLRScheduler = (
     | None
 )
 
-__all__ = ["STEP_OUTPUT", "TRAIN_DATALOADERS", "EVAL_DATALOADERS", "LRSchedulerTypeUnion", "LRSchedulerPLType",
-           "LRSchedulerTypeTuple", "LRSchedulerConfig", "LRSchedulerConfigType", "OptimizerConfig",
-           "OptimizerLRSchedulerConfig", "OptimizerLRScheduler"]
+__all__ = ["EVAL_DATALOADERS", "STEP_OUTPUT", "TRAIN_DATALOADERS", "LRSchedulerConfig", "LRSchedulerConfigType",
+           "LRSchedulerPLType", "LRSchedulerTypeTuple", "LRSchedulerTypeUnion", "OptimizerConfig",
+           "OptimizerLRScheduler", "OptimizerLRSchedulerConfig"]

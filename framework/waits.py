@@ -17,7 +17,7 @@ _FAILED: list[tuple[str, ...]] = [()]  # the marks the last error left, innermos
 _INNERMOST = [False]  # the next mark to be left is the innermost one open (an error there is new)
 
 
-class waiting_in:  # noqa: N801 (used as a context manager, like contextlib's)
+class waiting_in:  # used as a context manager, like contextlib's
     """Marks the block as waiting in ``what`` (nested marks are read outermost first)."""
 
     __slots__ = ("what",)

@@ -113,7 +113,6 @@ def _isolated_cwd(leak_guard, tmp_path, monkeypatch):
     monkeypatch.setattr(framework.seed, "_seed", None)
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.delenv(key, raising=False)
-    yield
 
 
 def subprocess_env() -> dict:

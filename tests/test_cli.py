@@ -19,7 +19,7 @@ def fw(*args: str, cwd: Path = ROOT, timeout: int = 120) -> subprocess.Completed
     return fw_command(*args, cwd=cwd, env=subprocess_env(), timeout=timeout)
 
 
-@pytest.mark.parametrize("args,code,pattern", [
+@pytest.mark.parametrize(("args", "code", "pattern"), [
     (["fit", "conf/nope.yaml"], 2, "recipe 'conf/nope.yaml' does not exist"),
     (["fitt", "conf/digits.yaml"], 2, "invalid choice: 'fitt'"),
     (["fit", "conf/digits.yaml", "trainer.max_epochs"], 2, "has no '='"),
@@ -49,7 +49,7 @@ def test_user_mistakes_are_one_line_errors(args, code, pattern, tmp_path):
     assert "Traceback" not in proc.stderr
 
 
-@pytest.mark.parametrize("override,key", [
+@pytest.mark.parametrize(("override", "key"), [
     ("trainer.default_root_dir=s3://bucket/run", "trainer.default_root_dir='s3://bucket/run'"),
     ("ckpt_path=s3://bucket/run/last.ckpt", "ckpt_path='s3://bucket/run/last.ckpt'"),
     ("callbacks.0.dirpath=gs://bucket/ck", "ModelCheckpoint dirpath='gs://bucket/ck'"),

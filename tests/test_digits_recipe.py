@@ -7,7 +7,7 @@ import pytest
 
 pytest.importorskip("sklearn")
 
-from recipes.digits import DigitsData  # noqa: E402
+from recipes.digits import DigitsData
 
 
 def test_the_test_split_is_held_out_from_training_and_validation():

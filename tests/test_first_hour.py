@@ -68,7 +68,7 @@ def test_fws_warnings_are_one_line_on_stderr(tmp_path):
 
 
 def test_dp_with_several_devices_on_the_cpu_is_refused_not_run_on_one():
-    with pytest.raises(ConfigError, match="strategy=dp with trainer.devices=2 needs GPUs.*ddp_gloo"):
+    with pytest.raises(ConfigError, match=r"strategy=dp with trainer.devices=2 needs GPUs.*ddp_gloo"):
         fw.Trainer(accelerator="cpu", devices=2, strategy="dp")
 
 
@@ -83,7 +83,7 @@ def test_fw_env_reports_the_mpi_strategy_fw_can_run():
         assert f"mpi=no (pip install -e '{ROOT}[mpi]')" in row, row  # fw runs from this clone
 
 
-@pytest.mark.parametrize("extra,warned", [([], True), (["ckpt_path=none"], False)])
+@pytest.mark.parametrize(("extra", "warned"), [([], True), (["ckpt_path=none"], False)])
 def test_validate_without_a_checkpoint_says_the_weights_are_fresh_unless_asked(tmp_path, extra, warned):
     proc = fw_command("validate", str(ROOT / "conf" / "regression.yaml"), "trainer.enable_progress_bar=false",
                            f"trainer.default_root_dir={tmp_path}", *extra, cwd=ROOT, env=subprocess_env())
@@ -132,7 +132,7 @@ def test_a_version_pinned_in_the_recipe_keeps_every_run_in_one_folder(tmp_path):
     assert versions == ["version_0"], versions
 
 
-@pytest.mark.parametrize("args,code,message", [
+@pytest.mark.parametrize(("args", "code", "message"), [
     (["fit", "trainer.logger=false"], 2, "'trainer.logger' is a top-level key of the recipe: write logger=..."),
     (["validate", "ckpt_path=last"], 1, "ckpt_path='last': no checkpoint under"),
 ])

@@ -54,7 +54,7 @@ def test_the_gpt_recipe_learns_python_and_predict_prints_a_continuation(one_proc
 
 @pytest.mark.timeout(300)
 def test_the_model_parallel_recipe_ends_where_the_one_process_recipe_ends(one_process, tmp_path):
-    fit, root, cache = one_process
+    fit, _, cache = one_process
     assert fit.returncode == 0, fit.stderr
     split = forked.fw_command("fit", "conf/gpt/model_parallel.yaml", *SHORT, cache, f"trainer.default_root_dir={tmp_path}",
                               "module.loss_parallel=true", cwd=REPO, env=clean_env(), timeout=240, nprocs=2)

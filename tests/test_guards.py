@@ -81,7 +81,7 @@ class _Item:
         return name if name in self.marks else None
 
 
-@pytest.mark.parametrize("marks, argv, found", [
+@pytest.mark.parametrize(("marks", "argv", "found"), [
     ((), [sys.executable, "-c", "pass"],
      f"process '{sys.executable} -c pass' started, but the test is not marked procs"),
     ((), ["scontrol", "show", "hostnames", "n[1-2]"], None),  # a tool fw asks itself, in milliseconds
@@ -127,7 +127,7 @@ def test_what_a_test_adds_to_the_repository_is_named_once_and_caches_are_not(tmp
 def test_popen_is_watched_while_this_test_runs(monkeypatch):
     monkeypatch.setattr(guards, "STARTS", guards.Starts())
     guards.STARTS.begin(_Item())
-    with pytest.raises(OSError):
+    with pytest.raises(OSError, match="fw-guard-probe"):
         subprocess.Popen(["/nonexistent/fw-guard-probe"])  # noted before it fails to start
     assert guards.STARTS.take() == ["process '/nonexistent/fw-guard-probe' started, but the test is not marked procs"]
 
@@ -166,7 +166,7 @@ def _stays_in_process():
     return sum(range(3))
 
 
-@pytest.mark.parametrize("function, starts", [
+@pytest.mark.parametrize(("function", "starts"), [
     (_calls_popen, True), (_calls_a_helper, True), (_imports_locally, True), (_forks_a_copy, True),
     (_stays_in_process, False),
 ])  # fmt: skip

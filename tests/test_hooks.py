@@ -3,6 +3,7 @@ in tests/lightning/test_hook_calls.py)."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from toy import QUIET, LinearModel, loader, regression_data
 
@@ -40,13 +41,9 @@ def test_exception_reaches_on_exception_and_keeps_traceback():
             raise ValueError("boom in user code")
 
     trainer = fw.Trainer(max_epochs=1, callbacks=[Recorder(calls)], **QUIET)
-    try:
+    with pytest.raises(ValueError, match="boom in user code") as err:  # the user's error propagates
         trainer.fit(Failing(), loader(regression_data(16)))
-    except ValueError as err:
-        assert "boom in user code" in str(err)
-        assert err.__traceback__ is not None
-    else:
-        raise AssertionError("the user's error must propagate")
+    assert err.value.__traceback__ is not None
     assert calls[-1] == "cb.on_exception" and "cb.teardown" not in calls  # Lightning's: no teardown hooks
 
 

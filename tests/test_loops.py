@@ -43,7 +43,7 @@ class GradNormProbe(LinearModel):
         pass
 
 
-@pytest.mark.parametrize("algorithm,bound", [("norm", 0.5), ("value", 0.01)])
+@pytest.mark.parametrize(("algorithm", "bound"), [("norm", 0.5), ("value", 0.01)])
 def test_gradient_clipping_bounds_the_gradients(algorithm, bound):
     seen = []
 
@@ -77,7 +77,7 @@ def test_gradient_clipping_bounds_the_gradients(algorithm, bound):
     assert max(observed) >= bound * 0.99  # clipping was active (gradients are far larger)
 
 
-@pytest.mark.parametrize("interval,frequency,expected_lr", [
+@pytest.mark.parametrize(("interval", "frequency", "expected_lr"), [
     ("step", 1, 0.1 * 0.5 ** 8),    # 2 epochs x 4 steps
     ("step", 4, 0.1 * 0.5 ** 2),
     ("epoch", 1, 0.1 * 0.5 ** 2),
@@ -200,7 +200,7 @@ def test_save_checkpoint_after_validate_only(tmp_path):
     assert load_checkpoint(tmp_path / "v.ckpt")["global_step"] == 0
 
 
-@pytest.mark.parametrize("kwargs,pattern", [
+@pytest.mark.parametrize(("kwargs", "pattern"), [
     ({"strategy": "single", "devices": 2}, "strategy=single uses one device"),
     ({"check_val_every_n_epoch": 0}, "check_val_every_n_epoch=0"),
     ({"val_check_interval": 2.5}, "val_check_interval=2.5"),

@@ -46,7 +46,7 @@ def test_log_of_a_string_names_the_key():
             self.log("name", "abc")
             return super().training_step(batch, batch_idx)
 
-    with pytest.raises(ValueError) as err:
+    with pytest.raises(ValueError, match="the value must be a number") as err:
         fw.Trainer(max_steps=1, **QUIET).fit(LogsText(), loader(regression_data()))
     assert str(err.value) == ("self.log('name', 'abc'): the value must be a number, a one-element tensor or a "
                               "torchmetrics Metric, not str")

@@ -8,6 +8,7 @@ import os
 
 import pytest
 import torch
+from lightning.modules import QUIET, make_regressor, regression_loader
 
 import framework as fw
 import framework.callbacks as fw_callbacks
@@ -15,10 +16,9 @@ import framework.loggers as fw_loggers
 import framework.profilers as fw_profilers
 from framework.errors import ConfigError
 from framework.paths import local_path
-from lightning.modules import QUIET, make_regressor, regression_loader
 
 
-@pytest.mark.parametrize("given,local", [
+@pytest.mark.parametrize(("given", "local"), [
     ("runs/x", "runs/x"), ("/tmp/a b/x.ckpt", "/tmp/a b/x.ckpt"), ("C:/runs/x", "C:/runs/x"),
     ("file:///tmp/run", "/tmp/run"), ("file://localhost/tmp/run", "/tmp/run"), ("file:///tmp/a%20b", "/tmp/a b"),
     ("epoch=1-step=2.ckpt", "epoch=1-step=2.ckpt"),
@@ -28,7 +28,7 @@ def test_local_paths_and_file_urls_are_local_paths(given, local):
     assert local_path(os.fspath(given), "key") == local
 
 
-@pytest.mark.parametrize("url,named", [
+@pytest.mark.parametrize(("url", "named"), [
     ("s3://bucket/run", "object storage (s3://)"), ("gs://b/x", "object storage (gs://)"),
     ("az://c/x", "object storage (az://)"), ("hdfs://nn:8020/x", "object storage (hdfs://)"),
     ("https://host/x.ckpt", "object storage (https://)"), ("file://otherhost/x", "a file on host 'otherhost'"),
@@ -65,7 +65,7 @@ def _save_to(path):
     return save
 
 
-@pytest.mark.parametrize("key,call", [
+@pytest.mark.parametrize(("key", "call"), [
     ("trainer.default_root_dir", lambda: fw.Trainer(default_root_dir="s3://bucket/run")),
     ("ModelCheckpoint dirpath", lambda: fw_callbacks.ModelCheckpoint(dirpath="s3://bucket/ck")),
     ("CSVLogger save_dir", lambda: fw_loggers.CSVLogger(save_dir="s3://bucket/logs")),

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import torch
-from toy import QUIET, LinearModel
 from torch.utils.data import DataLoader, TensorDataset
 from torchmetrics import SumMetric
+from toy import QUIET, LinearModel
 
 import framework as fw
 
@@ -14,14 +14,14 @@ class LogsBatchMean(LinearModel):
     """Logs the mean of x in each batch: the epoch value must be the mean over all samples."""
 
     def training_step(self, batch, batch_idx):
-        x, y = batch
+        x, _ = batch
         self.log("x_mean", x.mean(), on_step=True, on_epoch=True)
         self.log("x_max", x.max(), on_epoch=True, reduce_fx="max")
         self.log("n_seen", float(len(x)), on_step=False, on_epoch=True, reduce_fx="sum")
         return super().training_step(batch, batch_idx)
 
     def validation_step(self, batch, batch_idx):
-        x, y = batch
+        x, _ = batch
         self.log("val/x_mean", x.mean())
 
 

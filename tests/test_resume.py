@@ -103,7 +103,7 @@ def test_corrupt_checkpoint_is_a_clear_error_and_is_not_overwritten(tmp_path, da
     damaged = last.read_bytes()
     trainer = fw.Trainer(max_epochs=3, logger=False, enable_progress_bar=False, accelerator="cpu", devices=1,
                          callbacks=[ModelCheckpoint(dirpath=ckpt_dir, save_last=True)])
-    with pytest.raises(CheckpointError, match="corrupt or truncated.*left as it is"):
+    with pytest.raises(CheckpointError, match=r"corrupt or truncated.*left as it is"):
         trainer.fit(DropoutMLP(), loader(regression_data(16), 8), ckpt_path=str(last))
     assert last.read_bytes() == damaged
 

@@ -1,7 +1,9 @@
-"""The package's shape stays as "How the code is laid out" in docs/contributing.md promises: no
-file over 300 lines, no function over 60, every file opening with a docstring that says what it
-holds, and no module outside ``framework/trainer/`` changing the Trainer other than through its
-methods (an assignment, ``setattr``, a list's or dict's own change, or a helper that does one)."""
+"""The package's shape stays as "How the code is laid out" in docs/contributing.md promises:
+every file opens with a docstring that says what it holds, and no module outside
+``framework/trainer/`` changes the Trainer other than through its methods (an assignment,
+``setattr``, a list's or dict's own change, or a helper that does one). Size is not capped here:
+a file holds one concept, however long, and ruff's complexity rule (pyproject.toml's
+``[tool.ruff.lint.mccabe]``, run by tests/test_lint.py) flags a function that branches too much."""
 
 from __future__ import annotations
 
@@ -10,29 +12,15 @@ import functools
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "framework"
-MAX_FILE_LINES, MAX_FUNCTION_LINES = 300, 60
 
 
-@functools.cache  # one parse of the package for the four tests
+@functools.cache  # one parse of the package for the two tests
 def _files() -> list[tuple[str, ast.Module, int]]:
     found = []
     for path in sorted(PACKAGE.rglob("*.py")):
         text = path.read_text()
         found.append((str(path.relative_to(PACKAGE.parent)), ast.parse(text), text.count("\n")))
     return found
-
-
-def test_no_file_is_long():
-    long = [f"{name} ({lines} lines)" for name, _, lines in _files() if lines > MAX_FILE_LINES]
-    assert not long, f"over {MAX_FILE_LINES} lines: " + ", ".join(long)
-
-
-def test_no_function_is_long():
-    long = [f"{name}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1} lines)"
-            for name, tree, _ in _files() for node in ast.walk(tree)
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
-            and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES]
-    assert not long, f"functions over {MAX_FUNCTION_LINES} lines: " + ", ".join(long)
 
 
 def test_every_file_says_what_it_holds():

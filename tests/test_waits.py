@@ -22,8 +22,13 @@ def test_an_error_names_the_marks_it_left_and_a_later_one_its_own():
     with pytest.raises(RuntimeError), waiting_in("the backward pass's gradient sync"):  # as deep as its one mark
         raise RuntimeError("Timed out waiting 5000ms")
     assert waits.failed_in() == "the backward pass's gradient sync"
-    with pytest.raises(RuntimeError), waiting_in("training_step"):  # an error after an inner mark closed
-        with waiting_in("an all-reduce"):
-            pass
-        raise RuntimeError("in the step itself")
+    with pytest.raises(RuntimeError, match="in the step itself"), waiting_in("training_step"):
+        _fails_after_an_inner_mark_closed()
     assert waits.failed_in() == "training_step" and waits.now() is None
+
+
+def _fails_after_an_inner_mark_closed() -> None:
+    """An error in ``training_step`` after an inner mark (an all-reduce) closed."""
+    with waiting_in("an all-reduce"):
+        pass
+    raise RuntimeError("in the step itself")

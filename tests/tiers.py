@@ -172,9 +172,9 @@ def _refers(code: types.CodeType, namespace: dict) -> bool:
         if any(target is starter for starter in STARTERS):
             return True
         if isinstance(target, types.ModuleType):  # helpers.run_script: the module's names
-            if _defined_in_tests(getattr(target, "__file__", None)):
-                if any(_follow(getattr(target, n, None)) for n in names):
-                    return True
+            if _defined_in_tests(getattr(target, "__file__", None)) and any(
+                    _follow(getattr(target, n, None)) for n in names):
+                return True
         elif target is not None and _follow(target):
             return True
     nested = (const for const in code.co_consts if isinstance(const, types.CodeType))

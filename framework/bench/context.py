@@ -105,10 +105,7 @@ def start_job(kind: str | None = None) -> Job:
         if torch.cuda.is_available() and os.environ.get("FW_BENCH_DEVICE", "cpu") == "cuda":
             job.device = torch.device("cuda", 0)
         return job
-    if kind == "mpi":
-        job = _start_mpi()
-    else:
-        job = _start_env(kind)
+    job = _start_mpi() if kind == "mpi" else _start_env(kind)
     local = max(1, job.local_world)
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // local))
     return job

@@ -161,21 +161,23 @@ def run_lightning(job: Job, module, data, steps: int, clock: Clock, precision: P
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
             clock.mark_batch_end()
 
-    strategy: Any = "auto"
-    if job.world > 1:
-        from pytorch_lightning.strategies import DDPStrategy
-
-        strategy = DDPStrategy(process_group_backend="nccl" if job.kind == "nccl" else "gloo", **ddp_kwargs)
-    elif dp:
-        strategy = "dp"
     trainer = pl.Trainer(
         accelerator="gpu" if job.device.type == "cuda" else "cpu",
         devices=torch.cuda.device_count() if dp else max(1, job.local_world), num_nodes=max(1, job.world // max(1, job.local_world)),
-        strategy=strategy, max_steps=steps, max_epochs=-1, precision=precision,
+        strategy=_lightning_strategy(job, ddp_kwargs, dp), max_steps=steps, max_epochs=-1, precision=precision,
         logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
         num_sanity_val_steps=0, limit_val_batches=0, callbacks=[Clock()], default_root_dir="/tmp/fw-bench-lightning",
     )  # fmt: skip
     trainer.fit(Workload(module), train_dataloaders=data.train_dataloader())
+
+
+def _lightning_strategy(job: Job, ddp_kwargs: dict, dp: bool) -> Any:
+    """Lightning's strategy for the job: its DDP across processes, ``dp`` on one, else ``auto``."""
+    if job.world > 1:
+        from pytorch_lightning.strategies import DDPStrategy
+
+        return DDPStrategy(process_group_backend="nccl" if job.kind == "nccl" else "gloo", **ddp_kwargs)
+    return "dp" if dp else "auto"
 
 
 SIDES = {"raw": run_raw, "fw": run_fw, "lightning": run_lightning}

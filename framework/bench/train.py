@@ -166,8 +166,8 @@ def knob_configs(quick: bool) -> list[dict]:
         return [{"bucket_cap_mb": 25}, {"bucket_cap_mb": 1}, {"bucket_cap_mb": 25, "gradient_as_bucket_view": True},
                 {"bucket_cap_mb": 25, "static_graph": True}]  # fmt: skip
     sweep = [{"bucket_cap_mb": mb} for mb in (0.25, 1, 4, 25, 100)]
-    return sweep + [{"bucket_cap_mb": 25, "gradient_as_bucket_view": True}, {"bucket_cap_mb": 25, "static_graph": True},
-                    {"bucket_cap_mb": 25, "gradient_as_bucket_view": True, "static_graph": True}]  # fmt: skip
+    return [*sweep, {"bucket_cap_mb": 25, "gradient_as_bucket_view": True}, {"bucket_cap_mb": 25, "static_graph": True},
+            {"bucket_cap_mb": 25, "gradient_as_bucket_view": True, "static_graph": True}]  # fmt: skip
 
 
 def run_knobs(job: Job, quick: bool) -> dict:

@@ -20,7 +20,7 @@ from framework.callbacks.throughput import ThroughputMonitor
 from framework.callbacks.timer import Timer
 from framework.callbacks.weight_averaging import EMAWeightAveraging, WeightAveraging
 
-__all__ = ["BasePredictionWriter", "Callback", "DeviceStatsMonitor", "EarlyStopping", "EarlyStoppingReason",
-           "EMAWeightAveraging", "LambdaCallback", "LearningRateMonitor", "ModelCheckpoint", "ModelSummary",
+__all__ = ["BasePredictionWriter", "Callback", "DeviceStatsMonitor", "EMAWeightAveraging", "EarlyStopping",
+           "EarlyStoppingReason", "LambdaCallback", "LearningRateMonitor", "ModelCheckpoint", "ModelSummary",
            "PredictionWriter", "RichProgressBar", "StepTimeBreakdown", "StochasticWeightAveraging",
            "ThroughputMonitor", "Timer", "WeightAveraging"]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from enum import Enum
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
@@ -62,8 +62,8 @@ class EarlyStopping(Callback):
         ConfigError: On an invalid ``mode`` or ``patience``, and (``strict``) a missing metric.
     """
 
-    mode_dict = {"min": torch.lt, "max": torch.gt}
-    order_dict = {"min": "<", "max": ">"}
+    mode_dict: ClassVar[dict[str, Callable[..., Any]]] = {"min": torch.lt, "max": torch.gt}
+    order_dict: ClassVar[dict[str, str]] = {"min": "<", "max": ">"}
 
     def __init__(self, monitor: str, min_delta: float = 0.0, patience: int = 3, verbose: bool = False,
                  mode: str = "min", strict: bool = True, check_finite: bool = True,

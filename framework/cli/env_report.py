@@ -58,7 +58,7 @@ def env_report(env: Mapping[str, str] | None = None, argv: Sequence[str] | None 
     for title, gather in sections:
         try:
             lines = gather()
-        except Exception as err:  # noqa: BLE001 - a report must never crash
+        except Exception as err:  # a report must never crash
             lines = [("error", f"{type(err).__name__}: {err}")]
         out.append(f"[{title}]")
         width = max((len(key) for key, _ in lines), default=0)

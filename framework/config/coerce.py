@@ -69,9 +69,7 @@ def _coerce(value: Any, annotation: Any) -> Any:
     if origin in (Union, types.UnionType):
         return _coerce_union(value, args)
     if origin is Literal:
-        if value in args:
-            return value
-        raise _Mismatch("one of " + ", ".join(repr(a) for a in args))
+        return _coerce_literal(value, args)
     if annotation in PLAIN_NAMES:
         return _coerce_plain(value, annotation)
     if inspect.isclass(annotation) and issubclass(annotation, enum.Enum):
@@ -89,6 +87,12 @@ def _coerce(value: Any, annotation: Any) -> Any:
     if annotation is dict:
         return _coerce_mapping(value, ())
     return value  # a class of the user's, a callable, a protocol: Python does not check it either
+
+
+def _coerce_literal(value: Any, args: tuple) -> Any:
+    if value in args:
+        return value
+    raise _Mismatch("one of " + ", ".join(repr(a) for a in args))
 
 
 def _coerce_union(value: Any, args: tuple) -> Any:

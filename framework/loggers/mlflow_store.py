@@ -63,7 +63,7 @@ def check_server(uri: str, who: str = "MLFlowLogger") -> None:
                           f"(mlflow server --host <host> --port <port>) or give the URI of one that runs")
 
 
-def make_client(uri: str, who: str = "MLFlowLogger"):  # noqa: ANN201 (MlflowClient: mlflow is imported here)
+def make_client(uri: str, who: str = "MLFlowLogger"):  # MlflowClient: mlflow is imported here
     """MLflow's client for ``uri``, a URI whose scheme MLflow does not know refused in one line."""
     from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient

@@ -163,7 +163,7 @@ class Sender:
             self._sending_since = time.monotonic()
             try:
                 call.send()
-            except Exception as err:  # noqa: BLE001 (a logger's failure must not end training)
+            except Exception as err:  # a logger's failure must not end training
                 self._sending_since = None
                 if self._abandoned:
                     return

@@ -14,6 +14,7 @@ never written. (Lightning's TensorBoardLogger ends the fit with the ``OSError``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import threading
 from collections.abc import Mapping
@@ -193,20 +194,16 @@ class TensorBoardLogger(Logger):
     def _writer_failed(self, err: OSError) -> None:
         """Drop the writer, whose thread has died (its event file stays, with what it wrote)."""
         if self._experiment is not None:
-            try:
+            with contextlib.suppress(OSError):
                 self._experiment.close()
-            except OSError:
-                pass
             self._experiment = None
         self._hparams_sent = False  # the new event file gets them too
         self._failed.failed(self.log_dir, err, len(self._waiting), "log_metrics calls")
 
 
 def _remove(path: str) -> None:
-    try:
+    with contextlib.suppress(OSError):
         os.remove(path)
-    except OSError:
-        pass
 
 
 class _QuietWriterThreads:

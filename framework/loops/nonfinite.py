@@ -40,7 +40,7 @@ class NonfiniteGuard:
     checkpoint write keeps a bad state off the disk meanwhile.
     """
 
-    __slots__ = ("mode", "state", "strategy", "agree", "backward_anyway", "pending", "later")
+    __slots__ = ("agree", "backward_anyway", "later", "mode", "pending", "state", "strategy")
 
     def __init__(self, run: Run) -> None:
         self.mode, self.state, self.strategy = run.settings.on_nonfinite, run.state, run.strategy

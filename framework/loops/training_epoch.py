@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from framework.trainer.run import Run
 
 
-def run_train_epoch(run: Run, loader, stops: StopCheck) -> None:
+def run_train_epoch(run: Run, loader, stops: StopCheck) -> None:  # noqa: C901 (the epoch reads top to bottom, as Lightning's)
     state, hooks = run.state, run.hooks
     collector = _begin_epoch(run, loader)
     position, limit = state.position, run.num_training_batches

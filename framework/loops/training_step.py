@@ -123,8 +123,9 @@ def automatic_step_fn(run: Run) -> tuple[Callable[[Any, int, bool], Any], Callab
     return train_batch, guard.flush
 
 
-def forward_and_backward_fn(run: Run, optimizer: torch.optim.Optimizer, guard: NonfiniteGuard,
+def forward_and_backward_fn(run: Run, optimizer: torch.optim.Optimizer, guard: NonfiniteGuard,  # noqa: C901
                             zero_at_window_start: bool) -> Callable[[Any, int], tuple[Any, Any]]:
+    # C901: steps 1-4 read top to bottom, one `if` per feature, as the file's docstring numbers them
     """1-4: ``(batch, batch_idx) -> (outputs of training_step, the loss its backward used)``;
     the loss is None for a batch that ran no backward (the step or the loss check skipped it)."""
     module, state, hooks, strategy, precision = run.module, run.state, run.hooks, run.strategy, run.precision
@@ -248,7 +249,7 @@ class Closure:
     """1-4 for one batch, as ``optimizer.step(closure)`` calls them: returns the loss its
     backward used; ``ran`` says whether it was called, ``outputs`` what ``training_step`` returned."""
 
-    __slots__ = ("forward_and_backward", "batch", "batch_idx", "ran", "outputs")
+    __slots__ = ("batch", "batch_idx", "forward_and_backward", "outputs", "ran")
 
     def __init__(self, forward_and_backward: Callable[[Any, int], tuple[Any, Any]], batch: Any, batch_idx: int) -> None:
         self.forward_and_backward, self.batch, self.batch_idx = forward_and_backward, batch, batch_idx

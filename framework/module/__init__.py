@@ -11,4 +11,4 @@ itself; step_arity.py whether a step is called with ``batch_idx``.
 from framework.module.manual_optimization import LightningOptimizer, TrainOptimizer
 from framework.module.train_module import LightningModule, TrainModule
 
-__all__ = ["TrainModule", "LightningModule", "TrainOptimizer", "LightningOptimizer"]
+__all__ = ["LightningModule", "LightningOptimizer", "TrainModule", "TrainOptimizer"]

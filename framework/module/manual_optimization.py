@@ -96,9 +96,9 @@ class ManualOptimization:
 
         def manual_step(batch: Any, batch_idx: int, _sync: bool) -> Any:
             self.batch_idx = batch_idx
-            with no_sync() if no_sync is not None else contextlib.nullcontext():
-                with autocast() if autocast is not None else contextlib.nullcontext():
-                    return step(batch, batch_idx) if with_idx else step(batch)
+            with (no_sync() if no_sync is not None else contextlib.nullcontext(),
+                  autocast() if autocast is not None else contextlib.nullcontext()):
+                return step(batch, batch_idx) if with_idx else step(batch)
 
         return manual_step
 

@@ -46,7 +46,7 @@ from torch import nn
 from framework.errors import ConfigError, raised_alike_on_every_rank
 from framework.parallel.blocks import class_names, units
 
-__all__ = ["parallelize", "layer_plan", "COLWISE", "ROWWISE", "FUSED", "HEAD_COUNTS", "HEADS"]
+__all__ = ["COLWISE", "FUSED", "HEADS", "HEAD_COUNTS", "ROWWISE", "layer_plan", "parallelize"]
 
 #: layer names split by output features: the first layer of each pair
 COLWISE = frozenset({"q", "k", "v", "wq", "wk", "wv", "query", "key", "value", "q_proj", "k_proj", "v_proj",

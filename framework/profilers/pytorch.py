@@ -15,7 +15,7 @@ from __future__ import annotations
 import inspect
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -51,7 +51,7 @@ class PyTorchProfiler(Profiler):
         ConfigError: a sort key, schedule or table argument that torch would not take.
     """
 
-    STEP_FUNCTIONS = set(STEP_KINDS)
+    STEP_FUNCTIONS: ClassVar[set[str]] = set(STEP_KINDS)
     AVAILABLE_SORT_KEYS = AVAILABLE_SORT_KEYS
 
     def __init__(self, dirpath: str | Path | None = None, filename: str | None = None,

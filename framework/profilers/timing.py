@@ -70,7 +70,7 @@ def fetching(profiler: Profiler | None, iterator: Iterator[Any], action: str, co
 
 
 class _TimedFetch:
-    __slots__ = ("_iterator", "_profile", "_action", "_left")
+    __slots__ = ("_action", "_iterator", "_left", "_profile")
 
     def __init__(self, iterator: Iterator[Any], profiler: Profiler, action: str, count: float) -> None:
         self._iterator, self._profile, self._action, self._left = iterator, profiler.profile, action, count

@@ -81,7 +81,6 @@ def create_strategy(spec: str | Mapping[str, Any] | Strategy, accelerator_name: 
     return strategy
 
 
-__all__ = [
-    "STRATEGIES", "DDPStrategy", "DataParallelStrategy", "FSDPStrategy", "DistributedStrategy", "ModelParallelStrategy", "MPIStrategy", "SingleDeviceStrategy",
-    "StepModule", "Strategy", "StrategyRegistry", "create_strategy",
-]
+__all__ = ["STRATEGIES", "DDPStrategy", "DataParallelStrategy", "DistributedStrategy", "FSDPStrategy", "MPIStrategy",
+           "ModelParallelStrategy", "SingleDeviceStrategy", "StepModule", "Strategy", "StrategyRegistry",
+           "create_strategy"]

@@ -29,7 +29,7 @@ def default_strategy(strategy: Any, devices: int, num_nodes: int, environment: C
     """What ``strategy="auto"`` is: one device ``single``, more ``ddp``, and in an interactive
     session (a notebook, ``python -c``: no program fw's launcher could re-run) on one node
     ``ddp_notebook``, as Lightning picks it there."""
-    is_auto = strategy in (None, "auto") or isinstance(strategy, dict) and strategy.get("name") == "auto"
+    is_auto = strategy in (None, "auto") or (isinstance(strategy, dict) and strategy.get("name") == "auto")
     if not is_auto:
         return strategy
     auto = "ddp" if devices * num_nodes > 1 else "single"

@@ -289,4 +289,4 @@ class TrainerProperties:
     def print(self, *args: Any, **kwargs: Any) -> None:
         """``print`` on each machine's first process only, as Lightning's ``trainer.print``."""
         if self.strategy.local_rank == 0:
-            print(*args, **kwargs)  # noqa: T201 - the user's own print, as in Lightning
+            print(*args, **kwargs)  # the user's own print, as in Lightning

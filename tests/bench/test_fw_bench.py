@@ -264,7 +264,7 @@ def test_sigterm_kills_the_running_job_and_reports_the_jobs_before_it(tmp_path):
     assert survivors == []
 
 
-@pytest.mark.parametrize("name, peak", [
+@pytest.mark.parametrize(("name", "peak"), [
     ("NVIDIA H100 80GB HBM3", 989e12), ("NVIDIA H100 PCIe", 756e12), ("NVIDIA H100 NVL", 835e12),
     ("NVIDIA H200", 989e12), ("NVIDIA H200 NVL", 835e12), ("NVIDIA A100-SXM4-80GB", 312e12),
     ("NVIDIA A100 80GB PCIe", 312e12), ("NVIDIA L40S", 362e12), ("NVIDIA L4", 121e12), ("NVIDIA A10", 125e12),

@@ -10,12 +10,12 @@ from __future__ import annotations
 import json
 
 import pytest
+from forked import run_script
 
 import framework as fw
 from framework.callbacks import StepTimeBreakdown
 from framework.callbacks.step_breakdown import PARTS
 from tests.distributed.helpers import write_script
-from forked import run_script
 from tests.distributed.workload import FIT_ARGS, Regressor, regression_data
 
 SCRIPT = """

@@ -39,7 +39,7 @@ def test_every_table_has_one_cell_per_column_and_the_markdown_says_so():
            "wall_s": 1.0, "warnings": [], "recommendation": [], "notes": [], "jobs": []}  # fmt: skip
     md = markdown(doc, tabs)
     blocks, block = [], []
-    for line in md.splitlines() + [""]:
+    for line in [*md.splitlines(), ""]:
         if line.startswith("|"):
             block.append(line.count("|"))
         elif block:

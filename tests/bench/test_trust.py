@@ -96,7 +96,7 @@ def test_fw_much_faster_than_the_loop_it_wraps_is_refused():
     assert {row[3]: row[columns.index("/raw")] for row in cells} == {"fw": "refused", "lightning": "1.053", "raw": "-"}
 
 
-@pytest.mark.parametrize("speedup, ratio, refused", [
+@pytest.mark.parametrize(("speedup", "ratio", "refused"), [
     (2.0, MIN_OVER_RAW, set()),                       # at the limits: possible
     (2.01, 1.0, {"speedup"}), (1.5, 0.79, {"step_over_raw"}), (2.5, 0.5, {"speedup", "step_over_raw"}),
 ])  # fmt: skip

@@ -135,7 +135,7 @@ def test_strict_missing_metric_raises_with_available_keys():
     assert "did you mean 'val/loss'" in str(info.value) and "train/loss" in str(info.value)
     lenient = EarlyStopping("val/los", strict=False)
     lenient.on_fit_start(trainer, None)
-    with pytest.warns(UserWarning):
+    with pytest.warns(UserWarning, match=r"found no metric 'val/los'"):
         lenient.on_validation_end(trainer, None)
 
 
@@ -167,7 +167,7 @@ def test_state_dict_round_trip():
     assert run(resumed, [1.3]) == 0
 
 
-@pytest.mark.parametrize("kwargs, match", [({"mode": "mn"}, "did you mean 'min'"), ({"patience": -1}, "patience")])
+@pytest.mark.parametrize(("kwargs", "match"), [({"mode": "mn"}, "did you mean 'min'"), ({"patience": -1}, "patience")])
 def test_invalid_arguments(kwargs, match):
     with pytest.raises(ConfigError, match=match):
         EarlyStopping("val/loss", **kwargs)

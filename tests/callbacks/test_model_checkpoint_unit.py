@@ -71,7 +71,7 @@ def files(dirpath):
     return sorted(os.listdir(dirpath))
 
 
-@pytest.mark.parametrize("args, metrics, ver, expected", [
+@pytest.mark.parametrize(("args", "metrics", "ver", "expected"), [
     (dict(filename="{epoch}-{val/acc:.3f}"), {"epoch": 3, "val/acc": 0.95123}, None, "epoch=3-val/acc=0.951.ckpt"),
     ({}, {"epoch": 3, "step": 120}, None, "epoch=3-step=120.ckpt"),
     ({}, {"epoch": 3, "step": 120}, 2, "epoch=3-step=120-v2.ckpt"),
@@ -208,7 +208,7 @@ def test_missing_monitor_raises_once_validation_ran(tmp_path):
     assert "'val/los'" in message and "did you mean 'val/loss'" in message and "train/loss" in message
 
 
-@pytest.mark.parametrize("kwargs, match", [
+@pytest.mark.parametrize(("kwargs", "match"), [
     ({"mode": "maximum"}, "did you mean 'max'"),
     ({"save_top_k": -2}, "save_top_k"),
     ({"save_top_k": 3}, "needs a monitor"),

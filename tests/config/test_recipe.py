@@ -34,7 +34,7 @@ def test_overrides_merge_in_order_and_types_are_kept():
     assert recipe["trainer"]["num_sanity_val_steps"] == 2  # schema default
 
 
-@pytest.mark.parametrize("content,overrides,pattern", [
+@pytest.mark.parametrize(("content", "overrides", "pattern"), [
     (None, [], "does not exist"),
     ("module: [1, 2\n", [], "not valid YAML at line 2"),
     ("", [], "is empty"),
@@ -54,7 +54,7 @@ def test_recipe_mistakes_are_config_errors(tmp_path, content, overrides, pattern
         load_recipe(path, overrides)
 
 
-@pytest.mark.parametrize("node,pattern", [
+@pytest.mark.parametrize(("node", "pattern"), [
     ({"_target_": "toy.LinearModl"}, r"'toy' has no 'LinearModl' \(did you mean 'LinearModel'\?\)"),
     ({"_target_": "nosuchpkg.Model"}, "cannot import 'nosuchpkg.Model'"),
     ({"_target_": "toy.LinearModel", "lrr": 0.1}, r"unknown argument 'lrr' \(did you mean 'lr'\?\)"),
@@ -100,7 +100,7 @@ def test_remove_and_append_overrides(tmp_path):
     assert [c["monitor"] for c in recipe["callbacks"]] == ["a", "b"]
 
 
-@pytest.mark.parametrize("overrides,message", [
+@pytest.mark.parametrize(("overrides", "message"), [
     (["~module.nothere"], "~module.nothere: the recipe has no key 'module.nothere' to remove"),
     (["~trainer.max_epochs=3"], "override '~trainer.max_epochs=3': write ~trainer.max_epochs to remove a key (no value)"),
     (["+module.lr=3"], "+module.lr: 'module.lr' is already set and is not a list; write module.lr=... to replace it"),
@@ -113,7 +113,7 @@ def test_override_mistakes_exact_messages(overrides, message):
     assert str(err.value) == message
 
 
-@pytest.mark.parametrize("override,message", [
+@pytest.mark.parametrize(("override", "message"), [
     ("module.lr=abc", "module.lr: expected a number (float), got 'abc'; fix the value in the recipe or the override"),
     ("module.hidden=1.5", "module.hidden: expected an integer (int), got 1.5; fix the value in the recipe or the override"),
     ("module.hidden=true", "module.hidden: expected an integer (int), got True; fix the value in the recipe or the override"),

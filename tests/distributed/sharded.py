@@ -4,7 +4,6 @@ one-process reference with it, the ranks of a job run the FSDP side (``fit`` bel
 from __future__ import annotations
 
 import contextlib
-
 import io
 from contextlib import redirect_stderr
 from typing import Any

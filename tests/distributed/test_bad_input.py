@@ -51,5 +51,5 @@ def test_unknown_socket_ifname_lists_interfaces():
 
 
 def test_ddp_nccl_without_cuda():
-    with pytest.raises(fw.ConfigError, match="ddp_nccl needs CUDA.*ddp_gloo"):
+    with pytest.raises(fw.ConfigError, match=r"ddp_nccl needs CUDA.*ddp_gloo"):
         fw.Trainer(accelerator="cpu", devices=2, strategy="ddp_nccl")

@@ -13,9 +13,8 @@ import json
 import os
 import random
 
-import pytest
-
 import forked
+import pytest
 
 from .helpers import check_ok, run_script, write_script
 

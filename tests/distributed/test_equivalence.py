@@ -54,7 +54,7 @@ def init_method(kind: str, tmp_path, tag: str) -> str:
 # agent's store a second env:// init_process_group must not read the first one's keys.
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize(
-    "kind, launcher, accumulates",
+    ("kind", "launcher", "accumulates"),
     [("env", "fw", (1, 2)), ("tcp", "torchrun", (1, 2)), ("file", "fw", (1, 2))],
 )
 def test_ddp_gloo_matches_single_process(kind, launcher, accumulates, tmp_path):
@@ -71,7 +71,7 @@ def test_ddp_gloo_matches_single_process(kind, launcher, accumulates, tmp_path):
         for name, value in ref.items():
             assert torch.equal(rank0[name], rank1[name]), f"{case['tag']}: ranks differ in {name}"
             torch.testing.assert_close(rank0[name], value, rtol=0, atol=1e-5,
-                                       msg=lambda m: f"{case['tag']} {name}: {m}")
+                                       msg=lambda m, tag=case["tag"], name=name: f"{tag} {name}: {m}")
         # training moved the parameters, so the equality above is not the trivial one
         workload.fw.seed_everything(0)
         initial = workload.Regressor().state_dict()

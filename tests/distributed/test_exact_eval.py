@@ -8,9 +8,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from torch.utils.data import DataLoader
-
 from forked import run_script
+from torch.utils.data import DataLoader
 
 from . import workload
 from .helpers import check_ok, write_script
@@ -33,7 +32,7 @@ sys.stdout.flush()
 
 
 @pytest.mark.timeout(30)
-@pytest.mark.parametrize("n,order", [(101, "ordered"), (101, "shuffle"), (1, "shuffle")])
+@pytest.mark.parametrize(("n", "order"), [(101, "ordered"), (101, "shuffle"), (1, "shuffle")])
 def test_validation_metrics_equal_single_process(tmp_path, n, order):
     check_ok(run_script(write_script(tmp_path, SCRIPT), str(tmp_path), str(n), order, nprocs=2, timeout=30))
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]

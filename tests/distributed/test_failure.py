@@ -172,7 +172,7 @@ def test_ranks_that_raise_give_one_traceback_the_first_failures(tmp_path):
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("overrides, line", [
+@pytest.mark.parametrize(("overrides", "line"), [
     (["trainer.strategy=fsdp", "trainer.precision=16-mixed"],
      "fw: error: trainer.precision=16-mixed with strategy fsdp: not supported (16-mixed needs a sharded gradient "
      "scaler); use trainer.precision=bf16-mixed, bf16-true or 32-true"),
@@ -191,7 +191,7 @@ def test_a_refusal_every_rank_raises_at_set_up_is_one_line_once(overrides, line)
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("overrides, line", [
+@pytest.mark.parametrize(("overrides", "line"), [
     (["trainer.strategy=fsdp", "trainer.precision=16-mixed"],
      "fw: error: trainer.precision=16-mixed with strategy fsdp: not supported (16-mixed needs a sharded gradient "
      "scaler); use trainer.precision=bf16-mixed, bf16-true or 32-true"),

@@ -10,10 +10,9 @@ from __future__ import annotations
 import json
 import signal
 
+import forked
 import pytest
 import torch
-
-import forked
 
 from framework.callbacks import ModelCheckpoint
 from framework.checkpointing.file import load_checkpoint, read_values

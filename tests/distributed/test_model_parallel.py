@@ -12,10 +12,9 @@ from __future__ import annotations
 
 import json
 
+import forked
 import pytest
 import torch
-
-import forked
 
 from . import parallel_lm
 from .helpers import check_ok, write_script

@@ -13,8 +13,8 @@ import subprocess
 import sys
 
 import pytest
-from timescale import scaled
 import torch
+from timescale import scaled
 
 from . import workload
 from .helpers import REPO, _kill_tree, clean_env, free_port, write_script

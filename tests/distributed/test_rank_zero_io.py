@@ -6,10 +6,9 @@ from __future__ import annotations
 import json
 
 import pytest
+from forked import run_script
 
 from framework.checkpointing.file import load_checkpoint
-
-from forked import run_script
 
 from .helpers import check_ok, write_script
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from forked import run_script
 
 from .helpers import check_ok, write_script

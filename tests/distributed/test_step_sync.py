@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from forked import run_script
 
 from .helpers import check_ok, write_script
@@ -91,7 +90,7 @@ def test_step_values_with_sync_dist_are_reduced_over_the_ranks(tmp_path):
     assert result.output.count("differs from Lightning: an unshuffled training loader keeps its order") == 1
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     assert len(ranks[0]["rows"]["fw"]) == len(ranks[1]["rows"]["fw"]) == 4
-    for mine, theirs in zip(ranks[0]["rows"]["fw"], ranks[1]["rows"]["fw"]):
+    for mine, theirs in zip(ranks[0]["rows"]["fw"], ranks[1]["rows"]["fw"], strict=True):
         assert theirs["own"] > mine["own"] + 5  # the values really differ between the ranks
         for row in (mine, theirs):
             assert row["mean"] == pytest.approx((mine["own"] + theirs["own"]) / 2, rel=1e-6)

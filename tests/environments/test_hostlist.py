@@ -45,7 +45,7 @@ def test_parse_hostlist_rejects_malformed(hostlist: str) -> None:
 def test_expand_hostlist_without_scontrol(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(shutil, "which", lambda name: None)
     assert expand_hostlist("node[1-2]") == ["node1", "node2"]
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"unbalanced '\[' in hostlist"):
         expand_hostlist("node[1-2")
 
 
@@ -70,5 +70,5 @@ def test_parser_agrees_with_scontrol(hostlist: str, hosts: list[str]) -> None:
 @pytest.mark.parametrize("hostlist", MALFORMED)
 def test_expand_hostlist_rejects_malformed_even_with_scontrol(hostlist: str) -> None:
     # scontrol itself accepts some of these ("n[1-2" gives "n]"); the parser must not.
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="in hostlist"):
         expand_hostlist(hostlist)

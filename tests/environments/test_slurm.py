@@ -135,7 +135,7 @@ def test_batch_trap_quiet(env: dict, world: int) -> None:
 def test_tasks_per_node_check() -> None:
     info = SLURMEnvironment(env=SRUN_TASK_1, argv=[]).info()
     check_tasks_per_node(info, devices=2)
-    with pytest.raises(ConfigError, match="HINT: set trainer.devices=2 to match --ntasks-per-node"):
+    with pytest.raises(ConfigError, match=r"HINT: set trainer.devices=2 to match --ntasks-per-node"):
         check_tasks_per_node(info, devices=4)
 
 
@@ -144,7 +144,7 @@ def test_the_environment_checks_itself_against_devices_and_nodes() -> None:
     slurm.check(devices=2, num_nodes=1)
     with pytest.raises(ConfigError, match="--ntasks-per-node"):
         slurm.check(devices=4, num_nodes=1)  # SLURM's own hint comes first
-    with pytest.raises(ConfigError, match="HINT: set trainer.num_nodes=1"):
+    with pytest.raises(ConfigError, match=r"HINT: set trainer.num_nodes=1"):
         slurm.check(devices=2, num_nodes=2)
 
 

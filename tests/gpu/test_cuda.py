@@ -39,7 +39,7 @@ def _cpu_reference(batch):
 
 
 def _assert_close_to(model, reference, atol=1e-5):
-    for (name, p), q in zip(model.state_dict().items(), reference.state_dict().values()):
+    for (name, p), q in zip(model.state_dict().items(), reference.state_dict().values(), strict=True):
         diff = (p.detach().cpu() - q.cpu()).abs().max().item()
         print(f"{name}: max abs diff {diff:.3g}")
         assert diff <= atol, f"{name}: max abs diff {diff:.3g} > {atol}"
@@ -154,7 +154,7 @@ def test_without_gpu_the_cuda_paths_say_why():
     with pytest.raises(ConfigError, match="ddp_nccl needs CUDA"):
         fw.Trainer(accelerator="cpu", strategy="ddp_nccl")
     with pytest.warns(UserWarning, match="no GPU in use"):
-        model, trainer = _fit("dp", 1, 8, accelerator="cpu")
+        model, _ = _fit("dp", 1, 8, accelerator="cpu")
     _assert_close_to(model, _cpu_reference(8), atol=0)
 
 

@@ -132,7 +132,7 @@ def make_grid(tensor, nrow=8, padding=2, normalize=False, value_range=None, scal
             low, high = value_range if value_range is not None else (float(part.min()), float(part.max()))
             part.clamp_(min=low, max=high).sub_(low).div_(max(high - low, 1e-5))
     n, channels, height, width = tensor.shape
-    cols, rows = min(nrow, n), int(math.ceil(n / min(nrow, n)))
+    cols, rows = min(nrow, n), math.ceil(n / min(nrow, n))
     grid = tensor.new_full((channels, rows * (height + padding) + padding, cols * (width + padding) + padding),
                            pad_value)
     for k in range(n):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 import torch
@@ -113,7 +114,7 @@ def test_to_torchscript_and_to_onnx_export_what_lightnings_do(tmp_path):
     graph, their_graph = onnx.load(tmp_path / "m.onnx").graph, onnx.load(tmp_path / "l.onnx").graph
     assert [i.name for i in graph.input] == [i.name for i in their_graph.input]
     assert sorted(t.raw_data for t in graph.initializer) == sorted(t.raw_data for t in their_graph.initializer)
-    with pytest.raises(ValueError, match="no input to trace with; pass one, or set self.example_input_array"):
+    with pytest.raises(ValueError, match=r"no input to trace with; pass one, or set self.example_input_array"):
         demo_classes("fw").DemoModel().to_onnx(tmp_path / "x.onnx")
 
 
@@ -177,7 +178,7 @@ def test_a_datamodules_hyperparameters_are_saved_logged_and_rebuilt(tmp_path):
     assert torch.load(tmp_path / "m.ckpt", weights_only=False)["datamodule_hyper_parameters"] == data.hparams
     import yaml
 
-    logged = yaml.safe_load(open(f"{logger.log_dir}/hparams.yaml"))
+    logged = yaml.safe_load(Path(logger.log_dir, "hparams.yaml").read_text())
     assert logged == {"batch_size": 8, "sizes": "small"}  # DemoModel saved none: the DataModule's alone
     rebuilt = Data.load_from_checkpoint(tmp_path / "m.ckpt", sizes="large")
     assert rebuilt.hparams == {"batch_size": 8, "sizes": "large"} and rebuilt.trainer is None

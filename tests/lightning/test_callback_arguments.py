@@ -23,7 +23,7 @@ PAIRS = [(ModelCheckpoint, pl.callbacks.ModelCheckpoint), (EarlyStopping, pl.cal
          (LearningRateMonitor, pl.callbacks.LearningRateMonitor)]
 
 
-@pytest.mark.parametrize("ours, theirs", PAIRS, ids=[p[0].__name__ for p in PAIRS])
+@pytest.mark.parametrize(("ours", "theirs"), PAIRS, ids=[p[0].__name__ for p in PAIRS])
 def test_the_arguments_are_lightnings_in_lightnings_order(ours, theirs):
     def names(cls):
         return [name for name in inspect.signature(cls.__init__).parameters if name != "self"]
@@ -131,7 +131,7 @@ def _lr_rows(which: str, root, scheduled: bool, every: int, accumulate: int) -> 
         return [(int(row["step"]), float(row["lr-SGD"])) for row in csv.DictReader(f) if row.get("lr-SGD")]
 
 
-@pytest.mark.parametrize("scheduled, every, accumulate", [(True, 2, 1), (False, 1, 1), (False, 2, 1), (True, 1, 2)],
+@pytest.mark.parametrize(("scheduled", "every", "accumulate"), [(True, 2, 1), (False, 1, 1), (False, 2, 1), (True, 1, 2)],
                          ids=["step-scheduler-every-2", "no-scheduler-every-step", "no-scheduler-every-2",
                               "step-scheduler-accumulating"])
 def test_learning_rates_are_logged_at_lightnings_steps(tmp_path, scheduled, every, accumulate):
@@ -143,7 +143,7 @@ def test_learning_rates_are_logged_at_lightnings_steps(tmp_path, scheduled, ever
     assert ours == theirs and len(ours) > 2
 
 
-@pytest.mark.parametrize("flag, callback", [("enable_checkpointing", "ModelCheckpoint"),
+@pytest.mark.parametrize(("flag", "callback"), [("enable_checkpointing", "ModelCheckpoint"),
                                             ("enable_progress_bar", "RichProgressBar")])
 def test_a_callback_its_flag_turns_off_is_refused_as_lightning_refuses_it(flag, callback):
     """Turned off by its flag and given in the callbacks: Lightning refuses it; fw used to drop

@@ -64,7 +64,7 @@ def _fit_then_test(which: str, root, ckpt_path: str, checkpoint: dict | None, **
             "steps": trainer.global_step}
 
 
-@pytest.mark.parametrize("ckpt_path, checkpoint, trainer_kwargs", [
+@pytest.mark.parametrize(("ckpt_path", "checkpoint", "trainer_kwargs"), [
     # the default ModelCheckpoint under validation every 5 batches: saved after the last validation
     ("best", None, dict(max_epochs=1, check_val_every_n_epoch=None, val_check_interval=5)),
     ("last", dict(save_last=True), dict(max_epochs=1, check_val_every_n_epoch=None, val_check_interval=5)),
@@ -178,7 +178,7 @@ def _relative(path: str, run: dict) -> str:
     return os.path.relpath(path, os.path.dirname(run["root"]))
 
 
-@pytest.mark.parametrize("checkpoint, delete_first_root, existing_version", [
+@pytest.mark.parametrize(("checkpoint", "delete_first_root", "existing_version"), [
     ({}, False, True),  # the default ModelCheckpoint; B already holds another run's version_0
     (dict(monitor="valid_loss", save_top_k=2, save_last=True), True, False),  # top-k to drop; A deleted
 ], ids=["default-A-kept", "top2-A-deleted"])

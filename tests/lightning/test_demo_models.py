@@ -75,7 +75,7 @@ def train(which: str, name: str, model_name: str, **trainer_args) -> dict[str, t
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("name,model_name,trainer_args", [
+@pytest.mark.parametrize(("name", "model_name", "trainer_args"), [
     ("transformer", "LightningTransformer", dict(max_steps=8)),
     ("lstm", "LightningLSTM", dict(max_epochs=2, limit_train_batches=3)),  # the hidden state crosses the epoch end
 ])

@@ -7,6 +7,8 @@ runs the same module on fw and on Lightning and compares what they give."""
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import pytest
 from torch.utils.data import DataLoader
 
@@ -123,7 +125,7 @@ def test_one_loader_has_no_suffix():
 
 def _skipped(trainer_cls, base) -> tuple[list, list[str]]:
     class Recorded(type(_module(base))):
-        calls: list[str] = []
+        calls: ClassVar[list[str]] = []
 
         def on_validation_start(self):
             self.calls.append("on_validation_start")

@@ -42,7 +42,7 @@ from torch.utils.data import DataLoader, random_split
 
 pytest.importorskip("pytorch_lightning")
 
-from lightning import example_loading as loading  # noqa: E402  (tests/ is on the path: conftest)
+from lightning import example_loading as loading
 
 #: a shuffled training loader in its own order, as in Lightning in one process (fw's default is
 #: the one order of any number of ranks: docs/lightning.md, "Where fw deliberately differs")
@@ -145,7 +145,7 @@ def test_only_the_lightning_import_lines_change(which):
         source = (loading.EXAMPLES / relative).read_text().splitlines()
         changed = loading.changed_source("\n".join(source), which).splitlines()
         assert len(changed) == len(source), relative
-        differing = [old for old, new in zip(source, changed) if old != new]
+        differing = [old for old, new in zip(source, changed, strict=True) if old != new]
         assert differing, relative
         for line in differing:
             assert "lightning" in line and line.startswith(("from ", "import ")), (relative, line)
@@ -337,7 +337,7 @@ def seeded_cartpole():
     process), with the seeded CartPole registered for this module."""
     needs_old_gym()
     import gym
-    import gym.envs.classic_control  # noqa: F401  (pygame, once)
+    import gym.envs.classic_control  # pygame, once
 
     loading.register_seeded_cartpole()
     yield
@@ -346,7 +346,7 @@ def seeded_cartpole():
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("name,steps", [("qnet", 8), ("ppo", 16)])
+@pytest.mark.parametrize(("name", "steps"), [("qnet", 8), ("ppo", 16)])
 def test_reinforcement_learning_examples_give_lightnings_weights(data_root, seeded_cartpole, name, steps):
     theirs, ours = both(name, RL_CASES[name], data_root).values()
     assert ours["step"] == theirs["step"] == steps  # qnet: 16 samples / 4 a batch, ppo: 64 / 16, two optimizers

@@ -52,7 +52,7 @@ def _data():
     return DataLoader(TensorDataset(torch.randn(8, 4, generator=g), torch.randn(8, 1, generator=g)), batch_size=4)
 
 
-def recording(Base, CallbackBase, calls: list, manual: bool = False, fail_at: int | None = None):
+def recording(Base, CallbackBase, calls: list, manual: bool = False, fail_at: int | None = None):  # noqa: C901 (a method per hook)
     """A module and a callback of ``Base``/``CallbackBase`` that record every hook call."""
 
     class Model(Base):

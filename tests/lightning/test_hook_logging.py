@@ -117,7 +117,7 @@ class _LogsOnStepAtEpochEnd(_LogsInFitStart):
 
 
 @pytest.mark.timeout(30)
-@pytest.mark.parametrize("module, message", [
+@pytest.mark.parametrize(("module", "message"), [
     (_LogsInFitStart, "self.log('too_early') inside on_fit_start: a value logged there belongs to no step or epoch"),
     (_LogsOnStepAtEpochEnd, "self.log('per_step', on_step=True) inside on_train_epoch_end: there it can only be "
                             "on_step=False"),

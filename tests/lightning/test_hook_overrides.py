@@ -132,7 +132,7 @@ def train(kind: str, overrides: dict, epochs=2, model_args=None, **trainer_args)
 def assert_same_run(settings: dict, model_args=None, **trainer_args):
     (ours, t_ours), (theirs, t_theirs) = (train(k, settings, model_args=model_args, **trainer_args)
                                           for k in ("fw", "lightning"))
-    for (name, a), b in zip(ours.state_dict().items(), theirs.state_dict().values()):
+    for (name, a), b in zip(ours.state_dict().items(), theirs.state_dict().values(), strict=True):
         assert torch.equal(a, b), f"{name} differs from Lightning's by {(a - b).abs().max().item():.3g}"
     assert t_ours.global_step == t_theirs.global_step
     lr = [g["lr"] for g in t_ours.optimizers[0].param_groups]
@@ -150,7 +150,7 @@ def test_an_overridden_hook_under_accumulation_and_clipping_gives_lightnings_par
                     accumulate_grad_batches=2, gradient_clip_val=0.5)
 
 
-@pytest.mark.parametrize("interval,frequency", [("step", 3), ("epoch", 2)])
+@pytest.mark.parametrize(("interval", "frequency"), [("step", 3), ("epoch", 2)])
 def test_scheduler_frequency_counts_as_lightnings_does(interval, frequency):
     assert_same_run({}, model_args={"interval": interval, "frequency": frequency}, accumulate_grad_batches=2,
                     epochs=3)

@@ -56,5 +56,5 @@ def test_a_lambda_callback_is_called_as_lightnings(tmp_path):
 
 
 def test_an_unknown_hook_name_is_refused():
-    with pytest.raises(ConfigError, match="on_train_epoch_ends.*on_train_epoch_end"):
+    with pytest.raises(ConfigError, match=r"on_train_epoch_ends.*on_train_epoch_end"):
         LambdaCallback(on_train_epoch_ends=lambda trainer, module: None)

@@ -73,7 +73,7 @@ def test_self_log_takes_lightnings_arguments_with_lightnings_meaning(log_args):
         pytest.approx(_epoch_value(pl.Trainer, pl.LightningModule, **log_args), rel=1e-6)
 
 
-@pytest.mark.parametrize("log_args, words", [
+@pytest.mark.parametrize(("log_args", "words"), [
     (dict(reduce_fx=torch.median), "torchmetrics Metric"),
     (dict(enable_graph=True), "enable_graph"),
     (dict(sync_dist=True, sync_dist_group=object()), "sync_dist_group"),

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import inspect
 import os
+from pathlib import Path
 
 import pytest
 
 import framework as fw
-import framework.callbacks  # noqa: F401  (fw.callbacks)
+import framework.callbacks  # fw.callbacks
 import framework.loggers as fw_loggers
 from framework.errors import ConfigError
 from lightning.modules import QUIET, make_regressor, regression_loader
@@ -50,7 +51,7 @@ def test_two_csv_loggers_of_one_folder_write_two_versions_as_in_lightning(tmp_pa
         both = [loggers.CSVLogger(root, name="logs"), loggers.CSVLogger(root, name="logs")]
         lib.Trainer(**{**QUIET, "max_epochs": 1, "log_every_n_steps": 1}, logger=both).fit(
             _logged(fw.TrainModule if lib is fw else pl.LightningModule), regression_loader())
-        rows = [len(open(os.path.join(lg.log_dir, "metrics.csv")).read().splitlines()) for lg in both]
+        rows = [len(Path(lg.log_dir, "metrics.csv").read_text().splitlines()) for lg in both]
         seen[lib.__name__] = ([lg.version for lg in both], rows)
     assert seen["framework"] == seen["pytorch_lightning"] == ([0, 1], [5, 5])
 
@@ -69,7 +70,7 @@ def test_tensorboard_logger_takes_lightnings_arguments_and_writes_where_lightnin
         trainer.fit(_logged(base), regression_loader())
         seen[lib.__name__] = (_files(root), os.path.relpath(trainer.log_dir, root),
                               os.path.relpath(trainer.checkpoint_callback.dirpath, os.path.realpath(root)),
-                              open(os.path.join(logger.log_dir, "hparams.yaml")).read())
+                              Path(logger.log_dir, "hparams.yaml").read_text())
     assert seen["framework"] == seen["pytorch_lightning"]
     assert seen["framework"][:3] == (["tb/version_0/checkpoints/epoch=0-step=4.ckpt", "tb/version_0/inner/events",
                                       "tb/version_0/inner/hparams.yaml"], "tb/version_0/inner",
@@ -102,7 +103,7 @@ def test_a_logged_step_or_epoch_is_the_rows_and_the_checkpoints_as_in_lightning(
         with open(os.path.join(logger.log_dir, "metrics.csv")) as f:
             lines = f.read().splitlines()
         header = lines[0].split(",")
-        rows = [dict(zip(header, line.split(","))) for line in lines[1:]]
+        rows = [dict(zip(header, line.split(","), strict=True)) for line in lines[1:]]
         seen[lib.__name__] = ([(float(r["step"]), r["epoch"], bool(r.get("loss"))) for r in rows],
                               os.path.basename(trainer.checkpoint_callback.best_model_path))
     assert seen["framework"] == seen["pytorch_lightning"]

@@ -13,9 +13,9 @@ import pytest
 import torch
 from conftest import ROOT, subprocess_env
 from forked import run_script
+from mpi_helpers import mpiexec, needs_mpi
 
 from framework.errors import ConfigError
-from mpi_helpers import mpiexec, needs_mpi
 
 needs_lightning = pytest.mark.skipif(importlib.util.find_spec("pytorch_lightning") is None,
                                      reason="pytorch_lightning is not installed (pip install pytorch-lightning; "
@@ -135,7 +135,7 @@ def _run_ddp(tmp_path, model: str, strategy: str, devices: int, mpiexec: str | N
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("model,steps", [("gan", 32), ("accumulating", 8)])
+@pytest.mark.parametrize(("model", "steps"), [("gan", 32), ("accumulating", 8)])
 def test_manual_optimization_on_two_gloo_ranks_equals_one_process_on_the_full_batch(tmp_path, model, steps):
     """A GAN (two optimizers, toggled, clipped) and manual accumulation (a backward every
     batch, a step every second): 2 ranks on half batches = one process on the full batch."""

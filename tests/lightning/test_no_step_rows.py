@@ -8,8 +8,8 @@ import csv
 import pytest
 
 import framework as fw
-import framework.callbacks  # noqa: F401  (fw.callbacks, as pl.callbacks)
-import framework.loggers  # noqa: F401
+import framework.callbacks  # fw.callbacks, as pl.callbacks
+import framework.loggers
 from lightning.modules import make_regressor, regression_loader
 
 pl = pytest.importorskip("pytorch_lightning")

@@ -232,7 +232,7 @@ def test_what_lightning_refuses_fw_refuses_too(tmp_path):
     for datamodule in (DataModule(), pl.LightningDataModule()):
         with pytest.raises(TypeError, match="cannot be called on an instance"):
             datamodule.load_from_checkpoint(str(tmp_path / "x.ckpt"))
-    with pytest.raises(ConfigError, match="val_check_interval=0.5.*check_val_every_n_epoch=None"):
+    with pytest.raises(ConfigError, match=r"val_check_interval=0.5.*check_val_every_n_epoch=None"):
         fw.Trainer(val_check_interval=0.5, check_val_every_n_epoch=None)
     with pytest.raises(Exception, match="val_check_interval"):
         pl.Trainer(val_check_interval=0.5, check_val_every_n_epoch=None)
@@ -244,5 +244,5 @@ def test_self_log_after_a_fit_is_refused_as_in_lightning():
     for lib, base, _ in _sides():
         model = _model(base)
         lib.Trainer(max_epochs=1, **QUIET).fit(model, _loader())
-        with pytest.raises(Exception, match="self.log"):
+        with pytest.raises(Exception, match=r"self.log"):
             model.log("after", 1.0)

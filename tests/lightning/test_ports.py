@@ -4,7 +4,6 @@ bug-report template run on fw with Lightning's meaning, and give Lightning's num
 from __future__ import annotations
 
 import importlib.util
-import math
 import subprocess
 import sys
 
@@ -12,7 +11,6 @@ import pytest
 import torch
 from conftest import ROOT, subprocess_env
 from forked import run_script
-from torch import nn
 from torch.utils.data import DataLoader
 
 import framework as fw
@@ -80,7 +78,7 @@ def test_hparams_are_attributes_and_load_from_checkpoint_rebuilds_the_module(tmp
     model.hparams.learning_rate = 0.2
     assert model.hparams_initial.learning_rate == 0.05
     with pytest.raises(AttributeError, match="hparams has no 'lr'"):
-        model.hparams.lr
+        _ = model.hparams.lr
     trainer = fw.Trainer(max_epochs=1, **QUIET)
     trainer.fit(model)
     path = tmp_path / "m.ckpt"
@@ -196,8 +194,8 @@ def test_ckpt_path_best_is_the_checkpoint_callbacks_best():
     fresh = fw.Trainer(**QUIET)  # the same folder: the best an earlier run recorded (fw test ckpt_path=best)
     fresh.validate(BoringModel(), ckpt_path="best")
     assert fresh.ckpt_path == best
-    with pytest.raises(CheckpointError, match="^ckpt_path='best': no ModelCheckpoint of this Trainer or of a run "
-                                              "under elsewhere recorded a best checkpoint"):
+    with pytest.raises(CheckpointError, match=r"^ckpt_path='best': no ModelCheckpoint of this Trainer or of a run "
+                                              r"under elsewhere recorded a best checkpoint"):
         fw.Trainer(default_root_dir="elsewhere", **QUIET).validate(BoringModel(), ckpt_path="best")
 
 
@@ -294,7 +292,7 @@ def test_speed_and_debug_switches_mean_what_they_mean_in_lightning():
         def training_step(self, batch):
             return {"loss": torch.sqrt(-self(batch).abs().sum() - 1)}
 
-    with pytest.raises(RuntimeError, match="returned nan values|Function .* returned nan"):
+    with pytest.raises(RuntimeError, match=r"returned nan values|Function .* returned nan"):
         fw.Trainer(max_epochs=1, detect_anomaly=True, on_nonfinite="warn", **QUIET).fit(NaNBackward())
 
 
@@ -311,7 +309,7 @@ def test_barebones_and_the_model_summary(capfd):
     assert "Linear" not in capfd.readouterr().err  # no summary
 
 
-@pytest.mark.parametrize("spec,error", [
+@pytest.mark.parametrize(("spec", "error"), [
     ({"profiler": "xla"}, "trainer.profiler='xla': use one of simple, advanced, pytorch"),
     ({"fast_dev_run": -1}, "trainer.fast_dev_run=-1"),
     ({"strategy": "ddp_sharded"}, "known: .*auto.*ddp,.*single_device"),
@@ -365,7 +363,7 @@ if __name__ == "__main__":
 
 
 @pytest.mark.timeout(120)  # ddp_notebook: 30 s alone, 53-60 s in the full suite
-@pytest.mark.parametrize("strategy,stdin", [("ddp_spawn", False), ("ddp_notebook", True)])
+@pytest.mark.parametrize(("strategy", "stdin"), [("ddp_spawn", False), ("ddp_notebook", True)])
 def test_spawned_workers_train_and_the_caller_gets_the_weights_and_metrics(tmp_path, strategy, stdin):
     """ddp_spawn from a script; ddp_notebook from ``python -`` (no file to re-run or import)."""
     from toy import LinearModel, loader, regression_data
@@ -455,7 +453,7 @@ def test_logged_rows_fall_on_lightnings_steps_with_lightnings_names(tmp_path, mo
 
 
 def test_lightning_cli_is_refused_with_what_to_use():
-    with pytest.raises(ImportError, match="fw has no LightningCLI.*fw fit conf/x.yaml"):
+    with pytest.raises(ImportError, match=r"fw has no LightningCLI.*fw fit conf/x.yaml"):
         from framework.cli import LightningCLI  # noqa: F401
 
 

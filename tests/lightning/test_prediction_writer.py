@@ -11,7 +11,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 import framework as fw
-import framework.callbacks  # noqa: F401  (fw.callbacks, as pl.callbacks)
+import framework.callbacks  # fw.callbacks, as pl.callbacks
 from framework.errors import ConfigError
 
 pl = pytest.importorskip("pytorch_lightning")
@@ -66,5 +66,5 @@ def test_a_writer_written_for_lightning_is_called_as_lightning_calls_it(interval
 
 
 def test_an_unknown_interval_is_refused():
-    with pytest.raises(ConfigError, match="write_interval='step'.*batch, epoch, batch_and_epoch"):
+    with pytest.raises(ConfigError, match=r"write_interval='step'.*batch, epoch, batch_and_epoch"):
         fw.callbacks.BasePredictionWriter("step")

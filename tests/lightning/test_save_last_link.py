@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import framework as fw
-import framework.callbacks  # noqa: F401  (fw.callbacks, as pl.callbacks)
+import framework.callbacks  # fw.callbacks, as pl.callbacks
 from lightning.modules import make_regressor, regression_loader
 
 pl = pytest.importorskip("pytorch_lightning")
@@ -44,7 +44,7 @@ def _saved(root: str, callback) -> tuple:
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("top_k, every", [(1, None), (1, 2), (-1, 2), (0, None)])
+@pytest.mark.parametrize(("top_k", "every"), [(1, None), (1, 2), (-1, 2), (0, None)])
 def test_save_last_link_links_as_lightnings_does(tmp_path, top_k, every):
     ours = _saved(str(tmp_path / "fw"), _fit(fw, fw.TrainModule, str(tmp_path / "fw"), top_k, every)[2])
     theirs = _saved(str(tmp_path / "pl"), _fit(pl, pl.LightningModule, str(tmp_path / "pl"), top_k, every)[2])

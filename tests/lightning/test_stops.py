@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import pytest
 
 import framework as fw
@@ -44,7 +46,7 @@ def _validations_around_a_stop(trainer_cls, base, root, where: str) -> tuple[lis
     import os
 
     class Stopping(make_boring(base)):
-        validations: list = []
+        validations: ClassVar[list] = []
 
         def training_step(self, batch):
             if where == "step" and self.global_step == 4:

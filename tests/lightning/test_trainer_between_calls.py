@@ -107,7 +107,7 @@ def _shared_attributes(ours: Any, theirs: Any) -> list[str]:
         return {n for n in dir(trainer) if not n.startswith("_") and not inspect.isfunction(getattr(type(trainer), n,
                                                                                                     None))}
     shared = names(ours) & names(theirs)
-    return sorted(shared - set(NOT_COMPARED) - {LAST}) + [LAST]
+    return [*sorted(shared - set(NOT_COMPARED) - {LAST}), LAST]
 
 
 def _read(trainer: Any, names: list[str], model: Any, root: str) -> dict[str, Any]:

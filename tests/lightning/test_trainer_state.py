@@ -39,7 +39,7 @@ def _state_in_every_hook(lib, base: type, callback_base: type, **trainer_args) -
     hooks = [name for name, v in vars(pl.Callback).items()
              if name.startswith("on_") and inspect.isfunction(v) and name != "on_exception"]
     recorder = type("Recorder", (callback_base,), {
-        name: (lambda name: lambda self, trainer, *a, **k: note(name, trainer))(name) for name in hooks})
+        name: (lambda hook: lambda self, trainer, *a, **k: note(hook, trainer))(name) for name in hooks})
 
     class Model(base):
         def __init__(self):

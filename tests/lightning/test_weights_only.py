@@ -105,7 +105,7 @@ def test_a_fit_refuses_to_resume_from_a_weights_only_checkpoint_as_lightning_doe
         before = [p.detach().clone() for p in model.parameters()]
         again = fw.Trainer(accelerator="cpu", max_epochs=2, logger=False, enable_checkpointing=False,
                            enable_progress_bar=False, default_root_dir=str(tmp_path))
-        with pytest.raises(CheckpointError, match="holds the weights alone.*load_from_checkpoint"):
+        with pytest.raises(CheckpointError, match=r"holds the weights alone.*load_from_checkpoint"):
             again.fit(model, _data(), ckpt_path=str(path))
         assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))  # left as it was
     with pytest.raises(KeyError, match="contains only the model"):  # Lightning refuses it too

@@ -214,7 +214,7 @@ def test_a_recipe_builds_it_by_target_and_checks_its_arguments(tmp_path, file_st
     assert run.info.status == "FINISHED" and run.data.params["lr"] == "0.05"
     assert "epoch=0-step=4/epoch=0-step=4.ckpt" in _artifacts(client, run.info.run_id)
 
-    with pytest.raises(ConfigError, match="logger.log_model: expected"):
+    with pytest.raises(ConfigError, match=r"logger.log_model: expected"):
         run_recipe("fit", *load_recipe(recipe_file, ["logger.log_model=best"]))
     with pytest.raises(ConfigError, match="did you mean 'experiment_name'"):
         run_recipe("fit", *load_recipe(recipe_file, ["logger.experiment=x"]))

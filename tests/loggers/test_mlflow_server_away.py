@@ -110,7 +110,7 @@ def test_a_server_that_goes_away_and_comes_back_gets_everything_and_training_nev
         with warnings.catch_warnings(record=True) as record:
             warnings.simplefilter("always")
             # away from step 2 to 6 (the checkpoint of epoch 0, at step 4, waits), 3 s at least
-            trainer, checkpoint = _fit(logger, tmp_path / "fw", takes_away(Callback, server, 2, 6, away=3.0))
+            trainer, _ = _fit(logger, tmp_path / "fw", takes_away(Callback, server, 2, 6, away=3.0))
         status, history, params, artifacts = _on_server(server.uri, logger.run_id)
         assert status == "FINISHED" and params["lr"] == "0.05"
         assert_same(history, sent(trainer))  # every value, at its step
@@ -153,7 +153,7 @@ def test_a_server_that_never_comes_back_costs_the_fit_flush_timeout_and_one_coun
         away = takes_away(Callback, server, 2)
         with warnings.catch_warnings(record=True) as record:
             warnings.simplefilter("always")
-            trainer, checkpoint = _fit(logger, tmp_path / "fw", away)
+            trainer, _ = _fit(logger, tmp_path / "fw", away)
         took = time.monotonic() - away.killed_at
         assert took < 12, f"the fit ended {took:.0f} s after the server went away"
         assert _checkpoints(tmp_path / "fw" / "ckpt") == ["epoch=0-step=4.ckpt", "epoch=1-step=8.ckpt", "last.ckpt"]

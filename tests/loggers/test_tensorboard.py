@@ -139,6 +139,12 @@ class _Recorder(TensorBoardLogger):
         super().log_metrics(metrics, step)
 
 
+def _write_until_full(f) -> None:
+    while True:
+        f.write(b"x" * 4096)
+        f.flush()
+
+
 def _fills_the_disk(base, disk, fill_at: int, free_at: int | None = None):
     """A callback (on fw's or Lightning's ``Callback``) that fills the tmpfs ``disk`` after global
     step ``fill_at`` and frees it after step ``free_at``."""
@@ -147,10 +153,8 @@ def _fills_the_disk(base, disk, fill_at: int, free_at: int | None = None):
     class FillsTheDisk(base):
         def on_train_batch_end(self, trainer, *args, **kwargs):
             if trainer.global_step == fill_at:
-                with pytest.raises(OSError), open(filler, "wb") as f:
-                    while True:
-                        f.write(b"x" * 4096)
-                        f.flush()
+                with pytest.raises(OSError, match="No space left on device"), open(filler, "wb") as f:
+                    _write_until_full(f)
             if trainer.global_step == free_at:
                 filler.unlink()
 
@@ -250,7 +254,7 @@ def test_a_full_disk_mid_fit_is_one_warning_and_every_value_is_written_when_it_h
 
 @pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")  # the writer's thread is quiet
 def test_a_disk_that_stays_full_is_one_warning_and_one_count(tmp_path, mount):
-    logger, recorder, written, unwritten, said = _fit_on_a_disk_that_fills(tmp_path, mount("size=64k"), free_at=None)
+    logger, recorder, _, unwritten, said = _fit_on_a_disk_that_fills(tmp_path, mount("size=64k"), free_at=None)
     assert said[1:] == [f"TensorBoardLogger: not written to {logger.log_dir}: {len(unwritten)} log_metrics calls"]
     assert 0 < len(unwritten) < len(recorder.calls)
     assert unwritten == recorder.calls[-len(unwritten):]  # what was written is the calls before the disk filled

@@ -36,11 +36,11 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(raw)
 
-    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+    def do_GET(self) -> None:  # http.server's name
         self.server.paths.append(self.path)
         self._reply({})
 
-    def do_POST(self) -> None:  # noqa: N802
+    def do_POST(self) -> None:
         size = int(self.headers.get("Content-Length") or 0)
         body = self.rfile.read(size) if size else b""
         self.server.paths.append(self.path)

@@ -15,6 +15,7 @@ from toy import RecordingLogger, loader, regression_data
 
 import framework as fw
 from framework.checkpointing.file import load_checkpoint
+
 BATCHES = 5  # per epoch
 STOP_AT = 7  # global step: batch 2 of epoch 1
 
@@ -100,7 +101,7 @@ def test_a_run_stopped_mid_epoch_resumes_exactly(tmp_path, kind):
 
     resumed_trainer, resumed, resumed_rows = fit(tmp_path / "resumed", ckpt=str(path), max_epochs=3)
     assert resumed_trainer.global_step == 3 * BATCHES
-    for (name, a), b in zip(straight.state_dict().items(), resumed.state_dict().values()):
+    for (name, a), b in zip(straight.state_dict().items(), resumed.state_dict().values(), strict=True):
         assert torch.equal(a, b), name
     # the step rows of both halves are the uninterrupted run's
     assert step_rows(stopped_rows) + step_rows(resumed_rows) == step_rows(straight_rows)

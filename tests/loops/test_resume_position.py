@@ -6,8 +6,8 @@ restored instead of being skipped through."""
 from __future__ import annotations
 
 import torch
-from toy import QUIET, DropoutMLP, regression_data
 from torch.utils.data import DataLoader, Dataset
+from toy import QUIET, DropoutMLP, regression_data
 
 import framework as fw
 
@@ -34,14 +34,14 @@ def fit(root, loader, ckpt=None, **limits):
 
 def test_a_mid_epoch_resume_loads_none_of_the_skipped_samples(tmp_path):
     data = Counting()
-    straight_trainer, straight = fit(tmp_path, DataLoader(data, batch_size=8, shuffle=True), max_epochs=1)
+    _, straight = fit(tmp_path, DataLoader(data, batch_size=8, shuffle=True), max_epochs=1)
     stopped, _ = fit(tmp_path, DataLoader(data, batch_size=8, shuffle=True), max_steps=30)
     stopped.save_checkpoint(tmp_path / "at30.ckpt")
     data.loaded = 0
     _, resumed = fit(tmp_path, DataLoader(data, batch_size=8, shuffle=True), ckpt=str(tmp_path / "at30.ckpt"),
                      max_epochs=1)
     assert data.loaded == (40 - 30) * 8  # only the batches still to train on
-    for a, b in zip(straight.state_dict().values(), resumed.state_dict().values()):
+    for a, b in zip(straight.state_dict().values(), resumed.state_dict().values(), strict=True):
         assert torch.equal(a, b)
 
 
@@ -80,7 +80,7 @@ def test_a_stateful_loader_is_saved_and_restored(tmp_path):
     loader = Stateful(data, batch_size=8)
     _, resumed = fit(tmp_path, loader, ckpt=str(tmp_path / "at12.ckpt"), max_epochs=1)
     assert loader.restored == [{"position": 12}]
-    for a, b in zip(straight.state_dict().values(), resumed.state_dict().values()):
+    for a, b in zip(straight.state_dict().values(), resumed.state_dict().values(), strict=True):
         assert torch.equal(a, b)
 
 

@@ -73,7 +73,7 @@ def test_the_batch_without_a_closure_gives_the_closures_numbers(monkeypatch):
         assert torch.equal(a, b) and torch.equal(a, c)
     assert plain.seen == hooked.seen == closure.seen
     assert [idx for idx, keys, _ in plain.seen if not keys] == [2, 2]  # None: {} handed on
-    assert [loss for idx, _, loss in plain.seen if idx == 4][0] == "nan"  # step 5: handed on, not stepped
+    assert next(loss for idx, _, loss in plain.seen if idx == 4) == "nan"  # step 5: handed on, not stepped
     assert plain.trainer.global_step == closure.trainer.global_step == 12  # every batch counts, as in Lightning
 
 

@@ -65,7 +65,7 @@ def test_non_finite_weights_are_never_written(tmp_path):
     before = good.read_bytes()
     with torch.no_grad():  # as a finite loss with a NaN gradient would leave them
         model.net.weight.fill_(float("nan"))
-    with pytest.raises(TrainingError, match="weights are not finite.*was not written"):
+    with pytest.raises(TrainingError, match=r"weights are not finite.*was not written"):
         trainer.save_checkpoint(good)
     assert good.read_bytes() == before
 
@@ -88,7 +88,7 @@ def test_an_empty_training_set_is_an_error_shuffled_or_not():
         def train_dataloader(self):
             return DataLoader(empty, batch_size=4, shuffle=True)
 
-    with pytest.raises(ConfigError, match="EmptyData.train_dataloader\\(\\): the data set is empty"):
+    with pytest.raises(ConfigError, match=r"EmptyData.train_dataloader\(\): the data set is empty"):
         fw.Trainer(**QUIET).fit(LinearModel(), datamodule=EmptyData())
 
 
@@ -99,13 +99,13 @@ def test_limits_that_leave_no_batch_warn():
 
 def test_the_cli_prints_one_line_and_exits_1(tmp_path):
     (tmp_path / "nanmodel.py").write_text(
-        "import sys\nsys.path.insert(0, %r)\nfrom toy import LinearModel\n"
+        f"import sys\nsys.path.insert(0, {os.path.dirname(__file__) + '/..'!r})\nfrom toy import LinearModel\n"
         "class NaN(LinearModel):\n"
         "    def training_step(self, batch, batch_idx):\n"
         "        return super().training_step(batch, batch_idx) * float('nan')\n"
         "import framework as fw\nfrom toy import regression_data, loader\n"
         "class Data(fw.DataModule):\n"
-        "    def train_dataloader(self):\n        return loader(regression_data(16), 8)\n" % str(os.path.dirname(__file__) + "/..")
+        "    def train_dataloader(self):\n        return loader(regression_data(16), 8)\n"
     )
     (tmp_path / "r.yaml").write_text("module: {_target_: nanmodel.NaN}\ndata: {_target_: nanmodel.Data}\n"
                                      "trainer: {max_epochs: 1, accelerator: cpu, enable_progress_bar: false}\nlogger: false\n")

@@ -58,5 +58,5 @@ def test_dump_stats_without_a_folder_is_refused():
     profiler = AdvancedProfiler(dump_stats=True)
     with profiler.profile("x"):
         pass
-    with pytest.raises(ConfigError, match="dump_stats=True.*give dirpath"):
+    with pytest.raises(ConfigError, match=r"dump_stats=True.*give dirpath"):
         profiler.summary()

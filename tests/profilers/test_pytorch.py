@@ -35,7 +35,7 @@ def traces(folder: Path) -> dict[str, Counter]:
     return found
 
 
-@pytest.mark.parametrize("train_batches,val_samples,trace,steps", [
+@pytest.mark.parametrize(("train_batches", "val_samples", "trace", "steps"), [
     (7, 0, "training_step", 3),  # the default schedule's window: wait 1, warm up 1, record 3
     (3, 16, "validation_step", 3),  # fewer than 5 steps of each kind: everything, written at the end
 ])
@@ -70,7 +70,7 @@ def test_the_trace_goes_to_dirpath_with_the_filename(tmp_path):
     assert report.startswith("FIT Profiler Report") and "aten::" in report
 
 
-@pytest.mark.parametrize("kwargs,message", [
+@pytest.mark.parametrize(("kwargs", "message"), [
     ({"sort_by_key": "speed"}, r"sort_by_key='speed'\): use one of count, cpu_memory_usage"),
     ({"schedule": 3}, r"schedule=3\): give a callable"),
     ({"table_kwargs": {"row_limit": 3}}, "give row_limit as the profiler's own argument"),

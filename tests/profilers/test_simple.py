@@ -81,8 +81,8 @@ def test_every_hook_is_timed_as_often_as_lightning_times_it():
     assert ours.keys() - theirs.keys() == ONLY_FW
     for action in theirs.keys() - ours.keys():  # Lightning calls every hook; fw skips what nobody overrides
         hook = action.rpartition(".")[2]
-        assert (action.startswith("[LightningModule]Model.") and hook not in MODEL_HOOKS
-                or action.startswith("[Callback]Recorder.") and hook not in CALLBACK_HOOKS
+        assert ((action.startswith("[LightningModule]Model.") and hook not in MODEL_HOOKS)
+                or (action.startswith("[Callback]Recorder.") and hook not in CALLBACK_HOOKS)
                 or action.startswith("[Strategy]SingleDeviceStrategy.on_")), action  # Lightning's strategy hooks
 
 
@@ -172,7 +172,7 @@ def test_only_local_rank_zero_logs_the_report(caplog):
         assert ("VALIDATE Profiler Report" in caplog.text) is logged, rank
 
 
-@pytest.mark.parametrize("value,message", [
+@pytest.mark.parametrize(("value", "message"), [
     ("xla", "trainer.profiler='xla': use one of simple, advanced, pytorch"),
     (1, "trainer.profiler=1: use one of"),
     ({"_target_": "framework.callbacks.EarlyStopping", "monitor": "x"}, "trainer.profiler=.*EarlyStopping"),

@@ -10,11 +10,11 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "distributed"))
-import sharded  # noqa: E402
-from forked import in_a_copy  # noqa: E402
+import sharded
+from forked import in_a_copy
 
-from framework.errors import CheckpointError, ConfigError  # noqa: E402
-from framework.strategies import create_strategy  # noqa: E402
+from framework.errors import CheckpointError, ConfigError
+from framework.strategies import create_strategy
 
 FSDP = {"name": "fsdp", "auto_wrap_policy": ["Block"]}
 
@@ -43,7 +43,7 @@ def test_a_wrap_class_the_model_lacks_is_named_with_the_classes_it_has():
         sharded.fit({**FSDP, "auto_wrap_policy": ["Layer"]}, devices=1, max_steps=1)
 
 
-@pytest.mark.parametrize("options, message", [
+@pytest.mark.parametrize(("options", "message"), [
     ({"sharding_strategy": "HYBRID"}, r"sharding_strategy: 'HYBRID' is not one fw runs; use FULL_SHARD or "
                                       r"SHARD_GRAD_OP or HYBRID_SHARD"),
     ({"device_mesh": [2, 2]}, r"device_mesh is for sharding_strategy HYBRID_SHARD, not FULL_SHARD"),

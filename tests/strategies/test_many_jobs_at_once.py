@@ -8,7 +8,6 @@ from __future__ import annotations
 import concurrent.futures
 
 import pytest
-
 from distributed.helpers import PYTHON, clean_env, run_cmd, write_script
 
 SCRIPT = """

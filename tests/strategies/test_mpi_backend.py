@@ -7,8 +7,8 @@ Each multi-rank test writes a script to ``tmp_path`` and runs it on 2 ranks unde
 from __future__ import annotations
 
 import os
-import subprocess
 import re
+import subprocess
 import sys
 import textwrap
 import time

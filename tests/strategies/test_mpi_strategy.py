@@ -109,9 +109,10 @@ def test_mpi_equivalence_exact_eval_and_rank_zero_io(tmp_path):
     # equivalence: both ranks bit-identical, and equal to one process on the 2x batch
     p0, p1 = torch.load(out / "params0.pt"), torch.load(out / "params1.pt")
     sys.path.insert(0, str(tmp_path))
-    import framework as fw
     from exact_eval import EvalModel, eval_data
     from toy import QUIET, LinearModel, loader, regression_data
+
+    import framework as fw
 
     single = LinearModel(lr=0.05)
     fw.Trainer(max_epochs=2, **QUIET).fit(single, loader(regression_data(32), 8))
@@ -181,7 +182,7 @@ OUTSIDE = textwrap.dedent(
 
 
 @pytest.mark.timeout(45)
-@pytest.mark.parametrize("body,message", [
+@pytest.mark.parametrize(("body", "message"), [
     (FAIL, "ValueError: rank 1 failed at batch 3"),  # inside the loop: the strategy aborts
     (OUTSIDE, "RuntimeError: rank 1 failed between fit and validate"),  # outside: the excepthook does
 ])

@@ -8,10 +8,8 @@ from __future__ import annotations
 import json
 
 import pytest
-
-from forked import run_script
-
 from distributed.helpers import check_ok, write_script
+from forked import run_script
 
 SCRIPT = """
 import json, sys

@@ -15,14 +15,14 @@ import torch
 from torch.utils.data import DataLoader
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "distributed"))
-import sharded  # noqa: E402
-from forked import call, in_a_copy  # noqa: E402
+import sharded
+from forked import call, in_a_copy
 
-import framework as fw  # noqa: E402
-from framework.callbacks import ModelCheckpoint  # noqa: E402
-from framework.checkpointing.file import load_checkpoint  # noqa: E402
-from framework.cli import main as fw_main  # noqa: E402
-from framework.errors import CheckpointError  # noqa: E402
+import framework as fw
+from framework.callbacks import ModelCheckpoint
+from framework.checkpointing.file import load_checkpoint
+from framework.cli import main as fw_main
+from framework.errors import CheckpointError
 
 FSDP = {"name": "fsdp", "auto_wrap_policy": ["Block"]}
 

@@ -24,7 +24,7 @@ def _connected(strategy, devices):
     return strategy
 
 
-@pytest.mark.parametrize("name,devices,expected", [
+@pytest.mark.parametrize(("name", "devices", "expected"), [
     ("single", [0], type(None)),
     ("ddp_gloo", [0], type(None)),          # a world of one: nothing to start
     ("ddp_gloo", [0, 1], ElasticLauncher),  # fw's own launcher
@@ -49,7 +49,7 @@ def test_mpi_without_mpiexec_says_what_to_run():
 
 
 def test_mpi_refuses_an_init_method_it_would_ignore():
-    with pytest.raises(ConfigError, match="init_method.*mpiexec"):
+    with pytest.raises(ConfigError, match=r"init_method.*mpiexec"):
         create_strategy({"name": "mpi", "init_method": "tcp://127.0.0.1:1234"}, "cpu")
     with pytest.raises(ConfigError, match="init_method"):
         fw.Trainer(accelerator="cpu", strategy={"name": "mpi", "init_method": "env://"}, logger=False)

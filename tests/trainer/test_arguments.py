@@ -33,7 +33,7 @@ def test_zero_negative_repeated_and_unreadable_devices_are_refused(devices, acce
         fw.Trainer(accelerator=accelerator, devices=devices, **QUIET)
 
 
-@pytest.mark.parametrize("devices, expected", [("auto", [0]), (1, [0]), (2, [0, 1]), ("2", [0, 1]), (" 3 ", [0, 1, 2])])
+@pytest.mark.parametrize(("devices", "expected"), [("auto", [0]), (1, [0]), (2, [0, 1]), ("2", [0, 1]), (" 3 ", [0, 1, 2])])
 def test_counts_on_the_cpu(devices, expected, monkeypatch):
     monkeypatch.setattr(sys, "argv", [__file__])  # a program run from its file (a pytest-xdist worker is `python -c`)
     trainer = fw.Trainer(accelerator="cpu", devices=devices, **QUIET)
@@ -81,5 +81,5 @@ def test_minus_one_with_no_visible_gpu_says_so():
         def device_count() -> int:
             return 0
 
-    with pytest.raises(ConfigError, match="trainer.devices=-1: no GPU is visible.*CUDA_VISIBLE_DEVICES"):
+    with pytest.raises(ConfigError, match=r"trainer.devices=-1: no GPU is visible.*CUDA_VISIBLE_DEVICES"):
         parse_devices(-1, NoneVisible())

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from fixtures.old_checkpoint import CHECKPOINT, FINAL, fit
 
 import framework as fw
 from framework.checkpointing import file as ckpt
-from fixtures.old_checkpoint import CHECKPOINT, FINAL, fit
 
 
 class Record(fw.Callback):

@@ -11,8 +11,8 @@ import torch
 from toy import QUIET, LinearModel, loader, regression_data
 
 import framework as fw
-from framework.checkpointing import search
 from framework.callbacks import ModelCheckpoint
+from framework.checkpointing import search
 
 
 def fit_with_checkpoints(folder, **saver) -> None:

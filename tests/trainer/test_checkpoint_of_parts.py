@@ -21,8 +21,8 @@ from fixtures.parts_checkpoint import CHECKPOINT, FINAL, FSDP, SHARDED, SHARDED_
 import framework as fw
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "distributed"))
-import sharded  # noqa: E402
-from forked import call  # noqa: E402
+import sharded
+from forked import call
 
 
 class Record(fw.Callback):

@@ -9,8 +9,8 @@
 from __future__ import annotations
 
 import torch
-from toy import QUIET, LinearModel, regression_data
 from torch.utils.data import DataLoader
+from toy import QUIET, LinearModel, regression_data
 
 import framework as fw
 from framework.strategies.single import SingleDeviceStrategy

@@ -21,13 +21,13 @@ import torch
 from torch.utils.data import DataLoader
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "distributed"))
-import parallel_lm  # noqa: E402
-from forked import call, in_a_copy  # noqa: E402
-from helpers import FW, clean_env, run_cmd  # noqa: E402
+import parallel_lm
+from forked import call, in_a_copy
+from helpers import FW, clean_env, run_cmd
 
-import framework as fw  # noqa: E402
-from framework.callbacks import ModelCheckpoint  # noqa: E402
-from framework.rank_zero import FwWarning  # noqa: E402
+import framework as fw
+from framework.callbacks import ModelCheckpoint
+from framework.rank_zero import FwWarning
 
 AOT = {"backend": "aot_eager"}
 INDUCTOR_TOLERANCE = 1e-5  # 12 AdamW steps: measured 4.5e-7 (2.3e-5 after 20; inductor fuses and reorders float math)

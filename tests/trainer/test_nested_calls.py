@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 import torch
-from toy import QUIET
 from torch.utils.data import DataLoader, TensorDataset
+from toy import QUIET
 
 import framework as fw
 from framework.errors import ConfigError

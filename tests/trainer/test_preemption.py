@@ -15,8 +15,8 @@ from pathlib import Path
 
 import forked
 import pytest
-from timescale import scaled
 from distributed.helpers import PYTHON, _descendants, _kill_tree, check_ok, clean_env, write_script
+from timescale import scaled
 
 SCRIPT = """
 import json, os, sys, time
@@ -114,7 +114,7 @@ def test_a_signal_to_a_single_process_stops_it_with_a_checkpoint(tmp_path, sig, 
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("target,sig", [("launcher", signal.SIGTERM), ("launcher", signal.SIGUSR1), ("launcher", signal.SIGINT),
+@pytest.mark.parametrize(("target", "sig"), [("launcher", signal.SIGTERM), ("launcher", signal.SIGUSR1), ("launcher", signal.SIGINT),
                                         ("worker", signal.SIGUSR1)],
                          ids=lambda v: v if isinstance(v, str) else v.name)
 def test_a_signal_to_the_launcher_or_a_worker_stops_every_rank_with_a_checkpoint(tmp_path, target, sig, straight):

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "distributed"))
-import forked  # noqa: E402
-from helpers import check_ok, write_script  # noqa: E402
+import forked
+from helpers import check_ok, write_script
 
 BOTH = """
 import sys

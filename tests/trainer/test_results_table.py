@@ -4,8 +4,8 @@ as a table on stderr; ``verbose=False`` shows nothing. stdout stays the user's."
 from __future__ import annotations
 
 import pytest
-from toy import QUIET, LinearModel, regression_data
 from torch.utils.data import DataLoader
+from toy import QUIET, LinearModel, regression_data
 
 import framework as fw
 

@@ -11,12 +11,11 @@ import sys
 
 import pytest
 import torch
+from distributed.helpers import check_ok, write_script
+from forked import run_script
 from toy import QUIET, DropoutMLP, LinearModel, loader, regression_data
 
 import framework as fw
-
-from distributed.helpers import check_ok, write_script
-from forked import run_script
 
 
 def process_settings() -> dict:

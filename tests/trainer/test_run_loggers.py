@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from lightning.modules import QUIET, regression_loader
 from torch import nn
 
 import framework as fw
 from framework.errors import CheckpointError
-from lightning.modules import QUIET, regression_loader
 
 pl = pytest.importorskip("pytorch_lightning")
 LIBS = {"fw": (fw, fw.TrainModule), "lightning": (pl, pl.LightningModule)}
@@ -99,7 +99,7 @@ def test_a_fit_refused_for_its_checkpoint_leaves_nothing_behind(make_file, tmp_p
         make_file(checkpoint)
     before = sorted(os.listdir(tmp_path))
     trainer = fw.Trainer(**{**QUIET, "enable_checkpointing": True}, default_root_dir=str(tmp_path))
-    with pytest.raises(CheckpointError, match="does not exist|corrupt or truncated"):
+    with pytest.raises(CheckpointError, match=r"does not exist|corrupt or truncated"):
         trainer.fit(make_sized(fw.TrainModule)(), regression_loader(), ckpt_path=str(checkpoint))
     assert sorted(os.listdir(tmp_path)) == before  # no fw_logs/version_0 with hparams.yaml and events
 

@@ -17,9 +17,9 @@ import time
 from pathlib import Path
 
 import pytest
+from distributed.helpers import PYTHON, _kill_tree, clean_env, write_script
 from timescale import scaled
 
-from distributed.helpers import PYTHON, _kill_tree, clean_env, write_script
 from framework.checkpointing.file import load_checkpoint
 
 SCRIPT = """
@@ -71,7 +71,7 @@ def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 60) -> None:
 
 
 @pytest.mark.timeout(45)
-@pytest.mark.parametrize("first, second", [(signal.SIGTERM, signal.SIGTERM), (signal.SIGUSR1, signal.SIGTERM),
+@pytest.mark.parametrize(("first", "second"), [(signal.SIGTERM, signal.SIGTERM), (signal.SIGUSR1, signal.SIGTERM),
                                            (signal.SIGINT, signal.SIGINT)], ids=lambda s: s.name)
 def test_a_second_signal_during_the_checkpoint_write(tmp_path, first, second):
     script = write_script(tmp_path, SCRIPT)

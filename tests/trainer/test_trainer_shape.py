@@ -14,8 +14,8 @@ import tokenize
 from pathlib import Path
 
 import pytest
-from toy import QUIET, LinearModel, regression_data
 from torch.utils.data import DataLoader
+from toy import QUIET, LinearModel, regression_data
 
 import framework as fw
 

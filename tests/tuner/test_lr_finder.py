@@ -117,7 +117,7 @@ def test_a_sweep_the_data_cuts_short_gives_lightnings_suggestion_or_none_and_say
     way fw warns that the sweep was cut short and how far it reached."""
     with caplog.at_level(logging.INFO):
         theirs = _sweep("lightning", dict(max_epochs=3), {}, False, batch_size=batch_size)
-    with pytest.warns(UserWarning) as warned:
+    with pytest.warns(UserWarning, match="lr_find: the training data ran out") as warned:
         ours = _sweep("fw", dict(max_epochs=3), {}, False, batch_size=batch_size)
     said = [str(w.message) for w in warned]
 
@@ -214,7 +214,7 @@ def test_the_suggestion_is_lightnings_on_any_curve():
         for skip_begin, skip_end in ((10, 1), (0, 1), (3, 5), (n, 1)):
             assert ours.suggestion(skip_begin, skip_end) == theirs.suggestion(skip_begin, skip_end), trial
         # skip_end=0 leaves none out at the end (Lightning's slice [a:-0] is empty): one more point, skipped
-        theirs.results = {"lr": lrs + [1.0], "loss": losses.tolist() + [0.0]}
+        theirs.results = {"lr": [*lrs, 1.0], "loss": [*losses.tolist(), 0.0]}
         assert ours.suggestion(2, 0) == theirs.suggestion(2, 1), trial
 
 

@@ -165,7 +165,7 @@ def _launch_hosting_once(config: LaunchConfig) -> None:
         elastic_launch(config, entrypoint=sys.executable)(*current_command())
     except RendezvousConnectionError as err:
         text = f"{err} {err.__cause__ or ''}".lower()
-        if not config.rdzv_configs.get("is_host") or "address already in use" not in text and "eaddrinuse" not in text:
+        if not config.rdzv_configs.get("is_host") or ("address already in use" not in text and "eaddrinuse" not in text):
             raise
         client = dataclasses.replace(config, rdzv_configs={**config.rdzv_configs, "is_host": False})
         elastic_launch(client, entrypoint=sys.executable)(*current_command())

@@ -127,7 +127,7 @@ class MPIProcessGroup(ExchangeCollectives, dist.ProcessGroup):  # type: ignore[m
         self._starting = threading.Lock()
         self._completed = _done([])  # returned by every synchronous all-reduce: nobody reads it
 
-    def getBackendName(self) -> str:  # noqa: N802 (name set by the C++ trampoline)
+    def getBackendName(self) -> str:  # name set by the C++ trampoline
         return "fw_mpi"
 
     def name_as(self, group_name: str) -> None:

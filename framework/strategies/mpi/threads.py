@@ -217,7 +217,7 @@ class CommThread:
             try:
                 self._run(what, call, *args)
                 outcome = (None, result)
-            except BaseException as err:  # noqa: BLE001 (raised to the caller by _outcome)
+            except BaseException as err:  # raised to the caller by _outcome
                 outcome = (err, None)
             done.set_result(outcome)  # completes the caller's future and runs its callbacks, here
             del item, done, result, call, args, outcome
