@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from framework.callbacks.base import Callback
-from framework.counting import every
 from framework.errors import ConfigError, did_you_mean
+from framework.intervals import every
 from framework.rank_zero import rank_zero_warn
 
 if TYPE_CHECKING:

@@ -31,8 +31,8 @@ import framework.callbacks.checkpoint_files as files
 import framework.callbacks.checkpoint_schedule as schedule
 from framework.callbacks.base import Callback
 from framework.callbacks.checkpoint_resume import not_restored_warning, restored_bookkeeping, why_not_continued
-from framework.counting import every
 from framework.errors import ConfigError
+from framework.intervals import every
 from framework.paths import local_path
 from framework.rank_zero import rank_zero_info, rank_zero_warn
 

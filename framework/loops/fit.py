@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Sized
 from typing import TYPE_CHECKING
 
-from framework.counting import every
 from framework.errors import ConfigError, TrainingError
+from framework.intervals import every
 from framework.loops.batches import num_batches
 from framework.loops.evaluation import run_evaluation
 from framework.loops.training_epoch import run_train_epoch

@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from framework.counting import every
 from framework.errors import ConfigError
+from framework.intervals import every
 from framework.rank_zero import rank_zero_warn
 
 if TYPE_CHECKING:

@@ -22,9 +22,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from framework.counting import every
 from framework.data import set_sampler_epoch
 from framework.errors import ConfigError, TrainingError
+from framework.intervals import every
 from framework.loops.batches import LookAhead, up_to
 from framework.loops.evaluation import log_epoch_metrics, log_row, run_evaluation
 from framework.loops.forward_only import forward_only_step_fn

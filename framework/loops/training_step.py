@@ -39,13 +39,13 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from framework.counting import every
 from framework.errors import ConfigError, TrainingError
+from framework.intervals import every
 from framework.loops.nonfinite import NonfiniteGuard, nonfinite_guard
 from framework.module.step_arity import positional_arity
 from framework.optim import clip_gradients
 from framework.strategies.base import inside
-from framework.waits import waiting_in
+from framework.waiting import waiting_in
 
 if TYPE_CHECKING:
     from framework.trainer.run import Run
@@ -139,7 +139,7 @@ def forward_and_backward_fn(run: Run, optimizer: torch.optim.Optimizer, guard: N
     user_zero_grad = hooks.module_fn("optimizer_zero_grad") if hooks.module_overrides("optimizer_zero_grad") else None
     zero_grad = hooks.timed(hook_action(module, "optimizer_zero_grad"), optimizer.zero_grad)
     before_backward, after_backward = hooks.per_batch("on_before_backward"), hooks.per_batch("on_after_backward")
-    marks = strategy.is_distributed  # where a rank waits, for the heartbeat and a collective's errors (waits.py)
+    marks = strategy.is_distributed  # where a rank waits, for the heartbeat and a collective's errors (waiting.py)
     in_step = waiting_in("training_step", user_code=True) if marks else _NO_CONTEXT
     in_backward = waiting_in("the backward pass's gradient sync")
     bare = autocast is None and not marks  # one process, no autocast: the step needs no context at all

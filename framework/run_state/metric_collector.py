@@ -18,7 +18,7 @@ from framework.errors import ConfigError
 from framework.rank_zero import rank_zero_warn
 from framework.run_state.log_options import useful
 from framework.run_state.logged_value import as_scalar, at_least_float32, is_metric, reduce_across_ranks
-from framework.waits import waiting_in
+from framework.waiting import waiting_in
 
 if TYPE_CHECKING:
     from framework.strategies import Strategy

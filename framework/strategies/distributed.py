@@ -23,10 +23,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from framework import waits
+from framework import waiting
 from framework.strategies import gather_objects
 from framework.strategies.base import StepModule, Strategy
-from framework.waits import waiting_in
+from framework.waiting import waiting_in
 
 if TYPE_CHECKING:
     from framework.environments import ClusterEnvironment
@@ -40,7 +40,7 @@ _GLOO_SETTLE_S = 0.03
 _REDUCE_OPS = {"sum": "SUM", "mean": "SUM", "avg": "SUM", "max": "MAX", "min": "MIN"}
 
 
-#: the marks of the collectives below (``framework/waits.py``), made once: all-reduces run every step
+#: the marks of the collectives below (``framework/waiting.py``), made once: all-reduces run every step
 _IN_ALL_REDUCE, _IN_ALL_GATHER = waiting_in("an all-reduce"), waiting_in("an all-gather")
 
 
@@ -145,7 +145,7 @@ class DistributedStrategy(Strategy):
     def on_exception(self, exc: BaseException) -> None:
         self._failed = True
         if "timed out" in str(exc).lower() and self.world_size > 1:
-            waited = waits.failed_in()
+            waited = waiting.failed_in()
             sys.stderr.write(
                 f"fw: rank {self.global_rank} of {self.world_size} waited {self.timeout:g} s for the other ranks "
                 f"in {waited or 'a collective'} (trainer.strategy.timeout): a rank stopped "

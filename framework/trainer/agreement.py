@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from framework.checkpointing.file import writable_error
-from framework.waits import waiting_in
+from framework.waiting import waiting_in
 
 if TYPE_CHECKING:
     from framework.trainer.run import Run

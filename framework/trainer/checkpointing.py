@@ -33,7 +33,7 @@ from framework.rank_zero import rank_zero_info, rank_zero_warn
 from framework.strategies.launchers.rendezvous import elastic_job_id
 from framework.trainer import end_of_fit, position_mapping
 from framework.trainer.resume import position_parts, progress_part, resume_point
-from framework.waits import waiting_in
+from framework.waiting import waiting_in
 
 if TYPE_CHECKING:
     from framework.trainer.run import Run

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 
 import torch.distributed as dist
 
-from framework import waits
+from framework import waiting
 from framework.strategies.launchers.rendezvous import default_tcp_store
 
 if TYPE_CHECKING:
@@ -94,9 +94,9 @@ class Heartbeat:
             if answer is None:
                 answer = self._describe(seen, now)
             timeout = getattr(self.run.strategy, "timeout", 300.0)
-            waiting = "the other ranks may be waiting for it" if waits.in_user_code() else "waiting for the other ranks"
+            for_whom = "the other ranks may be waiting for it" if waiting.in_user_code() else "waiting for the other ranks"
             sys.stderr.write(f"fw: rank {rank} of {size} has been {self._where()} for {now - still_since:.0f} s, "
-                             f"{waiting}: {answer} (the job ends after trainer.strategy.timeout={timeout:g} s)\n")
+                             f"{for_whom}: {answer} (the job ends after trainer.strategy.timeout={timeout:g} s)\n")
             sys.stderr.flush()
 
     def _progress(self) -> tuple:
@@ -104,8 +104,8 @@ class Heartbeat:
         return state.stage, state.epoch, state.global_step, state.position.batches, state.eval_batches
 
     def _where(self) -> str:
-        """Where the rank is, and what it waits in there (``framework/waits.py``)."""
-        state, waiting = self.run.state, waits.now()
+        """Where the rank is, and what it waits in there (``framework/waiting.py``)."""
+        state, marks = self.run.state, waiting.now()
         stage = state.stage
         if stage == "train" and self.run.fit_batches is None:  # a fit's set-up: its stage is "train" from the start
             stage = None
@@ -113,7 +113,7 @@ class Heartbeat:
             where = f"in epoch {state.epoch}, batch {state.position.batches}"
         else:
             where = f"in {stage or 'set-up'} (epoch {state.epoch}, step {state.global_step})"
-        return f"{where}, in {waiting}" if waiting else where
+        return f"{where}, in {marks}" if marks else where
 
     def _describe(self, seen: dict[int, tuple[str, float]], now: float) -> str:
         silent, elsewhere = [], []

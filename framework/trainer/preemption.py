@@ -40,7 +40,7 @@ import torch
 from framework.errors import ProgramEnds
 from framework.strategies.launchers.processes import BLOCKED_AT_START, launcher_lost
 from framework.trainer.checkpointing import save
-from framework.waits import waiting_in
+from framework.waiting import waiting_in
 
 if TYPE_CHECKING:
     from framework.trainer.run import Run

@@ -17,7 +17,7 @@ import framework
 PACKAGE = Path(framework.__file__).parent / "checkpointing"
 MODULES = [f"framework.checkpointing.{path.stem}" for path in sorted(PACKAGE.glob("*.py")) if path.stem != "__init__"]
 #: what checkpointing/ may import of fw besides itself: the core layer of pyproject.toml's layers
-CORE = {"errors", "types", "rank_zero", "seed", "paths", "counting", "waits", "optim"}
+CORE = {"errors", "types", "rank_zero", "seed", "paths", "intervals", "waiting", "optim"}
 
 
 def _loaded_after(imports: str) -> dict:

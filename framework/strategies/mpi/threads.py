@@ -17,7 +17,7 @@ from typing import Any, TextIO
 import torch
 import torch.distributed as dist
 
-from framework import waits
+from framework import waiting
 from framework.strategies.mpi.rollcall import RollCall, describe_absent
 
 
@@ -117,9 +117,9 @@ class Watchdog:
 
 def _for_what(what: str) -> str:
     """'all-reduce (the backward pass's gradient sync)': the MPI call, and what the main thread's
-    marks say it is for (``framework.waits``), unless the main thread is in the user's code."""
-    marks = waits.now()
-    return f"{what} ({marks})" if marks and not waits.in_user_code() else what
+    marks say it is for (``framework.waiting``), unless the main thread is in the user's code."""
+    marks = waiting.now()
+    return f"{what} ({marks})" if marks and not waiting.in_user_code() else what
 
 
 def _real_stderr() -> TextIO:

@@ -1,30 +1,30 @@
-"""``framework/waits.py``: what a timed-out collective was waiting in is the innermost mark the
+"""``framework/waiting.py``: what a timed-out collective was waiting in is the innermost mark the
 error left, and a later error names its own marks, not an earlier one's that was caught."""
 
 from __future__ import annotations
 
 import pytest
 
-from framework import waits
-from framework.waits import waiting_in
+from framework import waiting
+from framework.waiting import waiting_in
 
 
 def test_an_error_names_the_marks_it_left_and_a_later_one_its_own():
     with waiting_in("a checkpoint save of 'x.ckpt'"), waiting_in("an all-gather"):
-        assert waits.now() == "a checkpoint save of 'x.ckpt': an all-gather"
-    assert waits.now() is None
+        assert waiting.now() == "a checkpoint save of 'x.ckpt': an all-gather"
+    assert waiting.now() is None
     try:  # caught, and the run goes on (a callback that tries a save)
         with waiting_in("a checkpoint save of 'x.ckpt'"), waiting_in("an all-gather"):
             raise RuntimeError("disk full")
     except RuntimeError:
         pass
-    assert waits.failed_in() == "a checkpoint save of 'x.ckpt': an all-gather"
+    assert waiting.failed_in() == "a checkpoint save of 'x.ckpt': an all-gather"
     with pytest.raises(RuntimeError), waiting_in("the backward pass's gradient sync"):  # as deep as its one mark
         raise RuntimeError("Timed out waiting 5000ms")
-    assert waits.failed_in() == "the backward pass's gradient sync"
+    assert waiting.failed_in() == "the backward pass's gradient sync"
     with pytest.raises(RuntimeError, match="in the step itself"), waiting_in("training_step"):
         _fails_after_an_inner_mark_closed()
-    assert waits.failed_in() == "training_step" and waits.now() is None
+    assert waiting.failed_in() == "training_step" and waiting.now() is None
 
 
 def _fails_after_an_inner_mark_closed() -> None:
