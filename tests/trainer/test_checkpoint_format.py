@@ -14,37 +14,17 @@ from __future__ import annotations
 import pytest
 import torch
 from fixtures.old_checkpoint import CHECKPOINT, FINAL, fit
+from fixtures.resume_checks import Record
+from fixtures.resume_checks import equal as _equal
+from fixtures.resume_checks import weights as _weights
 
 import framework as fw
 from framework.checkpointing import file as ckpt
 
 
-class Record(fw.Callback):
-    """The samples each training batch held, and (once) a checkpoint of today's format written
-    at the first batch, before it trains: the state as it was loaded."""
-
-    def __init__(self, save_to: str | None = None) -> None:
-        self.batches: list[torch.Tensor] = []
-        self.save_to = save_to
-
-    def on_train_batch_start(self, trainer, module, batch, batch_idx) -> None:
-        if self.save_to:
-            trainer.save_checkpoint(self.save_to)
-            self.save_to = None
-        self.batches.append(batch[0].clone())
-
-
 def _recorded(save_to: str | None = None, **kwargs) -> tuple[fw.Trainer, Record]:
     record = Record(save_to)
     return fit(extra_callbacks=[record], **kwargs), record
-
-
-def _weights(trainer: fw.Trainer) -> dict[str, torch.Tensor]:
-    return {name: value.detach().clone() for name, value in trainer.lightning_module.state_dict().items()}
-
-
-def _equal(a: dict, b: dict) -> bool:
-    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
 def test_a_format_1_mid_epoch_checkpoint_restores_its_state_and_reads_the_rest_of_the_epoch(tmp_path):

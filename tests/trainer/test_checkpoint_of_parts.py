@@ -17,35 +17,13 @@ import numpy as np
 import pytest
 import torch
 from fixtures.parts_checkpoint import CHECKPOINT, FINAL, FSDP, SHARDED, SHARDED_WEIGHTS, fit
-
-import framework as fw
+from fixtures.resume_checks import Record
+from fixtures.resume_checks import equal as _equal
+from fixtures.resume_checks import weights as _weights
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "distributed"))
 import sharded
 from forked import call
-
-
-class Record(fw.Callback):
-    """The samples of each training batch; once, a checkpoint of today's written at the first
-    batch, before it trains: the state as it was loaded."""
-
-    def __init__(self, save_to: str | None = None) -> None:
-        self.batches: list[torch.Tensor] = []
-        self.save_to = save_to
-
-    def on_train_batch_start(self, trainer, module, batch, batch_idx) -> None:
-        if self.save_to:
-            trainer.save_checkpoint(self.save_to)
-            self.save_to = None
-        self.batches.append(batch[0].clone())
-
-
-def _weights(trainer: fw.Trainer) -> dict[str, torch.Tensor]:
-    return {name: value.detach().clone() for name, value in trainer.lightning_module.state_dict().items()}
-
-
-def _equal(a: dict, b: dict) -> bool:
-    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
 def _same(a, b) -> bool:
