@@ -17,7 +17,7 @@ from framework.callbacks import ModelCheckpoint
 from framework.errors import ConfigError
 from framework.loggers import MLFlowLogger
 from loggers.fits import SETTINGS, FailsAtStep3, LogsLosses, fit_alone, missing_package_error, needs, sides
-from loggers.history import assert_same, recorder, sent
+from loggers.history import assert_same, distinct, recorder, sent
 from loggers.mlflow_server import MlflowServer
 
 #: every test here starts processes: mlflow's run context asks ``git`` for the source's commit (the
@@ -55,13 +55,6 @@ def _fit(logger, module=None, callbacks=(), **kwargs) -> fw.Trainer:
 def _mlflow_history(client, run_id) -> dict[str, list[tuple[int, float]]]:
     keys = client.get_run(run_id).data.metrics
     return {key: sorted((m.step, m.value) for m in client.get_metric_history(run_id, key)) for key in keys}
-
-
-def _distinct(history: dict[str, list[tuple[int, float]]]) -> dict[str, list[tuple[int, float]]]:
-    """Each metric's distinct (step, value) rows: MLflow's store keeps one row of a key, step, value
-    and millisecond time, so two log calls in one millisecond that repeat a value at a step (the
-    "epoch" every call adds) are one row on the server, with Lightning's logger as with fw's."""
-    return {key: sorted(set(rows)) for key, rows in history.items()}
 
 
 def _artifacts(client, run_id, path=None) -> set[str]:
@@ -111,7 +104,7 @@ def test_a_fit_is_read_back_by_mlflows_client(tmp_path, capfd):
     assert run.data.params == {"features": "4", "lr": "0.05", "optimizer": "sgd", "scheduler": "None"}
     history = _mlflow_history(client, logger.run_id)
     assert set(history) == {"train/loss_step", "train/loss_epoch", "val/loss", "epoch"}
-    assert_same(history, sent(trainer))  # every call, at its step, with its value
+    assert_same(distinct(history), distinct(sent(trainer)))  # every value, at its step
     assert [step for step, _ in history["train/loss_step"]] == [1, 3, 5, 7]
 
     # where Lightning puts the checkpoints of an MLflow run: <save_dir>/<experiment id>/<run id>/checkpoints
@@ -257,7 +250,7 @@ def test_against_a_real_mlflow_server(tmp_path):
         assert run.info.status == "FINISHED" and run.data.params["lr"] == "0.05"
         history, logged = _mlflow_history(client, logger.run_id), sent(trainer)
         assert all(len(history[key]) <= len(rows) for key, rows in logged.items()), history  # nothing sent twice
-        assert_same(_distinct(history), _distinct(logged))
+        assert_same(distinct(history), distinct(logged))
         # a remote store has no local folder (save_dir None, as Lightning): checkpoints under default_root_dir
         assert logger.save_dir is None and logger.log_dir.startswith(str(tmp_path / "root"))
         assert {p.split("/")[0] for p in _artifacts(client, logger.run_id)} == {"epoch=0-step=4", "epoch=1-step=8", "last"}
