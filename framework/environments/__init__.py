@@ -3,12 +3,16 @@
 ``detect_environment()`` looks at the variables once and returns the first environment that
 recognizes them, in this order:
 
-1. ``torchrun`` (``TorchElasticEnvironment``): ``RANK`` + ``WORLD_SIZE`` or
-   ``TORCHELASTIC_RUN_ID``. It comes first because torchrun may itself run inside ``srun`` or
+1. ``kubeflow`` (``KubeflowEnvironment``): a pod of a Kubeflow TrainJob (``PET_*``) or legacy
+   PyTorchJob (``RANK`` = the pod's index, ``WORLD_SIZE`` = the pods) that is not itself a
+   worker of torchrun; fw's launcher starts the pod's processes. It comes before torchrun
+   because a PyTorchJob's ``RANK``/``WORLD_SIZE`` count pods, not processes.
+2. ``torchrun`` (``TorchElasticEnvironment``): ``RANK`` + ``WORLD_SIZE`` or
+   ``TORCHELASTIC_RUN_ID``. It comes before SLURM and MPI because torchrun may itself run inside ``srun`` or
    ``mpirun`` (one agent per node), and then its workers' ranks are torchrun's, not SLURM's.
-2. ``slurm`` (``SLURMEnvironment``): a task of an ``srun`` job step.
-3. ``mpi`` (``MPIEnvironment``): ``mpirun`` / ``mpiexec`` (Open MPI, MPICH, Intel MPI, PMIx).
-4. ``local`` (``LocalEnvironment``): nothing; fw starts its own workers if it needs any.
+3. ``slurm`` (``SLURMEnvironment``): a task of an ``srun`` job step.
+4. ``mpi`` (``MPIEnvironment``): ``mpirun`` / ``mpiexec`` (Open MPI, MPICH, Intel MPI, PMIx).
+5. ``local`` (``LocalEnvironment``): nothing; fw starts its own workers if it needs any.
 
 Its ``info()`` gives a frozen ``DistInfo`` that the rest of fw passes around.
 """
@@ -18,9 +22,10 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 
-from framework.environments.base import ClusterEnvironment
+from framework.environments.base import AssignedNode, ClusterEnvironment
 from framework.environments.hostlist import expand_hostlist, parse_hostlist
 from framework.environments.info import DistInfo
+from framework.environments.kubeflow import KubeflowEnvironment, KubeflowPod
 from framework.environments.local import LocalEnvironment
 from framework.environments.mpi import MPIEnvironment
 from framework.environments.slurm import (
@@ -33,6 +38,7 @@ from framework.errors import ConfigError, did_you_mean
 
 #: Detection order: the first whose ``detect`` is true wins; ``local`` always matches.
 ENVIRONMENTS: tuple[type[ClusterEnvironment], ...] = (
+    KubeflowEnvironment,
     TorchElasticEnvironment,
     SLURMEnvironment,
     MPIEnvironment,
@@ -41,8 +47,11 @@ ENVIRONMENTS: tuple[type[ClusterEnvironment], ...] = (
 
 __all__ = [
     "ENVIRONMENTS",
+    "AssignedNode",
     "ClusterEnvironment",
     "DistInfo",
+    "KubeflowEnvironment",
+    "KubeflowPod",
     "LocalEnvironment",
     "MPIEnvironment",
     "SLURMEnvironment",

@@ -13,10 +13,29 @@ import os
 import sys
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import overload
 
 from framework.environments.info import DistInfo
 from framework.errors import ConfigError, DistributedSetupError
+
+
+@dataclass(frozen=True)
+class AssignedNode:
+    """Where a job's own launcher put this node, for fw's launcher to start the node's workers
+    there (torchrun's static rendezvous: ``--node-rank``, ``--master-addr``, ``--master-port``).
+
+    Attributes:
+        node_rank: this node's index; its workers are ranks ``node_rank * devices + local_rank``.
+        num_nodes: the nodes of the job.
+        endpoint: ``HOST:PORT`` where the nodes meet (node 0 hosts the store there).
+        summary: one line for the start-up, saying where this node stands.
+    """
+
+    node_rank: int
+    num_nodes: int
+    endpoint: str
+    summary: str
 
 
 class ClusterEnvironment(ABC):
@@ -87,6 +106,12 @@ class ClusterEnvironment(ABC):
                 f"trainer.devices * trainer.num_nodes = {devices * num_nodes}. "
                 f"HINT: set trainer.num_nodes={max(1, info.world_size // max(devices, 1))}"
             )
+
+    def assigned_node(self, devices: int) -> AssignedNode | None:
+        """For fw's launcher, when this environment numbered the nodes but left the processes
+        to fw (a Kubeflow pod): this node's rank and where the nodes meet, with ``devices``
+        processes per node; None (the default) when fw's launcher finds the ranks itself."""
+        return None
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(name={self.name!r})"

@@ -87,6 +87,8 @@ class Strategy(ABC):
             return
         if num_nodes > 1:
             raise ConfigError(f"trainer.num_nodes={num_nodes} needs a multi-process strategy (ddp, mpi)")
+        if not environment.launched_externally:  # one process here: the job (a Kubeflow job's pods) must be one too
+            environment.check(1, 1)
         launched = environment.info() if environment.launched_externally else None
         if launched is not None and launched.world_size > 1:
             raise ConfigError(

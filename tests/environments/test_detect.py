@@ -1,4 +1,4 @@
-"""detect_environment: the order torchrun, slurm, mpi, local, and the name registry."""
+"""detect_environment: the order kubeflow, torchrun, slurm, mpi, local, and the name registry."""
 
 from __future__ import annotations
 
@@ -43,12 +43,12 @@ def test_precedence(env: dict, cls: type) -> None:
 
 
 def test_registry_order_and_names() -> None:
-    assert [cls.name for cls in ENVIRONMENTS] == ["torchrun", "slurm", "mpi", "local"]
+    assert [cls.name for cls in ENVIRONMENTS] == ["kubeflow", "torchrun", "slurm", "mpi", "local"]
 
 
 def test_get_environment_by_name() -> None:
     assert isinstance(get_environment("slurm", env=SRUN), SLURMEnvironment)
-    with pytest.raises(ConfigError, match=r"did you mean 'slurm'.*known: torchrun"):
+    with pytest.raises(ConfigError, match=r"did you mean 'slurm'.*known: kubeflow, torchrun"):
         get_environment("slurn")
 
 

@@ -82,7 +82,8 @@ class DDPStrategy(DistributedStrategy):
                  rdzv_endpoint: str | None) -> Launcher | None:
         if not self._needs_launcher(environment, num_nodes):
             return None
-        return ElasticLauncher(len(self.devices), num_nodes, max_restarts, rdzv_endpoint, self.socket_ifname, self.timeout)
+        return ElasticLauncher(len(self.devices), num_nodes, max_restarts, rdzv_endpoint, self.socket_ifname, self.timeout,
+                               node=environment.assigned_node(len(self.devices)))
 
     # -- set-up ---------------------------------------------------------------------------
     def setup_environment(self) -> None:

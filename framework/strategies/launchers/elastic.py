@@ -10,7 +10,10 @@ process does not train: once the workers are done it ends with the job's status
 
 For several nodes, run the same command on every node with the same ``rdzv_endpoint``
 (``trainer.rdzv_endpoint=HOST:PORT``, or MASTER_ADDR/MASTER_PORT), as with torchrun; the node
-that owns HOST's address hosts the rendezvous. ``FW_DEBUG_LAUNCH=1`` shows the elastic agent's
+that owns HOST's address hosts the rendezvous. Where the job's own launcher numbered the nodes
+(a Kubeflow pod: ``AssignedNode``), the agent takes that node rank and endpoint, as torchrun
+with ``--node-rank``, ``--master-addr`` and ``--master-port`` (its static rendezvous: node 0
+hosts the store), and the launch begins with the environment's one line saying where it stands. ``FW_DEBUG_LAUNCH=1`` shows the elastic agent's
 log (rendezvous rounds, worker starts) when a launch hangs.
 """
 
@@ -33,6 +36,8 @@ from framework.strategies.launchers.worker_failures import leave_tracebacks_to_t
 if TYPE_CHECKING:
     from torch.distributed.launcher.api import LaunchConfig
 
+    from framework.environments import AssignedNode
+
 #: signals a worker turns into a clean stop with a checkpoint (trainer/preemption.py, default setup)
 _WORKERS_STOP_ON = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
 #: signals a worker starts with blocked, to act on once its fit can: the preemption signal, which
@@ -47,15 +52,40 @@ class ElasticLauncher(Launcher):
     """One worker per device on this node, through torch's elastic agent (see the module doc)."""
 
     def __init__(self, nproc_per_node: int, num_nodes: int = 1, max_restarts: int = 0,
-                 rdzv_endpoint: str | None = None, socket_ifname: str | None = None, timeout: float = 300.0) -> None:
+                 rdzv_endpoint: str | None = None, socket_ifname: str | None = None, timeout: float = 300.0,
+                 node: AssignedNode | None = None) -> None:
         self.nproc_per_node, self.num_nodes, self.max_restarts = nproc_per_node, num_nodes, max_restarts
         self.rdzv_endpoint, self.socket_ifname, self.timeout = rdzv_endpoint, socket_ifname, timeout
+        self.node = node
+        if node is not None:
+            _check_assigned(node, max_restarts, rdzv_endpoint)
 
     def launch(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Each worker re-runs this program and makes the call itself (``fn`` runs there)."""
         current_command()  # refuses here, before anything starts, when there is no program to re-run
+        if self.node is not None:
+            from framework.rank_zero import library_logger
+
+            library_logger().info("fw: %s", self.node.summary)
         raise JobEnded(launch_workers(self.nproc_per_node, self.num_nodes, self.max_restarts,
-                                      self.rdzv_endpoint, self.socket_ifname, self.timeout))
+                                      self.rdzv_endpoint, self.socket_ifname, self.timeout, self.node))
+
+
+def _check_assigned(node: AssignedNode, max_restarts: int, rdzv_endpoint: str | None) -> None:
+    """The job's launcher numbered the nodes and restarts them: refuse what would contradict it.
+
+    Raises:
+        ConfigError: ``trainer.max_restarts`` or ``trainer.rdzv_endpoint`` is set.
+    """
+    if max_restarts:
+        raise ConfigError(
+            f"trainer.max_restarts={max_restarts}: this node's job restarts failed nodes itself (Kubeflow: the "
+            "pod's restartPolicy); set trainer.max_restarts=0 and ckpt_path=last so that a restarted pod resumes "
+            "its newest checkpoint")
+    if rdzv_endpoint is not None and rdzv_endpoint != node.endpoint:
+        raise ConfigError(
+            f"trainer.rdzv_endpoint={rdzv_endpoint}: the job names where its nodes meet ({node.endpoint}); "
+            "leave trainer.rdzv_endpoint unset")
 
 
 def current_command() -> list[str]:
@@ -78,14 +108,17 @@ def current_command() -> list[str]:
 
 
 def launch_workers(nproc_per_node: int, num_nodes: int = 1, max_restarts: int = 0,
-                   rdzv_endpoint: str | None = None, socket_ifname: str | None = None, timeout: float = 300.0) -> int:
+                   rdzv_endpoint: str | None = None, socket_ifname: str | None = None, timeout: float = 300.0,
+                   node: AssignedNode | None = None) -> int:
     """Run the current command in ``nproc_per_node`` workers on this node; return the exit code
-    (the agent's configuration: ``_launch_config``). At the job's end the agent waits for the
-    other nodes' agents at most ``timeout`` seconds (``processes.exit_barrier_within``)."""
+    (the agent's configuration: ``_launch_config``, or ``_assigned_config`` for a ``node`` the
+    job numbered). At the job's end the agent waits for the other nodes' agents at most
+    ``timeout`` seconds (``processes.exit_barrier_within``)."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
-    config = _launch_config(nproc_per_node, num_nodes, max_restarts, rdzv_endpoint, socket_ifname)
+    config = (_launch_config(nproc_per_node, num_nodes, max_restarts, rdzv_endpoint, socket_ifname) if node is None
+              else _assigned_config(nproc_per_node, node, socket_ifname, timeout))
     # fw prints its own one-line summary of a failure; the agent's log lines would repeat it
     agent_log = logging.getLogger("torch.distributed.elastic")
     level = agent_log.level
@@ -147,6 +180,31 @@ def _launch_config(nproc_per_node: int, num_nodes: int, max_restarts: int, rdzv_
         start_method="spawn",
         # the agent passes these on to the workers, which stop after their step and write a
         # checkpoint (trainer/preemption.py); without SIGUSR1 here it would kill the launcher alone
+        signals_to_handle=",".join(s.name for s in _PASSED_ON),
+    )
+
+
+def _assigned_config(nproc_per_node: int, node: AssignedNode, socket_ifname: str | None,
+                     timeout: float) -> LaunchConfig:
+    """torch's ``LaunchConfig`` for a node the job numbered: torchrun's static rendezvous (what
+    ``torchrun --nnodes N --node-rank R --master-addr A --master-port P`` runs), where node 0's
+    agent hosts the store at the endpoint and every node waits for it up to ``timeout``."""
+    from torch.distributed.launcher.api import LaunchConfig
+
+    from framework.environments.network import interface_addresses
+
+    return LaunchConfig(
+        min_nodes=node.num_nodes,
+        max_nodes=node.num_nodes,
+        nproc_per_node=nproc_per_node,
+        run_id=os.environ.get("FW_RUN_ID") or f"fw-{node.endpoint}",
+        rdzv_backend="static",
+        rdzv_endpoint=node.endpoint,
+        rdzv_configs={"rank": node.node_rank, "timeout": int(timeout)},
+        local_addr=interface_addresses().get(socket_ifname) if socket_ifname else None,
+        max_restarts=0,
+        monitor_interval=0.1,
+        start_method="spawn",
         signals_to_handle=",".join(s.name for s in _PASSED_ON),
     )
 
