@@ -56,8 +56,8 @@ model = workload.Regressor()
 strategy = {"name": "ddp_gloo", "timeout": 60, **({"socket_ifname": ifname} if ifname != "-" else {})}
 trainer = fw.Trainer(devices=devices, num_nodes=num_nodes, strategy=strategy, max_epochs=2, accelerator="cpu",
                      logger=False, enable_progress_bar=False, num_sanity_val_steps=0, use_distributed_sampler=True,
-                     default_root_dir=f"{out}/{name}", callbacks=[Wait(), ModelCheckpoint(every_n_train_steps=1, save_last=True)])
-trainer.fit(model, DataLoader(workload.regression_data(64), batch_size=2, shuffle=True), ckpt_path="last")
+                     default_root_dir=f"{out}/{name}", callbacks=[Wait(), ModelCheckpoint(every_n_train_steps=2, save_last=True)])
+trainer.fit(model, DataLoader(workload.regression_data(32), batch_size=2, shuffle=True), ckpt_path="last")
 env = trainer.environment.info()
 with open(f"{out}/{name}_rank{trainer.global_rank}.json", "w") as f:
     json.dump({"rank": trainer.global_rank, "world": trainer.world_size, "local_rank": env.local_rank,
@@ -157,7 +157,7 @@ def one_node(tmp_path_factory) -> dict[int, list[dict]]:
     return found
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(120)
 @pytest.mark.parametrize("procs", [1, 2])
 def test_pytorchjob_pods_train_as_fw_on_one_node_bit_for_bit(pods, one_node, procs):
     """2 pods x ``procs`` processes of a PyTorchJob (WORLD_SIZE=2 pods): fw starts ``procs``
@@ -168,7 +168,7 @@ def test_pytorchjob_pods_train_as_fw_on_one_node_bit_for_bit(pods, one_node, pro
         assert (result["rank"], result["world"], result["local_rank"], result["node_rank"]) == \
                (rank, 2 * procs, rank % procs, rank // procs)
         assert result["source"] == "torchrun"  # the pod's workers are fw's launcher's
-        assert result["step"] == 32 // procs and result["w"] == one_node[2 * procs][rank]["w"]
+        assert result["step"] == 16 // procs and result["w"] == one_node[2 * procs][rank]["w"]
     plural = "process" if procs == 1 else "processes"
     for index, node in enumerate("AB"):
         lines = [line for line in done[node][1].splitlines() if "Kubeflow PyTorchJob" in line]
@@ -176,7 +176,7 @@ def test_pytorchjob_pods_train_as_fw_on_one_node_bit_for_bit(pods, one_node, pro
             done[node][1]
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(120)
 @pytest.mark.parametrize("torchrun", [False, True], ids=["fw", "torchrun"])
 def test_trainjob_pods_train_as_fw_on_one_node_bit_for_bit(pods, one_node, torchrun):
     """A TrainJob's 2 nodes x 2 processes (PET_*): the pod's command is the plain program (fw
@@ -189,31 +189,38 @@ def test_trainjob_pods_train_as_fw_on_one_node_bit_for_bit(pods, one_node, torch
     assert said == ([] if torchrun else [said[0]]) and (torchrun or "pod 1 of 2, 2 processes per pod" in said[0])
 
 
-@pytest.mark.timeout(240)
-def test_a_pod_killed_mid_epoch_and_restarted_by_the_operator_resumes_exactly(pods, one_node):
-    """kill -9 of pod B's whole process tree at step 5 of 16 (mid-epoch); pod A's workers fail
-    on the lost peer and its container exits non-zero; the "operator" starts both containers
-    again with the same variables; they resume from last.ckpt and end with the weights of the
-    run never interrupted (the one-node run, which the pods equal bit for bit)."""
-    port = free_port()
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("victim", ["A"])
+def test_a_pod_killed_mid_epoch_and_restarted_by_the_operator_resumes_exactly(pods, one_node, victim):
+    """kill -9 of a pod's whole process tree at step 3 of 16 (mid-epoch; checkpoints every 2
+    steps): pod A, which hosts the job's store. The other pod's worker fails on the lost peer and
+    its container exits non-zero; the "operator" starts both containers again with the same
+    variables; they resume from last.ckpt (step 2) and end with the weights of the run never
+    interrupted (the one-node run, which the pods equal bit for bit).
+
+    2 pods x 1 process: with 4 ranks a resumed run ends a few float32 ulps away from the straight
+    one, on one node under fw's own launcher as well (DDP rebuilds its gradient bucket after its
+    first step, and Gloo's 4-rank sum then adds in another order); with 2 ranks a sum has one order.
+    """
+    port, survivor = free_port(), "A" if victim == "B" else "B"
     variables = {index: pytorchjob(index, 2, pods.addrs["A"], port) for index in (0, 1)}
-    args = {node: ["job", "2", "2", pods.ifaces[node], "3", "5"] for node in "AB"}  # rank 3 is in pod B
+    kill_rank = "AB".index(victim)
+    args = {node: ["job", "1", "2", pods.ifaces[node], str(kill_rank), "3"] for node in "AB"}
     for index, node in enumerate("AB"):
         pods.start(node, variables[index], args[node])
     marker, end = pods.out / "job.reached", time.monotonic() + scaled(90)
     while not marker.exists() and time.monotonic() < end and all(p.poll() is None for p in pods.procs.values()):
         time.sleep(0.05)
-    assert marker.exists(), "pod B never reached step 5"
-    killed_output = pods.kill("B")
-    code, output = pods.wait(timeout=90)["A"]
-    assert code != 0, f"pod A survived its peer's loss:\n{output}"
-    assert (pods.out / "job" / "checkpoints" / "last.ckpt").exists(), output
+    assert marker.exists(), f"pod {victim} never reached step 3"
+    killed_output = pods.kill(victim)
+    code, output = pods.wait(timeout=90)[survivor]
+    assert code != 0, f"pod {survivor} survived its peer's loss:\n{output}"
     for index, node in enumerate("AB"):  # the operator restarts the containers (restartPolicy: OnFailure)
         pods.start(node, variables[index], args[node])
     done = pods.wait()
     for node, (code, text) in done.items():
         assert code == 0, f"restarted pod {node} exited {code}:\n{text}\nbefore the kill:\n{killed_output}"
-    assert "resum" in done["A"][1].lower() or "last.ckpt" in done["A"][1], done["A"][1]
-    got = results(pods.out, "job", 4)
-    assert [r["step"] for r in got] == [16] * 4
-    assert [r["w"] for r in got] == [r["w"] for r in one_node[4]]
+    assert "last.ckpt (step 2)" in done["A"][1], done["A"][1]
+    got = results(pods.out, "job", 2)
+    assert [r["step"] for r in got] == [16] * 2
+    assert [r["w"] for r in got] == [r["w"] for r in one_node[2]]
