@@ -22,7 +22,10 @@ Kubeflow runs one container per pod and tells it where the pod stands, in one of
 Detection (``detect``): a Kubernetes container (``KUBERNETES_SERVICE_HOST``, which the kubelet
 sets in every container) that is not a worker of torchrun or of fw's own launcher (no
 ``TORCHELASTIC_RUN_ID``, no ``LOCAL_RANK``: those workers inherit the pod's variables, and are
-torchrun's), with either set of variables above. Lightning's ``KubeflowEnvironment`` looks at
+torchrun's), with the PyTorchJob's four variables or ``PET_NNODES``; a missing one of the
+others is then named. An elastic job (``PET_NNODES=min:max``, or a PyTorchJob's
+``elasticPolicy``: ``PET_RDZV_BACKEND``) is refused: its pods come and go, which torchrun's
+c10d rendezvous handles, so its command must be ``torchrun``. Lightning's ``KubeflowEnvironment`` looks at
 ``KUBERNETES_PORT`` and the PyTorchJob's four variables too, but is not detected on its own and
 takes ``WORLD_SIZE`` for processes (one per pod).
 
@@ -48,7 +51,8 @@ _IN_KUBERNETES = "KUBERNETES_SERVICE_HOST"
 #: set in the workers of torchrun and of fw's launcher, which inherit the pod's variables
 _TORCHRUN_WORKER = ("TORCHELASTIC_RUN_ID", "LOCAL_RANK")
 _PYTORCHJOB = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")
-_TRAINJOB = ("PET_NNODES", "PET_NODE_RANK", "PET_MASTER_ADDR", "PET_MASTER_PORT")
+#: set for an elastic job (PyTorchJob's elasticPolicy): torchrun's c10d rendezvous, not a fixed node rank
+_ELASTIC = "PET_RDZV_BACKEND"
 #: values of PET_NPROC_PER_NODE that leave the count to torchrun (here: to trainer.devices)
 _COUNT_NOT_GIVEN = ("auto", "cpu", "gpu")
 
@@ -113,13 +117,14 @@ def read_pod(env: Mapping[str, str]) -> KubeflowPod:
         kind, keys = "PyTorchJob", ("WORLD_SIZE", "RANK", "MASTER_ADDR", "MASTER_PORT")
     else:
         kind, keys = "TrainJob", ("PET_NNODES", "PET_NODE_RANK", "PET_MASTER_ADDR", "PET_MASTER_PORT")
-    pods_key, index_key, addr_key, port_key = keys
-    raw_pods = env.get(pods_key, "")
-    if kind == "TrainJob" and ":" in raw_pods:
+    nodes = env.get("PET_NNODES", "")
+    if ":" in nodes or _ELASTIC in env:
+        said = f"PET_NNODES={nodes!r} is a range" if ":" in nodes else f"{_ELASTIC} is set"
         raise DistributedSetupError(
-            f"Kubeflow TrainJob: PET_NNODES={raw_pods!r} is a range (elastic); fw starts a fixed number of pods' "
-            "processes itself: give a number of nodes, or run the command under torchrun (torchrun -m framework.cli "
-            "fit ...), which handles elastic ranges")
+            f"Kubeflow {kind}: {said} (an elastic job, whose pods come and go); fw starts the processes of a fixed "
+            "number of pods itself: run the command under torchrun (torchrun -m framework.cli fit ...), which "
+            "handles elastic membership, or give the job a fixed number of nodes")
+    pods_key, index_key, addr_key, port_key = keys
     pods = _required_int(env, kind, pods_key)
     index = _required_int(env, kind, index_key)
     port = _required_int(env, kind, port_key)
@@ -164,7 +169,7 @@ class KubeflowEnvironment(ClusterEnvironment):
     def detect(env: Mapping[str, str]) -> bool:
         if _IN_KUBERNETES not in env or any(key in env for key in _TORCHRUN_WORKER):
             return False
-        return all(key in env for key in _PYTORCHJOB) or all(key in env for key in _TRAINJOB)
+        return all(key in env for key in _PYTORCHJOB) or "PET_NNODES" in env  # read_pod names what is missing
 
     def pod(self) -> KubeflowPod:
         """Where the operator put this pod."""
@@ -194,7 +199,7 @@ class KubeflowEnvironment(ClusterEnvironment):
                 f"Kubeflow {pod.kind}: PET_NPROC_PER_NODE={pod.procs_per_pod} (the job's {field}) but trainer.devices="
                 f"{devices}. HINT: set trainer.devices={pod.procs_per_pod}, or {field}: {devices} in the job")
         if pod.pods != num_nodes:
-            field = "numNodes" if pod.kind == "TrainJob" else "the replicas"
+            field = "numNodes" if pod.kind == "TrainJob" else "Master + Worker replicas"
             counted = "PET_NNODES" if pod.kind == "TrainJob" else "WORLD_SIZE"
             alone = ": each pod would train alone" if num_nodes == 1 else ""
             raise ConfigError(

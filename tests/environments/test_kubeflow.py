@@ -109,7 +109,9 @@ def test_a_recipe_of_another_shape_is_refused_in_one_line(env, devices, num_node
     (pytorchjob(2, 2), "RANK=2 must be in [0, WORLD_SIZE=2)"),
     (pytorchjob(0, 2, MASTER_PORT="x"), "MASTER_PORT='x' is not an integer"),
     (trainjob(0, 2, nproc="many"), "PET_NPROC_PER_NODE='many' is neither a number"),
-    (trainjob(0, 2, PET_NNODES="1:4"), "is a range (elastic)"),
+    (trainjob(0, 2, PET_NNODES="1:4"), "PET_NNODES='1:4' is a range (an elastic job"),
+    (pytorchjob(0, 2, PET_RDZV_BACKEND="c10d", PET_NNODES="2:4"), "run the command under torchrun"),
+    ({k: v for k, v in trainjob(0, 2).items() if k != "PET_NODE_RANK"}, "Kubeflow TrainJob: PET_NODE_RANK is not set"),
 ])
 def test_malformed_variables_are_named(env, words) -> None:
     with pytest.raises(DistributedSetupError, match=None) as err:
