@@ -140,3 +140,12 @@ def test_a_trainer_refuses_what_contradicts_the_job(monkeypatch, settings, words
         monkeypatch.setenv(key, value)
     with pytest.raises(ConfigError, match=words):
         fw.Trainer(accelerator="cpu", logger=False, **settings)
+
+
+def test_torchrun_in_a_trainjob_refuses_a_recipe_of_another_shape() -> None:
+    """``torchrun ... fw`` in a TrainJob: torchrun started PET_NPROC_PER_NODE=2 workers per node,
+    and a recipe with devices=1 is refused by the torchrun environment's own check."""
+    worker = TorchElasticEnvironment(env=torchrun_worker(trainjob(1, 2), 3, 1, 2, 2), argv=[])
+    with pytest.raises(ConfigError, match=r"started 2 process\(es\) on this node but trainer.devices=1"):
+        worker.check(1, 2)
+    worker.check(2, 2)

@@ -2,7 +2,8 @@
 ``two_hosts`` namespaces of tests/distributed/test_multinode.py), and its container's command
 starts there with exactly the variables the operator sets (the kubelet's ``KUBERNETES_*``, and
 the PyTorchJob's ``MASTER_ADDR``/``MASTER_PORT``/``RANK``/``WORLD_SIZE``/``PYTHONUNBUFFERED`` or
-the TrainJob's ``PET_*``). The trained weights equal, bit for bit, the same run under fw's own
+the TrainJob's ``PET_*``): 2 pods x 2 processes (PyTorchJob) and 2 pods x 1 (TrainJob under fw and
+under torchrun; PyTorchJob in the restart test). The trained weights equal, bit for bit, the same run under fw's own
 launcher on one node with as many processes; a pod killed with SIGKILL mid-epoch and started again
 by the "operator" (the same command and variables, as ``restartPolicy: OnFailure`` does) resumes
 with ``ckpt_path=last`` and ends with the weights of the run never interrupted. Needs root and
@@ -158,35 +159,35 @@ def one_node(tmp_path_factory) -> dict[int, list[dict]]:
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("procs", [1, 2])
-def test_pytorchjob_pods_train_as_fw_on_one_node_bit_for_bit(pods, one_node, procs):
-    """2 pods x ``procs`` processes of a PyTorchJob (WORLD_SIZE=2 pods): fw starts ``procs``
-    workers in each pod, ranks pod-major, and says so once per pod."""
-    done = run_pods(pods, "job", lambda i, master, port: pytorchjob(i, 2, master, port), procs)
-    got = results(pods.out, "job", 2 * procs)
-    for rank, result in enumerate(got):
-        assert (result["rank"], result["world"], result["local_rank"], result["node_rank"]) == \
-               (rank, 2 * procs, rank % procs, rank // procs)
-        assert result["source"] == "torchrun"  # the pod's workers are fw's launcher's
-        assert result["step"] == 16 // procs and result["w"] == one_node[2 * procs][rank]["w"]
-    plural = "process" if procs == 1 else "processes"
+def test_pytorchjob_pods_of_two_processes_train_as_fw_on_one_node_bit_for_bit(pods, one_node):
+    """2 pods x 2 processes of a PyTorchJob (WORLD_SIZE=2 pods): fw starts 2 workers in each
+    pod, ranks pod-major, and says so once per pod. (2 pods x 1 process: the restart test.)"""
+    done = run_pods(pods, "job", lambda i, master, port: pytorchjob(i, 2, master, port), 2)
+    got = results(pods.out, "job", 4)
+    assert [(r["rank"], r["world"], r["node_rank"], r["local_rank"]) for r in got] == \
+           [(0, 4, 0, 0), (1, 4, 0, 1), (2, 4, 1, 0), (3, 4, 1, 1)]
+    assert all(r["source"] == "torchrun" for r in got)  # the pod's workers are fw's launcher's
+    assert [r["step"] for r in got] == [8] * 4 and [r["w"] for r in got] == [r["w"] for r in one_node[4]]
     for index, node in enumerate("AB"):
-        lines = [line for line in done[node][1].splitlines() if "Kubeflow PyTorchJob" in line]
-        assert len(lines) == 1 and f"Kubeflow PyTorchJob: pod {index} of 2, {procs} {plural} per pod" in lines[0], \
+        said = [line for line in done[node][1].splitlines() if "Kubeflow PyTorchJob" in line]
+        assert said == [f"fw: Kubeflow PyTorchJob: pod {index} of 2, 2 processes per pod (ranks {2 * index}-"
+                        f"{2 * index + 1} of 4), rendezvous at {pods.addrs['A']}:{said[0].rsplit(':', 1)[1]}"], \
             done[node][1]
 
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("torchrun", [False, True], ids=["fw", "torchrun"])
 def test_trainjob_pods_train_as_fw_on_one_node_bit_for_bit(pods, one_node, torchrun):
-    """A TrainJob's 2 nodes x 2 processes (PET_*): the pod's command is the plain program (fw
-    starts the workers as torchrun would) or ``torchrun program`` (torchrun reads PET_*)."""
-    done = run_pods(pods, "job", lambda i, master, port: trainjob(i, 2, 2, master, port), 2, torchrun=torchrun)
-    got = results(pods.out, "job", 4)
-    assert [(r["rank"], r["node_rank"], r["local_rank"]) for r in got] == [(0, 0, 0), (1, 0, 1), (2, 1, 0), (3, 1, 1)]
-    assert [r["w"] for r in got] == [r["w"] for r in one_node[4]]
+    """A TrainJob's 2 nodes x 1 process (PET_*): the pod's command is the plain program (fw
+    starts the worker as torchrun would) or ``torchrun program`` (torchrun reads PET_*)."""
+    done = run_pods(pods, "job", lambda i, master, port: trainjob(i, 2, 1, master, port), 1, torchrun=torchrun)
+    got = results(pods.out, "job", 2)
+    assert [(r["rank"], r["node_rank"], r["local_rank"]) for r in got] == [(0, 0, 0), (1, 1, 0)]
+    assert [r["w"] for r in got] == [r["w"] for r in one_node[2]]
     said = [line for line in done["B"][1].splitlines() if "Kubeflow TrainJob" in line]
-    assert said == ([] if torchrun else [said[0]]) and (torchrun or "pod 1 of 2, 2 processes per pod" in said[0])
+    expected = [] if torchrun else [f"fw: Kubeflow TrainJob: pod 1 of 2, 1 process per pod (rank 1 of 2), "
+                                    f"rendezvous at {pods.addrs['A']}:{said[0].rsplit(':', 1)[1] if said else ''}"]
+    assert said == expected, done["B"][1]
 
 
 @pytest.mark.timeout(180)
@@ -221,6 +222,8 @@ def test_a_pod_killed_mid_epoch_and_restarted_by_the_operator_resumes_exactly(po
     for node, (code, text) in done.items():
         assert code == 0, f"restarted pod {node} exited {code}:\n{text}\nbefore the kill:\n{killed_output}"
     assert "last.ckpt (step 2)" in done["A"][1], done["A"][1]
+    assert "fw: Kubeflow PyTorchJob: pod 1 of 2, 1 process per pod (rank 1 of 2)" in done["B"][1], done["B"][1]
     got = results(pods.out, "job", 2)
+    assert [(r["rank"], r["world"], r["node_rank"], r["local_rank"]) for r in got] == [(0, 2, 0, 0), (1, 2, 1, 0)]
     assert [r["step"] for r in got] == [16] * 2
     assert [r["w"] for r in got] == [r["w"] for r in one_node[2]]
