@@ -149,3 +149,11 @@ def test_torchrun_in_a_trainjob_refuses_a_recipe_of_another_shape() -> None:
     with pytest.raises(ConfigError, match=r"started 2 process\(es\) on this node but trainer.devices=1"):
         worker.check(1, 2)
     worker.check(2, 2)
+
+
+def test_a_ray_train_worker_on_kuberay_is_not_a_kubeflow_pod() -> None:
+    """Ray Train's workers (ray/train/torch/config.py) get RANK, LOCAL_RANK, WORLD_SIZE and
+    MASTER_* in a Kubernetes pod too (KubeRay): LOCAL_RANK says a launcher numbered the processes."""
+    ray_worker = {**KUBERNETES, "RANK": "1", "LOCAL_RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "1",
+                  "MASTER_ADDR": "10.0.0.7", "MASTER_PORT": "41000"}
+    assert not KubeflowEnvironment.detect(ray_worker)
