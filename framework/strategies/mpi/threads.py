@@ -33,7 +33,7 @@ class Watchdog:
     """Bounds every MPI call of a group by ``timeout`` (MPI has no timeout of its own).
 
     A call marks its thread busy (``watching``: one dict write, no lock); a daemon thread looks
-    once a second, reports a wait every 30 s (or half the timeout) on stderr, and past the
+    once a second, reports a wait every 30 s (or a third of the timeout) on stderr, and past the
     timeout aborts the whole MPI job: a rank that stopped answering (SIGSTOP, a dead node, a
     deadlock) would otherwise keep the others waiting forever. One entry per thread, as the
     communication thread and the caller's (a ``recv``) can both wait at once.
@@ -41,7 +41,7 @@ class Watchdog:
 
     def __init__(self, rank: int, size: int, timeout_s: float, roll: RollCall | None = None) -> None:
         self.where, self.timeout_s = f"rank {rank} of {size}", timeout_s
-        self.report_every = min(30.0, timeout_s / 2)
+        self.report_every = min(30.0, timeout_s / 3)  # as the heartbeat (trainer/heartbeat.py)
         self.roll = roll  # who else waits: names the ranks that did not arrive (None: not named)
         self._waits: dict[int, tuple[str, float]] = {}  # thread id -> (what, since)
         self._announced: tuple[int, str, float] | None = None  # (thread, what, since): the wait the peers know of
