@@ -12,7 +12,7 @@ made no progress for ``report_every`` seconds, the thread reads everyone's beats
 line: its own line of code, which ranks stopped answering (their beat count stood still, with the
 last line they sent), which are elsewhere (and at which line), or that all are alive in the same
 step (a slow step). The main thread's only cost is the progress counters it keeps anyway; reading
-its stack costs the heartbeat thread some 60 microseconds a beat.
+its stack costs the heartbeat thread some 15 microseconds of CPU a beat.
 
 Only for process groups that met at a TCP store (fw's launcher, torchrun, srun, ``tcp://``);
 the ``mpi`` strategy's group watches its own calls (``strategies/mpi/process_group.py``).

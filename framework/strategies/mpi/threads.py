@@ -96,6 +96,7 @@ class Watchdog:
             with self._telling:
                 wait = self._announced = min(long, key=lambda w: w[2])
                 if self._waits.get(wait[0]) == wait[1:]:  # still waiting: else its thread saw None
+                    self.roll.answers.clear()  # where the peers were in an earlier wait: asked again below
                     self.roll.announce(wait[1])
                 else:
                     self._announced = None
