@@ -245,13 +245,14 @@ def _catches(pid: int, signum: int) -> bool:
 
 def _user_line_in(dump: str) -> str | None:
     """The user's line in faulthandler's dump of a worker's threads: that of the thread in
-    torch's worker loop (the worker's main thread), else of the first."""
+    torch's worker loop (the worker's main thread), else of the last one dumped (the oldest
+    thread: faulthandler dumps the newest first)."""
     threads = [block.splitlines() for block in dump.split("\n\n") if block.strip()]
     frames = [[m.groups() for m in map(_FRAME.match, block) if m] for block in threads]
     frames = [stack for stack in frames if stack]
     if not frames:
         return None
-    stack = next((s for s in frames if any(name == "_worker_loop" for _, _, name in s)), frames[0])
+    stack = next((s for s in frames if any(name == "_worker_loop" for _, _, name in s)), frames[-1])
     for path, lineno, function in stack:  # innermost first
         if _is_user(path):
             return describe(path, int(lineno), function.strip())
