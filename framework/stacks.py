@@ -30,6 +30,7 @@ import os
 import re
 import shutil
 import signal
+import site
 import sys
 import sysconfig
 import tempfile
@@ -121,10 +122,12 @@ _FW = os.path.join(os.path.dirname(os.path.abspath(__file__)), "")  # framework/
 
 
 def _library_folders() -> tuple[str, ...]:
+    """fw's folder, the standard library's and every site-packages folder (the environment's, the
+    system's, the user's)."""
     paths = sysconfig.get_paths()
-    folders = {_FW}
-    folders.update(os.path.realpath(paths[key]) for key in ("stdlib", "platstdlib", "purelib", "platlib") if key in paths)
-    folders.update(os.path.abspath(paths[key]) for key in ("stdlib", "platstdlib", "purelib", "platlib") if key in paths)
+    found = [paths[key] for key in ("stdlib", "platstdlib", "purelib", "platlib") if key in paths]
+    found += [*getattr(site, "getsitepackages", list)(), site.getusersitepackages()]
+    folders = {_FW} | {os.path.abspath(f) for f in found} | {os.path.realpath(f) for f in found}
     return tuple(os.path.join(folder, "") for folder in folders)  # each ends in '/': no prefix of another name
 
 
