@@ -59,7 +59,9 @@ class Stuck:
 
 def main_thread(workers: bool = False) -> Stuck:
     """Where the main thread is (see ``Stuck``). With ``workers``, a main thread that waits for a
-    batch from a loader worker asks that worker for its stack (a signal and up to a second)."""
+    batch from a loader worker asks that worker for its stack: a signal, and a wait of at most a
+    quarter of a second (faulthandler answers within milliseconds; a heartbeat must not fall a
+    beat behind)."""
     frame = sys._current_frames().get(threading.main_thread().ident or -1)
     try:
         return Stuck(None) if frame is None else where(frame, workers)
@@ -209,7 +211,7 @@ def _worker_line(iterator: Any) -> str | None:
     return f"{line} ({who})" if line else f"waiting for {who}"
 
 
-def worker_stack(pid: int, wait_s: float = 1.0) -> str:
+def worker_stack(pid: int, wait_s: float = 0.25) -> str:
     """What the loader worker ``pid`` dumps on ``WORKER_SIGNAL`` (faulthandler's text), or ''
     when it cannot say (not set up by ``DumpsStack``, gone, or silent for ``wait_s``)."""
     if not _FOLDER or not _catches(pid, WORKER_SIGNAL):
