@@ -78,6 +78,7 @@ class Watchdog:
                                 f"{self._who()}; aborting the MPI job")
                 if waited >= at:
                     next_report[tid, what, since] = at + self.report_every
+                    self._await_answers(1.0)
                     line = stacks.main_thread().line
                     at_line = f", at {line}," if line else ""
                     stream = _real_stderr()
@@ -107,6 +108,15 @@ class Watchdog:
             absent = self.roll.absent_peers()
             if absent:
                 self.roll.ask(absent, now - announced[2])
+
+    def _await_answers(self, wait_s: float) -> None:
+        """Before a report: give the ranks not heard waiting up to ``wait_s`` to answer where they
+        are (asked since this wait's first second, they answer at their watchdog's next look)."""
+        end = time.monotonic() + wait_s
+        while self.roll is not None and time.monotonic() < end:
+            if all(peer in self.roll.answers for peer in self.roll.absent_peers()):
+                return
+            time.sleep(0.05)
 
     def _answer(self, now: float) -> None:
         """Tell the peers that asked where this rank is; say it in this rank's own log too once
