@@ -19,6 +19,7 @@ from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
 from framework.data.sampler_injection import in_global_order, shard_dataloader, without_shuffle
 from framework.errors import ConfigError
 from framework.profilers.timing import timed
+from framework.stacks import dumping_stacks
 
 #: the method asked for each stage's loaders
 LOADER_METHODS = {
@@ -41,6 +42,8 @@ class LoaderSource:
         ordered: ``use_distributed_sampler``: the training loader reads the global order (else
             the loader's own sampler, and no shard).
         profiler: what times each ``*_dataloader()`` call (``framework/profilers``; None: nothing).
+        stacks: a distributed run: loader workers dump their stacks when asked, for the hang
+            report (``framework/stacks.py``: the heartbeat asks the worker a stuck rank waits for).
     """
 
     given: dict[str, Any]
@@ -50,6 +53,7 @@ class LoaderSource:
     overfit: bool
     ordered: bool = True
     profiler: Any = None
+    stacks: bool = False
 
     def loaders(self, key: str) -> list:
         """The stage's loaders, ready for this rank ([] when there are none)."""
@@ -80,7 +84,7 @@ class LoaderSource:
                        for dl in loaders]
         elif key != "train" and self.shard:
             loaders = [shard_dataloader(dl, seed=self.seed, **self.shard) for dl in loaders]
-        return loaders
+        return [dumping_stacks(dl) for dl in loaders] if self.stacks else loaders
 
     def _request(self, method: str) -> Any:
         from framework.data.datamodule import DataModule

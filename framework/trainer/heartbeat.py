@@ -4,11 +4,15 @@ A rank that stops answering (SIGSTOP, a frozen node, a deadlock) leaves the othe
 collective until ``trainer.strategy.timeout``. So that they can say for whom while they wait,
 each rank runs a ``Heartbeat`` thread during a run: every few seconds it writes a beat count and
 where the rank is (stage, epoch, batch, and the collective it waits in: the backward pass's
-gradient sync, a metric sync, a barrier, a checkpoint save) to the store that the ranks met at, over a connection
-of its own with a short timeout. When its own rank has made no progress for ``report_every``
-seconds, the thread reads everyone's beats and prints one line: which ranks stopped answering
-(their beat count stood still), which are elsewhere, or that all are alive in the same step (a
-slow step). The main thread's only cost is the progress counters it keeps anyway.
+gradient sync, a metric sync, a barrier, a checkpoint save) and the main thread's line of the
+user's code (``framework/stacks.py``: ``job.py:42 time.sleep(600) in training_step``; a data
+loader worker's line, asked of the worker, where the main thread waits for a batch) to the store
+that the ranks met at, over a connection of its own with a short timeout. When its own rank has
+made no progress for ``report_every`` seconds, the thread reads everyone's beats and prints one
+line: its own line of code, which ranks stopped answering (their beat count stood still, with the
+last line they sent), which are elsewhere (and at which line), or that all are alive in the same
+step (a slow step). The main thread's only cost is the progress counters it keeps anyway; reading
+its stack costs the heartbeat thread some 15 microseconds of CPU a beat.
 
 Only for process groups that met at a TCP store (fw's launcher, torchrun, srun, ``tcp://``);
 the ``mpi`` strategy's group watches its own calls (``strategies/mpi/process_group.py``).
@@ -25,7 +29,7 @@ from typing import TYPE_CHECKING
 
 import torch.distributed as dist
 
-from framework import waiting
+from framework import stacks, waiting
 from framework.strategies.launchers.rendezvous import default_tcp_store
 
 if TYPE_CHECKING:
@@ -74,13 +78,16 @@ class Heartbeat:
         seen: dict[int, tuple[str, float]] = {}  # rank -> (its last beat, when that changed)
         while beats == 0 or not self._stop.wait(self.beat_every):  # the first beat at once
             beats += 1
+            progress = self._progress()
+            # the main thread's line; a loader worker's, asked of it, once the rank stands still
+            where, here = self._where(), stacks.main_thread(workers=progress == last_progress)
             try:  # once the store is gone (its host stopped), not tried again: c10d warns at each try
                 if not store_gone:
-                    store.set(keys[rank], f"{beats}|{self._where()}")
+                    store.set(keys[rank], f"{beats}|{where}|{here.line or ''}")
             except (RuntimeError, dist.DistError):
                 store_gone = True  # the store's host may be the rank that stopped: said below
                 _CONNECTIONS.pop(address, None)  # the next run connects anew
-            progress, now = self._progress(), time.monotonic()
+            now = time.monotonic()
             if progress != last_progress:
                 last_progress, still_since, next_report = progress, now, self.report_every
                 seen.clear()
@@ -92,10 +99,13 @@ class Heartbeat:
                 continue
             next_report += self.report_every
             if answer is None:
-                answer = self._describe(seen, now)
+                answer = self._describe(seen, now, where)
             timeout = getattr(self.run.strategy, "timeout", 300.0)
-            for_whom = "the other ranks may be waiting for it" if waiting.in_user_code() else "waiting for the other ranks"
-            sys.stderr.write(f"fw: rank {rank} of {size} has been {self._where()} for {now - still_since:.0f} s, "
+            mine = f", at {here.line}" if here.line else ""
+            # in the user's code, unless in a torch.distributed call made there (a collective of the user's)
+            users = waiting.in_user_code() and not here.waiting
+            for_whom = "the other ranks may be waiting for it" if users else "waiting for the other ranks"
+            sys.stderr.write(f"fw: rank {rank} of {size} has been {where} for {now - still_since:.0f} s{mine}, "
                              f"{for_whom}: {answer} (the job ends after trainer.strategy.timeout={timeout:g} s)\n")
             sys.stderr.flush()
 
@@ -115,17 +125,23 @@ class Heartbeat:
             where = f"in {stage or 'set-up'} (epoch {state.epoch}, step {state.global_step})"
         return f"{where}, in {marks}" if marks else where
 
-    def _describe(self, seen: dict[int, tuple[str, float]], now: float) -> str:
-        silent, elsewhere = [], []
+    def _describe(self, seen: dict[int, tuple[str, float]], now: float, mine: str) -> str:
+        silent, elsewhere, lines = [], [], []
         for other, (value, changed) in sorted(seen.items()):
-            where = value.split("|", 1)[1] if "|" in value else "before its first beat"
+            parts = value.split("|", 2)  # beats|where|line (a line of code may hold '|')
+            where = parts[1] if len(parts) > 1 else "before its first beat"
+            line = parts[2] if len(parts) > 2 else ""
+            at = f", at {line}" if line else ""
             if now - changed >= 1.5 * self.beat_every:
-                silent.append(f"rank {other} stopped answering (no heartbeat for {now - changed:.0f} s, last {where})")
-            elif where != self._where():
-                elsewhere.append(f"rank {other} is {where}")
+                silent.append(f"rank {other} stopped answering (no heartbeat for {now - changed:.0f} s, last {where}{at})")
+            elif where != mine:
+                elsewhere.append(f"rank {other} is {where}{at}")
+            elif line:
+                lines.append(f"rank {other} at {line}")
         if silent or elsewhere:
-            return "; ".join(silent + elsewhere)
-        return "every rank is alive and at the same place (a slow step?)"
+            return "; ".join(silent + elsewhere + lines)
+        same = "every rank is alive and at the same place (a slow step?)"
+        return f"{same}: {'; '.join(lines)}" if lines else same
 
 
 _STORE_GONE = "the store the ranks met at does not answer (its host, usually rank 0, stopped?)"

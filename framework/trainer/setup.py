@@ -127,7 +127,7 @@ def setup(run: Run, loaders: dict, ckpt_path: Any) -> str | None:
     run.loader_source = LoaderSource(
         given=loaders, source=source, seed=sampler_seed(), overfit=bool(settings.overfit_batches),
         shard=strategy.distributed_sampler_kwargs() if settings.use_distributed_sampler else None,
-        ordered=settings.use_distributed_sampler, profiler=hooks.profiler)
+        ordered=settings.use_distributed_sampler, profiler=hooks.profiler, stacks=strategy.is_distributed)
     wanted = [key for key, given in loaders.items()
               if given is not None or datamodule is not None or _defines_loader(model, key)]
     made = {key: _loaders(run, key) if _needs_loader(run, key, loaders[key], source) else []

@@ -29,7 +29,8 @@ Other things to know:
   it; MPICH gives it). ``MPI4PY_RC_THREAD_LEVEL=serialized`` keeps every collective
   synchronous, on the caller's thread. Other collectives are synchronous.
 * ``timeout`` bounds every call of the group: past it, a watchdog aborts the MPI job (MPI's
-  own collectives have no timeout); it reports a long wait on stderr every 30 s.
+  own collectives have no timeout); it reports a long wait on stderr every 30 s (or a third
+  of the timeout), with the line of the user's code each rank is at.
 * torch ranks must equal ``COMM_WORLD`` ranks (``init_mpi_process_group`` makes it so);
   ``dist.new_group(ranks, backend="fw_mpi")`` builds a sub-communicator of those ranks.
 * ``reduce``/``gather``/``scatter``/``all_to_all`` work when called from Python

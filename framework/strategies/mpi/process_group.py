@@ -28,7 +28,7 @@ Rules that every method follows:
 * Point-to-point ``send``/``recv`` start a non-blocking MPI request and ``Work.wait()``
   completes it, so ``isend``/``irecv`` pairs in either order do not deadlock.
 * MPI collectives have no timeout, so the group keeps its own: a watchdog thread says on stderr
-  what a rank has been waiting for (every 30 s) and aborts the MPI job once one call has
+  what a rank has been waiting for (every 30 s, or a third of the timeout) and aborts the MPI job once one call has
   waited longer than the group's timeout (a rank that stopped answering). It and the
   communication thread live in ``threads.py``; the staging rules in ``staging.py``;
   the collectives that exchange data (gather, scatter, all-to-all) in ``exchange.py``. A rank that

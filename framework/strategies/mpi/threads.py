@@ -1,6 +1,10 @@
 """The two threads of an ``MPIProcessGroup`` (``process_group.py``): the watchdog that bounds every
 MPI call by the group's timeout, and the communication thread that runs the all-reduces a caller
 waits for later (DDP's gradient buckets), in order, while the caller goes on computing.
+
+The watchdog's reports name the line of the user's code each rank is at (``framework/stacks.py``):
+a waiting rank its own, and that of each rank that had not arrived, which it asks for over the
+roll call (``rollcall.py``); a rank asked so says it in its own log too.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from typing import Any, TextIO
 import torch
 import torch.distributed as dist
 
-from framework import waiting
+from framework import stacks, waiting
 from framework.strategies.mpi.rollcall import RollCall, describe_absent
 
 
@@ -29,7 +33,7 @@ class Watchdog:
     """Bounds every MPI call of a group by ``timeout`` (MPI has no timeout of its own).
 
     A call marks its thread busy (``watching``: one dict write, no lock); a daemon thread looks
-    once a second, reports a wait every 30 s (or half the timeout) on stderr, and past the
+    once a second, reports a wait every 30 s (or a third of the timeout) on stderr, and past the
     timeout aborts the whole MPI job: a rank that stopped answering (SIGSTOP, a dead node, a
     deadlock) would otherwise keep the others waiting forever. One entry per thread, as the
     communication thread and the caller's (a ``recv``) can both wait at once.
@@ -37,11 +41,12 @@ class Watchdog:
 
     def __init__(self, rank: int, size: int, timeout_s: float, roll: RollCall | None = None) -> None:
         self.where, self.timeout_s = f"rank {rank} of {size}", timeout_s
-        self.report_every = min(30.0, timeout_s / 2)
+        self.report_every = min(30.0, timeout_s / 3)  # as the heartbeat (trainer/heartbeat.py)
         self.roll = roll  # who else waits: names the ranks that did not arrive (None: not named)
         self._waits: dict[int, tuple[str, float]] = {}  # thread id -> (what, since)
         self._announced: tuple[int, str, float] | None = None  # (thread, what, since): the wait the peers know of
         self._telling = threading.Lock()
+        self._next_own = 0.0  # when this rank may next say where it is, asked by a waiting peer
         self._thread = threading.Thread(target=self._watch, name="fw-mpi-watchdog", daemon=True)
         self._thread.start()
 
@@ -73,9 +78,12 @@ class Watchdog:
                                 f"{self._who()}; aborting the MPI job")
                 if waited >= at:
                     next_report[tid, what, since] = at + self.report_every
+                    self._await_answers(1.0)
+                    line = stacks.main_thread().line
+                    at_line = f", at {line}," if line else ""
                     stream = _real_stderr()
                     stream.write(f"fw: {self.where} has waited {waited:.0f} s in MPI {_for_what(what)} for the "
-                                 f"other ranks (aborting after {self.timeout_s:g} s, trainer.strategy.timeout): "
+                                 f"other ranks{at_line} (aborting after {self.timeout_s:g} s, trainer.strategy.timeout): "
                                  f"{self._who()}\n")
                     stream.flush()
 
@@ -89,11 +97,46 @@ class Watchdog:
             with self._telling:
                 wait = self._announced = min(long, key=lambda w: w[2])
                 if self._waits.get(wait[0]) == wait[1:]:  # still waiting: else its thread saw None
+                    self.roll.answers.clear()  # where the peers were in an earlier wait: asked again below
                     self.roll.announce(wait[1])
                 else:
                     self._announced = None
         self.roll.read()
+        self._answer(now)
+        announced = self._announced
+        if announced is not None:  # waiting long: ask the ranks not heard waiting where they are
+            absent = self.roll.absent_peers()
+            if absent:
+                self.roll.ask(absent, now - announced[2])
 
+    def _await_answers(self, wait_s: float) -> None:
+        """Before a report: give the ranks not heard waiting up to ``wait_s`` to answer where they
+        are (asked since this wait's first second, they answer at their watchdog's next look)."""
+        end = time.monotonic() + wait_s
+        while self.roll is not None and time.monotonic() < end:
+            if all(peer in self.roll.answers for peer in self.roll.absent_peers()):
+                return
+            time.sleep(0.05)
+
+    def _answer(self, now: float) -> None:
+        """Tell the peers that asked where this rank is; say it in this rank's own log too once
+        one of them has waited a report's time (at most once a report's time)."""
+        assert self.roll is not None
+        questions, self.roll.questions = self.roll.questions, {}
+        if not questions:
+            return
+        place = _place()
+        for asker in questions:
+            self.roll.answer(asker, place)
+        asker, waited = max(questions.items(), key=lambda q: q[1])
+        if waited >= self.report_every and now >= self._next_own:
+            self._next_own = now + self.report_every
+            what = self.roll.waiting.get(asker, "a call")
+            stream = _real_stderr()
+            stream.write(f"fw: {self.where} is {place}, and rank {self.roll.world_ranks[asker]} has waited "
+                         f"{waited:.0f} s for it in MPI {what} (aborting after {self.timeout_s:g} s, "
+                         "trainer.strategy.timeout)\n")
+            stream.flush()
     def _told_done(self, thread: int) -> None:
         with self._telling:
             if self.roll is not None and self._announced is not None and self._announced[0] == thread:
@@ -103,7 +146,7 @@ class Watchdog:
     def _who(self) -> str:
         if self.roll is None:
             return "a rank stopped answering (which one is not known below MPI_THREAD_MULTIPLE)"
-        return describe_absent(self.roll.absent())
+        return describe_absent(self.roll.absent(), self.roll.where_absent())
 
     def _abort(self, message: str) -> None:
         from mpi4py import MPI
@@ -120,6 +163,15 @@ def _for_what(what: str) -> str:
     marks say it is for (``framework.waiting``), unless the main thread is in the user's code."""
     marks = waiting.now()
     return f"{what} ({marks})" if marks and not waiting.in_user_code() else what
+
+
+def _place() -> str:
+    """Where the main thread is: 'in training_step, at job.py:42 time.sleep(600) in training_step'
+    (its marks, ``framework.waiting``, and the user's line, asked of a loader worker where it
+    waits for a batch)."""
+    marks, line = waiting.now(), stacks.main_thread(workers=True).line
+    place = ", ".join(([f"in {marks}"] if marks else []) + ([f"at {line}"] if line else []))
+    return place or "in fw's own code (no mark, no line of the user's)"
 
 
 def _real_stderr() -> TextIO:
