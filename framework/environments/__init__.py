@@ -3,6 +3,8 @@
 ``detect_environment()`` looks at the variables once and returns the first environment that
 recognizes them, in this order:
 
+0. ``ray`` (``RayTrainEnvironment``): a worker of Ray Train's ``TorchTrainer`` (torchrun's
+   variables, and ``RAY_RAYLET_PID`` of a process a Ray node started; not under torchrun).
 1. ``torchrun`` (``TorchElasticEnvironment``): ``RANK`` + ``WORLD_SIZE`` or
    ``TORCHELASTIC_RUN_ID``. It comes first because torchrun may itself run inside ``srun`` or
    ``mpirun`` (one agent per node), and then its workers' ranks are torchrun's, not SLURM's.
@@ -23,6 +25,7 @@ from framework.environments.hostlist import expand_hostlist, parse_hostlist
 from framework.environments.info import DistInfo
 from framework.environments.local import LocalEnvironment
 from framework.environments.mpi import MPIEnvironment
+from framework.environments.ray import RayTrainEnvironment
 from framework.environments.slurm import (
     SLURMEnvironment,
     check_slurm_batch_trap,
@@ -33,6 +36,7 @@ from framework.errors import ConfigError, did_you_mean
 
 #: Detection order: the first whose ``detect`` is true wins; ``local`` always matches.
 ENVIRONMENTS: tuple[type[ClusterEnvironment], ...] = (
+    RayTrainEnvironment,
     TorchElasticEnvironment,
     SLURMEnvironment,
     MPIEnvironment,
@@ -45,6 +49,7 @@ __all__ = [
     "DistInfo",
     "LocalEnvironment",
     "MPIEnvironment",
+    "RayTrainEnvironment",
     "SLURMEnvironment",
     "TorchElasticEnvironment",
     "check_slurm_batch_trap",

@@ -43,7 +43,7 @@ def test_precedence(env: dict, cls: type) -> None:
 
 
 def test_registry_order_and_names() -> None:
-    assert [cls.name for cls in ENVIRONMENTS] == ["torchrun", "slurm", "mpi", "local"]
+    assert [cls.name for cls in ENVIRONMENTS] == ["ray", "torchrun", "slurm", "mpi", "local"]
 
 
 def test_get_environment_by_name() -> None:
