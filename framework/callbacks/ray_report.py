@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from framework.callbacks.base import Callback
 from framework.callbacks.checkpoint_schedule import saves_on_train_epoch_end
+from framework.environments.ray import RayTrainEnvironment
 from framework.errors import CheckpointError, ConfigError, install_command
 from framework.rank_zero import rank_zero_info
 
@@ -82,9 +83,14 @@ class RayTrainReport(Callback):
 
     # -- when ---------------------------------------------------------------------------------
     def setup(self, trainer: Trainer, module: TrainModule, stage: str) -> None:
-        if stage == "fit":
-            import_ray_train()
-            self._reported_step = -1
+        if stage != "fit":
+            return
+        if not isinstance(trainer.environment, RayTrainEnvironment):
+            raise ConfigError("RayTrainReport reports to Ray Train, and this process is no Ray Train worker (it runs "
+                              f"under {trainer.environment.name}): build the Trainer inside the train_loop_per_worker "
+                              "of a ray.train.torch.TorchTrainer, or drop the callback")
+        import_ray_train()
+        self._reported_step = -1
 
     def on_train_batch_end(self, trainer: Trainer, module: TrainModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
@@ -159,9 +165,7 @@ def checkpoint_to_resume(rank: int) -> str | None:
     reported = train.get_checkpoint()
     if reported is None:
         return None
-    import pyarrow.fs
-
-    if isinstance(reported.filesystem, pyarrow.fs.LocalFileSystem):
+    if getattr(reported.filesystem, "type_name", "") == "local":  # pyarrow's LocalFileSystem
         folder = reported.path
     else:  # object storage: each rank reads its own copy
         folder = reported.to_directory(tempfile.mkdtemp(prefix=f"fw-ray-resume-rank{rank}-"))

@@ -48,7 +48,7 @@ def test_registry_order_and_names() -> None:
 
 def test_get_environment_by_name() -> None:
     assert isinstance(get_environment("slurm", env=SRUN), SLURMEnvironment)
-    with pytest.raises(ConfigError, match=r"did you mean 'slurm'.*known: torchrun"):
+    with pytest.raises(ConfigError, match=r"did you mean 'slurm'.*known: ray, torchrun"):
         get_environment("slurn")
 
 
