@@ -29,12 +29,11 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from distributed.helpers import REPO, check_ok, run_script
 
 ray = pytest.importorskip("ray", reason="ray[train] is not installed (pip install 'fw[ray]')")
 
-from ray_train import workload  # noqa: E402
+from . import workload  # noqa: E402
 
 pytestmark = pytest.mark.procs
 
