@@ -56,7 +56,8 @@ class RayTrainReport(Callback):
     """Report metrics and a checkpoint to Ray Train at epoch ends and/or every N optimizer steps.
 
     Every rank must reach each report (``ray.train.report`` is a barrier): the points below are
-    the same on every rank.
+    the same on every rank. A fit that ends between two of them (``max_steps``, ``max_time``, an
+    early stop) also reports where it ended, so that Ray's ``result.checkpoint`` is its last state.
 
     Args:
         every_n_epochs: report at the end of every this many training epochs (after the epoch's
@@ -107,6 +108,12 @@ class RayTrainReport(Callback):
         # (ModelCheckpoint's rule): the checkpoint holds the weights it scored, with its metrics
         if not trainer.sanity_checking and trainer.state.fn == "fit" and not saves_on_train_epoch_end(None, trainer):
             self._report_epoch(trainer)
+
+    def on_train_end(self, trainer: Trainer, module: TrainModule) -> None:
+        # a fit that ends between report points (max_steps, max_time, a stop) reports where it ended:
+        # Ray's result.checkpoint is then the fit's last state
+        if self.every_n_epochs or self.every_n_train_steps:
+            self._report(trainer)
 
     def _report_epoch(self, trainer: Trainer) -> None:
         n = self.every_n_epochs

@@ -185,5 +185,7 @@ def test_a_user_error_in_a_worker_is_one_line_on_the_driver(cluster, tmp_path):
         fit_on_ray(tmp_path, "bad", workers=2, bad_argument=True)
     message = str(caught.value)
     assert message == "trainer.gradient_clip_algorithm 'sideways': use norm or value"
-    if sys.version_info >= (3, 11):
-        assert caught.value.__notes__ == ["(raised in Ray Train worker ranks 0,1; the traceback is in Ray's log above)"]
+    if sys.version_info >= (3, 11):  # both ranks raise it; Ray may stop the group before rank 1's reaches it
+        [note] = caught.value.__notes__
+        assert note in ("(raised in Ray Train worker ranks 0,1; the traceback is in Ray's log above)",
+                        "(raised in Ray Train worker rank 0; the traceback is in Ray's log above)"), note
