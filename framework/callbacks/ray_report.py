@@ -5,8 +5,8 @@ A ``Trainer`` built in a worker of Ray Train's ``TorchTrainer`` (``RayTrainEnvir
 this callback unless it was given one. At each report point, as Ray's Lightning callback
 (``ray.train.lightning.RayTrainReportCallback``) reports at the end of each training epoch, every
 rank calls ``trainer.save_checkpoint`` into a folder of its own under the temporary directory
-(rank 0 writes the one file, ``checkpoint.ckpt``; a sharded strategy has each rank write its
-shards) and then ``ray.train.report(metrics, checkpoint=...)`` with that folder where it holds
+(rank 0 writes the one file, ``checkpoint.ckpt``; under a sharded strategy each rank would write
+its shards: not yet tested under Ray) and then ``ray.train.report(metrics, checkpoint=...)`` with that folder where it holds
 something, else no checkpoint: Ray uploads the folders into one checkpoint under the run's
 ``storage_path`` (a local folder or object storage) and the local copies go.
 
