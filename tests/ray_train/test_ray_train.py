@@ -17,6 +17,7 @@ working directory is uploaded (the workers import this checkout's ``framework`` 
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -31,11 +32,12 @@ import pytest
 import torch
 from distributed.helpers import REPO, check_ok, run_script
 
-ray = pytest.importorskip("ray", reason="ray[train] is not installed (pip install 'fw[ray]')")
+from . import workload
 
-from . import workload  # noqa: E402
-
-pytestmark = pytest.mark.procs
+# ray is imported by the fixtures only: collecting this module (every pytest worker does) costs no import of it
+pytestmark = [pytest.mark.procs,
+              pytest.mark.skipif(importlib.util.find_spec("ray") is None,
+                                 reason="ray[train] is not installed (pip install 'fw[ray]')")]
 
 HERE = Path(__file__).resolve().parent
 
@@ -43,6 +45,7 @@ HERE = Path(__file__).resolve().parent
 @pytest.fixture(scope="module")
 def cluster():
     """A Ray cluster of two 1-CPU nodes on this machine: ``{"cluster": ..., "node": the second node}``."""
+    import ray
     import ray.cloudpickle
     from ray.cluster_utils import Cluster
 
