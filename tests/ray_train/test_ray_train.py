@@ -74,9 +74,11 @@ def fit_on_ray(folder: Path, name: str, workers, max_failures: int = 0, **config
     import framework.ray
 
     folder.mkdir(parents=True, exist_ok=True)
-    # Ray's controller polls the workers every 2 s by default; reports wait for its polls. The
-    # variable goes from the driver's environment to the controller when fit starts
-    os.environ["RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"] = "0.2"
+    # Ray's controller polls the workers every 2 s by default, and reports wait for its polls; its
+    # preemption watcher (one more process each run) has no preemption to watch here. These
+    # variables go from the driver's environment to the controller when fit starts
+    speed = {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.2", "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0"}
+    os.environ.update(speed)
     trainer = TorchTrainer(
         workload.train_loop, train_loop_config={"folder": str(folder), **config},
         scaling_config=ScalingConfig(num_workers=workers),
@@ -85,7 +87,8 @@ def fit_on_ray(folder: Path, name: str, workers, max_failures: int = 0, **config
     try:
         return framework.ray.fit(trainer)
     finally:
-        del os.environ["RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"]
+        for key in speed:
+            del os.environ[key]
 
 
 def final_weights(result) -> dict[str, torch.Tensor]:
