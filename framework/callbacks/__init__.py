@@ -1,7 +1,8 @@
 """Callbacks: checkpointing, early stopping, learning-rate, throughput, step-time and device-stats
-logging, progress, weight averaging (SWA, EMA), a training timer, a callback made of functions.
+logging, progress, weight averaging (SWA, EMA), a training timer, a callback made of functions, and
+reports to Ray Train.
 
-None of these modules imports rich or tensorboard at import time.
+None of these modules imports rich, tensorboard or ray at import time.
 """
 
 from framework.callbacks.base import Callback
@@ -14,6 +15,7 @@ from framework.callbacks.model_checkpoint import ModelCheckpoint
 from framework.callbacks.model_summary import ModelSummary
 from framework.callbacks.prediction_writer import PredictionWriter
 from framework.callbacks.progress import RichProgressBar
+from framework.callbacks.ray_report import RayTrainReport
 from framework.callbacks.step_breakdown import StepTimeBreakdown
 from framework.callbacks.stochastic_weight_avg import StochasticWeightAveraging
 from framework.callbacks.throughput import ThroughputMonitor
@@ -22,5 +24,5 @@ from framework.callbacks.weight_averaging import EMAWeightAveraging, WeightAvera
 
 __all__ = ["BasePredictionWriter", "Callback", "DeviceStatsMonitor", "EMAWeightAveraging", "EarlyStopping",
            "EarlyStoppingReason", "LambdaCallback", "LearningRateMonitor", "ModelCheckpoint", "ModelSummary",
-           "PredictionWriter", "RichProgressBar", "StepTimeBreakdown", "StochasticWeightAveraging",
+           "PredictionWriter", "RayTrainReport", "RichProgressBar", "StepTimeBreakdown", "StochasticWeightAveraging",
            "ThroughputMonitor", "Timer", "WeightAveraging"]

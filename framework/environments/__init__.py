@@ -3,16 +3,18 @@
 ``detect_environment()`` looks at the variables once and returns the first environment that
 recognizes them, in this order:
 
-1. ``kubeflow`` (``KubeflowEnvironment``): a pod of a Kubeflow TrainJob (``PET_*``) or legacy
+1. ``ray`` (``RayTrainEnvironment``): a worker of Ray Train's ``TorchTrainer`` (torchrun's
+   variables, and ``RAY_RAYLET_PID`` of a process a Ray node started; not under torchrun).
+2. ``kubeflow`` (``KubeflowEnvironment``): a pod of a Kubeflow TrainJob (``PET_*``) or legacy
    PyTorchJob (``RANK`` = the pod's index, ``WORLD_SIZE`` = the pods) that is not itself a
    worker of torchrun; fw's launcher starts the pod's processes. It comes before torchrun
    because a PyTorchJob's ``RANK``/``WORLD_SIZE`` count pods, not processes.
-2. ``torchrun`` (``TorchElasticEnvironment``): ``RANK`` + ``WORLD_SIZE`` or
+3. ``torchrun`` (``TorchElasticEnvironment``): ``RANK`` + ``WORLD_SIZE`` or
    ``TORCHELASTIC_RUN_ID``. It comes before SLURM and MPI because torchrun may itself run inside ``srun`` or
    ``mpirun`` (one agent per node), and then its workers' ranks are torchrun's, not SLURM's.
-3. ``slurm`` (``SLURMEnvironment``): a task of an ``srun`` job step.
-4. ``mpi`` (``MPIEnvironment``): ``mpirun`` / ``mpiexec`` (Open MPI, MPICH, Intel MPI, PMIx).
-5. ``local`` (``LocalEnvironment``): nothing; fw starts its own workers if it needs any.
+4. ``slurm`` (``SLURMEnvironment``): a task of an ``srun`` job step.
+5. ``mpi`` (``MPIEnvironment``): ``mpirun`` / ``mpiexec`` (Open MPI, MPICH, Intel MPI, PMIx).
+6. ``local`` (``LocalEnvironment``): nothing; fw starts its own workers if it needs any.
 
 Its ``info()`` gives a frozen ``DistInfo`` that the rest of fw passes around.
 """
@@ -28,6 +30,7 @@ from framework.environments.info import DistInfo
 from framework.environments.kubeflow import KubeflowEnvironment, KubeflowPod
 from framework.environments.local import LocalEnvironment
 from framework.environments.mpi import MPIEnvironment
+from framework.environments.ray import RayTrainEnvironment
 from framework.environments.slurm import (
     SLURMEnvironment,
     check_slurm_batch_trap,
@@ -38,6 +41,7 @@ from framework.errors import ConfigError, did_you_mean
 
 #: Detection order: the first whose ``detect`` is true wins; ``local`` always matches.
 ENVIRONMENTS: tuple[type[ClusterEnvironment], ...] = (
+    RayTrainEnvironment,
     KubeflowEnvironment,
     TorchElasticEnvironment,
     SLURMEnvironment,
@@ -54,6 +58,7 @@ __all__ = [
     "KubeflowPod",
     "LocalEnvironment",
     "MPIEnvironment",
+    "RayTrainEnvironment",
     "SLURMEnvironment",
     "TorchElasticEnvironment",
     "check_slurm_batch_trap",

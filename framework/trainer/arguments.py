@@ -32,7 +32,9 @@ def default_strategy(strategy: Any, devices: int, num_nodes: int, environment: C
     is_auto = strategy in (None, "auto") or (isinstance(strategy, dict) and strategy.get("name") == "auto")
     if not is_auto:
         return strategy
-    auto = "ddp" if devices * num_nodes > 1 else "single"
+    # a launcher's job of several processes is data parallel even where each node holds one (Ray may)
+    launched = environment.info().world_size if environment.launched_externally else 1
+    auto = "ddp" if devices * num_nodes > 1 or launched > 1 else "single"
     if auto == "ddp" and num_nodes == 1 and not environment.launched_externally:
         from framework.environments.interactive import interactive_session
 

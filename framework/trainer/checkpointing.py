@@ -21,12 +21,14 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from framework.callbacks import ray_report
 from framework.checkpointing import file as ckpt
 from framework.checkpointing import search
 from framework.checkpointing.optimizer_keys import numbered
 from framework.checkpointing.parts import Callbacks, CheckpointParts, Each, OnLoad, Stateful, Value
 from framework.checkpointing.single_file import is_live
 from framework.checkpointing.weights_only import refuse_to_resume_from_weights_only, weights_only_parts
+from framework.environments.ray import RayTrainEnvironment
 from framework.errors import CheckpointError, ConfigError, TrainingError
 from framework.paths import local_path
 from framework.rank_zero import rank_zero_info, rank_zero_warn
@@ -157,6 +159,12 @@ def resolve_path(run: Run, ckpt_path: Any, restarts: int) -> str | None:
     if fn == "fit":
         run.state.fit_index = _count_fit()
         run.state.run_id = elastic_job_id()
+    if fn == "fit" and run.state.fit_index == 1 and isinstance(run.trainer.environment, RayTrainEnvironment):
+        # Ray Train restarted the workers, or a run of the same name: its last reported checkpoint
+        # is newer than any ckpt_path the loop gives (the loop runs again as it was written)
+        found = ray_report.checkpoint_to_resume(run.strategy.global_rank)
+        if found is not None:
+            return found
     if ckpt_path is None and fn == "fit":
         return _checkpoint_to_restart_from(run, restarts)
     if ckpt_path == "best":

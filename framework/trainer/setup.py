@@ -35,6 +35,7 @@ from framework.trainer.lightning_differences import note_differences
 from framework.trainer.run import Run
 
 if TYPE_CHECKING:
+    from framework.environments import ClusterEnvironment
     from framework.run_state.state import RunState
     from framework.trainer.settings import Settings
     from framework.trainer.trainer import Trainer
@@ -42,8 +43,13 @@ if TYPE_CHECKING:
 
 
 # -- construction-time helpers --------------------------------------------------------------------
-def default_callbacks(callbacks: list, enable_checkpointing: bool, enable_progress_bar: bool) -> list:
+def default_callbacks(callbacks: list, enable_checkpointing: bool, enable_progress_bar: bool,
+                      environment: ClusterEnvironment | None = None) -> list:
+    """The callbacks given, with the defaults that are switched on; in a Ray Train worker also
+    ``RayTrainReport`` unless one is given (a checkpoint with each report where checkpointing is on)."""
     from framework.callbacks import ModelCheckpoint, RichProgressBar
+    from framework.callbacks.ray_report import RayTrainReport
+    from framework.environments.ray import RayTrainEnvironment
 
     callbacks = list(callbacks)
     for off, kind, name in ((not enable_checkpointing, ModelCheckpoint, "enable_checkpointing"),
@@ -56,6 +62,8 @@ def default_callbacks(callbacks: list, enable_checkpointing: bool, enable_progre
         callbacks.append(ModelCheckpoint())
     if enable_progress_bar and not any(isinstance(c, RichProgressBar) for c in callbacks):
         callbacks.append(RichProgressBar())
+    if isinstance(environment, RayTrainEnvironment) and not any(isinstance(c, RayTrainReport) for c in callbacks):
+        callbacks.append(RayTrainReport(checkpoint=enable_checkpointing))
     # checkpointing runs last so it sees what early stopping and others decided
     return sorted(callbacks, key=lambda c: isinstance(c, ModelCheckpoint))
 

@@ -128,7 +128,8 @@ class Trainer(TrainerProperties, DataProperties, TrainerControls):
 
         # the parts a run calls into, and what it produces
         self.callbacks = setup.default_callbacks(args.check_callbacks(args.as_list(callbacks)),
-                                                 self.settings.enable_checkpointing, self.settings.enable_progress_bar)
+                                                 self.settings.enable_checkpointing, self.settings.enable_progress_bar,
+                                                 self.environment)
         self.loggers = run_loggers.resolve_loggers(logger if self.settings.enable_logger else False)
         if self.settings.fast_dev_run and not self.settings.barebones:  # Lightning's: callbacks idle, logs nowhere
             self.loggers = run_loggers.dev_run_loggers(logger)

@@ -43,12 +43,12 @@ def test_precedence(env: dict, cls: type) -> None:
 
 
 def test_registry_order_and_names() -> None:
-    assert [cls.name for cls in ENVIRONMENTS] == ["kubeflow", "torchrun", "slurm", "mpi", "local"]
+    assert [cls.name for cls in ENVIRONMENTS] == ["ray", "kubeflow", "torchrun", "slurm", "mpi", "local"]
 
 
 def test_get_environment_by_name() -> None:
     assert isinstance(get_environment("slurm", env=SRUN), SLURMEnvironment)
-    with pytest.raises(ConfigError, match=r"did you mean 'slurm'.*known: kubeflow, torchrun"):
+    with pytest.raises(ConfigError, match=r"did you mean 'slurm'.*known: ray, kubeflow, torchrun"):
         get_environment("slurn")
 
 

@@ -1,0 +1,186 @@
+"""``RayTrainReport``: a fit inside Ray Train reports its metrics and checkpoints to Ray, and a
+worker group that Ray restarts resumes from the last checkpoint reported.
+
+A ``Trainer`` built in a worker of Ray Train's ``TorchTrainer`` (``RayTrainEnvironment``) gets
+this callback unless it was given one. At each report point, as Ray's Lightning callback
+(``ray.train.lightning.RayTrainReportCallback``) reports at the end of each training epoch, every
+rank calls ``trainer.save_checkpoint`` into a folder of its own under the temporary directory
+(rank 0 writes the one file, ``checkpoint.ckpt``; under a sharded strategy each rank would write
+its shards: not yet tested under Ray) and then ``ray.train.report(metrics, checkpoint=...)`` with that folder where it holds
+something, else no checkpoint: Ray uploads the folders into one checkpoint under the run's
+``storage_path`` (a local folder or object storage) and the local copies go.
+
+When Ray restarts the worker group (``FailureConfig(max_failures=...)``, an elastic resize) or
+a run of the same name, the first fit of each new worker resumes from
+``ray.train.get_checkpoint()`` (``checkpoint_to_resume``), exactly: fw's mid-epoch resume, and
+its resume on another number of ranks, which an elastic group that comes back smaller needs.
+
+``ray`` is imported only here, and only when a report or a resume happens.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from typing import TYPE_CHECKING, Any
+
+from framework.callbacks.base import Callback
+from framework.callbacks.checkpoint_schedule import saves_on_train_epoch_end
+from framework.environments.ray import RayTrainEnvironment
+from framework.errors import CheckpointError, ConfigError, install_command
+from framework.rank_zero import rank_zero_info
+
+if TYPE_CHECKING:
+    from framework.module import TrainModule
+    from framework.trainer import Trainer
+
+#: the file of fw's checkpoint inside each checkpoint folder reported to Ray
+CHECKPOINT_FILE = "checkpoint.ckpt"
+
+
+def import_ray_train() -> Any:
+    """``ray.train``, or one line that says how to install it.
+
+    Raises:
+        ConfigError: ray (with its ``train`` extra) is not installed.
+    """
+    try:
+        import ray.train
+    except ImportError as err:
+        raise ConfigError(f"fw's Ray Train support needs ray[train] ({err}): {install_command('ray')}") from None
+    return ray.train
+
+
+class RayTrainReport(Callback):
+    """Report metrics and a checkpoint to Ray Train at epoch ends and/or every N optimizer steps.
+
+    Every rank must reach each report (``ray.train.report`` is a barrier): the points below are
+    the same on every rank. A fit that ends between two of them (``max_steps``, ``max_time``, an
+    early stop) also reports where it ended, so that Ray's ``result.checkpoint`` is its last state.
+
+    Args:
+        every_n_epochs: report at the end of every this many training epochs (after the epoch's
+            validation, when it runs there; 0: never). Default 1, unless ``every_n_train_steps``
+            is given.
+        every_n_train_steps: also report every this many optimizer steps (mid-epoch checkpoints,
+            from which a restarted group resumes exactly). ``None`` or 0: never.
+        checkpoint: attach a checkpoint to each report (``False``: metrics only; a restart
+            then starts from scratch).
+
+    Raises:
+        ConfigError: an interval that is not an int >= 0.
+    """
+
+    def __init__(self, every_n_epochs: int | None = None, every_n_train_steps: int | None = None,
+                 checkpoint: bool = True) -> None:
+        for name, value in (("every_n_epochs", every_n_epochs), ("every_n_train_steps", every_n_train_steps)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+                raise ConfigError(f"RayTrainReport({name}={value!r}) must be an int >= 0")
+        self.every_n_epochs = (1 if not every_n_train_steps else 0) if every_n_epochs is None else every_n_epochs
+        self.every_n_train_steps = every_n_train_steps or 0
+        self.checkpoint = bool(checkpoint)
+        self._reported_step = -1  # the global step of the last report: one report per step
+
+    # -- when ---------------------------------------------------------------------------------
+    def setup(self, trainer: Trainer, module: TrainModule, stage: str) -> None:
+        if stage != "fit":
+            return
+        if not isinstance(trainer.environment, RayTrainEnvironment):
+            raise ConfigError("RayTrainReport reports to Ray Train, and this process is no Ray Train worker (it runs "
+                              f"under {trainer.environment.name}): build the Trainer inside the train_loop_per_worker "
+                              "of a ray.train.torch.TorchTrainer, or drop the callback")
+        import_ray_train()
+        self._reported_step = -1
+
+    def on_train_batch_end(self, trainer: Trainer, module: TrainModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        n = self.every_n_train_steps
+        if n and trainer.global_step % n == 0 and not trainer.sanity_checking:
+            self._report(trainer)
+
+    def on_train_epoch_end(self, trainer: Trainer, module: TrainModule) -> None:
+        if saves_on_train_epoch_end(None, trainer):
+            self._report_epoch(trainer)
+
+    def on_validation_end(self, trainer: Trainer, module: TrainModule) -> None:
+        # where validation does not run once at each epoch's end, its ends are the epoch points
+        # (ModelCheckpoint's rule): the checkpoint holds the weights it scored, with its metrics
+        if not trainer.sanity_checking and trainer.state.fn == "fit" and not saves_on_train_epoch_end(None, trainer):
+            self._report_epoch(trainer)
+
+    def on_train_end(self, trainer: Trainer, module: TrainModule) -> None:
+        # a fit that ends between report points (max_steps, max_time, a stop) reports where it ended:
+        # Ray's result.checkpoint is then the fit's last state
+        if self.every_n_epochs or self.every_n_train_steps:
+            self._report(trainer)
+
+    def _report_epoch(self, trainer: Trainer) -> None:
+        n = self.every_n_epochs
+        if n and (trainer.current_epoch + 1) % n == 0:
+            self._report(trainer)
+
+    # -- what ---------------------------------------------------------------------------------
+    def _report(self, trainer: Trainer) -> None:
+        """Save on every rank into a folder of its own, report it (rank 0's holds the file), and
+        drop the local copies once Ray has uploaded them."""
+        if trainer.global_step == self._reported_step or trainer.fast_dev_run:
+            return
+        self._reported_step = trainer.global_step
+        train = import_ray_train()
+        metrics = _scalars(trainer.callback_metrics)
+        metrics.update(epoch=trainer.current_epoch, step=trainer.global_step)
+        if not self.checkpoint:
+            train.report(metrics)
+            return
+        folder = tempfile.mkdtemp(prefix=f"fw-ray-step{trainer.global_step}-rank{trainer.global_rank}-")
+        try:
+            trainer.save_checkpoint(os.path.join(folder, CHECKPOINT_FILE))
+            written = train.Checkpoint.from_directory(folder) if os.listdir(folder) else None
+            train.report(metrics, checkpoint=written, **_keep_no_local_copy(train))
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _keep_no_local_copy(train: Any) -> dict[str, Any]:
+    """Ray Train v2 can delete a folder once uploaded; v1's ``report`` has no such argument."""
+    from ray.train.v2._internal.constants import is_v2_enabled
+
+    return {"delete_local_checkpoint_after_upload": True} if is_v2_enabled() else {}
+
+
+def _scalars(metrics: dict[str, Any]) -> dict[str, float]:
+    """The logged values that are one number (Ray's result table takes numbers)."""
+    out: dict[str, float] = {}
+    for key, value in metrics.items():
+        try:
+            out[key] = float(value.item() if hasattr(value, "item") else value)
+        except (TypeError, ValueError, RuntimeError):  # a tensor of several values, a string
+            continue
+    return out
+
+
+def checkpoint_to_resume(rank: int) -> str | None:
+    """The fw checkpoint inside Ray Train's latest checkpoint of this run
+    (``ray.train.get_checkpoint()``), downloaded first where Ray keeps it elsewhere (object
+    storage): None when Ray has none (the first attempt of a new run).
+
+    Raises:
+        CheckpointError: Ray's checkpoint holds no fw checkpoint (not written by ``RayTrainReport``).
+    """
+    train = import_ray_train()
+    reported = train.get_checkpoint()
+    if reported is None:
+        return None
+    if getattr(reported.filesystem, "type_name", "") == "local":  # pyarrow's LocalFileSystem
+        folder = reported.path
+    else:  # object storage: each rank reads its own copy
+        folder = reported.to_directory(tempfile.mkdtemp(prefix=f"fw-ray-resume-rank{rank}-"))
+    path = os.path.join(folder, CHECKPOINT_FILE)
+    if not os.path.exists(path):
+        raise CheckpointError(f"Ray Train's checkpoint {reported.path!r} holds no {CHECKPOINT_FILE}: it was not "
+                              "reported by fw's RayTrainReport; start a new run (another RunConfig(name=...)) or "
+                              "pass ckpt_path to fit")
+    rank_zero_info(f"fw: Ray Train restarted this run's workers: resuming from its last reported checkpoint "
+                   f"{reported.path}")
+    return path
