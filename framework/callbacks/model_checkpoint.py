@@ -29,11 +29,11 @@ import torch
 
 import framework.callbacks.checkpoint_files as files
 import framework.callbacks.checkpoint_schedule as schedule
+from framework import paths
 from framework.callbacks.base import Callback
 from framework.callbacks.checkpoint_resume import not_restored_warning, restored_bookkeeping, why_not_continued
 from framework.errors import ConfigError
 from framework.intervals import every
-from framework.paths import local_path
 from framework.rank_zero import rank_zero_info, rank_zero_warn
 
 if TYPE_CHECKING:
@@ -62,6 +62,8 @@ class ModelCheckpoint(Callback):
         enable_version_counter: ``False`` replaces a file of the same name (no ``-v1``).
         save_weights_only: Lightning's (``trainer/weights_only.py``).
         train_time_interval, save_on_exception: refused unless off.
+        storage_options: for a URL ``dirpath`` (``s3://bucket/run/checkpoints``): fsspec's options for its bucket
+            (``key``, ``secret``, ``endpoint_url``, ...); without them the environment's (``AWS_*`` variables).
 
     Raises:
         ConfigError: On an invalid ``mode``, ``save_top_k``, interval or option, and when ``monitor``
@@ -79,14 +81,16 @@ class ModelCheckpoint(Callback):
                  save_top_k: int = 1, save_on_exception: bool = False, save_weights_only: bool = False,
                  mode: str = "min", auto_insert_metric_name: bool = True, every_n_train_steps: int | None = None,
                  train_time_interval: Any = None, every_n_epochs: int | None = None,
-                 save_on_train_epoch_end: bool | None = None, enable_version_counter: bool = True) -> None:
+                 save_on_train_epoch_end: bool | None = None, enable_version_counter: bool = True,
+                 storage_options: dict[str, Any] | None = None) -> None:
         schedule.check_arguments(monitor, mode, save_top_k, save_on_exception, train_time_interval, save_last)
         self.every_n_epochs, self.every_n_train_steps = schedule.save_intervals(every_n_epochs, every_n_train_steps)
         self.verbose, self.enable_version_counter = verbose, enable_version_counter
         self.save_weights_only = save_weights_only  # the files hold the weights alone; no fit resumes from them
         self._dirpath_given = dirpath is not None
-        self.dirpath = (os.path.realpath(os.path.expanduser(local_path(dirpath, "ModelCheckpoint dirpath")))
+        self.dirpath = (paths.real(paths.storage_path(dirpath, "ModelCheckpoint dirpath"))
                         if dirpath is not None else None)
+        paths.use_storage_options(self.dirpath, storage_options)
         self.filename, self.monitor, self.mode = filename, monitor, mode
         self.save_top_k, self.save_last = save_top_k, save_last
         self.save_on_train_epoch_end = save_on_train_epoch_end  # None: Lightning's rule (checkpoint_schedule.py)
@@ -114,9 +118,12 @@ class ModelCheckpoint(Callback):
         self._fitting = stage == "fit"
         self._saved_in_this_fit = False
         log_dir = None if self._dirpath_given else files.version_folder(trainer)  # <save_dir>/<name>/version_N
-        self._experiment_dir = os.path.dirname(os.path.realpath(log_dir)) if log_dir else None
+        self._experiment_dir = paths.dirname(paths.real(log_dir)) if log_dir else None
         if self.dirpath is None:
             self.dirpath = files.run_folder(trainer)
+        if self.save_last == "link" and paths.is_url(self.dirpath):
+            raise ConfigError(f"ModelCheckpoint(save_last='link'): '{self.dirpath}' is object storage, which has no "
+                              "links; use save_last=True (a last.ckpt of its own)")
         if self._fitting and not trainer.fast_dev_run:  # a dev run saves nothing (Lightning's)
             files.prepare_folder(self.dirpath, trainer)
 
@@ -238,7 +245,7 @@ class ModelCheckpoint(Callback):
                                  metrics, self.auto_insert_metric_name, self.CHECKPOINT_EQUALS_CHAR)
         if ver is not None:
             name += f"{self.CHECKPOINT_JOIN_CHAR}v{ver}"
-        return os.path.join(self.dirpath or "", name + self.FILE_EXTENSION)
+        return paths.join(self.dirpath or "", name + self.FILE_EXTENSION)
 
     def _folder(self) -> str:
         assert self.dirpath is not None, "ModelCheckpoint.setup() sets dirpath before anything is saved or removed"
@@ -255,7 +262,7 @@ class ModelCheckpoint(Callback):
 
     def _save_checkpoint(self, trainer: Trainer, filepath: str) -> None:
         self._last_global_step_saved, self._saved_in_this_fit, self._last_saved = trainer.global_step, True, filepath
-        if trainer.is_global_zero:
+        if trainer.is_global_zero and not paths.is_url(filepath):  # a bucket has no folders to make
             os.makedirs(os.path.dirname(filepath), exist_ok=True)
         trainer.save_checkpoint(filepath, self.save_weights_only)  # on every rank: it gathers state, rank 0 writes
         if self.verbose:
@@ -271,11 +278,11 @@ class ModelCheckpoint(Callback):
     def to_yaml(self, filepath: str | os.PathLike | None = None) -> None:
         """``best_k_models`` (path: score) as YAML, by default ``<dirpath>/best_k_models.yaml`` (Lightning's)."""
         files.write_yaml({path: score.item() for path, score in self.best_k_models.items()},
-                         filepath or os.path.join(self._folder(), "best_k_models.yaml"))
+                         filepath or paths.join(self._folder(), "best_k_models.yaml"))
 
     def file_exists(self, filepath: str | os.PathLike, trainer: Trainer) -> bool:
         """Does ``filepath`` exist on rank 0? Every rank gets rank 0's answer (Lightning's)."""
-        return trainer.strategy.reduce_boolean_decision(trainer.is_global_zero and os.path.exists(filepath), all=False)
+        return trainer.strategy.reduce_boolean_decision(trainer.is_global_zero and paths.exists(os.fspath(filepath)), all=False)
 
     # -- state ----------------------------------------------------------------------------
     def state_dict(self) -> dict:
