@@ -113,6 +113,12 @@ def use_storage_options(url: str | os.PathLike | None, options: dict[str, Any] |
     _OPTIONS[f"{parts.scheme}://{parts.netloc}"] = dict(options)
 
 
+def options_for(url: str) -> dict[str, Any]:
+    """The ``storage_options`` given for ``url``'s bucket (``use_storage_options``), or none."""
+    prefix = max((p for p in _OPTIONS if url == p or url.startswith(p + "/")), key=len, default=None)
+    return dict(_OPTIONS[prefix]) if prefix is not None else {}
+
+
 def filesystem(url: str) -> tuple[AbstractFileSystem, str]:
     """The fsspec file system of ``url`` and the path on it, with the ``storage_options`` given
     for the longest prefix of ``url`` that has any.
@@ -120,8 +126,7 @@ def filesystem(url: str) -> tuple[AbstractFileSystem, str]:
     Raises:
         ConfigError: the back end of the scheme is not installed (one line naming the extra).
     """
-    prefix = max((p for p in _OPTIONS if url == p or url.startswith(p + "/")), key=len, default=None)
-    options = _OPTIONS[prefix] if prefix is not None else {}
+    options = options_for(url)
     try:
         from fsspec.core import url_to_fs  # type: ignore[import-untyped]
 

@@ -57,7 +57,7 @@ def prepare_folder(folder: str, trainer: Trainer) -> None:
     check_writable_on_every_rank(folder, "ModelCheckpoint dirpath", trainer.strategy)
     if trainer.is_global_zero:
         for removed in remove_stale_temp_files(folder):
-            if removed.endswith(".partial"):
+            if removed.endswith((".partial", ".ckpt")):
                 rank_zero_info(f"fw: removed {removed}: a sharded checkpoint whose save did not finish")
 
 

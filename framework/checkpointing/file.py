@@ -111,7 +111,9 @@ def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu") -> dict:
 
 
 def _load_url(url: str, map_location: Any) -> dict:
-    """``load_checkpoint`` of a file in object storage (a sharded folder there is not read yet)."""
+    """``load_checkpoint`` of a file or a sharded folder in object storage."""
+    if sharded.is_sharded(url):
+        return sharded.with_full_tensors(read_fw_file(url), url, map_location)
     if paths.isdir(url) and not paths.isfile(url):
         inside = sorted(name for name in paths.listdir(url) if name.endswith(".ckpt"))
         hint = f"; it holds {', '.join(inside[:5])}" if inside else "; it holds no .ckpt file"
@@ -154,7 +156,7 @@ def read_fw_file(path: str | os.PathLike) -> dict[str, Any]:
 def read_values(path: str | os.PathLike) -> dict:
     """A checkpoint's entries without its sharded tensors (a sharded checkpoint's ``fw_state.pt``):
     what finding a run's checkpoint needs to read."""
-    return read_fw_file(path) if not paths.is_url(path) and sharded.is_sharded(path) else load_checkpoint(path)
+    return read_fw_file(path) if sharded.is_sharded(path) else load_checkpoint(path)
 
 
 def writable_error(path: str | os.PathLike, what: str) -> str | None:
@@ -200,8 +202,8 @@ def check_writable_on_every_rank(path: str | os.PathLike, what: str, strategy: S
 def remove_stale_temp_files(directory: str | os.PathLike) -> list[str]:
     """Remove what killed writes left in ``directory`` (``atomic_save``'s ``.NAME.*.tmp``
     files, a sharded save's ``.NAME.partial`` and ``.NAME.old`` folders, a logger's ``.fw-upload-*``
-    staging folders of a checkpoint upload); call it when no write
-    can be under way there. Returns the removed paths."""
+    staging folders of a checkpoint upload; in object storage, a sharded folder without its
+    commit mark); call it when no write can be under way there. Returns the removed paths."""
     import shutil
 
     removed = []
@@ -210,6 +212,10 @@ def remove_stale_temp_files(directory: str | os.PathLike) -> list[str]:
         for tmp in paths.glob(paths.join(folder, ".*.tmp")):
             paths.remove(tmp)
             removed.append(tmp)
+        for candidate in paths.glob(paths.join(folder, "*.ckpt")):  # a sharded save there is written in place
+            if paths.isdir(candidate) and not sharded.is_committed(candidate):
+                paths.remove(candidate)
+                removed.append(candidate)
         return removed
     for tmp in glob.glob(os.path.join(folder, ".*.ckpt.*.tmp")):
         try:

@@ -11,6 +11,7 @@ from typing import Any
 
 from framework import paths
 from framework.checkpointing import index as checkpoint_index
+from framework.checkpointing import sharded
 from framework.checkpointing.file import read_values
 from framework.errors import CheckpointError
 
@@ -20,11 +21,22 @@ def _in_dirs(dirs: Sequence[str | None], pattern: str) -> list[str]:
     return [p for d in dirs if d for p in paths.glob(paths.join(d, pattern))]
 
 
+def _written(path: str) -> float | None:
+    """When the checkpoint at ``path`` was completed; None for a sharded folder in object storage
+    whose save did not finish (no commit mark: a folder there is written in place, and a local one
+    only appears under its name once complete)."""
+    if paths.is_url(path) and paths.isdir(path):
+        return paths.modified(paths.join(path, sharded.COMMIT_MARK)) if sharded.is_committed(path) else None
+    return paths.modified(path)
+
+
 def _newest(found: list[str]) -> str | None:
-    """The newest of ``found`` by modification time (in object storage, whole seconds: the
-    folder's index orders the uploads of one second)."""
+    """The newest complete one of ``found`` by modification time (in object storage, whole
+    seconds: the folder's index orders the uploads of one second)."""
     indexes: dict[Any, dict] = {}
-    return max(found, key=lambda path: (paths.modified(path), checkpoint_index.order(path, indexes))) if found else None
+    dated = [(when, checkpoint_index.order(path, indexes), path) for path in found
+             if (when := _written(path)) is not None]
+    return max(dated)[2] if dated else None
 
 
 def newest_last_checkpoint(dirs: Sequence[str | None]) -> str | None:
@@ -67,9 +79,11 @@ def newest_checkpoint_of_run(dirs: Sequence[str | None], match: dict[str, Any]) 
     indexes: dict[Any, dict] = {}
     for path in found:
         try:
-            dated.append((paths.modified(path), checkpoint_index.order(path, indexes), path))
+            when = _written(path)
         except OSError:  # removed meanwhile (top-k pruning)
             continue
+        if when is not None:
+            dated.append((when, checkpoint_index.order(path, indexes), path))
     indexed = set(match) <= set(checkpoint_index.KEYS)  # the index holds every entry asked for
     for *_, path in sorted(dated, reverse=True):
         checkpoint = checkpoint_index.noted(path, indexes) if indexed else None
