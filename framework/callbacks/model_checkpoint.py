@@ -46,7 +46,8 @@ class ModelCheckpoint(Callback):
 
     Args:
         dirpath: Folder for the checkpoints; default ``<trainer.log_dir>/checkpoints``, or
-            ``<default_root_dir>/checkpoints`` without a logger.
+            ``<default_root_dir>/checkpoints`` without a logger. A URL (``s3://bucket/ck``) is written
+            through fsspec, with the Trainer's ``storage_options`` or the environment's credentials.
         filename: Name template without extension, default ``"{epoch}-{step}"``.
         monitor: Key of ``trainer.callback_metrics`` to rank checkpoints by; ``None`` ranks by recency.
         mode: ``"min"`` or ``"max"``: which way is better for ``monitor``.
@@ -62,8 +63,6 @@ class ModelCheckpoint(Callback):
         enable_version_counter: ``False`` replaces a file of the same name (no ``-v1``).
         save_weights_only: Lightning's (``trainer/weights_only.py``).
         train_time_interval, save_on_exception: refused unless off.
-        storage_options: for a URL ``dirpath`` (``s3://bucket/run/checkpoints``): fsspec's options for its bucket
-            (``key``, ``secret``, ``endpoint_url``, ...); without them the environment's (``AWS_*`` variables).
 
     Raises:
         ConfigError: On an invalid ``mode``, ``save_top_k``, interval or option, and when ``monitor``
@@ -81,8 +80,7 @@ class ModelCheckpoint(Callback):
                  save_top_k: int = 1, save_on_exception: bool = False, save_weights_only: bool = False,
                  mode: str = "min", auto_insert_metric_name: bool = True, every_n_train_steps: int | None = None,
                  train_time_interval: Any = None, every_n_epochs: int | None = None,
-                 save_on_train_epoch_end: bool | None = None, enable_version_counter: bool = True,
-                 storage_options: dict[str, Any] | None = None) -> None:
+                 save_on_train_epoch_end: bool | None = None, enable_version_counter: bool = True) -> None:
         schedule.check_arguments(monitor, mode, save_top_k, save_on_exception, train_time_interval, save_last)
         self.every_n_epochs, self.every_n_train_steps = schedule.save_intervals(every_n_epochs, every_n_train_steps)
         self.verbose, self.enable_version_counter = verbose, enable_version_counter
@@ -90,7 +88,6 @@ class ModelCheckpoint(Callback):
         self._dirpath_given = dirpath is not None
         self.dirpath = (paths.real(paths.storage_path(dirpath, "ModelCheckpoint dirpath"))
                         if dirpath is not None else None)
-        paths.use_storage_options(self.dirpath, storage_options)
         self.filename, self.monitor, self.mode = filename, monitor, mode
         self.save_top_k, self.save_last = save_top_k, save_last
         self.save_on_train_epoch_end = save_on_train_epoch_end  # None: Lightning's rule (checkpoint_schedule.py)

@@ -73,8 +73,9 @@ class Trainer(TrainerProperties, DataProperties, TrainerControls):
             bar or ModelSummary unless one was given.
         default_root_dir: where logs and checkpoints go (default: the working directory): a folder, or an fsspec URL
             (``s3://bucket/run``, ``memory://run``; ``docs/guides/clouds/object-storage.md``).
-        storage_options: for a URL ``default_root_dir``: fsspec's options for its bucket (``key``, ``secret``,
-            ``endpoint_url``, ``client_kwargs``, ...); without them the environment's (``AWS_*`` variables).
+        storage_options: fsspec's options (``key``, ``secret``, ``endpoint_url``, ``client_kwargs``, ...) for the
+            buckets of this Trainer's URLs (``default_root_dir``, ModelCheckpoint ``dirpath``, a logger's ``save_dir``);
+            without them the environment's (``AWS_*`` variables).
         use_distributed_sampler: shard every loader over the ranks (``False``: keep each loader's own sampler); a
             shuffled training loader follows one order for any number of ranks, one process included.
         on_nonfinite: a NaN or infinite loss ``error`` (the default: stop, naming the step), ``skip`` (drop that
@@ -112,7 +113,6 @@ class Trainer(TrainerProperties, DataProperties, TrainerControls):
     ) -> None:
         arguments = {name: value for name, value in locals().items() if name in _SETTINGS}
         self.settings = Settings.resolve(**arguments)
-        use_storage_options(self.settings.default_root_dir, storage_options)
 
         # where the run happens: accelerator, devices, strategy, and how its processes start
         self.accelerator = get_accelerator(accelerator)  #: Where the run computes: a CPU or CUDA ``Accelerator``.
@@ -139,6 +139,9 @@ class Trainer(TrainerProperties, DataProperties, TrainerControls):
             self.loggers = run_loggers.dev_run_loggers(logger)
             n = self.settings.fast_dev_run
             rank_zero_info(f"fw: fast_dev_run={n}: {n} batch(es) per stage, without logging or checkpoints")
+        for url in (self.settings.default_root_dir, *(getattr(part, "dirpath", None) for part in self.callbacks),
+                    *(getattr(lg, "_save_dir", None) for lg in self.loggers)):
+            use_storage_options(url, storage_options)  # the buckets of this Trainer's URLs
         self.state = RunState()
         self.profiler: Profiler = resolve_profiler(profiler, self.settings.barebones)  # None: PassThroughProfiler
         self._no_metrics = LoggedMetrics()  # what the metric properties read before the first call
