@@ -37,8 +37,10 @@ if TYPE_CHECKING:
 
 #: ``scheme://``: two characters at least, so that a Windows drive (``C:/...``) is a path
 _URL = re.compile(r"([A-Za-z][A-Za-z0-9+.-]+)://")
+#: object stores, whose URLs name a bucket (or container) first, which must exist
+_BUCKETED = {"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl", "oss", "r2"}
 #: back ends whose objects appear whole when their upload completes (no temporary name needed)
-_OBJECT_STORES = {"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl", "memory", "oss", "r2"}
+_OBJECT_STORES = _BUCKETED | {"memory"}
 #: the extra that installs each back end, for the line a missing one gives
 _EXTRAS = {"s3": "s3", "s3a": "s3"}
 #: storage_options given for a URL prefix (``use_storage_options``)
@@ -143,8 +145,9 @@ def filesystem(url: str) -> tuple[AbstractFileSystem, str]:
 
 
 def check_storage(url: str, key: str) -> None:
-    """Make sure ``url`` can be written before anything is: its bucket exists and the
-    credentials are accepted. Nothing is created (a probe lists the bucket's top).
+    """Make sure ``url`` can be written before anything is: in an object store its bucket exists
+    and the credentials are accepted (a probe lists the bucket's top; nothing is created); in
+    another file system (``memory://``, ``sftp://``, ...) folders are made as files are written.
 
     Raises:
         ConfigError: one line naming ``key``, the URL and the fix.
@@ -154,6 +157,8 @@ def check_storage(url: str, key: str) -> None:
     except ConfigError as err:
         raise ConfigError(f"{key}={err}") from None
     bucket = path.strip("/").split("/", 1)[0]
+    if not _protocols(fs) & _BUCKETED:
+        return
     try:
         fs.ls(bucket, detail=False)
     except FileNotFoundError:
@@ -170,10 +175,14 @@ def check_storage(url: str, key: str) -> None:
                           "and the endpoint (AWS_ENDPOINT_URL or storage_options endpoint_url)") from None
 
 
+def _protocols(fs: AbstractFileSystem) -> set[str]:
+    return {fs.protocol} if isinstance(fs.protocol, str) else set(fs.protocol)
+
+
 def _endpoint(fs: AbstractFileSystem) -> str:
     client = getattr(fs, "client_kwargs", None) or {}
     return str(client.get("endpoint_url") or getattr(fs, "endpoint_url", None)
-               or os.environ.get("AWS_ENDPOINT_URL") or f"the {fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]} service")
+               or os.environ.get("AWS_ENDPOINT_URL") or f"the {sorted(_protocols(fs))[0]} service")
 
 
 def _first_line(err: BaseException) -> str:
@@ -282,8 +291,7 @@ def write_bytes(url: str, data: bytes) -> None:
     """Write ``data`` to the URL ``url`` so that it appears whole or not at all: one upload on an
     object store, a temporary name moved into place elsewhere."""
     fs, p = filesystem(url)
-    protocols = {fs.protocol} if isinstance(fs.protocol, str) else set(fs.protocol)
-    if protocols & _OBJECT_STORES:
+    if _protocols(fs) & _OBJECT_STORES:
         fs.pipe_file(p, data)
         return
     tmp = posixpath.join(posixpath.dirname(p), f".{posixpath.basename(p)}.{uuid.uuid4().hex}.tmp")

@@ -68,7 +68,6 @@ def _save_to(path):
 
 
 @pytest.mark.parametrize(("key", "call"), [
-    ("PredictionWriter output_dir", lambda: fw_callbacks.PredictionWriter(output_dir="s3://bucket/out")),
     ("SimpleProfiler dirpath", lambda: fw_profilers.SimpleProfiler(dirpath="s3://bucket/prof", filename="p")),
 ])
 def test_a_path_that_stays_local_refuses_a_url_before_creating_anything(key, call, tmp_path):
@@ -82,6 +81,7 @@ def test_a_path_that_stays_local_refuses_a_url_before_creating_anything(key, cal
     ("trainer.default_root_dir", lambda: fw.Trainer(default_root_dir="gs://bucket/run")),
     ("ModelCheckpoint dirpath", lambda: fw_callbacks.ModelCheckpoint(dirpath="gs://bucket/ck")),
     ("CSVLogger save_dir", lambda: fw_loggers.CSVLogger(save_dir="az://bucket/logs")),
+    ("PredictionWriter output_dir", lambda: fw_callbacks.PredictionWriter(output_dir="gs://bucket/out")),
     ("TensorBoardLogger save_dir", lambda: fw_loggers.TensorBoardLogger(save_dir="gs://bucket/logs")),
     ("ckpt_path", _fit_from("gs://bucket/last.ckpt")),
     ("ckpt_path", _test_from("gs://bucket/last.ckpt")),

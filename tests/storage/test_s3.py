@@ -1,12 +1,13 @@
 """fw's outputs in an S3 bucket (moto's S3 server on 127.0.0.1, read back with s3fs): ``fw fit``
 with ``trainer.default_root_dir=s3://bucket/run`` writes its checkpoints, TensorBoard events,
-hyperparameters and recipe into the bucket and nothing on the local disk (it made a local folder
+hyperparameters and recipe (and ``fw predict`` its predictions) into the bucket and nothing on the local disk (it made a local folder
 named ``s3:``); ``ckpt_path=last`` finds the checkpoint there and resumes bit for bit; a missing
 bucket or a refused key is one line naming the URL, with nothing written anywhere."""
 
 from __future__ import annotations
 
 import io
+import re
 
 import pytest
 import torch
@@ -57,6 +58,15 @@ def test_fit_writes_into_the_bucket_and_resumes_from_last_bit_exactly(s3, bucket
     assert f"loaded {run}/{version}/checkpoints/last.ckpt (step 6)" in resumed.stdout + resumed.stderr
     whole = _fw("fit", digits, f"trainer.default_root_dir={straight}", *SHORT, cwd=tmp_path)
     assert whole.returncode == 0, whole.stderr
+    assert list(tmp_path.iterdir()) == []
+
+    # fw predict's output goes into the bucket too (the run folder of its own version)
+    predicted = _fw("predict", digits, f"trainer.default_root_dir={run}", "ckpt_path=last", *SHORT, cwd=tmp_path)
+    assert predicted.returncode == 0, predicted.stderr
+    written = [key for key in s3.filesystem().find(f"{bucket}/run") if key.endswith("/predictions.pt")]
+    said = re.search(rf"wrote (\d+) predictions to s3://{re.escape(written[0])}\n", predicted.stderr)
+    assert len(written) == 1 and said, predicted.stderr
+    assert len(_load(s3, written[0])) == int(said.group(1)) > 300  # the digits' validation split
     assert list(tmp_path.iterdir()) == []
 
     got = _load(s3, f"{bucket}/run/{version}/checkpoints/last.ckpt")
