@@ -22,15 +22,19 @@ from __future__ import annotations
 import contextlib
 import glob as local_glob
 import itertools
+import logging
 import os
 import posixpath
+import queue
 import re
+import threading
 import uuid
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 from urllib.request import url2pathname
 
-from framework.errors import ConfigError
+from framework.errors import CheckpointError, ConfigError
 
 if TYPE_CHECKING:
     from fsspec import AbstractFileSystem  # type: ignore[import-untyped]  # fsspec ships no types
@@ -45,6 +49,9 @@ _OBJECT_STORES = _BUCKETED | {"memory"}
 _EXTRAS = {"s3": "s3", "s3a": "s3"}
 #: storage_options given for a URL prefix (``use_storage_options``)
 _OPTIONS: dict[str, dict[str, Any]] = {}
+#: the buckets whose checkpoint uploads run in the background (``upload_in_background``)
+_BACKGROUND: set[str] = set()
+_log = logging.getLogger(__name__)
 
 
 def _scheme(text: str) -> str | None:
@@ -115,20 +122,114 @@ def use_storage_options(url: str | os.PathLike | None, options: dict[str, Any] |
     _OPTIONS[f"{parts.scheme}://{parts.netloc}"] = dict(options)
 
 
+def _bucket(url: str) -> str:
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc}"
+
+
+def upload_in_background(url: str | os.PathLike | None, on: bool = True) -> None:
+    """Upload the checkpoints written to ``url``'s bucket in a background thread (``later``):
+    the training step waits for the checkpoint's serialisation only. A local path: nothing."""
+    if url is not None and is_url(url):
+        (_BACKGROUND.add if on else _BACKGROUND.discard)(_bucket(os.fspath(url)))
+
+
+class _Uploads:
+    """One thread that runs the background writes in the order they were given, so that a
+    checkpoint's index is uploaded after the checkpoint and a pruned file after its upload.
+    Every other operation on a URL first waits for it (``settle``): this process reads back
+    what it wrote. A write that failed is raised by the next ``settle`` (the next save, the end
+    of a fit); at exit the thread finishes what it was given (it is not a daemon), and it ends
+    once idle for half a second."""
+
+    def __init__(self) -> None:
+        self._tasks: queue.Queue[tuple[str, Callable[[], None]]] = queue.Queue()
+        self._thread: threading.Thread | None = None
+        self._failed: tuple[str, BaseException] | None = None
+        self._lock = threading.Lock()
+        self._pending: dict[str, bool] = {}  # URL: whether it will exist once the queue ran (a write, a removal)
+
+    def pending(self, url: str) -> bool | None:
+        """Whether ``url`` will exist once what waits has run, if something waiting writes or removes it."""
+        with self._lock:
+            return self._pending.get(url)
+
+    def add(self, url: str, task: Callable[[], None], exists: bool | None = None) -> None:
+        with self._lock:  # the entry and its task together: the thread clears entries only with an empty queue
+            if exists is not None:
+                self._pending[url] = exists
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="fw-uploads", daemon=False)
+                self._thread.start()
+            self._tasks.put((url, task))
+
+    def _run(self) -> None:
+        while True:
+            try:
+                url, task = self._tasks.get(timeout=0.5)
+            except queue.Empty:
+                with self._lock:  # idle: the thread ends (the next add starts another)
+                    if self._tasks.unfinished_tasks == 0:
+                        self._thread = None
+                        return
+                continue
+            try:
+                if self._failed is None:  # after a failure nothing more is written: the order holds
+                    task()
+            except BaseException as err:  # raised in the training thread by the next settle()
+                self._failed = (url, err)
+                _log.error("fw: uploading '%s' failed: %s", url, err)
+            finally:
+                with self._lock:
+                    if self._tasks.unfinished_tasks == 1:  # the last one: nothing written is pending
+                        self._pending.clear()
+                self._tasks.task_done()
+
+    def settle(self) -> None:
+        """Wait for every background write; raise the first that failed (once)."""
+        self._tasks.join()
+        failed, self._failed = self._failed, None
+        if failed is not None:
+            url, err = failed
+            raise CheckpointError(f"the background upload of '{url}' failed ({type(err).__name__}: {_first_line(err)}); "
+                                  "the checkpoints uploaded before it are intact. Check the storage and its credentials")
+
+
+_UPLOADS = _Uploads()
+
+
+def later(url: str, task: Callable[[], None], exists: bool | None = None) -> None:
+    """Run ``task`` (writes to ``url``) in the background where ``url``'s bucket uploads there
+    (``upload_in_background``), else now. ``exists``: whether ``url`` is there after the task
+    (what ``exists(url)`` answers meanwhile)."""
+    if is_url(url) and _bucket(url) in _BACKGROUND:
+        _UPLOADS.add(url, task, exists)
+    else:
+        task()
+
+
+def wait_for_uploads() -> None:
+    """Wait for the background uploads of this process; an ``OSError`` if one failed."""
+    _UPLOADS.settle()
+
+
 def options_for(url: str) -> dict[str, Any]:
     """The ``storage_options`` given for ``url``'s bucket (``use_storage_options``), or none."""
     prefix = max((p for p in _OPTIONS if url == p or url.startswith(p + "/")), key=len, default=None)
     return dict(_OPTIONS[prefix]) if prefix is not None else {}
 
 
-def filesystem(url: str) -> tuple[AbstractFileSystem, str]:
+def filesystem(url: str, settle: bool = True) -> tuple[AbstractFileSystem, str]:
     """The fsspec file system of ``url`` and the path on it, with the ``storage_options`` given
-    for the longest prefix of ``url`` that has any.
+    for the longest prefix of ``url`` that has any; ``settle``: after the background uploads of
+    this process (what it wrote is there).
 
     Raises:
         ConfigError: the back end of the scheme is not installed (one line naming the extra).
     """
     options = options_for(url)
+    if settle and threading.current_thread().name != "fw-uploads":  # what this process wrote is there first
+        _UPLOADS.settle()
     try:
         from fsspec.core import url_to_fs  # type: ignore[import-untyped]
 
@@ -217,7 +318,10 @@ def _url_of(fs: AbstractFileSystem, like: str, path: str) -> str:
 def exists(path: str) -> bool:
     if not is_url(path):
         return os.path.exists(path)
-    fs, p = filesystem(path)
+    pending = _UPLOADS.pending(path)
+    if pending is not None:  # a background upload or removal of it waits: its outcome, without waiting
+        return pending
+    fs, p = filesystem(path, settle=False)
     return bool(fs.exists(p))
 
 
@@ -313,21 +417,25 @@ def write_text(path: str, text: str) -> None:
 
 
 def remove(path: str) -> None:
-    """Remove the file or folder ``path``; one already gone is no error."""
+    """Remove the file or folder ``path``; one already gone is no error (a URL: after the
+    background uploads given before, ``later``)."""
     if not is_url(path):
         import shutil
 
         with contextlib.suppress(FileNotFoundError):
             shutil.rmtree(path) if os.path.isdir(path) and not os.path.islink(path) else os.remove(path)
         return
-    fs, p = filesystem(path)
-    with contextlib.suppress(FileNotFoundError):
-        fs.rm(p, recursive=True)
+    def remove_url() -> None:
+        fs, p = filesystem(path)
+        with contextlib.suppress(FileNotFoundError):
+            fs.rm(p, recursive=True)
+
+    later(path, remove_url, exists=False)
 
 
 def upload_folder(local: str, url: str) -> None:
     """Copy the files under the local folder ``local`` to the same names under ``url``."""
-    fs, p = filesystem(url)
+    fs, p = filesystem(url, settle=False)
     for folder, _, names in os.walk(local):
         for name in names:
             source = os.path.join(folder, name)

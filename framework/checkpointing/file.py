@@ -35,11 +35,13 @@ FORMAT_VERSION = 1
 
 def atomic_save(obj: Any, path: str | os.PathLike) -> None:
     """``torch.save`` to a temp file beside ``path``, fsync, then rename over ``path``; to a URL
-    (``s3://...``), one upload that appears whole or not at all (``paths.write_bytes``)."""
-    if paths.is_url(path):
+    (``s3://...``), one upload that appears whole or not at all (``paths.write_bytes``), in the
+    background where its bucket uploads there (``paths.upload_in_background``)."""
+    if paths.is_url(path):  # serialised now (the state goes on changing), uploaded now or in the background
         buffer = io.BytesIO()
         torch.save(obj, buffer)
-        paths.write_bytes(os.fspath(path), buffer.getvalue())
+        url, data = os.fspath(path), buffer.getvalue()
+        paths.later(url, lambda: paths.write_bytes(url, data), exists=True)
         return
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

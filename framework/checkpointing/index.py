@@ -32,8 +32,9 @@ def note(path: str | os.PathLike, checkpoint: dict[str, Any]) -> None:
     """Note ``checkpoint`` (just written to ``path``) in its folder's index. An index that cannot
     be written (a full disk) stays as it was: its entry for ``path``, if any, no longer matches
     the file, which is then read."""
-    if paths.is_url(path):
-        _note_url(os.fspath(path), checkpoint)
+    if paths.is_url(path):  # after the checkpoint's upload (in the background where it is)
+        url, noted_keys = os.fspath(path), {key: checkpoint.get(key) for key in KEYS}
+        paths.later(url, lambda: _note_url(url, noted_keys))
         return
     path = Path(path)
     entries = {name: entry for name, entry in _read(path.parent).items() if (path.parent / name).is_file()}

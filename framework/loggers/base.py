@@ -124,7 +124,7 @@ class Logger(ABC):
         now = _stamps(local)
         for name, stamp in now.items():
             if sent.get(name) != stamp:
-                fs, path = paths.filesystem(paths.join(log_dir, name))
+                fs, path = paths.filesystem(paths.join(log_dir, name), settle=False)  # not after checkpoints
                 fs.put_file(os.path.join(local, name), path)
                 sent[name] = stamp
         self._published = time.monotonic()

@@ -27,7 +27,7 @@ from framework.data import DataModule
 from framework.environments import DistInfo, detect_environment
 from framework.errors import ConfigError
 from framework.module import TrainModule
-from framework.paths import is_url, use_storage_options
+from framework.paths import is_url, upload_in_background, use_storage_options, wait_for_uploads
 from framework.precision import Precision
 from framework.profilers import Profiler, resolve_profiler
 from framework.rank_zero import rank_zero_info
@@ -76,6 +76,9 @@ class Trainer(TrainerProperties, DataProperties, TrainerControls):
         storage_options: fsspec's options (``key``, ``secret``, ``endpoint_url``, ``client_kwargs``, ...) for the
             buckets of this Trainer's URLs (``default_root_dir``, ModelCheckpoint ``dirpath``, a logger's ``save_dir``);
             without them the environment's (``AWS_*`` variables).
+        async_upload: upload the checkpoints written to those URLs in a background thread, in order, each index
+            after its checkpoint: a save waits for the serialisation only; the fit waits for the uploads at its end
+            (a failed one is a ``CheckpointError`` there or at the next save). Sharded (FSDP) saves stay synchronous.
         use_distributed_sampler: shard every loader over the ranks (``False``: keep each loader's own sampler); a
             shuffled training loader follows one order for any number of ranks, one process included.
         on_nonfinite: a NaN or infinite loss ``error`` (the default: stop, naming the step), ``skip`` (drop that
@@ -110,6 +113,7 @@ class Trainer(TrainerProperties, DataProperties, TrainerControls):
         inference_mode: bool = True, use_distributed_sampler: bool | None = None, sync_batchnorm: bool = False,
         barebones: bool = False, profiler: Any = None, activation_checkpointing_policy: Any = None,
         compile: Any = False, min_steps: int | None = None, storage_options: dict[str, Any] | None = None,
+        async_upload: bool = False,
     ) -> None:
         arguments = {name: value for name, value in locals().items() if name in _SETTINGS}
         self.settings = Settings.resolve(**arguments)
@@ -142,6 +146,8 @@ class Trainer(TrainerProperties, DataProperties, TrainerControls):
         for url in (self.settings.default_root_dir, *(getattr(part, "dirpath", None) for part in self.callbacks),
                     *(getattr(lg, "_save_dir", None) for lg in self.loggers)):
             use_storage_options(url, storage_options)  # the buckets of this Trainer's URLs
+            if async_upload:
+                upload_in_background(url)
         self.state = RunState()
         self.profiler: Profiler = resolve_profiler(profiler, self.settings.barebones)  # None: PassThroughProfiler
         self._no_metrics = LoggedMetrics()  # what the metric properties read before the first call
@@ -267,8 +273,10 @@ class Trainer(TrainerProperties, DataProperties, TrainerControls):
             if fn == "fit" and state.stop_reason == "preempted":
                 state.status = "interrupted"
                 save_after_signal(run)
+                wait_for_uploads()
             else:
                 if fn == "fit":
+                    wait_for_uploads()  # the fit's checkpoints are in the bucket (async_upload) before it ends
                     reports.report_where_it_went(run)
                 elif fn in ("validate", "test") and call.verbose and self.is_global_zero:
                     reports.print_results(fn, result)

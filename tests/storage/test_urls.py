@@ -1,7 +1,8 @@
 """The URL layer (framework/paths.py) with fsspec's in-memory file system, in this process: which
 paths are URLs, the small file operations on a URL, storage_options by bucket, a missing bucket's
 one line; and a short fit to ``memory://`` whose checkpoints, index and logs are there (and
-nothing on the local disk), resumed from ``ckpt_path="last"`` bit for bit."""
+nothing on the local disk), resumed from ``ckpt_path="last"`` bit for bit, with its uploads made
+in the save or in the background (``async_upload``)."""
 
 from __future__ import annotations
 
@@ -91,15 +92,16 @@ def _fit(root: str, max_epochs: int, ckpt_path: str | None = None, **trainer) ->
 
 @pytest.mark.procs  # no process, but 2-3 s of fits: out of the fast tier, which is at its limit
 @pytest.mark.timeout(60)
-def test_a_fit_to_memory_writes_there_and_resumes_from_last_bit_exactly(root, tmp_path):
-    _fit(root, 2, logger=fw_loggers.CSVLogger(flush_logs_every_n_steps=1))
+@pytest.mark.parametrize("async_upload", [False, True], ids=["uploaded", "uploaded-in-background"])
+def test_a_fit_to_memory_writes_there_and_resumes_from_last_bit_exactly(root, tmp_path, async_upload):
+    _fit(root, 2, logger=fw_loggers.CSVLogger(flush_logs_every_n_steps=1), async_upload=async_upload)
     folder = f"{root}/fw_logs/version_0"
     assert sorted(paths.listdir(folder + "/checkpoints")) == [".fw-checkpoints.json", "epoch=1-step=8.ckpt",
                                                                  "last.ckpt"]
     assert paths.read_bytes(folder + "/metrics.csv").decode().startswith("step,")
     noted = index._read_url(folder + "/checkpoints")
     assert noted["last.ckpt"]["size"] == paths.stamp(folder + "/checkpoints/last.ckpt")[0]
-    resumed = _fit(root, 3, ckpt_path="last", logger=False)
+    resumed = _fit(root, 3, ckpt_path="last", logger=False, async_upload=async_upload)
     straight = _fit(f"{root}-straight", 3, logger=False)
     assert resumed.ckpt_path == f"{folder}/checkpoints/last.ckpt" and resumed.global_step == 12
     for name, tensor in straight.lightning_module.state_dict().items():
