@@ -102,7 +102,7 @@ def storage_path(path: str | os.PathLike, key: str) -> str:
         if _scheme(text) == "file":
             return local_path(text, key)
         try:
-            filesystem(text)  # no request is made: the back end is imported and set up
+            filesystem(text, settle=False)  # no request is made: the back end is imported and set up
         except ConfigError as err:
             raise ConfigError(f"{key}={err}") from None
         return text.rstrip("/") if not text.endswith("://") else text
