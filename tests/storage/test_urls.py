@@ -109,3 +109,22 @@ def test_a_fit_to_memory_writes_there_and_resumes_from_last_bit_exactly(root, tm
     saved = torch.load(io.BytesIO(paths.read_bytes(f"{root}/checkpoints/last.ckpt")), weights_only=True)
     assert saved["global_step"] == 12
     assert os.listdir(tmp_path) == []  # nothing local, no folder 'memory:'
+
+
+def test_the_search_in_a_bucket_takes_this_runs_newest_complete_checkpoint(root):
+    """A restart's search (``newest_checkpoint_of_run``) and ``ckpt_path="last"`` list the bucket:
+    the newest checkpoint of the run asked for, never a sharded folder without its commit mark
+    (a save killed half-way, written in place in object storage) nor another run's."""
+    from framework.checkpointing import search
+    from framework.checkpointing.file import atomic_save
+
+    folder = f"{root}/ck"
+    for name, run_id in (("a.ckpt", "x"), ("b.ckpt", "x"), ("c.ckpt", "y")):
+        checkpoint = {"state_dict": {}, "run_id": run_id, "fit_index": 0}
+        atomic_save(checkpoint, f"{folder}/{name}")
+        index.note(f"{folder}/{name}", checkpoint)
+    paths.write_bytes(f"{folder}/d.ckpt/.metadata", b"half a save")  # newest, incomplete
+    assert search.newest_checkpoint_of_run([folder], {"run_id": "x", "fit_index": 0}) == f"{folder}/b.ckpt"
+    assert search.newest_checkpoint_of_run([folder], {"run_id": "y", "fit_index": 0}) == f"{folder}/c.ckpt"
+    assert search.find_last_checkpoint([folder], root) == f"{folder}/c.ckpt"
+    assert index._read_url(folder)["b.ckpt"]["order"] == 2  # what orders two uploads of one second
