@@ -198,6 +198,15 @@ class _Uploads:
 _UPLOADS = _Uploads()
 
 
+def _forget_uploads_after_fork() -> None:
+    """A forked child has no upload thread (threads do not survive a fork): it starts empty."""
+    global _UPLOADS
+    _UPLOADS = _Uploads()
+
+
+os.register_at_fork(after_in_child=_forget_uploads_after_fork)
+
+
 def later(url: str, task: Callable[[], None], exists: bool | None = None) -> None:
     """Run ``task`` (writes to ``url``) in the background where ``url``'s bucket uploads there
     (``upload_in_background``), else now. ``exists``: whether ``url`` is there after the task
