@@ -1,6 +1,8 @@
-"""A URL is not a folder (issue 47, item 11): every path fw writes or reads takes a local path or a
-``file://`` URL, and refuses any other ``scheme://`` in one line naming the key, before anything is
-created (``os.makedirs("s3://bucket/run")`` made a local folder named ``s3:``)."""
+"""A URL is not a folder (issue 47, item 11; issue 50, item 3): the outputs that may live in object
+storage take an fsspec URL and write through fsspec (tests/storage); the other paths take a local
+path or a ``file://`` URL and refuse any other ``scheme://`` in one line naming the key, before
+anything is created (``os.makedirs("s3://bucket/run")`` made a local folder named ``s3:``); a
+scheme whose back end is not installed is one line naming the key and the package."""
 
 from __future__ import annotations
 
@@ -37,7 +39,7 @@ def test_any_other_scheme_is_refused_in_one_line_naming_the_key(url, named):
     with pytest.raises(ConfigError) as err:
         local_path(url, "trainer.default_root_dir")
     message = str(err.value)
-    assert message.startswith(f"trainer.default_root_dir='{url}': {named} is not supported yet"), message
+    assert message.startswith(f"trainer.default_root_dir='{url}': {named} is not supported here"), message
     assert "\n" not in message and "local path" in message
 
 
@@ -66,20 +68,34 @@ def _save_to(path):
 
 
 @pytest.mark.parametrize(("key", "call"), [
-    ("trainer.default_root_dir", lambda: fw.Trainer(default_root_dir="s3://bucket/run")),
-    ("ModelCheckpoint dirpath", lambda: fw_callbacks.ModelCheckpoint(dirpath="s3://bucket/ck")),
-    ("CSVLogger save_dir", lambda: fw_loggers.CSVLogger(save_dir="s3://bucket/logs")),
-    ("TensorBoardLogger save_dir", lambda: fw_loggers.TensorBoardLogger(save_dir="gs://bucket/logs")),
-    ("PredictionWriter output_dir", lambda: fw_callbacks.PredictionWriter(output_dir="s3://bucket/out")),
     ("SimpleProfiler dirpath", lambda: fw_profilers.SimpleProfiler(dirpath="s3://bucket/prof", filename="p")),
-    ("ckpt_path", _fit_from("s3://bucket/last.ckpt")),
-    ("ckpt_path", _test_from("s3://bucket/last.ckpt")),
-    ("save_checkpoint filepath", _save_to("s3://bucket/x.ckpt")),
-    ("checkpoint_path", lambda: make_regressor(fw.TrainModule).load_from_checkpoint("s3://bucket/x.ckpt")),
 ])
-def test_each_path_fw_writes_or_reads_refuses_a_url_before_creating_anything(key, call, tmp_path):
+def test_a_path_that_stays_local_refuses_a_url_before_creating_anything(key, call, tmp_path):
     assert os.getcwd() == str(tmp_path)  # conftest: every test runs in its own empty folder
-    with pytest.raises(ConfigError, match=f"^{key}='[a-z0-9]+://bucket/[^']+': object storage .* not supported yet"):
+    with pytest.raises(ConfigError, match=f"^{key}='[a-z0-9]+://bucket/[^']+': object storage .* not supported here"):
+        call()
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize(("key", "call"), [
+    ("trainer.default_root_dir", lambda: fw.Trainer(default_root_dir="gs://bucket/run")),
+    ("ModelCheckpoint dirpath", lambda: fw_callbacks.ModelCheckpoint(dirpath="gs://bucket/ck")),
+    ("CSVLogger save_dir", lambda: fw_loggers.CSVLogger(save_dir="az://bucket/logs")),
+    ("PredictionWriter output_dir", lambda: fw_callbacks.PredictionWriter(output_dir="gs://bucket/out")),
+    ("TensorBoardLogger save_dir", lambda: fw_loggers.TensorBoardLogger(save_dir="gs://bucket/logs")),
+    ("ckpt_path", _fit_from("gs://bucket/last.ckpt")),
+    ("ckpt_path", _test_from("gs://bucket/last.ckpt")),
+    ("save_checkpoint filepath", _save_to("gs://bucket/x.ckpt")),
+    ("checkpoint_path", lambda: make_regressor(fw.TrainModule).load_from_checkpoint("az://bucket/x.ckpt")),
+])
+def test_a_url_whose_back_end_is_missing_is_one_line_naming_the_key(key, call, tmp_path):
+    """gcsfs and adlfs are not installed here: the key, the URL and the package to install."""
+    pytest.importorskip("fsspec")
+    for package in ("gcsfs", "adlfs"):
+        if __import__("importlib").util.find_spec(package) is not None:
+            pytest.skip(f"{package} is installed")
+    with pytest.raises(ConfigError, match=f"^{key}='(gs|az)://bucket/[^']+': reading and writing (gs|az):// needs a "
+                                          "package that is missing; .*(gcsfs|adlfs)"):
         call()
     assert os.listdir(tmp_path) == []
 

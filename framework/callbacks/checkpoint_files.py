@@ -19,6 +19,7 @@ import shutil
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
+from framework import paths
 from framework.checkpointing.file import check_writable_on_every_rank, remove_stale_temp_files
 from framework.rank_zero import rank_zero_info
 
@@ -29,7 +30,7 @@ if TYPE_CHECKING:
 def run_folder(trainer: Trainer) -> str:
     """The run's checkpoint folder, rank 0's on every rank (all of them write to and prune it)."""
     root = version_folder(trainer) or trainer.default_root_dir
-    return trainer.strategy.broadcast(os.path.realpath(os.path.join(root, "checkpoints")))
+    return trainer.strategy.broadcast(paths.real(paths.join(root, "checkpoints")))
 
 
 def version_folder(trainer: Trainer) -> str | None:
@@ -56,7 +57,7 @@ def prepare_folder(folder: str, trainer: Trainer) -> None:
     check_writable_on_every_rank(folder, "ModelCheckpoint dirpath", trainer.strategy)
     if trainer.is_global_zero:
         for removed in remove_stale_temp_files(folder):
-            if removed.endswith(".partial"):
+            if removed.endswith((".partial", ".ckpt")):
                 rank_zero_info(f"fw: removed {removed}: a sharded checkpoint whose save did not finish")
 
 
@@ -80,7 +81,7 @@ def unused_path(path_for: Callable[[int | None], str], reuse: str | None, first_
     next version from ``first_version`` on."""
     filepath = path_for(None)
     version = first_version
-    while os.path.exists(filepath) and filepath != reuse:
+    while paths.exists(filepath) and filepath != reuse:
         filepath = path_for(version)
         version += 1
     return filepath
@@ -104,9 +105,11 @@ def link(trainer: Trainer, target: str, linkpath: str) -> None:
 def remove_if_ours(filepath: str, folder: str, is_global_zero: bool) -> None:
     """Delete ``filepath`` on rank 0 if it lies inside ``folder`` (as Lightning does, a file of
     another run is not ours to delete); a file already gone is no error."""
-    if not os.path.realpath(filepath).startswith(os.path.join(os.path.realpath(folder), "")):
+    if not paths.real(filepath).startswith(paths.join(paths.real(folder), "")):
         return
-    if is_global_zero:
+    if is_global_zero and paths.is_url(filepath):
+        paths.remove(filepath)
+    elif is_global_zero:
         try:
             if os.path.isdir(filepath):  # a sharded checkpoint
                 shutil.rmtree(filepath)
@@ -119,5 +122,4 @@ def remove_if_ours(filepath: str, folder: str, is_global_zero: bool) -> None:
 def write_yaml(data: Mapping, path: str | os.PathLike) -> None:
     import yaml
 
-    with open(path, "w") as fp:
-        yaml.dump(dict(data), fp)
+    paths.write_text(os.fspath(path), yaml.dump(dict(data)))

@@ -14,10 +14,11 @@ once, in one line, what it did not restore.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import torch
+
+from framework import paths
 
 BOOKKEEPING = ("best_model_score", "best_k_models", "kth_best_model_path", "kth_value", "last_model_path")
 
@@ -41,13 +42,13 @@ def why_not_continued(state: dict, *, monitor: str | None, mode: str, dirpath: s
                 f"monitor={monitor!r}, mode={mode!r}")
     if saved_dir is None:
         return "it recorded no folder"
-    saved_dir = os.path.realpath(saved_dir)
+    saved_dir = paths.real(saved_dir)
     if saved_dir == dirpath:
         return None
-    if not os.path.isdir(saved_dir):
+    if not paths.isdir(saved_dir):
         return f"its folder {saved_dir!r} no longer exists"
     other_version = (not dirpath_given and experiment_dir is not None
-                     and os.path.dirname(os.path.dirname(saved_dir)) == experiment_dir)
+                     and paths.dirname(paths.dirname(saved_dir)) == experiment_dir)
     return None if other_version else f"it saved into {saved_dir!r}, not this run's folder"
 
 
@@ -70,7 +71,7 @@ def restored_bookkeeping(state: dict) -> dict[str, Any]:
     def tensor(score: Any) -> torch.Tensor | None:
         return None if score is None else torch.as_tensor(score)
 
-    return {"dirpath": os.path.realpath(state["dirpath"]), "best_model_score": tensor(state.get("best_model_score")),
+    return {"dirpath": paths.real(state["dirpath"]), "best_model_score": tensor(state.get("best_model_score")),
             "best_k_models": {path: tensor(score) for path, score in state.get("best_k_models", {}).items()},
             "kth_best_model_path": state.get("kth_best_model_path", ""), "kth_value": tensor(state.get("kth_value")),
             "last_model_path": state.get("last_model_path", "")}

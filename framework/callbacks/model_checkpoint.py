@@ -29,11 +29,11 @@ import torch
 
 import framework.callbacks.checkpoint_files as files
 import framework.callbacks.checkpoint_schedule as schedule
+from framework import paths
 from framework.callbacks.base import Callback
 from framework.callbacks.checkpoint_resume import not_restored_warning, restored_bookkeeping, why_not_continued
 from framework.errors import ConfigError
 from framework.intervals import every
-from framework.paths import local_path
 from framework.rank_zero import rank_zero_info, rank_zero_warn
 
 if TYPE_CHECKING:
@@ -46,7 +46,8 @@ class ModelCheckpoint(Callback):
 
     Args:
         dirpath: Folder for the checkpoints; default ``<trainer.log_dir>/checkpoints``, or
-            ``<default_root_dir>/checkpoints`` without a logger.
+            ``<default_root_dir>/checkpoints`` without a logger. A URL (``s3://bucket/ck``) is written
+            through fsspec, with the Trainer's ``storage_options`` or the environment's credentials.
         filename: Name template without extension, default ``"{epoch}-{step}"``.
         monitor: Key of ``trainer.callback_metrics`` to rank checkpoints by; ``None`` ranks by recency.
         mode: ``"min"`` or ``"max"``: which way is better for ``monitor``.
@@ -85,7 +86,7 @@ class ModelCheckpoint(Callback):
         self.verbose, self.enable_version_counter = verbose, enable_version_counter
         self.save_weights_only = save_weights_only  # the files hold the weights alone; no fit resumes from them
         self._dirpath_given = dirpath is not None
-        self.dirpath = (os.path.realpath(os.path.expanduser(local_path(dirpath, "ModelCheckpoint dirpath")))
+        self.dirpath = (paths.real(paths.storage_path(dirpath, "ModelCheckpoint dirpath"))
                         if dirpath is not None else None)
         self.filename, self.monitor, self.mode = filename, monitor, mode
         self.save_top_k, self.save_last = save_top_k, save_last
@@ -114,9 +115,12 @@ class ModelCheckpoint(Callback):
         self._fitting = stage == "fit"
         self._saved_in_this_fit = False
         log_dir = None if self._dirpath_given else files.version_folder(trainer)  # <save_dir>/<name>/version_N
-        self._experiment_dir = os.path.dirname(os.path.realpath(log_dir)) if log_dir else None
+        self._experiment_dir = paths.dirname(paths.real(log_dir)) if log_dir else None
         if self.dirpath is None:
             self.dirpath = files.run_folder(trainer)
+        if self.save_last == "link" and paths.is_url(self.dirpath):
+            raise ConfigError(f"ModelCheckpoint(save_last='link'): '{self.dirpath}' is object storage, which has no "
+                              "links; use save_last=True (a last.ckpt of its own)")
         if self._fitting and not trainer.fast_dev_run:  # a dev run saves nothing (Lightning's)
             files.prepare_folder(self.dirpath, trainer)
 
@@ -238,7 +242,7 @@ class ModelCheckpoint(Callback):
                                  metrics, self.auto_insert_metric_name, self.CHECKPOINT_EQUALS_CHAR)
         if ver is not None:
             name += f"{self.CHECKPOINT_JOIN_CHAR}v{ver}"
-        return os.path.join(self.dirpath or "", name + self.FILE_EXTENSION)
+        return paths.join(self.dirpath or "", name + self.FILE_EXTENSION)
 
     def _folder(self) -> str:
         assert self.dirpath is not None, "ModelCheckpoint.setup() sets dirpath before anything is saved or removed"
@@ -255,7 +259,7 @@ class ModelCheckpoint(Callback):
 
     def _save_checkpoint(self, trainer: Trainer, filepath: str) -> None:
         self._last_global_step_saved, self._saved_in_this_fit, self._last_saved = trainer.global_step, True, filepath
-        if trainer.is_global_zero:
+        if trainer.is_global_zero and not paths.is_url(filepath):  # a bucket has no folders to make
             os.makedirs(os.path.dirname(filepath), exist_ok=True)
         trainer.save_checkpoint(filepath, self.save_weights_only)  # on every rank: it gathers state, rank 0 writes
         if self.verbose:
@@ -271,11 +275,11 @@ class ModelCheckpoint(Callback):
     def to_yaml(self, filepath: str | os.PathLike | None = None) -> None:
         """``best_k_models`` (path: score) as YAML, by default ``<dirpath>/best_k_models.yaml`` (Lightning's)."""
         files.write_yaml({path: score.item() for path, score in self.best_k_models.items()},
-                         filepath or os.path.join(self._folder(), "best_k_models.yaml"))
+                         filepath or paths.join(self._folder(), "best_k_models.yaml"))
 
     def file_exists(self, filepath: str | os.PathLike, trainer: Trainer) -> bool:
         """Does ``filepath`` exist on rank 0? Every rank gets rank 0's answer (Lightning's)."""
-        return trainer.strategy.reduce_boolean_decision(trainer.is_global_zero and os.path.exists(filepath), all=False)
+        return trainer.strategy.reduce_boolean_decision(trainer.is_global_zero and paths.exists(os.fspath(filepath)), all=False)
 
     # -- state ----------------------------------------------------------------------------
     def state_dict(self) -> dict:

@@ -11,6 +11,8 @@ every rank's predictions before it writes; to write your own format per rank, su
   prediction is a tensor whose first dimension is the batch; otherwise it keeps rank order.
 - ``write_interval="batch"``: each rank writes each batch's predictions as it goes
   (``<output_dir>/batches/rank<R>_loader<L>_batch<B>.pt``); ``"batch_and_epoch"``: both.
+- ``output_dir`` (or the run directory) may be a URL (``s3://bucket/run``): each file is written
+  locally, then uploaded whole (``framework/paths.py``).
 - ``format``: ``"pt"`` (``torch.save``: one tensor when the predictions concatenate, else the
   list of batch outputs; a list per loader with several loaders) or ``"csv"`` (one row per
   sample of 1-D or 2-D tensor predictions).
@@ -20,12 +22,14 @@ from __future__ import annotations
 
 import csv
 import os
+import tempfile
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from framework import paths
 from framework.callbacks.base_prediction_writer import BasePredictionWriter, to_cpu
-from framework.paths import local_path
 from framework.rank_zero import rank_zero_info
 
 if TYPE_CHECKING:
@@ -36,7 +40,7 @@ class PredictionWriter(BasePredictionWriter):
     """Write predictions (see the module doc).
 
     Args:
-        output_dir: where to write; None: the run directory (the logger's, else
+        output_dir: where to write, a folder or a URL; None: the run directory (the logger's, else
             ``default_root_dir``).
         write_interval: ``"epoch"``, ``"batch"`` or ``"batch_and_epoch"``.
         format: ``"pt"`` or ``"csv"``.
@@ -51,7 +55,7 @@ class PredictionWriter(BasePredictionWriter):
         if format not in ("pt", "csv"):
             raise ConfigError(f"PredictionWriter format '{format}': use pt or csv")
         self.write_interval, self.format, self.filename = write_interval, format, filename
-        self.output_dir = local_path(output_dir, "PredictionWriter output_dir") if output_dir is not None else None
+        self.output_dir = paths.storage_path(output_dir, "PredictionWriter output_dir") if output_dir is not None else None
         self.written: str | None = None  # the epoch file, once written
         self._outputs: list[list[Any]] = []  # per loader: (batch indices, outputs), to gather
 
@@ -59,21 +63,20 @@ class PredictionWriter(BasePredictionWriter):
     def write_on_batch_end(self, trainer: Trainer, module: TrainModule, prediction: Any,
                            batch_indices: list[int] | None, batch: Any,
                            batch_idx: int, dataloader_idx: int) -> None:
-        folder = os.path.join(self._dir(trainer), "batches")
-        os.makedirs(folder, exist_ok=True)
-        path = os.path.join(folder, f"rank{trainer.global_rank}_loader{dataloader_idx}_batch{batch_idx}.pt")
-        torch.save({"prediction": to_cpu(prediction), "batch_indices": batch_indices}, path)
+        path = paths.join(self._dir(trainer), "batches",
+                          f"rank{trainer.global_rank}_loader{dataloader_idx}_batch{batch_idx}.pt")
+        kept = {"prediction": to_cpu(prediction), "batch_indices": batch_indices}
+        _write(path, lambda local: torch.save(kept, local))
 
     def write_on_epoch_end(self, trainer: Trainer, module: TrainModule, predictions: list[Any],
                            batch_indices: list[Any]) -> None:
         """Rank 0 only: ``predictions`` per loader, all ranks' in the data's order."""
-        path = os.path.join(self._dir(trainer), f"{self.filename}.{self.format}")
-        os.makedirs(os.path.dirname(path), exist_ok=True)
+        path = paths.join(self._dir(trainer), f"{self.filename}.{self.format}")
         merged = [_concat(p) for p in predictions]
         if self.format == "pt":
-            torch.save(merged[0] if len(merged) == 1 else merged, path)
+            _write(path, lambda local: torch.save(merged[0] if len(merged) == 1 else merged, local))
         else:
-            _write_csv(path, merged)
+            _write(path, lambda local: _write_csv(local, merged))
         self.written = path
         count = sum(len(m) if isinstance(m, (torch.Tensor, list)) else 1 for m in merged)
         rank_zero_info(f"fw predict: wrote {count} predictions to {path}")
@@ -104,6 +107,19 @@ class PredictionWriter(BasePredictionWriter):
 
     def _dir(self, trainer: Trainer) -> str:
         return self.output_dir or trainer.log_dir or trainer.default_root_dir
+
+
+def _write(path: str, write: Callable[[str], None]) -> None:
+    """``write(local_path)`` at ``path``: there, or for a URL into a local file then uploaded whole."""
+    if not paths.is_url(path):
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        write(path)
+        return
+    with tempfile.TemporaryDirectory(prefix="fw-predictions-") as folder:
+        local = os.path.join(folder, paths.basename(path))
+        write(local)
+        with open(local, "rb") as f:
+            paths.write_bytes(path, f.read())
 
 
 def _in_data_order(batches: list[tuple[list[int] | None, Any]]) -> tuple[list[Any], list[int] | None]:

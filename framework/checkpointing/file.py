@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import glob
+import io
 import os
 import tempfile
 from pathlib import Path
@@ -22,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from framework import paths
 from framework.checkpointing import sharded
 from framework.errors import CheckpointError, ConfigError
 
@@ -32,7 +34,15 @@ FORMAT_VERSION = 1
 
 
 def atomic_save(obj: Any, path: str | os.PathLike) -> None:
-    """``torch.save`` to a temp file beside ``path``, fsync, then rename over ``path``."""
+    """``torch.save`` to a temp file beside ``path``, fsync, then rename over ``path``; to a URL
+    (``s3://...``), one upload that appears whole or not at all (``paths.write_bytes``), in the
+    background where its bucket uploads there (``paths.upload_in_background``)."""
+    if paths.is_url(path):  # serialised now (the state goes on changing), uploaded now or in the background
+        buffer = io.BytesIO()
+        torch.save(obj, buffer)
+        url, data = os.fspath(path), buffer.getvalue()
+        paths.later(url, lambda: paths.write_bytes(url, data), exists=True)
+        return
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -88,6 +98,8 @@ def data_ranks_that_wrote(checkpoint: dict) -> int:
 def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu") -> dict:
     """Read a checkpoint written by fw, a file or a sharded folder (``sharded.py``); a missing,
     corrupt or truncated one is a CheckpointError and is left untouched."""
+    if paths.is_url(path):
+        return _load_url(os.fspath(path), map_location)
     path = Path(path)
     if sharded.is_sharded(path):
         return sharded.with_full_tensors(read_fw_file(path), path, map_location)
@@ -97,8 +109,29 @@ def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu") -> dict:
         raise CheckpointError(f"ckpt_path '{path}' is a directory: give a checkpoint file in it{hint}")
     if not path.is_file():
         raise CheckpointError(f"checkpoint '{path}' does not exist; check ckpt_path")
+    return _checked(path, map_location)
+
+
+def _load_url(url: str, map_location: Any) -> dict:
+    """``load_checkpoint`` of a file or a sharded folder in object storage."""
+    if sharded.is_sharded(url):
+        return sharded.with_full_tensors(read_fw_file(url), url, map_location)
+    if paths.isdir(url) and not paths.isfile(url):
+        inside = sorted(name for name in paths.listdir(url) if name.endswith(".ckpt"))
+        hint = f"; it holds {', '.join(inside[:5])}" if inside else "; it holds no .ckpt file"
+        raise CheckpointError(f"ckpt_path '{url}' is a folder: give a checkpoint file in it{hint}")
     try:
-        checkpoint = torch.load(path, map_location=map_location, weights_only=True)
+        data = paths.read_bytes(url)
+    except FileNotFoundError:
+        raise CheckpointError(f"checkpoint '{url}' does not exist; check ckpt_path") from None
+    return _checked(io.BytesIO(data), map_location, url)
+
+
+def _checked(source: Any, map_location: Any, name: Any = None) -> dict:
+    """The checkpoint ``torch.load`` reads from ``source`` (a path or a buffer), checked."""
+    path = source if name is None else name
+    try:
+        checkpoint = torch.load(source, map_location=map_location, weights_only=True)
     except Exception as err:  # torch raises many types for damaged zip/pickle data
         reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         if "weights only load failed" in reason.lower():  # torch's advice to unpickle freely: not for a damaged file
@@ -133,7 +166,14 @@ def writable_error(path: str | os.PathLike, what: str) -> str | None:
     nearest folder that exists answers without creating anything: a read-only file system, a
     file in the way or a missing permission is named with ``what`` and the path. A folder that
     ``os.access`` finds writable needs no probe (access(2) answers for read-only file systems
-    too); the probe names the reason when it does not."""
+    too); the probe names the reason when it does not. A URL: its bucket exists and takes
+    the credentials (``paths.check_storage``)."""
+    if paths.is_url(path):
+        try:
+            paths.check_storage(os.fspath(path), what)
+        except ConfigError as err:
+            return str(err)
+        return None
     existing = Path(os.path.abspath(path))
     while not existing.exists() and existing != existing.parent:
         existing = existing.parent
@@ -164,12 +204,21 @@ def check_writable_on_every_rank(path: str | os.PathLike, what: str, strategy: S
 def remove_stale_temp_files(directory: str | os.PathLike) -> list[str]:
     """Remove what killed writes left in ``directory`` (``atomic_save``'s ``.NAME.*.tmp``
     files, a sharded save's ``.NAME.partial`` and ``.NAME.old`` folders, a logger's ``.fw-upload-*``
-    staging folders of a checkpoint upload); call it when no write
-    can be under way there. Returns the removed paths."""
+    staging folders of a checkpoint upload; in object storage, a sharded folder without its
+    commit mark); call it when no write can be under way there. Returns the removed paths."""
     import shutil
 
     removed = []
     folder = os.fspath(directory)
+    if paths.is_url(folder):  # an upload that did not complete left no object; a moved one, its temp name
+        for tmp in paths.glob(paths.join(folder, ".*.tmp")):
+            paths.remove(tmp)
+            removed.append(tmp)
+        for candidate in paths.glob(paths.join(folder, "*.ckpt")):  # a sharded save there is written in place
+            if paths.isdir(candidate) and not sharded.is_committed(candidate):
+                paths.remove(candidate)
+                removed.append(candidate)
+        return removed
     for tmp in glob.glob(os.path.join(folder, ".*.ckpt.*.tmp")):
         try:
             os.remove(tmp)

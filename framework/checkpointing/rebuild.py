@@ -12,7 +12,7 @@ import torch
 
 from framework.checkpointing.file import load_checkpoint, state_dict_mismatch
 from framework.errors import CheckpointError, ConfigError
-from framework.paths import local_path
+from framework.paths import storage_path
 
 
 def build_from_hparams(cls: type, saved: dict, overrides: dict) -> Any:
@@ -29,7 +29,7 @@ def load_for_building(path: Any, map_location: Any, hparams_file: Any, key: str 
     """The checkpoint a class is rebuilt from (on the CPU unless ``map_location`` says), the
     hyperparameters under ``key`` replaced by ``hparams_file``'s (YAML or CSV) when given, as
     Lightning's ``load_from_checkpoint`` reads them."""
-    path = local_path(path, "checkpoint_path")
+    path = storage_path(path, "checkpoint_path")
     checkpoint = load_checkpoint(path, map_location=map_location if map_location is not None else "cpu")
     if hparams_file is not None:
         checkpoint[key] = hparams_from_file(hparams_file)

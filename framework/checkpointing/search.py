@@ -1,27 +1,42 @@
 """Which checkpoint file a run means when it names none exactly: ``ckpt_path="last"`` (the
 newest ``last*.ckpt``, or the newest checkpoint of the latest run), ``"best"`` as an earlier
-run recorded it, and a restarted or requeued job's own newest checkpoint."""
+run recorded it, and a restarted or requeued job's own newest checkpoint. The folders may be
+local or URLs (``paths.py``); in object storage only whole objects are listed (an upload that
+did not complete is no object), and ``newest_checkpoint_of_run`` trusts the index, uploaded last."""
 
 from __future__ import annotations
 
-import glob
-import os
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
+from framework import paths
 from framework.checkpointing import index as checkpoint_index
+from framework.checkpointing import sharded
 from framework.checkpointing.file import read_values
 from framework.errors import CheckpointError
 
 
 def _in_dirs(dirs: Sequence[str | None], pattern: str) -> list[str]:
     """The files matching ``pattern`` in the checkpoint dirs (a None among them is skipped)."""
-    return [p for d in dirs if d for p in glob.glob(os.path.join(d, pattern))]
+    return [p for d in dirs if d for p in paths.glob(paths.join(d, pattern))]
 
 
-def _newest(paths: list[str]) -> str | None:
-    return max(paths, key=os.path.getmtime) if paths else None
+def _written(path: str) -> float | None:
+    """When the checkpoint at ``path`` was completed; None for a sharded folder in object storage
+    whose save did not finish (no commit mark: a folder there is written in place, and a local one
+    only appears under its name once complete)."""
+    if paths.is_url(path) and paths.isdir(path):
+        return paths.modified(paths.join(path, sharded.COMMIT_MARK)) if sharded.is_committed(path) else None
+    return paths.modified(path)
+
+
+def _newest(found: list[str]) -> str | None:
+    """The newest complete one of ``found`` by modification time (in object storage, whole
+    seconds: the folder's index orders the uploads of one second)."""
+    indexes: dict[Any, dict] = {}
+    dated = [(when, checkpoint_index.order(path, indexes), path) for path in found
+             if (when := _written(path)) is not None]
+    return max(dated)[2] if dated else None
 
 
 def newest_last_checkpoint(dirs: Sequence[str | None]) -> str | None:
@@ -34,7 +49,7 @@ def find_last_checkpoint(dirs: Sequence[str | None], root: str) -> str | None:
     without any (``save_last`` off, ModelCheckpoint's default), the newest checkpoint under
     root: the one the latest run wrote last."""
     for pattern in ("last*.ckpt", "*.ckpt"):
-        found = _newest(_in_dirs(dirs, pattern) or glob.glob(os.path.join(root, "**", pattern), recursive=True))
+        found = _newest(_in_dirs(dirs, pattern) or paths.glob(paths.join(root, "**", pattern), recursive=True))
         if found is not None:
             return found
     return None
@@ -51,7 +66,7 @@ def best_recorded_under(dirs: Sequence[str | None], root: str) -> tuple[str, str
     states = read_values(newest).get("callbacks") or {}
     recorded = sorted((state.get("monitor") is None, state.get("best_model_path") or "")
                       for key, state in states.items() if key.startswith("ModelCheckpoint") and isinstance(state, dict))
-    found = [path for _, path in recorded if path and os.path.exists(path)]
+    found = [path for _, path in recorded if path and paths.exists(path)]
     return (found[0], newest) if found else None
 
 
@@ -59,16 +74,18 @@ def newest_checkpoint_of_run(dirs: Sequence[str | None], match: dict[str, Any]) 
     """The newest complete checkpoint (``*.ckpt``, newest first by modification time) under
     ``dirs`` whose entries equal ``match`` (the run's id and which fit of the program it is),
     as the folders' indexes say (``index.py``); a file they do not vouch for is read."""
-    found = {p for d in dirs if d and os.path.isdir(d) for p in glob.glob(os.path.join(d, "**", "*.ckpt"), recursive=True)}
+    found = {p for d in dirs if d and paths.isdir(d) for p in paths.glob(paths.join(d, "**", "*.ckpt"), recursive=True)}
     dated = []
+    indexes: dict[Any, dict] = {}
     for path in found:
         try:
-            dated.append((os.path.getmtime(path), path))
+            when = _written(path)
         except OSError:  # removed meanwhile (top-k pruning)
             continue
-    indexes: dict[Path, dict] = {}
+        if when is not None:
+            dated.append((when, checkpoint_index.order(path, indexes), path))
     indexed = set(match) <= set(checkpoint_index.KEYS)  # the index holds every entry asked for
-    for _, path in sorted(dated, reverse=True):
+    for *_, path in sorted(dated, reverse=True):
         checkpoint = checkpoint_index.noted(path, indexes) if indexed else None
         try:
             checkpoint = checkpoint if checkpoint is not None else read_values(path)

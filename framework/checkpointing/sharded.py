@@ -14,6 +14,9 @@ DDP, ``fw checkpoint export``, ``load_from_checkpoint``).
 FSDP writes the folder, and reads each rank's part of every tensor
 (``framework/strategies/fsdp/sharded_checkpoint.py``).
 
+In object storage (a URL, ``paths.py``) the folder is a prefix: DCP's fsspec writer and reader
+write and read it, and ``COMMITTED``, uploaded last, is what makes it complete.
+
 DCP reads ``.metadata`` with ``pickle``; fw reads it with an unpickler that knows DCP's metadata
 classes and nothing else (``read_metadata``), so a sharded checkpoint cannot run code, as
 ``weights_only`` keeps a file from running code. The imports of DCP wait for the first folder read.
@@ -21,6 +24,7 @@ classes and nothing else (``read_metadata``), so a sharded checkpoint cannot run
 
 from __future__ import annotations
 
+import io
 import os
 import pickle
 import warnings
@@ -29,6 +33,7 @@ from typing import Any
 
 import torch
 
+from framework import paths
 from framework.errors import CheckpointError
 
 FW_FILE, COMMIT_MARK, PARTIAL = "fw_state.pt", "COMMITTED", ".partial"
@@ -36,21 +41,28 @@ FW_FILE, COMMIT_MARK, PARTIAL = "fw_state.pt", "COMMITTED", ".partial"
 
 def is_sharded(path: str | os.PathLike) -> bool:
     """Is ``path`` a folder that fw's sharded save wrote (or began to)?"""
+    if paths.is_url(path):
+        url = os.fspath(path)
+        return paths.isdir(url) and any(name in (FW_FILE, ".metadata", COMMIT_MARK) for name in paths.listdir(url))
     folder = Path(path)
     return folder.is_dir() and ((folder / FW_FILE).exists() or (folder / ".metadata").exists())
 
 
-def committed_fw_file(path: str | os.PathLike) -> Path:
+def is_committed(path: str | os.PathLike) -> bool:
+    """Does the sharded folder ``path`` hold its commit mark (its save finished)?"""
+    return paths.exists(paths.join(os.fspath(path), COMMIT_MARK))
+
+
+def committed_fw_file(path: str | os.PathLike) -> str:
     """The ``fw_state.pt`` of the complete sharded checkpoint at ``path``.
 
     Raises:
         CheckpointError: the folder has no commit mark (a save that did not finish writes none).
     """
-    folder = Path(path)
-    if not (folder / COMMIT_MARK).exists():
+    if not is_committed(path):
         raise CheckpointError(f"checkpoint '{path}' is incomplete (no {COMMIT_MARK} mark: a save that did not finish "
                               "writes none); it was not loaded. Resume from an earlier checkpoint")
-    return folder / FW_FILE
+    return paths.join(os.fspath(path), FW_FILE)
 
 
 def with_full_tensors(checkpoint: dict[str, Any], path: str | os.PathLike, map_location: Any = "cpu") -> dict[str, Any]:
@@ -105,8 +117,7 @@ def read_metadata(path: str | os.PathLike) -> Any:
     from torch.distributed.checkpoint.metadata import StorageMeta, TensorStorageMetadata
 
     try:
-        with open(Path(path) / ".metadata", "rb") as f:
-            metadata = _MetadataUnpickler(f).load()
+        metadata = _MetadataUnpickler(io.BytesIO(paths.read_bytes(paths.join(os.fspath(path), ".metadata")))).load()
     except (OSError, pickle.UnpicklingError, EOFError, AttributeError, ValueError) as err:
         raise CheckpointError(f"checkpoint '{path}': its .metadata is missing or holds data that is not DCP's "
                               f"({type(err).__name__}: {str(err)[:100]}); it was left as it is") from None
@@ -120,10 +131,16 @@ def read_metadata(path: str | os.PathLike) -> Any:
 
 
 def storage_reader(path: str | os.PathLike, metadata: Any) -> Any:
-    """DCP's file reader, given the metadata read above (it never unpickles the file itself)."""
+    """DCP's file reader (its fsspec reader for a URL), given the metadata read above (it never
+    unpickles the file itself)."""
     from torch.distributed.checkpoint import FileSystemReader
 
-    reader = FileSystemReader(os.fspath(path))
+    if paths.is_url(path):
+        from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
+
+        reader: FileSystemReader = FsspecReader(os.fspath(path), **paths.options_for(os.fspath(path)))
+    else:
+        reader = FileSystemReader(os.fspath(path))
     metadata.storage_meta.load_id = reader.load_id
     reader.read_metadata = lambda *args, **kwargs: metadata  # type: ignore[method-assign]
     return reader

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from pathlib import Path
+from pathlib import Path, PurePath, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
 from framework.callbacks.base import Callback
 from framework.config import instantiate
-from framework.paths import new_record
+from framework.paths import is_url, join, new_record, write_text
 from framework.rank_zero import rank_zero_info, rank_zero_print, rank_zero_warn
 
 if TYPE_CHECKING:
@@ -27,7 +27,7 @@ class SaveRecipe(Callback):
 
     def __init__(self, text: str, stage: str) -> None:
         self.text, self.stage = text, stage
-        self.written: Path | None = None
+        self.written: PurePath | None = None
 
     def on_fit_start(self, trainer: Trainer, module: TrainModule) -> None:
         self._write(trainer, "fit")
@@ -44,13 +44,13 @@ class SaveRecipe(Callback):
     def _write(self, trainer: Trainer, stage: str) -> None:
         if stage != self.stage or self.written is not None or not trainer.is_global_zero:
             return
-        where = Path(trainer.log_dir or trainer.default_root_dir)
+        where = trainer.log_dir or trainer.default_root_dir  # a folder or a URL (paths.py)
         stem = "config" if stage == "fit" else f"{stage}-config"
-        path = Path(new_record(where, stem))
-        path.write_text(self.text, encoding="utf-8")
-        self.written = path
+        record = new_record(where, stem)
+        write_text(record, self.text)
+        self.written = path = Path(record) if not is_url(record) else PurePosixPath(record)
         if path.name != f"{stem}.yaml":
-            rank_zero_info(f"fw {stage}: {where / (stem + '.yaml')} is an earlier command's record and stays as "
+            rank_zero_info(f"fw {stage}: {join(where, stem + '.yaml')} is an earlier command's record and stays as "
                            f"it is; this run's recipe is {path.name}")
 
 

@@ -7,20 +7,31 @@ takes part in a collective.
 Each run gets its own folder, ``<save_dir>/<name>/version_<N>``, where ``N`` is the next free
 integer. The version is resolved once, lazily, on the first access of ``version`` or
 ``log_dir``, and nothing is created on disk until the first write.
+
+``save_dir`` may be a URL (``s3://bucket/run``, ``paths.py``). A logger then writes its files
+(event files, ``metrics.csv``, ``hparams.yaml``) into ``local_dir``, a local copy of its
+``log_dir`` that starts with the files already there (a resumed run appends to them), and
+``publish`` uploads what changed: at most every ``PUBLISH_EVERY`` seconds during a run (an
+upload per logged row would cost a request each), and at ``finalize``.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
+import shutil
+import tempfile
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 
-from framework.paths import local_path, new_record
+from framework import paths
+from framework.paths import new_record
 
 
 class Logger(ABC):
@@ -36,11 +47,13 @@ class Logger(ABC):
     """
 
     LOGGER_JOIN_CHAR = "-"
+    #: seconds between two uploads of a URL log folder's files during a run (``publish``)
+    PUBLISH_EVERY = 10.0
     _prefix = ""  # put in front of every metric name (the ``prefix=`` of the loggers that take one)
 
     def __init__(self, save_dir: str | os.PathLike | None = None, name: str | None = "fw_logs",
                  version: int | str | None = None) -> None:
-        self._save_dir = local_path(save_dir, f"{type(self).__name__} save_dir") if save_dir is not None else None
+        self._save_dir = paths.storage_path(save_dir, f"{type(self).__name__} save_dir") if save_dir is not None else None
         self._name = name or ""
         self._version = version
         self._picked = False  # the version was the next free one (set_default_root)
@@ -68,7 +81,7 @@ class Logger(ABC):
     @property
     def root_dir(self) -> str:
         """``<save_dir>/<name>``: the folder that holds the versions."""
-        return os.path.join(self.save_dir, self.name) if self.name else self.save_dir
+        return paths.join(self.save_dir, self.name) if self.name else self.save_dir
 
     @property
     def log_dir(self) -> str:
@@ -80,7 +93,47 @@ class Logger(ABC):
         """This run's version folder, which holds ``checkpoints/`` (``log_dir`` may lie inside it)."""
         version = self.version
         folder = version if isinstance(version, str) else f"version_{version}"
-        return os.path.join(self.root_dir, folder)
+        return paths.join(self.root_dir, folder)
+
+    @property
+    def local_dir(self) -> str:
+        """The folder this logger writes into with the OS: ``log_dir``, or for a URL ``log_dir``
+        a local copy of it (made on first use with the files already there) that ``publish`` uploads."""
+        log_dir = self.log_dir
+        if not paths.is_url(log_dir):
+            return log_dir
+        staged = vars(self).get("_staged")
+        if staged is None or staged[0] != log_dir:
+            local = tempfile.mkdtemp(prefix="fw-logs-")
+            for name in paths.listdir(log_dir):  # the files, not the folders (checkpoints/)
+                remote = paths.join(log_dir, name)
+                if paths.isfile(remote):
+                    with open(os.path.join(local, name), "wb") as f:
+                        f.write(paths.read_bytes(remote))
+            staged = self._staged = (log_dir, local, _stamps(local))
+            self._published = time.monotonic()
+        return staged[1]
+
+    def publish(self, force: bool = True) -> None:
+        """Upload the files of ``local_dir`` that changed to a URL ``log_dir`` (nothing for a
+        local one); without ``force``, only when ``PUBLISH_EVERY`` seconds have passed."""
+        staged = vars(self).get("_staged")
+        if staged is None or (not force and time.monotonic() - self._published < self.PUBLISH_EVERY):
+            return
+        log_dir, local, sent = staged
+        now = _stamps(local)
+        for name, stamp in now.items():
+            if sent.get(name) != stamp:
+                fs, path = paths.filesystem(paths.join(log_dir, name), settle=False)  # not after checkpoints
+                fs.put_file(os.path.join(local, name), path)
+                sent[name] = stamp
+        self._published = time.monotonic()
+
+    def _drop_local_copy(self) -> None:
+        """Remove a URL log folder's local copy (after its last ``publish``)."""
+        staged = vars(self).pop("_staged", None)
+        if staged is not None:
+            shutil.rmtree(staged[1], ignore_errors=True)
 
     def set_default_root(self, root_dir: str | os.PathLike, resume_from: str | None = None) -> None:
         """Set ``save_dir`` when the user gave none. Called by the Trainer before any logging.
@@ -109,6 +162,11 @@ class Logger(ABC):
                 return
 
     def _version_holding(self, path: str) -> int | None:
+        if paths.is_url(path) or paths.is_url(self.root_dir):
+            head = self.root_dir.rstrip("/") + "/"
+            relative_url = path[len(head):] if path.startswith(head) else ""
+            match = re.fullmatch(r"version_(\d+)", relative_url.split("/")[0])
+            return int(match.group(1)) if match else None
         relative = os.path.relpath(os.path.realpath(path), os.path.realpath(self.root_dir))
         match = re.fullmatch(r"version_(\d+)", relative.split(os.sep)[0])
         return int(match.group(1)) if match and not relative.startswith("..") else None
@@ -119,6 +177,9 @@ class Logger(ABC):
 
     def _next_version(self) -> int:
         root = self.root_dir
+        if paths.is_url(root):  # one listing: names of version_<N> prefixes are folders
+            found = [int(m.group(1)) for entry in paths.listdir(root) if (m := re.fullmatch(r"version_(\d+)", entry))]
+            return max(found) + 1 if found else 0
         if not os.path.isdir(root):
             return 0
         found = [int(m.group(1)) for entry in os.listdir(root)
@@ -162,6 +223,18 @@ class Logger(ABC):
 
 
 # -- helpers shared by the loggers ----------------------------------------------------------
+def _stamps(folder: str) -> dict[str, tuple[int, int]]:
+    """Each file of ``folder`` (its sub-folders' too, by relative name) with its size and mtime."""
+    found = {}
+    for where, _, names in os.walk(folder):
+        for name in names:
+            path = os.path.join(where, name)
+            with contextlib.suppress(OSError):
+                stat = os.stat(path)
+                found[os.path.relpath(path, folder).replace(os.sep, "/")] = (stat.st_size, stat.st_mtime_ns)
+    return found
+
+
 class NoExperiment:
     """What ``logger.experiment`` is on ranks other than 0 (Lightning's ``DummyExperiment``):
     every call does nothing, so user code that logs through it on every rank writes once."""

@@ -9,6 +9,9 @@ the rows wait (up to 10,000; later ones are dropped) and are written at the next
 works (a write that fails part-way is cut back, so no row is torn or written twice); one warning
 when it starts, and at the end one warning counts the rows never written.
 (Lightning's CSVLogger ends the fit with the ``OSError``.)
+
+A URL ``save_dir`` (``s3://bucket/run``): the file is written in the logger's local copy of its
+folder and uploaded whole (``Logger.publish``: every 10 s at most, and at ``finalize``).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from framework import paths
 from framework.loggers.base import Logger, to_float, to_plain
 from framework.loggers.failed_writes import FailedWrites
 
@@ -54,7 +58,7 @@ class CSVLogger(Logger):
 
     @property
     def metrics_file_path(self) -> str:
-        return os.path.join(self.log_dir, self.METRICS_FILE)
+        return paths.join(self.log_dir, self.METRICS_FILE)
 
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
         row: dict[str, Any] = {self.STEP_KEY: int(step)}
@@ -70,14 +74,16 @@ class CSVLogger(Logger):
         """Record hyperparameters in ``hparams.yaml`` (``hparams-1.yaml``, ... where an earlier
         command's is there); repeated calls merge into one set."""
         self.hparams.update(to_plain(params))
-        self.hparams_file.write(self.log_dir, self.hparams)
+        self.hparams_file.write(self.local_dir, self.hparams)
+        self.publish(force=False)
 
     def save(self) -> None:
         """Write the rows that wait; when the folder cannot be written, they wait for the next call."""
         if not self._rows:
             return
         try:
-            self._write(self.metrics_file_path)
+            self._write(os.path.join(self.local_dir, self.METRICS_FILE))
+            self.publish(force=False)
         except OSError as err:
             self._failed.failed(self.metrics_file_path, err, len(self._rows), "rows")
             return
@@ -86,11 +92,16 @@ class CSVLogger(Logger):
 
     def finalize(self, status: str) -> None:
         self.save()
+        try:
+            self.publish()
+        except OSError as err:
+            self._failed.failed(self.metrics_file_path, err, len(self._rows), "rows")
+        self._drop_local_copy()
         self._failed.report(self.metrics_file_path, len(self._rows), "rows")
         self._rows = []
 
     def _write(self, path: str) -> None:
-        os.makedirs(self.log_dir, exist_ok=True)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
         columns = self._columns if self._columns is not None else self._read_header(path)
         new_keys = [k for row in self._rows for k in row if k not in columns]
         new_keys = list(dict.fromkeys(new_keys))  # dedupe, keep first-seen order

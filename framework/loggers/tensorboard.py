@@ -9,6 +9,9 @@ call; the logger then drops that writer, and the metrics logged since the last f
 wait (up to 10,000 ``log_metrics`` calls) and go to a new event file in the same folder at the
 next ``save`` that works: one warning when it starts, and at the end one warning counts the calls
 never written. (Lightning's TensorBoardLogger ends the fit with the ``OSError``.)
+
+A URL ``save_dir`` (``s3://bucket/run``): the event files are written in the logger's local copy
+of its folder and uploaded (``Logger.publish``: every 10 s at most, and at ``finalize``).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import threading
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from framework import paths
 from framework.errors import ConfigError
 from framework.loggers.base import Logger, flatten, to_float, to_plain
 from framework.loggers.failed_writes import FailedWrites
@@ -73,7 +77,7 @@ class TensorBoardLogger(Logger):
     @property
     def log_dir(self) -> str:
         """The version folder, and ``sub_dir`` inside it when given (Lightning's)."""
-        return os.path.join(self.version_dir, self._sub_dir) if self._sub_dir else self.version_dir
+        return paths.join(self.version_dir, self._sub_dir) if self._sub_dir else self.version_dir
 
     @property
     def experiment(self) -> SummaryWriter:
@@ -82,14 +86,15 @@ class TensorBoardLogger(Logger):
         if self._experiment is None:
             from torch.utils.tensorboard import SummaryWriter
 
-            before = set(os.listdir(self.log_dir)) if os.path.isdir(self.log_dir) else set()
-            _QUIET.add(self.log_dir)
+            folder = self.local_dir
+            before = set(os.listdir(folder)) if os.path.isdir(folder) else set()
+            _QUIET.add(folder)
             try:
-                os.makedirs(self.log_dir, exist_ok=True)
-                self._experiment = SummaryWriter(log_dir=self.log_dir, **self._writer_options)
+                os.makedirs(folder, exist_ok=True)
+                self._experiment = SummaryWriter(log_dir=folder, **self._writer_options)
             except OSError:  # its first event could not be written: remove the file it began
-                for name in set(os.listdir(self.log_dir)) - before if os.path.isdir(self.log_dir) else ():
-                    _remove(os.path.join(self.log_dir, name))
+                for name in set(os.listdir(folder)) - before if os.path.isdir(folder) else ():
+                    _remove(os.path.join(folder, name))
                 raise
             self._sent = 0
         return self._experiment
@@ -133,8 +138,9 @@ class TensorBoardLogger(Logger):
         """Flush the writer; when the folder cannot be written, what was logged waits for the next call."""
         if self._experiment is not None or self._waiting:
             self._push()
-        if os.path.isdir(self.log_dir) and (self._yaml_unsaved or not self.hparams_file.holds(self.log_dir)):
+        if os.path.isdir(self.local_dir) and (self._yaml_unsaved or not self.hparams_file.holds(self.local_dir)):
             self._save_hparams_yaml()  # Lightning's: also without any
+        self._publish(force=False)
 
     def finalize(self, status: str) -> None:
         if self._experiment is not None or self._waiting:
@@ -146,14 +152,16 @@ class TensorBoardLogger(Logger):
                 self._writer_failed(err)
             # A later write (e.g. trainer.test after fit) opens a new event file in the same folder.
             self._experiment = None
-            _QUIET.remove(self.log_dir)  # its writer thread has ended
+            _QUIET.remove(self.local_dir)  # its writer thread has ended
+        self._publish(force=True)
+        self._drop_local_copy()
         self._failed.report(self.log_dir, len(self._waiting), "log_metrics calls")
         self._waiting = []
 
     def _save_hparams_yaml(self) -> None:
-        path = self.hparams_file.path or os.path.join(self.log_dir, "hparams.yaml")
+        path = self.hparams_file.path or os.path.join(self.local_dir, "hparams.yaml")
         try:
-            self.hparams_file.write(self.log_dir, self.hparams)
+            self.hparams_file.write(self.local_dir, self.hparams)
         except OSError as err:
             self._yaml_unsaved = True
             self._failed.failed(path, err, len(self._waiting), "log_metrics calls")
@@ -190,6 +198,13 @@ class TensorBoardLogger(Logger):
             return
         self._failed.worked(self.log_dir, len(self._waiting), "log_metrics calls")
         self._waiting, self._sent = [], 0
+
+    def _publish(self, force: bool) -> None:
+        """``publish`` the event files (a URL ``log_dir``); a failed upload waits for the next call."""
+        try:
+            self.publish(force)
+        except OSError as err:
+            self._failed.failed(self.log_dir, err, len(self._waiting), "log_metrics calls")
 
     def _writer_failed(self, err: OSError) -> None:
         """Drop the writer, whose thread has died (its event file stays, with what it wrote)."""

@@ -30,7 +30,7 @@ from framework.checkpointing.single_file import is_live
 from framework.checkpointing.weights_only import refuse_to_resume_from_weights_only, weights_only_parts
 from framework.environments.ray import RayTrainEnvironment
 from framework.errors import CheckpointError, ConfigError, TrainingError
-from framework.paths import local_path
+from framework.paths import storage_path
 from framework.rank_zero import rank_zero_info, rank_zero_warn
 from framework.strategies.launchers.rendezvous import elastic_job_id
 from framework.trainer import end_of_fit, position_mapping
@@ -50,7 +50,7 @@ def save(run: Run, path: str | os.PathLike, weights_only: bool = False) -> None:
     with run.hooks.profiled("save_checkpoint"), waiting_in(f"a checkpoint save of '{os.fspath(path)}'"):
         _refuse_nonfinite_weights(run, path, is_live(strategy))
         parts = parts_of(run, for_fit=True)
-        path = local_path(path, "save_checkpoint filepath")
+        path = storage_path(path, "save_checkpoint filepath")
         strategy.save_checkpoint(path, weights_only_parts(run, parts) if weights_only else parts)
 
 
@@ -201,7 +201,7 @@ def lightnings_default(fn: str, ckpt_path: Any, model_given: bool, trainer: Trai
     Lightning's warning), and an error where it has none, never the weights left in memory. A
     path given is checked before anything is created (``paths.py``: no ``s3://``)."""
     if isinstance(ckpt_path, (str, os.PathLike)) and ckpt_path not in ("last", "best"):
-        return local_path(ckpt_path, "ckpt_path")
+        return storage_path(ckpt_path, "ckpt_path")
     if fn == "fit" or model_given or ckpt_path is not None or trainer.lightning_module is None:
         return ckpt_path
     callback = trainer.checkpoint_callback

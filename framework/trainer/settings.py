@@ -18,7 +18,7 @@ from framework.compile import compile_options
 from framework.errors import raised_alike_on_every_rank
 from framework.loops.batches import LIMIT_ARGUMENTS
 from framework.parallel.activation_checkpointing import policy_names
-from framework.paths import local_path
+from framework.paths import storage_path
 from framework.trainer import arguments as args
 
 if TYPE_CHECKING:
@@ -136,7 +136,7 @@ class Settings:
             on_nonfinite=args.one_of("on_nonfinite", on_nonfinite, ("error", "skip", "warn")),
             preemption_signal=args.signal_arg("preemption_signal", preemption_signal),
             requeue=bool(requeue),
-            default_root_dir=local_path(default_root_dir, "trainer.default_root_dir") if default_root_dir else os.getcwd(),
+            default_root_dir=storage_path(default_root_dir, "trainer.default_root_dir") if default_root_dir else os.getcwd(),
             barebones=bool(barebones),
             overfit_batches=overfit,
             fast_dev_run=dev_run,

@@ -27,6 +27,7 @@ from framework.data import DataModule
 from framework.environments import DistInfo, detect_environment
 from framework.errors import ConfigError
 from framework.module import TrainModule
+from framework.paths import is_url, upload_in_background, use_storage_options, wait_for_uploads
 from framework.precision import Precision
 from framework.profilers import Profiler, resolve_profiler
 from framework.rank_zero import rank_zero_info
@@ -70,7 +71,14 @@ class Trainer(TrainerProperties, DataProperties, TrainerControls):
         callbacks, logger: a Callback or a list; ``logger``: ``True`` (TensorBoard), ``False``, a Logger or a list.
         enable_checkpointing, enable_progress_bar, enable_model_summary: add the default ModelCheckpoint, progress
             bar or ModelSummary unless one was given.
-        default_root_dir: where logs and checkpoints go (default: the working directory).
+        default_root_dir: where logs and checkpoints go (default: the working directory): a folder, or an fsspec URL
+            (``s3://bucket/run``, ``memory://run``; ``docs/guides/clouds/object-storage.md``).
+        storage_options: fsspec's options (``key``, ``secret``, ``endpoint_url``, ``client_kwargs``, ...) for the
+            buckets of this Trainer's URLs (``default_root_dir``, ModelCheckpoint ``dirpath``, a logger's ``save_dir``);
+            without them the environment's (``AWS_*`` variables).
+        async_upload: upload the checkpoints written to those URLs in a background thread, in order, each index
+            after its checkpoint: a save waits for the serialisation only; the fit waits for the uploads at its end
+            (a failed one is a ``CheckpointError`` there or at the next save). Sharded (FSDP) saves stay synchronous.
         use_distributed_sampler: shard every loader over the ranks (``False``: keep each loader's own sampler); a
             shuffled training loader follows one order for any number of ranks, one process included.
         on_nonfinite: a NaN or infinite loss ``error`` (the default: stop, naming the step), ``skip`` (drop that
@@ -104,7 +112,8 @@ class Trainer(TrainerProperties, DataProperties, TrainerControls):
         reload_dataloaders_every_n_epochs: int = 0, benchmark: bool | None = None, detect_anomaly: bool = False,
         inference_mode: bool = True, use_distributed_sampler: bool | None = None, sync_batchnorm: bool = False,
         barebones: bool = False, profiler: Any = None, activation_checkpointing_policy: Any = None,
-        compile: Any = False, min_steps: int | None = None,
+        compile: Any = False, min_steps: int | None = None, storage_options: dict[str, Any] | None = None,
+        async_upload: bool = False,
     ) -> None:
         arguments = {name: value for name, value in locals().items() if name in _SETTINGS}
         self.settings = Settings.resolve(**arguments)
@@ -135,6 +144,11 @@ class Trainer(TrainerProperties, DataProperties, TrainerControls):
             self.loggers = run_loggers.dev_run_loggers(logger)
             n = self.settings.fast_dev_run
             rank_zero_info(f"fw: fast_dev_run={n}: {n} batch(es) per stage, without logging or checkpoints")
+        for url in (self.settings.default_root_dir, *(getattr(part, "dirpath", None) for part in self.callbacks),
+                    *(getattr(lg, "_save_dir", None) for lg in self.loggers)):
+            use_storage_options(url, storage_options)  # the buckets of this Trainer's URLs
+            if async_upload:
+                upload_in_background(url)
         self.state = RunState()
         self.profiler: Profiler = resolve_profiler(profiler, self.settings.barebones)  # None: PassThroughProfiler
         self._no_metrics = LoggedMetrics()  # what the metric properties read before the first call
@@ -189,15 +203,18 @@ class Trainer(TrainerProperties, DataProperties, TrainerControls):
         return stack
 
     def save_checkpoint(self, filepath: str | os.PathLike, weights_only: bool = False,
-                        storage_options: Any = None) -> None:
+                        storage_options: dict[str, Any] | None = None) -> None:
         """Write a checkpoint (call on every rank: rank 0 writes, the others wait). After a fit and
         then ``validate``, ``test`` or ``predict`` of the same model, the fit's (its optimizers,
         progress and data position as it ended) with the weights as they are now, as in Lightning
-        (``weights_only``: Lightning's, ``trainer/weights_only.py``)."""
+        (``weights_only``: Lightning's, ``trainer/weights_only.py``). ``filepath`` may be a URL
+        (``s3://bucket/run/x.ckpt``), with fsspec's ``storage_options`` for its bucket."""
         if (run := self.run) is None:
             raise ConfigError("save_checkpoint: no model yet; call it during or after fit/validate/test")
-        if storage_options is not None:
-            raise ConfigError("save_checkpoint(storage_options=...): fw writes files itself (no CheckpointIO); drop it")
+        if storage_options is not None and not is_url(filepath):
+            raise ConfigError(f"save_checkpoint('{os.fspath(filepath)}', storage_options=...): storage_options are "
+                              "for a URL (s3://bucket/...); a local path takes none, drop them")
+        use_storage_options(filepath, storage_options)
         fit = self.last_fit
         checkpointing.save(fit if fit is not None and fit.module is run.module else run, filepath, weights_only)
 
@@ -257,8 +274,10 @@ class Trainer(TrainerProperties, DataProperties, TrainerControls):
             if fn == "fit" and state.stop_reason == "preempted":
                 state.status = "interrupted"
                 save_after_signal(run)
+                wait_for_uploads()
             else:
                 if fn == "fit":
+                    wait_for_uploads()  # the fit's checkpoints are in the bucket (async_upload) before it ends
                     reports.report_where_it_went(run)
                 elif fn in ("validate", "test") and call.verbose and self.is_global_zero:
                     reports.print_results(fn, result)

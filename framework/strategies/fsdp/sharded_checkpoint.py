@@ -11,7 +11,13 @@ holds the whole model or optimizer state to save it.
   hyperparameters and non-tensor state), written by rank 0 after gathering the per-rank parts;
 - ``COMMITTED``: written last, by rank 0, once every rank's shards and ``fw_state.pt`` are on disk.
 
-It is written as ``.<name>.partial`` and renamed to its name once committed (over an older
+In object storage (a URL: ``s3://bucket/run/checkpoints/epoch=0-step=10.ckpt``) there is no
+rename: the folder is written in place with DCP's fsspec writer, after rank 0 removed the mark
+of a folder of that name (``last.ckpt``) and then the folder; ``COMMITTED`` is uploaded last, and
+a folder without it is never loaded nor chosen (``checkpointing/search.py``). Such a save is
+synchronous.
+
+Locally it is written as ``.<name>.partial`` and renamed to its name once committed (over an older
 checkpoint of that name: ``last.ckpt``), so a directory under a checkpoint's name is complete. A
 directory without the mark is never loaded; the next fit removes partial ones
 (``checkpoint.remove_stale_temp_files``). Loading under FSDP reads each rank's part of every
@@ -34,6 +40,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
+from framework import paths
 from framework.checkpointing import file as ckpt
 from framework.checkpointing.file import read_fw_file
 from framework.checkpointing.parts import Value, check_count, items_of
@@ -61,6 +68,9 @@ def save_sharded(strategy: FSDPStrategy, module: TrainModule, path: str, parts: 
     from framework.strategies.fsdp.async_save import PendingSave, checkpoint_group, finish_pending
 
     finish_pending(strategy)
+    if paths.is_url(path):
+        _save_to_url(strategy, module, path, parts)
+        return
     final = Path(path)
     partial = final.parent / f".{final.name}{PARTIAL}"
     if strategy.is_global_zero:
@@ -86,6 +96,32 @@ def save_sharded(strategy: FSDPStrategy, module: TrainModule, path: str, parts: 
         return
     if strategy.is_global_zero:
         _commit(partial, final)
+    strategy.barrier("sharded checkpoint committed")
+
+
+def _save_to_url(strategy: FSDPStrategy, module: TrainModule, url: str, parts: CheckpointParts) -> None:
+    """``save_sharded`` into object storage: the folder written in place, its mark uploaded last."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+
+    if strategy.is_global_zero:  # an older folder of this name stops being complete before anything of it goes
+        paths.remove(paths.join(url, COMMIT_MARK))
+        paths.remove(url)
+        paths.wait_for_uploads()  # those removals, and any background upload before them, are done
+    strategy.barrier("sharded checkpoint folder")
+    optimizers = items_of(parts.shared.get("optimizer_states"))
+    states = [get_optimizer_state_dict(module, opt) for opt in optimizers]
+    tensors, rest = _split(get_model_state_dict(module), states)
+    dcp.save(tensors, storage_writer=FsspecWriter(url, **paths.options_for(url)))
+    shared = {**parts.shared, "state_dict": Value.saved_only(dict)}
+    if optimizers:
+        shared["optimizer_states"] = Value.saved_only(lambda: rest)
+    values = {**parts.values, "fw_sharded": "dcp", "fw_optimizer_keys": "names"}
+    save_from_rank_zero(strategy, paths.join(url, FW_FILE), replace(parts, shared=shared, values=values))
+    if strategy.is_global_zero:  # every rank's shards, DCP's .metadata and fw_state.pt are there
+        paths.wait_for_uploads()  # fw_state.pt, where it went in the background
+        paths.write_bytes(paths.join(url, COMMIT_MARK), b"every rank's shards and fw_state.pt are written\n")
     strategy.barrier("sharded checkpoint committed")
 
 
