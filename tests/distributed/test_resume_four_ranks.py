@@ -17,6 +17,7 @@ checkpoint every 2, the second resumes from step 2 in the same processes.
 from __future__ import annotations
 
 import json
+from itertools import chain
 
 import pytest
 from forked import run_script
@@ -56,9 +57,9 @@ def test_a_run_resumed_on_four_ranks_ends_with_the_uninterrupted_weights_bit_for
     check_ok(run_script(write_script(tmp_path, SCRIPT), str(tmp_path), nprocs=4, timeout=80))
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(4)]
     assert [r["step"] for r in ranks] == [6] * 4
-    assert len(sum(ranks[0]["straight"], [])) == 58
+    assert len(list(chain(*ranks[0]["straight"]))) == 58
     for r in ranks:
         assert r["straight"] == ranks[0]["straight"]  # DDP keeps the replicas equal
-        differing = [(i, a, b) for i, (a, b) in enumerate(zip(sum(r["straight"], []), sum(r["resumed"], [])))
-                     if a != b]
+        pairs = zip(chain(*r["straight"]), chain(*r["resumed"]), strict=True)
+        differing = [(i, a, b) for i, (a, b) in enumerate(pairs) if a != b]
         assert differing == [], f"{len(differing)} of 58 weights differ after the resume: {differing}"
