@@ -278,7 +278,7 @@ def _fix_bucket_layout(model: nn.parallel.DistributedDataParallel) -> None:
 
     Left alone, DDP reduces its first iteration in one bucket in parameter order and then
     rebuilds the buckets in the order the gradients became ready. An all-reduce over 3 or more
-    ranks (Gloo's ring) adds an element's per-rank values in an order that depends on where the
+    ranks (measured with Gloo) adds an element's per-rank values in an order that depends on where the
     element sits in its bucket, so a run resumed from a checkpoint, whose first iteration is
     the uninterrupted run's step k, summed that step in another order: a few weights ended a
     float32 ulp apart on 4 ranks. Here the buckets are rebuilt once, in parameter order (what
