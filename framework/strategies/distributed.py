@@ -114,6 +114,7 @@ class DistributedStrategy(Strategy):
         self.model = nn.parallel.DistributedDataParallel(
             StepModule(module), device_ids=device_ids, **self.ddp_kwargs
         )
+        _fix_bucket_layout(self.model)
         return self.model
 
     def training_step_fn(self, module: TrainModule) -> Callable[..., Any]:
@@ -269,6 +270,29 @@ def destroy_groups_at_exit() -> None:
     then a moment for Gloo's threads; seen aborting 1 exit in about 10 without them); a peer that
     is gone is not waited for more than 30 s."""
     atexit.register(lambda: destroy_process_groups(timeout=30.0) if dist.is_initialized() else None)
+
+
+def _fix_bucket_layout(model: nn.parallel.DistributedDataParallel) -> None:
+    """Give DDP its final gradient buckets now, before the first step, so that every run lays
+    out the gradients the same way at every step (collective on the model's group).
+
+    Left alone, DDP reduces its first iteration in one bucket in parameter order and then
+    rebuilds the buckets in the order the gradients became ready. An all-reduce over 3 or more
+    ranks (measured with Gloo) adds an element's per-rank values in an order that depends on where the
+    element sits in its bucket, so a run resumed from a checkpoint, whose first iteration is
+    the uninterrupted run's step k, summed that step in another order: a few weights ended a
+    float32 ulp apart on 4 ranks. Here the buckets are rebuilt once, in parameter order (what
+    DDP's Join hook does for a rank that ran out of data), and DDP rebuilds nothing later.
+    Cost: the bucket of the first layers' gradients, ready last, goes first, so every bucket is
+    all-reduced after the backward pass instead of overlapping its end (a 48 MB MLP: 0 of 3
+    buckets sent before the last gradient was ready, 2 of 3 without this). So only where the
+    order can matter: 2 ranks add a + b, the same as b + a. ``find_unused_parameters=True``
+    never rebuilds (its buckets stay in reversed parameter order, which overlaps): there this
+    does nothing.
+    """
+    if dist.get_world_size(model.process_group) > 2:
+        model.reducer._push_all_rebuilt_params()
+        model.reducer._rebuild_buckets()
 
 
 def destroy_process_groups(barrier: bool = True, group: Any = None, timeout: float | None = None) -> None:
