@@ -199,9 +199,8 @@ def test_a_pod_killed_mid_epoch_and_restarted_by_the_operator_resumes_exactly(po
     variables; they resume from last.ckpt (step 2) and end with the weights of the run never
     interrupted (the one-node run, which the pods equal bit for bit).
 
-    2 pods x 1 process: with 4 ranks a resumed run ends a few float32 ulps away from the straight
-    one, on one node under fw's own launcher as well (DDP rebuilds its gradient bucket after its
-    first step, and Gloo's 4-rank sum then adds in another order); with 2 ranks a sum has one order.
+    2 pods x 1 process, the fewest processes a restart needs (4-rank resume is proved bit for bit
+    by tests/distributed/test_resume_four_ranks.py).
     """
     port, survivor = free_port(), "A" if victim == "B" else "B"
     variables = {index: pytorchjob(index, 2, pods.addrs["A"], port) for index in (0, 1)}
