@@ -10,16 +10,25 @@ its shards: not yet tested under Ray) and then ``ray.train.report(metrics, check
 something, else no checkpoint: Ray uploads the folders into one checkpoint under the run's
 ``storage_path`` (a local folder or object storage) and the local copies go.
 
+A report is made only on a batch that completed an optimizer step (never partway through
+gradient accumulation, whose checkpoint would not resume exactly), and never at the step a fit
+started from (step 0, or the step of the checkpoint it resumed): ``ModelCheckpoint``'s rule.
+
 When Ray restarts the worker group (``FailureConfig(max_failures=...)``, an elastic resize) or
-a run of the same name, the first fit of each new worker resumes from
-``ray.train.get_checkpoint()`` (``checkpoint_to_resume``), exactly: fw's mid-epoch resume, and
-its resume on another number of ranks, which an elastic group that comes back smaller needs.
+a run of the same name, the fit of each new worker that reported Ray's latest checkpoint resumes
+from it (``checkpoint_to_resume``), exactly: fw's mid-epoch resume, and its resume on another
+number of ranks, which an elastic group that comes back smaller needs. Each checkpoint records
+which fit of the worker's program reported it (``trainer.state.fit_index``: 1, 2, ... in the
+order the program runs them): a program that fits twice resumes its second fit from the second
+fit's checkpoint, and runs its first fit again from the start (a later fit's checkpoint is never
+loaded into an earlier fit, nor the reverse).
 
 ``ray`` is imported only here, and only when a report or a resume happens.
 """
 
 from __future__ import annotations
 
+import inspect
 import os
 import shutil
 import tempfile
@@ -37,6 +46,15 @@ if TYPE_CHECKING:
 
 #: the file of fw's checkpoint inside each checkpoint folder reported to Ray
 CHECKPOINT_FILE = "checkpoint.ckpt"
+#: the key of Ray's checkpoint metadata that holds which fit of the worker's program reported it
+FIT_INDEX_KEY = "fw_fit_index"
+
+#: Ray's checkpoint as this worker process found it at its first fit ([] before that): Ray's
+#: ``get_checkpoint()`` moves on to each checkpoint the process reports, and a later fit of the
+#: program must see the one Ray restarted the workers with
+_found_at_start: list[Any] = []
+#: folders that ``checkpoint_to_resume`` downloaded, removed once the resume has loaded them
+_downloaded: list[str] = []
 
 
 def import_ray_train() -> Any:
@@ -80,7 +98,9 @@ class RayTrainReport(Callback):
         self.every_n_epochs = (1 if not every_n_train_steps else 0) if every_n_epochs is None else every_n_epochs
         self.every_n_train_steps = every_n_train_steps or 0
         self.checkpoint = bool(checkpoint)
-        self._reported_step = -1  # the global step of the last report: one report per step
+        # the global step of the last report, or of the fit's start: a report only on a batch that
+        # moved the step on (completed an optimizer step), one per step
+        self._reported_step = 0
 
     # -- when ---------------------------------------------------------------------------------
     def setup(self, trainer: Trainer, module: TrainModule, stage: str) -> None:
@@ -91,7 +111,14 @@ class RayTrainReport(Callback):
                               f"under {trainer.environment.name}): build the Trainer inside the train_loop_per_worker "
                               "of a ray.train.torch.TorchTrainer, or drop the callback")
         import_ray_train()
-        self._reported_step = -1
+
+    def on_train_start(self, trainer: Trainer, module: TrainModule) -> None:
+        # step 0, or the step of the checkpoint resumed: reported already, or an untrained model;
+        # until the step moves on, a batch is partway through an accumulation window
+        self._reported_step = trainer.global_step
+
+    def teardown(self, trainer: Trainer, module: TrainModule, stage: str) -> None:
+        drop_downloaded_copies()  # a fit that failed before its resume loaded the copy
 
     def on_train_batch_end(self, trainer: Trainer, module: TrainModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
@@ -137,16 +164,22 @@ class RayTrainReport(Callback):
         try:
             trainer.save_checkpoint(os.path.join(folder, CHECKPOINT_FILE))
             written = train.Checkpoint.from_directory(folder) if os.listdir(folder) else None
+            if written is not None:
+                written.set_metadata({FIT_INDEX_KEY: trainer.state.fit_index})
             train.report(metrics, checkpoint=written, **_keep_no_local_copy(train))
         finally:
             shutil.rmtree(folder, ignore_errors=True)
 
 
 def _keep_no_local_copy(train: Any) -> dict[str, Any]:
-    """Ray Train v2 can delete a folder once uploaded; v1's ``report`` has no such argument."""
-    from ray.train.v2._internal.constants import is_v2_enabled
-
-    return {"delete_local_checkpoint_after_upload": True} if is_v2_enabled() else {}
+    """Ray Train v2's ``report`` can delete a folder once uploaded (with an asynchronous upload the
+    folder outlives the call); v1's has no such argument. Asked of ``report``'s own signature, not of
+    Ray's private modules."""
+    try:
+        parameters = inspect.signature(train.report).parameters
+    except (TypeError, ValueError):  # no signature to read: the plain call works with every Ray
+        return {}
+    return {"delete_local_checkpoint_after_upload": True} if "delete_local_checkpoint_after_upload" in parameters else {}
 
 
 def _scalars(metrics: dict[str, Any]) -> dict[str, float]:
@@ -160,27 +193,46 @@ def _scalars(metrics: dict[str, Any]) -> dict[str, float]:
     return out
 
 
-def checkpoint_to_resume(rank: int) -> str | None:
-    """The fw checkpoint inside Ray Train's latest checkpoint of this run
-    (``ray.train.get_checkpoint()``), downloaded first where Ray keeps it elsewhere (object
-    storage): None when Ray has none (the first attempt of a new run).
+def checkpoint_to_resume(rank: int, fit_index: int) -> str | None:
+    """The fw checkpoint inside Ray Train's latest checkpoint of this run (``ray.train.get_checkpoint()``
+    as this worker process found it at its first fit), when fit ``fit_index`` of the program
+    reported it; downloaded first where Ray keeps it elsewhere (object storage: the copy goes with
+    ``drop_downloaded_copies`` once loaded). None when Ray has none (the first attempt of a new
+    run), or when another fit of the program reported it.
 
     Raises:
         CheckpointError: Ray's checkpoint holds no fw checkpoint (not written by ``RayTrainReport``).
     """
     train = import_ray_train()
-    reported = train.get_checkpoint()
+    if not _found_at_start:
+        _found_at_start.append(train.get_checkpoint())
+    reported = _found_at_start[0]
     if reported is None:
+        return None
+    made_by = (reported.get_metadata() or {}).get(FIT_INDEX_KEY, 1)  # 1: reported before fw recorded it
+    if made_by != fit_index:
+        rank_zero_info(f"fw: Ray Train's last reported checkpoint {reported.path} comes from fit {made_by} of this "
+                       f"program, not from this one (fit {fit_index}): this fit does not resume from it")
         return None
     if getattr(reported.filesystem, "type_name", "") == "local":  # pyarrow's LocalFileSystem
         folder = reported.path
     else:  # object storage: each rank reads its own copy
-        folder = reported.to_directory(tempfile.mkdtemp(prefix=f"fw-ray-resume-rank{rank}-"))
+        folder = tempfile.mkdtemp(prefix=f"fw-ray-resume-rank{rank}-")
+        _downloaded.append(folder)
+        reported.to_directory(folder)
     path = os.path.join(folder, CHECKPOINT_FILE)
     if not os.path.exists(path):
+        drop_downloaded_copies()
         raise CheckpointError(f"Ray Train's checkpoint {reported.path!r} holds no {CHECKPOINT_FILE}: it was not "
                               "reported by fw's RayTrainReport; start a new run (another RunConfig(name=...)) or "
                               "pass ckpt_path to fit")
     rank_zero_info(f"fw: Ray Train restarted this run's workers: resuming from its last reported checkpoint "
                    f"{reported.path}")
     return path
+
+
+def drop_downloaded_copies() -> None:
+    """Remove the copies of Ray's checkpoint that ``checkpoint_to_resume`` downloaded (the resume has
+    loaded them, or the fit ended before it did)."""
+    while _downloaded:
+        shutil.rmtree(_downloaded.pop(), ignore_errors=True)

@@ -5,8 +5,8 @@ Nothing needs wiring in the worker: a ``framework.Trainer`` built inside the
 (``framework.environments.RayTrainEnvironment``: rank, local rank, world size, and the process
 group Ray made, which it uses and leaves to Ray), reports its metrics and checkpoints with
 ``ray.train.report`` (``framework.callbacks.RayTrainReport``, added unless given), and, when Ray
-restarts the worker group or resizes an elastic one, its first fit resumes exactly from the last
-checkpoint reported (``ray.train.get_checkpoint()``)::
+restarts the worker group or resizes an elastic one, the fit that reported Ray's last checkpoint
+(``ray.train.get_checkpoint()``) resumes exactly from it (the first fit, in a loop that fits once)::
 
     import framework as fw
     import framework.ray

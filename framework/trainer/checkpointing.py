@@ -159,10 +159,11 @@ def resolve_path(run: Run, ckpt_path: Any, restarts: int) -> str | None:
     if fn == "fit":
         run.state.fit_index = _count_fit()
         run.state.run_id = elastic_job_id()
-    if fn == "fit" and run.state.fit_index == 1 and isinstance(run.trainer.environment, RayTrainEnvironment):
+    if fn == "fit" and isinstance(run.trainer.environment, RayTrainEnvironment):
         # Ray Train restarted the workers, or a run of the same name: its last reported checkpoint
-        # is newer than any ckpt_path the loop gives (the loop runs again as it was written)
-        found = ray_report.checkpoint_to_resume(run.strategy.global_rank)
+        # is newer than any ckpt_path the loop gives (the loop runs again as it was written); only
+        # the fit of the program that reported it resumes from it
+        found = ray_report.checkpoint_to_resume(run.strategy.global_rank, run.state.fit_index)
         if found is not None:
             return found
     if ckpt_path is None and fn == "fit":
@@ -252,7 +253,10 @@ def restore(run: Run, ckpt_path: str | None) -> None:
 
     mine: dict[str, Any] = {}
     parts = parts_of(run, for_fit=fn == "fit", path=ckpt_path, on_read=on_read, resumed=mine)
-    checkpoint = run.strategy.load_checkpoint(ckpt_path, parts)
+    try:
+        checkpoint = run.strategy.load_checkpoint(ckpt_path, parts)
+    finally:
+        ray_report.drop_downloaded_copies()  # a copy of Ray's checkpoint, loaded: no longer needed
     rank_zero_info(f"fw {fn}: loaded {ckpt_path} (step {checkpoint.get('global_step')})")  # all of it fitted
     if fn == "fit":
         state.position.resume_from = resume_point(run, mine, ckpt.ranks_that_wrote(checkpoint), carry[0])
