@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import sys
+import types
+
 import pytest
 
 from framework.environments import DistInfo, RayTrainEnvironment, TorchElasticEnvironment, detect_environment
@@ -34,8 +37,54 @@ def test_workers_spread_unevenly_over_nodes():
                                "LOCAL_WORLD_SIZE": "1", "NODE_RANK": "1"})
     info = env.info()
     assert (info.rank, info.local_rank, info.node_rank, info.local_world_size) == (2, 0, 1, 1)
-    assert 2 <= info.num_nodes <= 3  # Ray does not say how many nodes: at least this one's index + 1
+    assert 2 <= info.num_nodes <= 3  # the variables do not say how many nodes: at least this one's index + 1
     env.check(devices=1, num_nodes=1)  # trainer.num_nodes left at 1: Ray's placement is taken as it is
+
+
+def _uneven():
+    """The two kinds of rank of 4 workers placed 3 on one node, 1 on another (Ray's NODE_RANK
+    numbers the nodes' addresses)."""
+    return [RayTrainEnvironment({**RAY_WORKER, "RANK": "0", "WORLD_SIZE": "4", "LOCAL_RANK": "0",
+                                  "LOCAL_WORLD_SIZE": "3", "NODE_RANK": "0"}),
+             RayTrainEnvironment({**RAY_WORKER, "RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "0",
+                                  "LOCAL_WORLD_SIZE": "1", "NODE_RANK": "1"})]
+
+
+class _Ray:
+    """``ray`` in a worker: its placement group's bundles on nodes a, a, a, b (two addresses)."""
+
+    def __init__(self):
+        group = object()
+        self.util = types.SimpleNamespace(
+            get_current_placement_group=lambda: group,
+            placement_group_table=lambda pg: {"bundles_to_node_id": {0: "a", 1: "a", 2: "a", 3: "b"}} if pg is group else {})
+
+    def is_initialized(self):
+        return True
+
+    def nodes(self):
+        return [{"NodeID": "a", "NodeManagerAddress": "10.0.0.1"}, {"NodeID": "b", "NodeManagerAddress": "10.0.0.2"},
+                {"NodeID": "c", "NodeManagerAddress": "10.0.0.3"}]
+
+
+def test_every_rank_counts_the_nodes_alike_under_uneven_placement(monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", _Ray())
+    ranks = _uneven()
+    assert [env.info().num_nodes for env in ranks] == [2, 2]  # from Ray's placement group, not this rank's share
+    for env in ranks:
+        env.check(devices=env.info().local_world_size, num_nodes=2)
+        with pytest.raises(ConfigError, match=r"trainer.num_nodes=4, but Ray Train placed its 4 worker\(s\) itself "
+                                              r"on 2 node\(s\)"):
+            env.check(devices=env.info().local_world_size, num_nodes=4)
+
+
+def test_without_rays_count_only_num_nodes_1_is_taken_on_every_rank(monkeypatch):
+    monkeypatch.delitem(sys.modules, "ray", raising=False)  # Ray cannot be asked: each rank's estimate differs
+    ranks = _uneven()
+    for env in ranks:
+        env.check(devices=env.info().local_world_size, num_nodes=1)
+        with pytest.raises(ConfigError, match=r"trainer.num_nodes=2.*HINT: leave trainer.num_nodes at 1 under Ray"):
+            env.check(devices=env.info().local_world_size, num_nodes=2)
 
 
 def test_a_trainer_shape_other_than_rays_is_refused_with_the_fix():
