@@ -11,8 +11,8 @@ something, else no checkpoint: Ray uploads the folders into one checkpoint under
 ``storage_path`` (a local folder or object storage) and the local copies go.
 
 A report is made only on a batch that completed an optimizer step (never partway through
-gradient accumulation, whose checkpoint would not resume exactly), and never at the step a fit
-started from (step 0, or the step of the checkpoint it resumed): ``ModelCheckpoint``'s rule.
+gradient accumulation, whose checkpoint would not resume exactly: a fit stopped there reports
+nothing where it stopped), and never at the step a fit started from (step 0, or the step of the checkpoint it resumed): ``ModelCheckpoint``'s rule.
 
 When Ray restarts the worker group (``FailureConfig(max_failures=...)``, an elastic resize) or
 a run of the same name, the fit of each new worker that reported Ray's latest checkpoint resumes
@@ -100,7 +100,8 @@ class RayTrainReport(Callback):
         self.checkpoint = bool(checkpoint)
         # the global step of the last report, or of the fit's start: a report only on a batch that
         # moved the step on (completed an optimizer step), one per step
-        self._reported_step = 0
+        self._reported_step = self._seen_step = 0
+        self._mid_window = False
 
     # -- when ---------------------------------------------------------------------------------
     def setup(self, trainer: Trainer, module: TrainModule, stage: str) -> None:
@@ -115,13 +116,17 @@ class RayTrainReport(Callback):
     def on_train_start(self, trainer: Trainer, module: TrainModule) -> None:
         # step 0, or the step of the checkpoint resumed: reported already, or an untrained model;
         # until the step moves on, a batch is partway through an accumulation window
-        self._reported_step = trainer.global_step
+        self._reported_step = self._seen_step = trainer.global_step
+        self._mid_window = False  # the last training batch left an accumulation window open
 
     def teardown(self, trainer: Trainer, module: TrainModule, stage: str) -> None:
         drop_downloaded_copies()  # a fit that failed before its resume loaded the copy
 
     def on_train_batch_end(self, trainer: Trainer, module: TrainModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
+        # a batch that did not move the step on is partway through an accumulation window: its
+        # state (gradients accumulated, not applied) resumes inexactly, so nothing reports it
+        self._mid_window, self._seen_step = trainer.global_step == self._seen_step, trainer.global_step
         n = self.every_n_train_steps
         if n and trainer.global_step % n == 0 and not trainer.sanity_checking:
             self._report(trainer)
@@ -152,6 +157,12 @@ class RayTrainReport(Callback):
         """Save on every rank into a folder of its own, report it (rank 0's holds the file), and
         drop the local copies once Ray has uploaded them."""
         if trainer.global_step == self._reported_step or trainer.fast_dev_run:
+            return
+        if self._mid_window:  # a stop (max_time, should_stop) partway through an accumulation window
+            rank_zero_info(f"fw: the last training batch did not complete an optimizer step (partway through a "
+                           f"gradient accumulation window after step {trainer.global_step}): nothing reported to Ray "
+                           f"there, as such a checkpoint would not resume exactly (Ray's last report is of step "
+                           f"{self._reported_step})")
             return
         self._reported_step = trainer.global_step
         train = import_ray_train()

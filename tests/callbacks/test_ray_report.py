@@ -204,6 +204,20 @@ def test_no_report_partway_through_gradient_accumulation(ray_worker, tmp_path):
     assert torch.equal(resumed, reference)  # the checkpoint reported at step 1 resumes exactly
 
 
+def test_a_fit_stopped_partway_through_an_accumulation_window_reports_no_checkpoint_there(ray_worker, tmp_path,
+                                                                                         caplog):
+    class StopAt(fw.Callback):  # max_time, a callback's should_stop: after any batch
+        def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+            trainer.should_stop = batch_idx == 4  # the first batch of step 3's window
+
+    _fit(tmp_path, accumulate_grad_batches=2, callbacks=[RayTrainReport(every_n_train_steps=4), StopAt()])
+    assert ray_worker.steps() == []  # step 2's state with half of step 3's gradients would not resume exactly
+    assert "did not complete an optimizer step" in caplog.text
+    _fit(tmp_path, accumulate_grad_batches=2, callbacks=[RayTrainReport(every_n_train_steps=4), StopAt()],
+         max_steps=2)
+    assert ray_worker.steps() == [2]  # max_steps ends after a window: reported where it ended
+
+
 def test_a_downloaded_copy_of_rays_checkpoint_goes_once_loaded(ray_worker, tmp_path):
     reference = _fit(tmp_path)
     remote = _FakeCheckpoint(ray_worker.reports[2][1].path, remote=True)  # in object storage: downloaded

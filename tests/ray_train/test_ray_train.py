@@ -114,7 +114,7 @@ def test_same_weights_as_fws_own_launcher(uninterrupted, tmp_path):
     [first] = attempts(folder)
     # fw saw Ray's workers and took the process group Ray had made, and left it to Ray
     assert first == {"world": 2, "start_step": 0, "environment": "ray", "strategy": "ddp_gloo",
-                     "group_before": True, "backend": "gloo"}
+                     "group_before": True, "backend": "gloo", "nodes_of_placement": 1}
     assert [p.read_text() for p in folder.glob("group_after_attempt_*")] == ["True"]
     # Ray holds the metrics and checkpoints fw reported: every 2 steps, the last at the end
     steps = 2 * 96 // workload.GLOBAL_BATCH

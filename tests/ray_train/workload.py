@@ -61,7 +61,8 @@ class Attempts(fw.Callback):
         if trainer.global_rank == 0:
             row = {"world": trainer.world_size, "start_step": trainer.global_step,
                    "environment": trainer.environment.name, "strategy": trainer.strategy.name,
-                   "group_before": self.group_before, "backend": dist.get_backend() if dist.is_initialized() else None}
+                   "group_before": self.group_before, "backend": dist.get_backend() if dist.is_initialized() else None,
+                   "nodes_of_placement": trainer.environment._nodes_of_placement()}  # asked of Ray, not estimated
             with open(os.path.join(self.folder, "attempts.jsonl"), "a") as fp:
                 fp.write(json.dumps(row) + "\n")
 
