@@ -12,7 +12,8 @@ something, else no checkpoint: Ray uploads the folders into one checkpoint under
 
 A report is made only on a batch that completed an optimizer step (never partway through
 gradient accumulation, whose checkpoint would not resume exactly: a fit stopped there reports
-nothing where it stopped), and never at the step a fit started from (step 0, or the step of the checkpoint it resumed): ``ModelCheckpoint``'s rule.
+nothing where it stopped), and never at the step a fit started from (step 0, or the step of the
+checkpoint it resumed): ``ModelCheckpoint``'s rule.
 
 When Ray restarts the worker group (``FailureConfig(max_failures=...)``, an elastic resize) or
 a run of the same name, the fit of each new worker that reported Ray's latest checkpoint resumes
