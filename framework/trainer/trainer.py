@@ -22,12 +22,13 @@ import torch
 from framework import loops
 from framework.accelerators import get_accelerator
 from framework.callbacks.base import Callback
+from framework.checkpointing.file import wait_for_uploads_on_every_rank
 from framework.checkpointing.parts import Stateful
 from framework.data import DataModule
 from framework.environments import DistInfo, detect_environment
 from framework.errors import ConfigError
 from framework.module import TrainModule
-from framework.paths import is_url, upload_in_background, use_storage_options, wait_for_uploads
+from framework.paths import is_url, upload_in_background, use_storage_options
 from framework.precision import Precision
 from framework.profilers import Profiler, resolve_profiler
 from framework.rank_zero import rank_zero_info
@@ -77,8 +78,10 @@ class Trainer(TrainerProperties, DataProperties, TrainerControls):
             buckets of this Trainer's URLs (``default_root_dir``, ModelCheckpoint ``dirpath``, a logger's ``save_dir``);
             without them the environment's (``AWS_*`` variables).
         async_upload: upload the checkpoints written to those URLs in a background thread, in order, each index
-            after its checkpoint: a save waits for the serialisation only; the fit waits for the uploads at its end
-            (a failed one is a ``CheckpointError`` there or at the next save). Sharded (FSDP) saves stay synchronous.
+            after its checkpoint: a save waits for the serialisation (and for the previous checkpoint's upload: one
+            waits in memory at most); the fit waits for the uploads at its end, and ``save_checkpoint`` outside a fit
+            before it returns. A failed upload is a ``CheckpointError`` naming its URL at the next save or the fit's
+            end, whichever comes first. Sharded (FSDP) saves stay synchronous.
         use_distributed_sampler: shard every loader over the ranks (``False``: keep each loader's own sampler); a
             shuffled training loader follows one order for any number of ranks, one process included.
         on_nonfinite: a NaN or infinite loss ``error`` (the default: stop, naming the step), ``skip`` (drop that
@@ -217,6 +220,8 @@ class Trainer(TrainerProperties, DataProperties, TrainerControls):
         use_storage_options(filepath, storage_options)
         fit = self.last_fit
         checkpointing.save(fit if fit is not None and fit.module is run.module else run, filepath, weights_only)
+        if not (self.state.fn == "fit" and self.state.status == "running"):  # no fit waits for its upload: now
+            wait_for_uploads_on_every_rank(self.strategy)
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
         """Send ``metrics`` to every logger (rank 0 only; other ranks do nothing), each then
@@ -274,10 +279,10 @@ class Trainer(TrainerProperties, DataProperties, TrainerControls):
             if fn == "fit" and state.stop_reason == "preempted":
                 state.status = "interrupted"
                 save_after_signal(run)
-                wait_for_uploads()
+                wait_for_uploads_on_every_rank(run.strategy)
             else:
                 if fn == "fit":
-                    wait_for_uploads()  # the fit's checkpoints are in the bucket (async_upload) before it ends
+                    wait_for_uploads_on_every_rank(run.strategy)  # the fit's checkpoints are in the bucket first
                     reports.report_where_it_went(run)
                 elif fn in ("validate", "test") and call.verbose and self.is_global_zero:
                     reports.print_results(fn, result)

