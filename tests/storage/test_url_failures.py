@@ -9,6 +9,8 @@ kept in listings; ``storage_options`` and ``async_upload`` of one Trainer only."
 from __future__ import annotations
 
 import contextlib
+import os
+import shutil
 import threading
 import uuid
 
@@ -16,6 +18,7 @@ import pytest
 from lightning.modules import QUIET, make_regressor, regression_loader
 
 import framework as fw
+import framework.loggers  # fw.loggers
 from framework import paths
 from framework.callbacks import ModelCheckpoint
 from framework.errors import CheckpointError
@@ -109,3 +112,46 @@ def test_a_failed_upload_stops_the_fit_at_the_next_save_and_save_checkpoint_wait
             trainer.save_checkpoint(f"{root}/final.ckpt")  # outside a fit: it returns after its upload, or raises
     finally:
         paths.upload_in_background(root, on=False)
+
+
+def _fail_uploads(monkeypatch, times: int | None = None) -> None:
+    """``put_file`` (a log upload) raises, ``times`` times or always."""
+    original, left = MemoryFileSystem.put_file, [times]
+
+    def put_file(self, *args, **kwargs):
+        if left[0] is None or left[0] > 0:
+            left[0] = None if left[0] is None else left[0] - 1
+            raise PermissionError("403 token expired")
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(MemoryFileSystem, "put_file", put_file)
+
+
+def test_a_routine_log_upload_that_fails_writes_no_row_twice(root, monkeypatch, recwarn):
+    logger = fw.loggers.CSVLogger(root, name="x")
+    logger.PUBLISH_EVERY = 0.0
+    _fail_uploads(monkeypatch, times=1)
+    logger.log_metrics({"a": 1.0}, step=0)
+    logger.save()  # written locally, its upload fails
+    logger.log_metrics({"a": 2.0}, step=1)
+    logger.save()
+    logger.finalize("success")
+    assert paths.read_bytes(logger.metrics_file_path).decode().splitlines() == ["step,a", "0,1.0", "1,2.0"]
+    assert [str(w.message).count("uploading the logs") for w in recwarn] == [1]  # said once
+
+
+@pytest.mark.parametrize("kind", ["CSVLogger", "TensorBoardLogger"])
+def test_a_failed_last_log_upload_keeps_the_local_copy_and_names_it(root, monkeypatch, recwarn, kind):
+    logger = getattr(fw.loggers, kind)(root, name="x")
+    logger.log_metrics({"a": 1.0}, step=0)
+    logger.save()
+    local = logger.local_dir
+    _fail_uploads(monkeypatch)
+    logger.finalize("success")
+    kept = sorted(os.listdir(local))
+    assert any(name.startswith(("metrics.csv", "events.out")) for name in kept), kept  # nothing a user logged is lost
+    warnings = [str(w.message) for w in recwarn if "uploading the logs" in str(w.message)]
+    assert len(warnings) == 1 and "\n" not in warnings[0]
+    assert f"they are kept in '{local}'" in warnings[0] and f"copy that folder to '{logger.log_dir}'" in warnings[0]
+    monkeypatch.undo()
+    shutil.rmtree(local)
