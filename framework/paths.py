@@ -336,8 +336,9 @@ def basename(path: str) -> str:
 
 
 def real(path: str) -> str:
-    """``os.path.realpath`` of a local path; a URL as it is."""
-    return path if is_url(path) else os.path.realpath(os.path.expanduser(path))
+    """``os.path.realpath`` of a local path (a ``~`` stays a folder named ``~``, as before URLs
+    were read: ``ModelCheckpoint`` expands its ``dirpath`` itself, as Lightning's); a URL as it is."""
+    return path if is_url(path) else os.path.realpath(path)
 
 
 def _url_of(fs: AbstractFileSystem, like: str, path: str) -> str:

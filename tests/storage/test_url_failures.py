@@ -155,3 +155,18 @@ def test_a_failed_last_log_upload_keeps_the_local_copy_and_names_it(root, monkey
     assert f"they are kept in '{local}'" in warnings[0] and f"copy that folder to '{logger.log_dir}'" in warnings[0]
     monkeypatch.undo()
     shutil.rmtree(local)
+
+
+def test_a_tilde_in_local_paths_is_what_it_was_before_urls(tmp_path, monkeypatch):
+    """``default_root_dir="~/runs"``: the checkpoints and the logs in one folder ``./~/runs`` (fw
+    before URLs were read); a ModelCheckpoint ``dirpath`` expands ``~`` (Lightning's, fw's before)."""
+    import framework.callbacks.checkpoint_files as files
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    trainer = fw.Trainer(**QUIET, default_root_dir="~/runs", logger=fw.loggers.CSVLogger(None))
+    trainer.loggers[0].set_default_root(trainer.default_root_dir)
+    assert files.run_folder(trainer) == str(tmp_path / "~" / "runs" / "fw_logs" / "version_0" / "checkpoints")
+    assert os.path.realpath(trainer.log_dir) == str(tmp_path / "~" / "runs" / "fw_logs" / "version_0")
+    assert ModelCheckpoint(dirpath="~/ck").dirpath == str(tmp_path / "home" / "ck")
+    assert paths.real("~/x") == str(tmp_path / "~" / "x")
