@@ -21,7 +21,7 @@ import framework as fw
 import framework.loggers  # fw.loggers
 from framework import paths
 from framework.callbacks import ModelCheckpoint
-from framework.errors import CheckpointError
+from framework.errors import CheckpointError, ConfigError
 
 fsspec = pytest.importorskip("fsspec")
 from fsspec.implementations.memory import MemoryFileSystem  # noqa: E402  # after the importorskip
@@ -170,3 +170,30 @@ def test_a_tilde_in_local_paths_is_what_it_was_before_urls(tmp_path, monkeypatch
     assert os.path.realpath(trainer.log_dir) == str(tmp_path / "~" / "runs" / "fw_logs" / "version_0")
     assert ModelCheckpoint(dirpath="~/ck").dirpath == str(tmp_path / "home" / "ck")
     assert paths.real("~/x") == str(tmp_path / "~" / "x")
+
+
+@pytest.mark.procs  # no process, but a Trainer's fit set up: out of the fast tier
+@pytest.mark.timeout(60)
+def test_a_profiler_writing_files_into_a_url_run_folder_is_refused_and_writes_nothing_local(root, tmp_path,
+                                                                                           monkeypatch):
+    from framework.profilers import SimpleProfiler
+
+    monkeypatch.chdir(tmp_path)
+    trainer = fw.Trainer(**QUIET, default_root_dir=root, profiler=SimpleProfiler(filename="perf"), logger=False)
+    with pytest.raises(ConfigError, match=rf"^SimpleProfiler dirpath is not set and the run folder '{root}' is object "
+                                          r"storage, .*give a local folder: SimpleProfiler\(dirpath='profiler', ...\)$"):
+        trainer.fit(Logged(), regression_loader())
+    assert os.listdir(tmp_path) == []  # no folder 'memory:'
+
+
+def test_a_profiler_in_a_url_run_folder_writes_its_files_only_into_a_local_dirpath(root, tmp_path):
+    from framework.profilers import AdvancedProfiler, SimpleProfiler
+
+    with pytest.raises(ConfigError, match=r"^AdvancedProfiler dirpath is not set"):
+        AdvancedProfiler(dump_stats=True).setup("fit", None, root)
+    to_the_log = SimpleProfiler()  # no file: its report goes to the log, as with a local run folder
+    to_the_log.setup("fit", None, root)
+    assert to_the_log.dirpath is None
+    local = SimpleProfiler(dirpath=tmp_path / "profiler", filename="perf")
+    local.setup("fit", None, root)
+    assert local.dirpath == str(tmp_path / "profiler")
