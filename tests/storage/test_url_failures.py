@@ -197,3 +197,34 @@ def test_a_profiler_in_a_url_run_folder_writes_its_files_only_into_a_local_dirpa
     local = SimpleProfiler(dirpath=tmp_path / "profiler", filename="perf")
     local.setup("fit", None, root)
     assert local.dirpath == str(tmp_path / "profiler")
+
+
+class _Rank:
+    """What ``wait_for_uploads_on_every_rank`` asks of a strategy, as rank ``rank`` of two sees it,
+    the other rank's outcome given (the gather of a live 2-rank group)."""
+
+    is_distributed, world_size = True, 2
+
+    def __init__(self, rank: int, others: str | None) -> None:
+        self.rank, self.others = rank, others
+
+    def all_gather_object(self, mine):
+        return [mine, self.others] if self.rank == 0 else [self.others, mine]
+
+
+def test_a_failed_upload_is_the_same_error_on_every_rank_never_one_rank_alone(background, monkeypatch):
+    """Rank 0 uploads (FSDP's fw_state.pt, the checkpoints): its failure is raised on the rank
+    that uploaded nothing too, before any barrier (a rank raising alone leaves the others waiting)."""
+    import torch.distributed
+
+    from framework.checkpointing.file import wait_for_uploads_on_every_rank
+
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
+    failed = "the background upload of 'memory://b/x' failed (PermissionError: 403 token expired); ..."
+    with pytest.raises(CheckpointError, match=r"^the background upload of 'memory://b/x' failed") as raised:
+        wait_for_uploads_on_every_rank(_Rank(1, others=failed))  # nothing failed here: rank 0's failure
+    assert raised.value.alike_on_every_rank  # one line, printed by rank 0
+    paths.later(f"{background}/a.ckpt", lambda: (_ for _ in ()).throw(OSError("503")), one_at_a_time=True)
+    with pytest.raises(CheckpointError, match=rf"^the background upload of '{background}/a.ckpt' failed"):
+        wait_for_uploads_on_every_rank(_Rank(0, others=None))
+    wait_for_uploads_on_every_rank(_Rank(0, others=None))  # raised once; nothing failed since
