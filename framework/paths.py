@@ -193,6 +193,10 @@ class _Uploads:
                         self._broken = False
                 self._tasks.task_done()
 
+    def drain(self) -> None:
+        """Wait for every background write; a failure stays for the next ``add`` or ``settle``."""
+        self._tasks.join()
+
     def settle(self) -> None:
         """Wait for every background write; raise the first that failed (once)."""
         self._tasks.join()
@@ -232,6 +236,15 @@ def later(url: str, task: Callable[[], None], exists: bool | None = None, one_at
         _UPLOADS.add(url, task, exists, one_at_a_time)
     else:
         task()
+
+
+def forget_storage_settings() -> None:
+    """Drop every bucket's ``storage_options`` and background uploads (a new Trainer gives its
+    own: nothing of an earlier Trainer's applies to it), after the uploads still waiting, which
+    were given with them (a failed one is raised at the next write or ``wait_for_uploads``)."""
+    _UPLOADS.drain()
+    _OPTIONS.clear()
+    _BACKGROUND.clear()
 
 
 def wait_for_uploads() -> None:

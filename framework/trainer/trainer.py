@@ -28,7 +28,7 @@ from framework.data import DataModule
 from framework.environments import DistInfo, detect_environment
 from framework.errors import ConfigError
 from framework.module import TrainModule
-from framework.paths import is_url, upload_in_background, use_storage_options
+from framework.paths import forget_storage_settings, is_url, upload_in_background, use_storage_options
 from framework.precision import Precision
 from framework.profilers import Profiler, resolve_profiler
 from framework.rank_zero import rank_zero_info
@@ -75,8 +75,9 @@ class Trainer(TrainerProperties, DataProperties, TrainerControls):
         default_root_dir: where logs and checkpoints go (default: the working directory): a folder, or an fsspec URL
             (``s3://bucket/run``, ``memory://run``; ``docs/guides/clouds/object-storage.md``).
         storage_options: fsspec's options (``key``, ``secret``, ``endpoint_url``, ``client_kwargs``, ...) for the
-            buckets of this Trainer's URLs (``default_root_dir``, ModelCheckpoint ``dirpath``, a logger's ``save_dir``);
-            without them the environment's (``AWS_*`` variables).
+            buckets of this Trainer's URLs (``default_root_dir``, ModelCheckpoint ``dirpath``, a logger's ``save_dir``,
+            PredictionWriter ``output_dir``, a ``ckpt_path``); without them the environment's (``AWS_*`` variables).
+            They, and ``async_upload``, hold until the next Trainer is built (none of an earlier one's is kept).
         async_upload: upload the checkpoints written to those URLs in a background thread, in order, each index
             after its checkpoint: a save waits for the serialisation (and for the previous checkpoint's upload: one
             waits in memory at most); the fit waits for the uploads at its end, and ``save_checkpoint`` outside a fit
@@ -147,7 +148,10 @@ class Trainer(TrainerProperties, DataProperties, TrainerControls):
             self.loggers = run_loggers.dev_run_loggers(logger)
             n = self.settings.fast_dev_run
             rank_zero_info(f"fw: fast_dev_run={n}: {n} batch(es) per stage, without logging or checkpoints")
+        forget_storage_settings()  # an earlier Trainer's options and async_upload are not this one's
+        self._storage_options = storage_options  # also for a ckpt_path given to fit/validate/test/predict
         for url in (self.settings.default_root_dir, *(getattr(part, "dirpath", None) for part in self.callbacks),
+                    *(getattr(part, "output_dir", None) for part in self.callbacks),
                     *(getattr(lg, "_save_dir", None) for lg in self.loggers)):
             use_storage_options(url, storage_options)  # the buckets of this Trainer's URLs
             if async_upload:
@@ -240,6 +244,8 @@ class Trainer(TrainerProperties, DataProperties, TrainerControls):
         setup.refuse_a_call_inside_another(self.state, call.fn)
         call = dataclasses.replace(call, ckpt_path=checkpointing.lightnings_default(
             call.fn, call.ckpt_path, call.model is not None, self))
+        if isinstance(call.ckpt_path, (str, os.PathLike)) and is_url(call.ckpt_path):  # read with this Trainer's
+            use_storage_options(call.ckpt_path, getattr(self, "_storage_options", None))
         if self.launcher is None:
             return self._run_here(call)
         model = call.model if call.model is not None else self.lightning_module

@@ -228,3 +228,23 @@ def test_a_failed_upload_is_the_same_error_on_every_rank_never_one_rank_alone(ba
     with pytest.raises(CheckpointError, match=rf"^the background upload of '{background}/a.ckpt' failed"):
         wait_for_uploads_on_every_rank(_Rank(0, others=None))
     wait_for_uploads_on_every_rank(_Rank(0, others=None))  # raised once; nothing failed since
+
+
+def test_storage_options_reach_every_url_of_a_trainer_and_no_later_trainer(root, monkeypatch):
+    """A PredictionWriter's ``output_dir`` and a ``ckpt_path`` are read and written with the
+    Trainer's ``storage_options``; a Trainer built later keeps none of an earlier one's options,
+    nor its ``async_upload``."""
+    from framework.callbacks import PredictionWriter
+
+    options = {"key": "k", "secret": "s"}
+    first = fw.Trainer(**QUIET, logger=False, default_root_dir=root, storage_options=options, async_upload=True,
+                       callbacks=[PredictionWriter(output_dir=f"{root}-writer/predictions")])
+    assert paths.options_for(f"{root}-writer/predictions/x.pt") == options  # another bucket
+    assert paths.options_for(f"{root}/x") == options and paths._bucket(root) in paths._BACKGROUND
+    seen = []
+    monkeypatch.setattr(first, "_run_here", lambda call: seen.append(paths.options_for(call.ckpt_path)))
+    first.validate(Logged(), regression_loader(), ckpt_path=f"{root}-other/run/last.ckpt")
+    assert seen == [options]  # the checkpoint's bucket is read with them
+    fw.Trainer(**QUIET, logger=False, default_root_dir=root)  # another Trainer, of the same bucket
+    assert paths.options_for(f"{root}/x") == {} and paths.options_for(f"{root}-writer/p") == {}
+    assert paths._bucket(root) not in paths._BACKGROUND  # its checkpoints are uploaded in the save again
