@@ -41,6 +41,8 @@ if TYPE_CHECKING:
 
 #: ``scheme://``: two characters at least, so that a Windows drive (``C:/...``) is a path
 _URL = re.compile(r"([A-Za-z][A-Za-z0-9+.-]+)://")
+#: a chained fsspec URL (``simplecache::s3://bucket/run``), refused: not a local path either
+_CHAINED = re.compile(r"[A-Za-z][A-Za-z0-9+.-]+::")
 #: object stores, whose URLs name a bucket (or container) first, which must exist
 _BUCKETED = {"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl", "oss", "r2"}
 #: back ends whose objects appear whole when their upload completes (no temporary name needed)
@@ -81,6 +83,9 @@ def local_path(path: str | os.PathLike, key: str) -> str:
     text = os.fspath(path)
     if not isinstance(text, str):  # bytes: no URL fw would read
         return os.fsdecode(text)
+    if _CHAINED.match(text):
+        raise ConfigError(f"{key}='{text}': chained fsspec URLs (simplecache::s3://...) are not supported; give the "
+                          "URL itself (s3://bucket/run)")
     scheme = _scheme(text)
     if scheme is None:
         return text
@@ -355,8 +360,17 @@ def real(path: str) -> str:
 
 
 def _url_of(fs: AbstractFileSystem, like: str, path: str) -> str:
-    """``path`` on ``fs`` as a URL of the same scheme as ``like``."""
-    return f"{_scheme(like)}://{path.lstrip('/')}"
+    """``path`` on ``fs`` in the form of the user's URL ``like`` (a pattern): its folder before
+    any wildcard, as the user spelt it (``memory:///x``, ``abfs://container@account/x``,
+    ``hdfs://host:port/x``), followed by the rest of ``path``; fsspec's own form otherwise."""
+    cut = min((i for i, char in enumerate(like) if char in "*?["), default=len(like))
+    base_url = like[:cut] if cut == len(like) else like[:cut].rsplit("/", 1)[0]
+    if "://" not in base_url:  # a wildcard in the URL's first part
+        return str(fs.unstrip_protocol(path))
+    base_path = fs._strip_protocol(base_url).rstrip("/")
+    if path == base_path or path.startswith(base_path + "/"):
+        return base_url.rstrip("/") + path[len(base_path):]
+    return str(fs.unstrip_protocol(path))
 
 
 def exists(path: str) -> bool:

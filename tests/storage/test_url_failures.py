@@ -248,3 +248,43 @@ def test_storage_options_reach_every_url_of_a_trainer_and_no_later_trainer(root,
     fw.Trainer(**QUIET, logger=False, default_root_dir=root)  # another Trainer, of the same bucket
     assert paths.options_for(f"{root}/x") == {} and paths.options_for(f"{root}-writer/p") == {}
     assert paths._bucket(root) not in paths._BACKGROUND  # its checkpoints are uploaded in the save again
+
+
+def test_a_chained_url_is_refused_in_one_line_and_makes_no_local_folder(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError, match=r"^trainer.default_root_dir='simplecache::s3://b/run': chained fsspec URLs "
+                                          r".*give the URL itself \(s3://bucket/run\)$"):
+        fw.Trainer(**QUIET, default_root_dir="simplecache::s3://b/run")
+    assert os.listdir(tmp_path) == []
+
+
+def test_listed_urls_keep_the_users_form_so_pruning_finds_them(root):
+    """``memory:///x`` (three slashes) lists as ``memory:///x/...``: what the prefix test of
+    ``remove_if_ours`` and the best paths compare with."""
+    import framework.callbacks.checkpoint_files as files
+
+    triple = "memory:///" + root.removeprefix("memory://")
+    paths.write_bytes(f"{triple}/ck/a.ckpt", b"a")
+    assert paths.glob(f"{triple}/ck/*.ckpt") == [f"{triple}/ck/a.ckpt"]
+    assert paths.glob(f"{root}/ck/*.ckpt") == [f"{root}/ck/a.ckpt"]
+    files.remove_if_ours(paths.glob(f"{triple}/ck/*.ckpt")[0], f"{triple}/ck", is_global_zero=True)
+    assert paths.listdir(f"{root}/ck") == []
+
+
+def test_pruning_a_sharded_folder_in_a_bucket_removes_its_commit_mark_first(root, monkeypatch):
+    """A prune killed half-way never leaves a folder that looks complete without all its shards."""
+    import framework.callbacks.checkpoint_files as files
+
+    folder = f"{root}/ck/epoch=0-step=1.ckpt"
+    for name in ("COMMITTED", ".metadata", "__0_0.distcp", "fw_state.pt"):
+        paths.write_bytes(f"{folder}/{name}", b"x")
+    removed = []
+    original = MemoryFileSystem.rm
+
+    def rm(self, path, *args, **kwargs):
+        removed.append(path.rsplit("/", 1)[1])
+        return original(self, path, *args, **kwargs)
+
+    monkeypatch.setattr(MemoryFileSystem, "rm", rm)
+    files.remove_if_ours(folder, f"{root}/ck", is_global_zero=True)
+    assert removed[0] == "COMMITTED" and not paths.exists(folder)
