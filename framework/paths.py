@@ -146,8 +146,9 @@ class _Uploads:
     what it wrote. A checkpoint's upload waits for the one before (``add(..., one_at_a_time=True)``,
     as Lightning's ``AsyncCheckpointIO`` keeps one save in flight): at most one serialised
     checkpoint waits in memory. After a write failed nothing more is written (the order holds),
-    and the failure is raised in the training thread by the next ``add`` (the next save) or
-    ``settle`` (the end of a fit), whichever comes first. At exit the thread finishes what it was
+    and the failure is raised in the training thread by the next checkpoint's ``add`` (the next
+    save, which every rank learns the outcome of) or ``settle`` (the end of a fit), whichever
+    comes first; an index or a removal (rank 0's alone) never raises it. At exit the thread finishes what it was
     given (it is not a daemon), and it ends once idle for half a second."""
 
     def __init__(self) -> None:
@@ -166,7 +167,7 @@ class _Uploads:
     def add(self, url: str, task: Callable[[], None], exists: bool | None = None, one_at_a_time: bool = False) -> None:
         if one_at_a_time:  # the previous checkpoint's upload (and its index, its prunings) first
             self._tasks.join()
-        self._raise_failed()  # a save after a failed upload fails (the training thread learns of it now)
+            self._raise_failed()  # a save after a failed upload fails (where every rank learns of it: a save)
         with self._lock:  # the entry and its task together: the thread clears entries only with an empty queue
             if exists is not None:
                 self._pending[url] = exists
@@ -235,7 +236,8 @@ def later(url: str, task: Callable[[], None], exists: bool | None = None, one_at
     checkpoint; the background writes given before finish first (one waits in memory at most).
 
     Raises:
-        CheckpointError: a background write given before failed (nothing is queued then).
+        CheckpointError: with ``one_at_a_time``, a background write given before failed (nothing
+            is queued then).
     """
     if is_url(url) and _bucket(url) in _BACKGROUND:
         _UPLOADS.add(url, task, exists, one_at_a_time)
