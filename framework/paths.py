@@ -41,6 +41,8 @@ if TYPE_CHECKING:
 
 #: ``scheme://``: two characters at least, so that a Windows drive (``C:/...``) is a path
 _URL = re.compile(r"([A-Za-z][A-Za-z0-9+.-]+)://")
+#: a chained fsspec URL (``simplecache::s3://bucket/run``), refused: not a local path either
+_CHAINED = re.compile(r"[A-Za-z][A-Za-z0-9+.-]+::")
 #: object stores, whose URLs name a bucket (or container) first, which must exist
 _BUCKETED = {"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl", "oss", "r2"}
 #: back ends whose objects appear whole when their upload completes (no temporary name needed)
@@ -81,6 +83,9 @@ def local_path(path: str | os.PathLike, key: str) -> str:
     text = os.fspath(path)
     if not isinstance(text, str):  # bytes: no URL fw would read
         return os.fsdecode(text)
+    if _CHAINED.match(text):
+        raise ConfigError(f"{key}='{text}': chained fsspec URLs (simplecache::s3://...) are not supported; give the "
+                          "URL itself (s3://bucket/run)")
     scheme = _scheme(text)
     if scheme is None:
         return text
@@ -138,14 +143,19 @@ class _Uploads:
     """One thread that runs the background writes in the order they were given, so that a
     checkpoint's index is uploaded after the checkpoint and a pruned file after its upload.
     Every other operation on a URL first waits for it (``settle``): this process reads back
-    what it wrote. A write that failed is raised by the next ``settle`` (the next save, the end
-    of a fit); at exit the thread finishes what it was given (it is not a daemon), and it ends
-    once idle for half a second."""
+    what it wrote. A checkpoint's upload waits for the one before (``add(..., one_at_a_time=True)``,
+    as Lightning's ``AsyncCheckpointIO`` keeps one save in flight): at most one serialised
+    checkpoint waits in memory. After a write failed nothing more is written (the order holds),
+    and the failure is raised in the training thread by the next checkpoint's ``add`` (the next
+    save, which every rank learns the outcome of) or ``settle`` (the end of a fit), whichever
+    comes first; an index or a removal (rank 0's alone) never raises it. At exit the thread finishes what it was
+    given (it is not a daemon), and it ends once idle for half a second."""
 
     def __init__(self) -> None:
         self._tasks: queue.Queue[tuple[str, Callable[[], None]]] = queue.Queue()
         self._thread: threading.Thread | None = None
-        self._failed: tuple[str, BaseException] | None = None
+        self._failed: tuple[str, BaseException] | None = None  # the failure the training thread has not raised yet
+        self._broken = False  # a write failed: what waits behind it is skipped until the queue is empty
         self._lock = threading.Lock()
         self._pending: dict[str, bool] = {}  # URL: whether it will exist once the queue ran (a write, a removal)
 
@@ -154,7 +164,10 @@ class _Uploads:
         with self._lock:
             return self._pending.get(url)
 
-    def add(self, url: str, task: Callable[[], None], exists: bool | None = None) -> None:
+    def add(self, url: str, task: Callable[[], None], exists: bool | None = None, one_at_a_time: bool = False) -> None:
+        if one_at_a_time:  # the previous checkpoint's upload (and its index, its prunings) first
+            self._tasks.join()
+            self._raise_failed()  # a save after a failed upload fails (where every rank learns of it: a save)
         with self._lock:  # the entry and its task together: the thread clears entries only with an empty queue
             if exists is not None:
                 self._pending[url] = exists
@@ -174,20 +187,29 @@ class _Uploads:
                         return
                 continue
             try:
-                if self._failed is None:  # after a failure nothing more is written: the order holds
+                if not self._broken:  # after a failure nothing given before it is known is written: the order holds
                     task()
-            except BaseException as err:  # raised in the training thread by the next settle()
-                self._failed = (url, err)
+            except BaseException as err:  # raised in the training thread by the next add() or settle()
+                self._failed, self._broken = (url, err), True
                 _log.error("fw: uploading '%s' failed: %s", url, err)
             finally:
                 with self._lock:
                     if self._tasks.unfinished_tasks == 1:  # the last one: nothing written is pending
                         self._pending.clear()
+                        self._broken = False
                 self._tasks.task_done()
+
+    def drain(self) -> None:
+        """Wait for every background write; a failure stays for the next ``add`` or ``settle``."""
+        self._tasks.join()
 
     def settle(self) -> None:
         """Wait for every background write; raise the first that failed (once)."""
         self._tasks.join()
+        self._raise_failed()
+
+    def _raise_failed(self) -> None:
+        """Raise the write that failed, once (the thread sets ``_failed``; this thread clears it)."""
         failed, self._failed = self._failed, None
         if failed is not None:
             url, err = failed
@@ -207,18 +229,37 @@ def _forget_uploads_after_fork() -> None:
 os.register_at_fork(after_in_child=_forget_uploads_after_fork)
 
 
-def later(url: str, task: Callable[[], None], exists: bool | None = None) -> None:
+def later(url: str, task: Callable[[], None], exists: bool | None = None, one_at_a_time: bool = False) -> None:
     """Run ``task`` (writes to ``url``) in the background where ``url``'s bucket uploads there
     (``upload_in_background``), else now. ``exists``: whether ``url`` is there after the task
-    (what ``exists(url)`` answers meanwhile)."""
+    (what ``exists(url)`` answers meanwhile). ``one_at_a_time``: the task holds a serialised
+    checkpoint; the background writes given before finish first (one waits in memory at most).
+
+    Raises:
+        CheckpointError: with ``one_at_a_time``, a background write given before failed (nothing
+            is queued then).
+    """
     if is_url(url) and _bucket(url) in _BACKGROUND:
-        _UPLOADS.add(url, task, exists)
+        _UPLOADS.add(url, task, exists, one_at_a_time)
     else:
         task()
 
 
+def forget_storage_settings() -> None:
+    """Drop every bucket's ``storage_options`` and background uploads (a new Trainer gives its
+    own: nothing of an earlier Trainer's applies to it), after the uploads still waiting, which
+    were given with them (a failed one is raised at the next write or ``wait_for_uploads``)."""
+    _UPLOADS.drain()
+    _OPTIONS.clear()
+    _BACKGROUND.clear()
+
+
 def wait_for_uploads() -> None:
-    """Wait for the background uploads of this process; an ``OSError`` if one failed."""
+    """Wait for the background uploads of this process.
+
+    Raises:
+        CheckpointError: one of them failed (one line naming its URL); raised once.
+    """
     _UPLOADS.settle()
 
 
@@ -315,13 +356,23 @@ def basename(path: str) -> str:
 
 
 def real(path: str) -> str:
-    """``os.path.realpath`` of a local path; a URL as it is."""
-    return path if is_url(path) else os.path.realpath(os.path.expanduser(path))
+    """``os.path.realpath`` of a local path (a ``~`` stays a folder named ``~``, as before URLs
+    were read: ``ModelCheckpoint`` expands its ``dirpath`` itself, as Lightning's); a URL as it is."""
+    return path if is_url(path) else os.path.realpath(path)
 
 
 def _url_of(fs: AbstractFileSystem, like: str, path: str) -> str:
-    """``path`` on ``fs`` as a URL of the same scheme as ``like``."""
-    return f"{_scheme(like)}://{path.lstrip('/')}"
+    """``path`` on ``fs`` in the form of the user's URL ``like`` (a pattern): its folder before
+    any wildcard, as the user spelt it (``memory:///x``, ``abfs://container@account/x``,
+    ``hdfs://host:port/x``), followed by the rest of ``path``; fsspec's own form otherwise."""
+    cut = min((i for i, char in enumerate(like) if char in "*?["), default=len(like))
+    base_url = like[:cut] if cut == len(like) else like[:cut].rsplit("/", 1)[0]
+    if "://" not in base_url:  # a wildcard in the URL's first part
+        return str(fs.unstrip_protocol(path))
+    base_path = fs._strip_protocol(base_url).rstrip("/")
+    if path == base_path or path.startswith(base_path + "/"):
+        return base_url.rstrip("/") + path[len(base_path):]
+    return str(fs.unstrip_protocol(path))
 
 
 def exists(path: str) -> bool:

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from framework import paths
 from framework.checkpointing.file import check_writable_on_every_rank, remove_stale_temp_files
+from framework.checkpointing.sharded import COMMIT_MARK
 from framework.rank_zero import rank_zero_info
 
 if TYPE_CHECKING:
@@ -107,7 +108,8 @@ def remove_if_ours(filepath: str, folder: str, is_global_zero: bool) -> None:
     another run is not ours to delete); a file already gone is no error."""
     if not paths.real(filepath).startswith(paths.join(paths.real(folder), "")):
         return
-    if is_global_zero and paths.is_url(filepath):
+    if is_global_zero and paths.is_url(filepath):  # a sharded folder stops looking complete before a shard goes
+        paths.remove(paths.join(filepath, COMMIT_MARK))
         paths.remove(filepath)
     elif is_global_zero:
         try:

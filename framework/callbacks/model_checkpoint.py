@@ -86,7 +86,7 @@ class ModelCheckpoint(Callback):
         self.verbose, self.enable_version_counter = verbose, enable_version_counter
         self.save_weights_only = save_weights_only  # the files hold the weights alone; no fit resumes from them
         self._dirpath_given = dirpath is not None
-        self.dirpath = (paths.real(paths.storage_path(dirpath, "ModelCheckpoint dirpath"))
+        self.dirpath = (paths.real(_expand_user(paths.storage_path(dirpath, "ModelCheckpoint dirpath")))
                         if dirpath is not None else None)
         self.filename, self.monitor, self.mode = filename, monitor, mode
         self.save_top_k, self.save_last = save_top_k, save_last
@@ -302,3 +302,8 @@ class ModelCheckpoint(Callback):
             rank_zero_warn(not_restored_warning(state, why, self.dirpath))
             return
         vars(self).update(restored_bookkeeping(state))
+
+
+def _expand_user(path: str) -> str:
+    """A local ``dirpath``'s ``~`` as the user's home (Lightning's ``os.path.expanduser``); a URL as it is."""
+    return path if paths.is_url(path) else os.path.expanduser(path)

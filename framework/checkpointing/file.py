@@ -41,7 +41,7 @@ def atomic_save(obj: Any, path: str | os.PathLike) -> None:
         buffer = io.BytesIO()
         torch.save(obj, buffer)
         url, data = os.fspath(path), buffer.getvalue()
-        paths.later(url, lambda: paths.write_bytes(url, data), exists=True)
+        paths.later(url, lambda: paths.write_bytes(url, data), exists=True, one_at_a_time=True)
         return
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -199,6 +199,25 @@ def check_writable_on_every_rank(path: str | os.PathLike, what: str, strategy: S
         error = strategy.broadcast(error)
     if error:
         raise ConfigError(error)
+
+
+def wait_for_uploads_on_every_rank(strategy: Strategy) -> None:
+    """``paths.wait_for_uploads`` on every rank (rank 0 writes the checkpoints), its outcome shared:
+    a failed background upload is the same ``CheckpointError`` on every rank, never one rank
+    raising while the others wait for it in the next collective (call it on every rank)."""
+    import torch.distributed as dist
+
+    error = None
+    try:
+        paths.wait_for_uploads()
+    except CheckpointError as err:
+        error = str(err)
+    if strategy.is_distributed and dist.is_available() and dist.is_initialized():  # the group is up
+        error = next((found for found in strategy.all_gather_object(error) if found), None)
+    if error:
+        failure = CheckpointError(error)
+        failure.alike_on_every_rank = True  # the same line on every rank: rank 0 prints it
+        raise failure
 
 
 def remove_stale_temp_files(directory: str | os.PathLike) -> list[str]:

@@ -32,6 +32,7 @@ import torch
 
 from framework import paths
 from framework.paths import new_record
+from framework.rank_zero import rank_zero_warn
 
 
 class Logger(ABC):
@@ -129,11 +130,39 @@ class Logger(ABC):
                 sent[name] = stamp
         self._published = time.monotonic()
 
-    def _drop_local_copy(self) -> None:
-        """Remove a URL log folder's local copy (after its last ``publish``)."""
-        staged = vars(self).pop("_staged", None)
-        if staged is not None:
-            shutil.rmtree(staged[1], ignore_errors=True)
+    def publish_for_now(self) -> None:
+        """``publish(force=False)`` during a run: an upload that fails is tried again at the next
+        call (its files stay marked as changed), with one warning until one works again."""
+        try:
+            self.publish(force=False)
+        except Exception as err:  # OSError, or a back end's own (an expired token, a throttled request)
+            if not vars(self).get("_upload_failing"):
+                self._upload_failing = True
+                log_dir, local, _ = self._staged
+                rank_zero_warn(f"{type(self).__name__}: uploading the logs to '{log_dir}' failed ({type(err).__name__}: "
+                               f"{_first_line(err)}); training goes on, they are in '{local}' and are uploaded again "
+                               "at the next try and at the end")
+        else:
+            self._upload_failing = False
+
+    def publish_last(self) -> None:
+        """The last ``publish`` (at ``finalize``); the local copy of a URL log folder is removed
+        once all of it is in the URL, never before: where the upload fails, it stays where it
+        is, named in one warning with the URL to copy it to."""
+        staged = vars(self).get("_staged")
+        if staged is None:
+            return
+        try:
+            self.publish()
+        except Exception as err:  # OSError, or a back end's own (an expired token, a throttled request)
+            del self._staged  # kept on disk, never staged again: a later stage starts from the URL
+            rank_zero_warn(f"{type(self).__name__}: uploading the logs to '{staged[0]}' failed ({type(err).__name__}: "
+                           f"{_first_line(err)}); they are kept in '{staged[1]}': copy that folder to '{staged[0]}' "
+                           "(e.g. fsspec's put(..., recursive=True) or 'aws s3 cp --recursive')")
+            return
+        self._upload_failing = False
+        shutil.rmtree(staged[1], ignore_errors=True)
+        del self._staged
 
     def set_default_root(self, root_dir: str | os.PathLike, resume_from: str | None = None) -> None:
         """Set ``save_dir`` when the user gave none. Called by the Trainer before any logging.
@@ -328,3 +357,8 @@ class HparamsFile:
 
             rank_zero_info(f"{os.path.join(folder, 'hparams.yaml')} is an earlier command's record and stays as "
                            f"it is; this run's hyperparameters are {os.path.basename(path)}")
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return (text.splitlines()[0] if text else type(err).__name__)[:200]

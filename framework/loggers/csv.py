@@ -75,7 +75,7 @@ class CSVLogger(Logger):
         command's is there); repeated calls merge into one set."""
         self.hparams.update(to_plain(params))
         self.hparams_file.write(self.local_dir, self.hparams)
-        self.publish(force=False)
+        self.publish_for_now()
 
     def save(self) -> None:
         """Write the rows that wait; when the folder cannot be written, they wait for the next call."""
@@ -83,20 +83,16 @@ class CSVLogger(Logger):
             return
         try:
             self._write(os.path.join(self.local_dir, self.METRICS_FILE))
-            self.publish(force=False)
         except OSError as err:
             self._failed.failed(self.metrics_file_path, err, len(self._rows), "rows")
             return
         self._failed.worked(self.metrics_file_path, len(self._rows), "rows")
-        self._rows = []
+        self._rows = []  # written: an upload that fails sends the file again later, the rows are not written again
+        self.publish_for_now()
 
     def finalize(self, status: str) -> None:
         self.save()
-        try:
-            self.publish()
-        except OSError as err:
-            self._failed.failed(self.metrics_file_path, err, len(self._rows), "rows")
-        self._drop_local_copy()
+        self.publish_last()
         self._failed.report(self.metrics_file_path, len(self._rows), "rows")
         self._rows = []
 

@@ -140,7 +140,7 @@ class TensorBoardLogger(Logger):
             self._push()
         if os.path.isdir(self.local_dir) and (self._yaml_unsaved or not self.hparams_file.holds(self.local_dir)):
             self._save_hparams_yaml()  # Lightning's: also without any
-        self._publish(force=False)
+        self.publish_for_now()
 
     def finalize(self, status: str) -> None:
         if self._experiment is not None or self._waiting:
@@ -153,8 +153,7 @@ class TensorBoardLogger(Logger):
             # A later write (e.g. trainer.test after fit) opens a new event file in the same folder.
             self._experiment = None
             _QUIET.remove(self.local_dir)  # its writer thread has ended
-        self._publish(force=True)
-        self._drop_local_copy()
+        self.publish_last()
         self._failed.report(self.log_dir, len(self._waiting), "log_metrics calls")
         self._waiting = []
 
@@ -198,13 +197,6 @@ class TensorBoardLogger(Logger):
             return
         self._failed.worked(self.log_dir, len(self._waiting), "log_metrics calls")
         self._waiting, self._sent = [], 0
-
-    def _publish(self, force: bool) -> None:
-        """``publish`` the event files (a URL ``log_dir``); a failed upload waits for the next call."""
-        try:
-            self.publish(force)
-        except OSError as err:
-            self._failed.failed(self.log_dir, err, len(self._waiting), "log_metrics calls")
 
     def _writer_failed(self, err: OSError) -> None:
         """Drop the writer, whose thread has died (its event file stays, with what it wrote)."""

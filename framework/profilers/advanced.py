@@ -70,6 +70,9 @@ class AdvancedProfiler(Profiler):
         os.makedirs(self.dirpath, exist_ok=True)
         profile.dump_stats(os.path.join(self.dirpath, self._prepare_filename(action_name=action, extension=".prof")))
 
+    def _writes_files(self) -> bool:
+        return bool(self.filename) or self.dump_stats
+
     def teardown(self, stage: str | None) -> None:
         super().teardown(stage=stage)
         self.profiled_actions.clear()

@@ -21,7 +21,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
-from framework.paths import local_path
+from framework.errors import ConfigError
+from framework.paths import is_url, local_path
 
 
 class Profiler(ABC):
@@ -70,7 +71,20 @@ class Profiler(ABC):
         in a one-process job) and the run folder, which ``dirpath`` defaults to."""
         self._stage = stage
         self._local_rank = local_rank
+        if not self.dirpath and log_dir is not None and is_url(log_dir):  # the run folder is in object storage
+            if self._writes_files():
+                name = type(self).__name__
+                error = ConfigError(f"{name} dirpath is not set and the run folder '{log_dir}' is object storage, "
+                                    f"where the profiler writes no files; give a local folder: {name}(dirpath="
+                                    "'profiler', ...)")
+                error.alike_on_every_rank = True  # the arguments alone: rank 0 says it
+                raise error
+            return  # the report goes to the log
         self.dirpath = self.dirpath or log_dir
+
+    def _writes_files(self) -> bool:
+        """Does this profiler write files into ``dirpath`` (its report, with a ``filename``)?"""
+        return bool(self.filename)
 
     def describe(self) -> None:
         """Write the report (a file, or the log on local rank 0), then ``teardown``."""

@@ -124,6 +124,9 @@ class PyTorchProfiler(Profiler):
         self.profiler.step()
         self.profiler.add_metadata("Framework", "fw")
 
+    def _writes_files(self) -> bool:
+        return bool(self.filename) or not self._has_on_trace_ready  # its traces, unless on_trace_ready takes them
+
     def _export(self, profiler: Any, action_name: str) -> None:
         """A finished recording: its Chrome trace (and flame-graph stacks) in ``dirpath``."""
         if self.dirpath is None:

@@ -22,12 +22,13 @@ import torch
 from framework import loops
 from framework.accelerators import get_accelerator
 from framework.callbacks.base import Callback
+from framework.checkpointing.file import wait_for_uploads_on_every_rank
 from framework.checkpointing.parts import Stateful
 from framework.data import DataModule
 from framework.environments import DistInfo, detect_environment
 from framework.errors import ConfigError
 from framework.module import TrainModule
-from framework.paths import is_url, upload_in_background, use_storage_options, wait_for_uploads
+from framework.paths import forget_storage_settings, is_url, upload_in_background, use_storage_options
 from framework.precision import Precision
 from framework.profilers import Profiler, resolve_profiler
 from framework.rank_zero import rank_zero_info
@@ -74,11 +75,14 @@ class Trainer(TrainerProperties, DataProperties, TrainerControls):
         default_root_dir: where logs and checkpoints go (default: the working directory): a folder, or an fsspec URL
             (``s3://bucket/run``, ``memory://run``; ``docs/guides/clouds/object-storage.md``).
         storage_options: fsspec's options (``key``, ``secret``, ``endpoint_url``, ``client_kwargs``, ...) for the
-            buckets of this Trainer's URLs (``default_root_dir``, ModelCheckpoint ``dirpath``, a logger's ``save_dir``);
-            without them the environment's (``AWS_*`` variables).
+            buckets of this Trainer's URLs (``default_root_dir``, ModelCheckpoint ``dirpath``, a logger's ``save_dir``,
+            PredictionWriter ``output_dir``, a ``ckpt_path``); without them the environment's (``AWS_*`` variables).
+            They, and ``async_upload``, hold until the next Trainer is built (none of an earlier one's is kept).
         async_upload: upload the checkpoints written to those URLs in a background thread, in order, each index
-            after its checkpoint: a save waits for the serialisation only; the fit waits for the uploads at its end
-            (a failed one is a ``CheckpointError`` there or at the next save). Sharded (FSDP) saves stay synchronous.
+            after its checkpoint: a save waits for the serialisation (and for the previous checkpoint's upload: one
+            waits in memory at most); the fit waits for the uploads at its end, and ``save_checkpoint`` outside a fit
+            before it returns. A failed upload is a ``CheckpointError`` naming its URL at the next save or the fit's
+            end, whichever comes first. Sharded (FSDP) saves stay synchronous.
         use_distributed_sampler: shard every loader over the ranks (``False``: keep each loader's own sampler); a
             shuffled training loader follows one order for any number of ranks, one process included.
         on_nonfinite: a NaN or infinite loss ``error`` (the default: stop, naming the step), ``skip`` (drop that
@@ -144,7 +148,10 @@ class Trainer(TrainerProperties, DataProperties, TrainerControls):
             self.loggers = run_loggers.dev_run_loggers(logger)
             n = self.settings.fast_dev_run
             rank_zero_info(f"fw: fast_dev_run={n}: {n} batch(es) per stage, without logging or checkpoints")
+        forget_storage_settings()  # an earlier Trainer's options and async_upload are not this one's
+        self._storage_options = storage_options  # also for a ckpt_path given to fit/validate/test/predict
         for url in (self.settings.default_root_dir, *(getattr(part, "dirpath", None) for part in self.callbacks),
+                    *(getattr(part, "output_dir", None) for part in self.callbacks),
                     *(getattr(lg, "_save_dir", None) for lg in self.loggers)):
             use_storage_options(url, storage_options)  # the buckets of this Trainer's URLs
             if async_upload:
@@ -217,6 +224,8 @@ class Trainer(TrainerProperties, DataProperties, TrainerControls):
         use_storage_options(filepath, storage_options)
         fit = self.last_fit
         checkpointing.save(fit if fit is not None and fit.module is run.module else run, filepath, weights_only)
+        if not (self.state.fn == "fit" and self.state.status == "running"):  # no fit waits for its upload: now
+            wait_for_uploads_on_every_rank(self.strategy)
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
         """Send ``metrics`` to every logger (rank 0 only; other ranks do nothing), each then
@@ -235,6 +244,8 @@ class Trainer(TrainerProperties, DataProperties, TrainerControls):
         setup.refuse_a_call_inside_another(self.state, call.fn)
         call = dataclasses.replace(call, ckpt_path=checkpointing.lightnings_default(
             call.fn, call.ckpt_path, call.model is not None, self))
+        if isinstance(call.ckpt_path, (str, os.PathLike)) and is_url(call.ckpt_path):  # read with this Trainer's
+            use_storage_options(call.ckpt_path, getattr(self, "_storage_options", None))
         if self.launcher is None:
             return self._run_here(call)
         model = call.model if call.model is not None else self.lightning_module
@@ -274,10 +285,10 @@ class Trainer(TrainerProperties, DataProperties, TrainerControls):
             if fn == "fit" and state.stop_reason == "preempted":
                 state.status = "interrupted"
                 save_after_signal(run)
-                wait_for_uploads()
+                wait_for_uploads_on_every_rank(run.strategy)
             else:
                 if fn == "fit":
-                    wait_for_uploads()  # the fit's checkpoints are in the bucket (async_upload) before it ends
+                    wait_for_uploads_on_every_rank(run.strategy)  # the fit's checkpoints are in the bucket first
                     reports.report_where_it_went(run)
                 elif fn in ("validate", "test") and call.verbose and self.is_global_zero:
                     reports.print_results(fn, result)

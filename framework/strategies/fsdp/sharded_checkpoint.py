@@ -108,7 +108,7 @@ def _save_to_url(strategy: FSDPStrategy, module: TrainModule, url: str, parts: C
     if strategy.is_global_zero:  # an older folder of this name stops being complete before anything of it goes
         paths.remove(paths.join(url, COMMIT_MARK))
         paths.remove(url)
-        paths.wait_for_uploads()  # those removals, and any background upload before them, are done
+    ckpt.wait_for_uploads_on_every_rank(strategy)  # those removals, and any upload before them, are done (or every rank raises)
     strategy.barrier("sharded checkpoint folder")
     optimizers = items_of(parts.shared.get("optimizer_states"))
     states = [get_optimizer_state_dict(module, opt) for opt in optimizers]
@@ -119,8 +119,8 @@ def _save_to_url(strategy: FSDPStrategy, module: TrainModule, url: str, parts: C
         shared["optimizer_states"] = Value.saved_only(lambda: rest)
     values = {**parts.values, "fw_sharded": "dcp", "fw_optimizer_keys": "names"}
     save_from_rank_zero(strategy, paths.join(url, FW_FILE), replace(parts, shared=shared, values=values))
+    ckpt.wait_for_uploads_on_every_rank(strategy)  # fw_state.pt, where it went in the background (or every rank raises)
     if strategy.is_global_zero:  # every rank's shards, DCP's .metadata and fw_state.pt are there
-        paths.wait_for_uploads()  # fw_state.pt, where it went in the background
         paths.write_bytes(paths.join(url, COMMIT_MARK), b"every rank's shards and fw_state.pt are written\n")
     strategy.barrier("sharded checkpoint committed")
 
