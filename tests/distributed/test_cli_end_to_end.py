@@ -21,7 +21,13 @@ def test_under_torchrun_devices_auto_follows_the_launcher_and_a_single_strategy_
     assert result.returncode == 0, result.stdout + result.stderr
     assert "strategy ddp_gloo" in result.stderr and "world size 2" in result.stderr, result.stderr
 
+    # devices=1 under 2 of torchrun's processes: "auto" is ddp (the launcher's job is data parallel), whose
+    # devices then disagree with the launcher's count
     result = forked.fw_command(*args, "trainer.devices=1", cwd=REPO, env=clean_env(), nprocs=2)
+    assert result.returncode != 0
+    assert "started 2 process(es) on this node but trainer.devices=1" in result.stderr, result.stderr
+
+    result = forked.fw_command(*args, "trainer.strategy=single", cwd=REPO, env=clean_env(), nprocs=2)
     assert result.returncode != 0
     assert "torchrun started 2 processes but trainer.strategy=single" in result.stderr, result.stderr
 
