@@ -114,7 +114,9 @@ class ModelCheckpoint(Callback):
     def setup(self, trainer: Trainer, module: TrainModule, stage: str) -> None:
         self._fitting = stage == "fit"
         self._saved_in_this_fit = False
-        log_dir = None if self._dirpath_given else files.version_folder(trainer)  # <save_dir>/<name>/version_N
+        # <save_dir>/<name>/version_N: only a logger's run folder has versions (without one the run folder is
+        # default_root_dir, and a folder beside it is another run's, not another version of this one)
+        log_dir = None if self._dirpath_given or not trainer.loggers else files.version_folder(trainer)
         self._experiment_dir = paths.dirname(paths.real(log_dir)) if log_dir else None
         if self.dirpath is None:
             self.dirpath = files.run_folder(trainer)

@@ -30,6 +30,11 @@ class FakeStrategy:
         return bool(decision)
 
 
+class FakeLogger:
+    def after_save_checkpoint(self, callback) -> None:
+        pass
+
+
 class FakeTrainer:
     TEST_ONLY = ("saved",)
 
@@ -46,7 +51,8 @@ class FakeTrainer:
         self.check_val_every_n_epoch = 1  # with no validation data: epoch saves at the train epoch's end
         self.val_check_interval = None
         self.val_dataloaders = None
-        self.loggers = []  # told of each save (after_save_checkpoint)
+        # told of each save (after_save_checkpoint); a log_dir is a logger's version folder, so there is one
+        self.loggers = [FakeLogger()] if log_dir else []
         self.saved = []
 
     def save_checkpoint(self, filepath, weights_only=False, storage_options=None):

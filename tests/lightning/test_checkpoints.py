@@ -125,13 +125,14 @@ def _files(top) -> dict[str, tuple[int, int]]:
             for d, _, names in os.walk(top) for f in names}
 
 
-def _resume_elsewhere(which: str, top, checkpoint: dict, delete_first_root: bool, existing_version: bool) -> dict:
+def _resume_elsewhere(which: str, top, checkpoint: dict, delete_first_root: bool, existing_version: bool,
+                      **trainer_args) -> dict:
     """Fit 2 epochs under ``top/A``, resume for a 3rd under ``top/B``; what the resumed
     ModelCheckpoint held once restored, what it ended with, and which files changed."""
     lib, Base, _, Callback = _lib(which)
     first, second = top / "A", top / "B"
     lib.seed_everything(7)
-    trainer = _trainer(which, first, checkpoint, max_epochs=2)
+    trainer = _trainer(which, first, checkpoint, max_epochs=2, **trainer_args)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         trainer.fit(make_boring(Base)())
@@ -153,7 +154,7 @@ def _resume_elsewhere(which: str, top, checkpoint: dict, delete_first_root: bool
 
     before = _files(top)
     lib.seed_everything(7)
-    trainer = _trainer(which, second, checkpoint, max_epochs=3)
+    trainer = _trainer(which, second, checkpoint, max_epochs=3, **trainer_args)
     trainer.callbacks.insert(0, Probe())
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -208,6 +209,22 @@ def test_a_run_resumed_from_another_folder_writes_only_under_its_own_root(tmp_pa
     assert ours["first"] in said[0] and ours["restored"]["dirpath"] in said[0] and "Only best_model_path" in said[0]
     if checkpoint.get("save_top_k") == 2:
         assert "no longer exists" in said[0] and "best_k_models (2 files)" in said[0] and "last_model_path" in said[0]
+
+
+@pytest.mark.parametrize("checkpoint", [{}, dict(monitor="valid_loss", save_top_k=2, save_last=True)],
+                         ids=["default", "top2"])
+def test_without_a_logger_a_run_resumed_from_a_sibling_folder_writes_only_under_its_own_root(tmp_path, checkpoint):
+    """logger=False: the run folder is default_root_dir/checkpoints, which has no versions, so a
+    checkpoint from a sibling folder (A beside B) is another run's: its top-k does not go on there
+    (fw took A for another version of B's run, saved into A and pruned A's files)."""
+    ours = _resume_elsewhere("fw", tmp_path / "fw", checkpoint, False, False, logger=False)
+    theirs = _resume_elsewhere("lightning", tmp_path / "pl", checkpoint, False, False, logger=False)
+
+    assert ours["changed"] and all(p.startswith(ours["root"] + os.sep) for p in ours["changed"]), ours["changed"]
+    assert ours["gone"] == []
+    assert _relative(ours["dirpath"], ours) == _relative(theirs["dirpath"], theirs) == "B/checkpoints"
+    for key in ("best_model_path", "last_model_path"):
+        assert _relative(ours[key], ours) == _relative(theirs[key], theirs), key
 
 
 def _evaluated_from_a_checkpoint(which: str, root) -> dict:
