@@ -98,7 +98,7 @@ class ClusterEnvironment(ABC):
             raise ConfigError(
                 f"the {info.source} launcher started {info.local_world_size} process(es) on this node but "
                 f"trainer.devices={devices}. HINT: set trainer.devices={info.local_world_size}, or start "
-                f"{devices} processes per node"
+                f"{devices} process{'' if devices == 1 else 'es'} per node"
             )
         if info.world_size != devices * num_nodes:
             raise ConfigError(
