@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 import torch
 from conftest import subprocess_env
 from toy import LinearModel, loader, regression_data
@@ -98,6 +99,7 @@ print(json.dumps([m for m in ("tensorboard", "rich", "sklearn", "mpi4py") if m i
 """
 
 
+@pytest.mark.timeout(240)  # three fresh interpreters, one importing Lightning: 14 s alone, over 60 s in a loaded suite
 def test_subpackages_are_attributes_of_a_fresh_import_as_in_lightning():
     """``fw.callbacks.ModelCheckpoint`` right after ``import framework as fw``, as ``pl.callbacks.ModelCheckpoint``
     after ``import pytorch_lightning as pl`` (fw raised AttributeError until something else imported the
