@@ -121,10 +121,10 @@ def _log(out: Path, name: str) -> str:
     return (out / f"{name}.log").read_text()
 
 
-@pytest.mark.timeout(240)
-def test_two_replicas_end_identical_and_equal_plain_ddp(procs: Procs, tmp_path: Path) -> None:
-    r0 = procs.start("r0", "--replica", "0", "--max-steps", str(MAX_STEPS))
-    r1 = procs.start("r1", "--replica", "1", "--max-steps", str(MAX_STEPS))
+@pytest.mark.timeout(300)
+def test_two_replicas_end_identical_equal_plain_ddp_and_resume_exactly(procs: Procs, tmp_path: Path) -> None:
+    r0 = procs.start("r0", "--replica", "0", "--max-steps", str(MAX_STEPS), "--every", "10")
+    r1 = procs.start("r1", "--replica", "1", "--max-steps", str(MAX_STEPS), "--every", "10")
     ddp = procs.start("ddp", "--ddp", "--devices", "2", "--max-steps", str(MAX_STEPS), "--replica", "9")
     for proc, name in ((r0, "r0"), (r1, "r1"), (ddp, "ddp")):
         assert procs.wait(proc, 200) == 0, _log(tmp_path, name)
@@ -133,6 +133,15 @@ def test_two_replicas_end_identical_and_equal_plain_ddp(procs: Procs, tmp_path: 
     assert _same(a, plain), max(float((a[k] - plain[k]).abs().max()) for k in a)  # torchft's average is DDP's, bit for bit
     assert "fw: replica 0 joined at step 0: participants 2 of 2" in _log(tmp_path, "r0")
     assert "not trained whole" not in _log(tmp_path, "r0") + _log(tmp_path, "r1")
+    assert not list((tmp_path / "ckpt-1").glob("*.ckpt")), "only the replica with the lowest id writes checkpoints"
+    # a full stop: both replicas resume from replica 0's checkpoint of step 20 (mid-epoch) and end as if never stopped
+    ckpt = str(tmp_path / "ckpt-0" / "epoch=1-step=20.ckpt")
+    resumed = [procs.start(f"resumed{r}", "--replica", str(r), "--max-steps", str(MAX_STEPS), "--ckpt-path", ckpt,
+                           "--tag=-resumed") for r in (0, 1)]
+    for r, proc in enumerate(resumed):
+        assert procs.wait(proc, 200) == 0, _log(tmp_path, f"resumed{r}")
+        assert _same(_params(tmp_path, f"{r}-0-resumed"), a), r
+    assert "fw: replica 1 joined at step 20: participants 2 of 2" in _log(tmp_path, "resumed1")
 
 
 def _kill_and_rejoin(procs: Procs, out: Path, kill_at: int) -> None:

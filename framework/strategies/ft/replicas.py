@@ -9,7 +9,7 @@ the replicas, after DDP's inside the group, then ``should_commit``; a step not c
 applied). ``join`` is the first quorum, at set-up: a replica behind its live peers (restarted
 after a loss) receives a peer's whole state there, the same parts a checkpoint holds, and the
 Trainer restores it as it restores a checkpoint, so that it continues bit for bit where the peer
-stands. A fresh job (step 0) waits there until every replica group has come.
+stands. A job that starts waits there until every replica group has come.
 
 Every quorum is compared with the one before: a replica that left or came back is said in one
 line with the number of participants; each step trained without some replica's share is recorded
@@ -119,17 +119,17 @@ class Replicas:
         self.untrained.load_state_dict(state["untrained"])
 
     # -- the steps -------------------------------------------------------------------------
-    def join(self, fresh: bool, wait_s: float) -> dict | None:
+    def join(self, wait_s: float) -> dict | None:
         """The first quorum; a peer's state when this replica is behind the live ones (else None).
-        A fresh job waits up to ``wait_s`` seconds for every replica group, so that all of them
-        train from the first step."""
+        A job that starts (from scratch or from a checkpoint) waits up to ``wait_s`` seconds for
+        every replica group, so that all of them train from its first step; a replica that heals
+        joins a running job at once."""
         self._joining = True
         deadline = time.monotonic() + wait_s
         try:
             while True:
                 self._quorum()
-                if self.received is not None or not fresh or len(self.ids) >= self.num_groups \
-                        or time.monotonic() >= deadline:
+                if self.received is not None or len(self.ids) >= self.num_groups or time.monotonic() >= deadline:
                     break
                 time.sleep(0.2)
         finally:

@@ -102,16 +102,15 @@ class FaultTolerantStrategy(DDPStrategy):
                               "other replicas never see; use a first-order optimizer (SGD, Adam)")
 
     # -- the replicas ---------------------------------------------------------------------
-    def join_replicas(self, save: Callable[[], dict], load_in_place: Callable[[dict], None], global_step: int,
-                      manual: bool) -> str | None:
+    def join_replicas(self, save: Callable[[], dict], load_in_place: Callable[[dict], None], manual: bool
+                      ) -> str | None:
         """Meet the other replica groups (the first quorum). Returns what to restore from when a
         live peer sent its state (``load_checkpoint`` takes it), else None."""
         if manual:
             raise ConfigError("trainer.strategy=ft averages gradients across replicas in automatic optimization only; "
                               "a module with automatic_optimization = False would step without the other replicas")
         self.replicas = Replicas(self, save, load_in_place, self.untrained, self._manager_state)
-        fresh = global_step == 0 and self.replicas.manager.current_step() == 0
-        received = self.replicas.join(fresh, self.timeout)
+        received = self.replicas.join(self.timeout)
         if received is None:
             return None
         self._received = received
