@@ -221,7 +221,7 @@ trainer:
   accelerator: cpu
   enable_checkpointing: false
   default_root_dir: {tmp_path}
-  strategy: {{name: ft, replica_id: 0, num_replica_groups: 2, lighthouse: "http://127.0.0.1:{port}"}}
+  strategy: {{name: ft, replica_id: 0, num_replica_groups: 2, lighthouse: "http://127.0.0.1:{port}", lighthouse_wait: 2}}
 """)
     start = time.monotonic()
     done = subprocess.run([FW, "fit", str(recipe)], capture_output=True, text=True, timeout=100, env=_env(),

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 import time
 from typing import Any
 from urllib.parse import urlparse
@@ -19,13 +20,19 @@ DEFAULT_PORT = 29510
 
 def import_torchft() -> Any:
     """The ``torchft`` package, or one line naming the extra that installs it."""
-    # torchft's Rust half logs every quorum and commit at INFO on stderr unless told (fw says what matters)
-    os.environ.setdefault("RUST_LOG", "warn")
+    # torchft's Rust half logs every quorum and commit at INFO on stderr unless told otherwise when it
+    # is first imported (fw says what matters); the variable is put back at once
+    quiet = "RUST_LOG" not in os.environ and "torchft" not in sys.modules
+    if quiet:
+        os.environ["RUST_LOG"] = "warn"
     try:
         import torchft  # type: ignore[import-untyped]
     except ImportError:
         raise ConfigError("trainer.strategy=ft needs torchft, which is not installed: "
                           f"{install_command('ft')} (or pip install torchft)") from None
+    finally:
+        if quiet:
+            os.environ.pop("RUST_LOG", None)
     return torchft
 
 

@@ -36,10 +36,6 @@ from framework.strategies.ft.untrained import Untrained
 if TYPE_CHECKING:
     from framework.strategies.ft.strategy import FaultTolerantStrategy
 
-#: seconds a replica waits at set-up for the Lighthouse to answer before it refuses to start
-LIGHTHOUSE_WAIT_S = 10.0
-
-
 class _QuorumSeen:
     """torchft's ManagerClient, keeping the last quorum's result: the Manager keeps only the
     counts, and the line about a lost replica needs its id."""
@@ -85,7 +81,7 @@ class Replicas:
         self.manager = torchft.Manager(
             pg=torchft.ProcessGroupGloo(timeout=timeout), min_replica_size=strategy.min_replicas,
             load_state_dict=self._load, state_dict=self._state, use_async_quorum=False, timeout=timeout,
-            quorum_timeout=quorum_timeout, connect_timeout=datetime.timedelta(seconds=LIGHTHOUSE_WAIT_S),
+            quorum_timeout=quorum_timeout, connect_timeout=datetime.timedelta(seconds=max(strategy.lighthouse_wait, 1.0)),
             rank=strategy.global_rank, world_size=strategy.world_size, store_addr=host, store_port=port,
             lighthouse_addr=strategy.lighthouse, replica_id=self.replica_id, init_sync=True)
         if manager_state is not None:
@@ -227,7 +223,7 @@ def _group_store(strategy: FaultTolerantStrategy) -> tuple[str, int]:
     found: list[Any] = [None, None]
     if strategy.global_rank == 0:
         try:
-            check_reachable(strategy.lighthouse, LIGHTHOUSE_WAIT_S)
+            check_reachable(strategy.lighthouse, strategy.lighthouse_wait)
             strategy._manager_store = dist.TCPStore(host, 0, is_master=True, wait_for_workers=False)
             found = [strategy._manager_store.port, None]
         except DistributedSetupError as err:

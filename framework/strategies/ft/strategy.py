@@ -50,6 +50,8 @@ class FaultTolerantStrategy(DDPStrategy):
         min_replicas: steps are committed only while at least this many groups are in the quorum.
         quorum_timeout: seconds a step waits for its quorum (a rejoining replica's set-up is
             waited for; default: ``timeout``).
+        lighthouse_wait: seconds a replica waits at its start for the Lighthouse to answer before
+            it refuses to start.
         backend, init_method, timeout, socket_ifname, find_unused_parameters, bucket_cap_mb,
             static_graph, gradient_as_bucket_view: DDP's inside the group (``ddp_gloo``); ``timeout``
             is also the cross-replica all-reduce's and a fresh job's wait for every group.
@@ -62,6 +64,7 @@ class FaultTolerantStrategy(DDPStrategy):
         lighthouse: str | None = None,
         min_replicas: int = 1,
         quorum_timeout: float | None = None,
+        lighthouse_wait: float = 30.0,
         backend: str = "gloo",
         init_method: str = "env://",
         timeout: float = DEFAULT_TIMEOUT_S,
@@ -79,6 +82,7 @@ class FaultTolerantStrategy(DDPStrategy):
         self.replica_id, self.num_replica_groups, self.min_replicas = int(replica_id), int(num_replica_groups), int(min_replicas)
         self.lighthouse = lighthouse_address(lighthouse)
         self.quorum_timeout = float(quorum_timeout if quorum_timeout is not None else timeout)
+        self.lighthouse_wait = float(lighthouse_wait)
         self.untrained = Untrained()
         self.replicas: Replicas | None = None
         self._manager_store: Any = None  # group rank 0's TCPStore for the Manager (replicas.py)
