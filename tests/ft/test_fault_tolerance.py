@@ -144,17 +144,21 @@ def test_two_replicas_end_identical_equal_plain_ddp_and_resume_exactly(procs: Pr
     assert "fw: replica 1 joined at step 20: participants 2 of 2" in _log(tmp_path, "resumed1")
 
 
-def _kill_and_rejoin(procs: Procs, out: Path, kill_at: int) -> None:
-    """Replica 1 dies at ``kill_at``; the survivor waits 3 steps later for it to be restarted."""
-    flag = f"restarted-{kill_at}"
+def _kill_and_rejoin(procs: Procs, out: Path, kill_at: int, devices: int = 1) -> None:
+    """Replica 1 (``devices`` ranks) dies at ``kill_at``; the survivor waits 3 steps later for it
+    to be restarted."""
+    flag, group = f"restarted-{kill_at}", ("--devices", str(devices))
+    batches = 96 // (4 * 2 * devices)  # global batches an epoch (replica.py: 96 samples, 4 a rank)
     r0 = procs.start("r0", "--replica", "0", "--max-steps", str(MAX_STEPS), "--every", "4",
-                     "--wait-at", str(kill_at + 3), "--wait-for", flag)
-    r1 = procs.start("r1", "--replica", "1", "--max-steps", str(MAX_STEPS), "--kill-at", str(kill_at), "--every", "4")
-    assert procs.wait(r1, 150) == -signal.SIGKILL, _log(out, "r1")
+                     "--wait-at", str(kill_at + 3), "--wait-for", flag, *group)
+    r1 = procs.start("r1", "--replica", "1", "--max-steps", str(MAX_STEPS), "--kill-at", str(kill_at), "--every", "4",
+                     *group)
+    code = procs.wait(r1, 150)
+    assert code == -signal.SIGKILL if devices == 1 else code != 0, _log(out, "r1")  # under fw's launcher: its exit
     again = procs.start("r1-again", "--replica", "1", "--max-steps", str(MAX_STEPS), "--tag=-again",
-                        "--announce", flag, "--every", "4")
+                        "--announce", flag, "--every", "4", *group)
     assert procs.wait(again, 150) == 0, _log(out, "r1-again")
-    assert procs.wait(r0, 150) == 0, _log(out, "r0")  # the same process from the first step to the last
+    assert procs.wait(r0, 150) == 0, _log(out, "r0")  # the same process(es) from the first step to the last
     survivor, healed = _log(out, "r0"), _log(out, "r1-again")
     lost = re.findall(r"fw: replica 1 lost at step (\d+) .*: participants 2 -> 1", survivor)
     assert len(lost) == 1 and int(lost[0]) in (kill_at - 1, kill_at), survivor
@@ -162,17 +166,18 @@ def _kill_and_rejoin(procs: Procs, out: Path, kill_at: int) -> None:
     assert joined, healed
     step = int(joined.group(1))
     assert "fw: replica 1 joined at step" in survivor and "participants 1 -> 2" in survivor, survivor
-    # the healed replica's state at the step it joined is the survivor's, bit for bit
-    mine, peer = _steps(out, "1-0-again"), _steps(out, "0-0")
-    assert min(mine) == step and mine[step] == peer[step], (step, mine.get(step), peer.get(step))
-    assert _same(_params(out, "0-0"), _params(out, "1-0-again"))
+    # the healed replica's state at the step it joined is the survivor's, bit for bit (each rank's)
+    for rank in range(devices):
+        mine, peer = _steps(out, f"1-{rank}-again"), _steps(out, f"0-{rank}")
+        assert min(mine) == step and mine[step] == peer[step], (rank, step, mine.get(step), peer.get(step))
+        assert _same(_params(out, f"0-{rank}"), _params(out, f"1-{rank}-again")), rank
     # the untrained global batches: in the survivor's last line and in its checkpoints
     checkpoints = sorted((out / "ckpt-0").glob("*.ckpt"), key=lambda p: p.stat().st_mtime)
     ledger = torch.load(checkpoints[-1], weights_only=False)["fault_tolerance"]
     untrained = sum(e["last"] - e["first"] + 1 for e in ledger["untrained"])
     assert untrained == ledger["untrained_batches"] == step - kill_at, ledger
     first = ledger["untrained"][0]
-    assert (first["epoch"], first["first"]) == divmod(kill_at, 12) and "1" in first["missing"], ledger
+    assert (first["epoch"], first["first"]) == divmod(kill_at, batches) and "1" in first["missing"], ledger
     assert f"{untrained} global batches" in survivor, survivor
     assert not list((out / "ckpt-1").glob("*.ckpt")), "only the replica with the lowest id writes checkpoints"
 
@@ -187,6 +192,13 @@ def test_a_killed_replica_rejoins_healed_from_its_peer(procs: Procs, tmp_path: P
         out.mkdir()
         procs.out = out
         _kill_and_rejoin(procs, out, kill_at)
+
+
+@pytest.mark.timeout(400)
+def test_groups_of_two_ranks_ddp_inside_survive_a_kill(procs: Procs, tmp_path: Path) -> None:
+    kill_at = random.Random(SEED + 2).randrange(2, MAX_STEPS - 12)
+    print(f"FW_FT_SEED={SEED}: 2 groups x 2 ranks, replica 1 killed at step {kill_at}")
+    _kill_and_rejoin(procs, tmp_path, kill_at, devices=2)
 
 
 @pytest.mark.timeout(200)
