@@ -91,6 +91,28 @@ def announce_at_the_join(path: str) -> None:
     Replicas.join = announced
 
 
+def fail_commit_at(step: int) -> None:
+    """This replica's commit of ``step`` fails after its all-reduce (as after a local error), while
+    its peers commit it: it falls one step behind and takes a peer's state at its next step."""
+    from framework.strategies.ft.replicas import Replicas
+
+    join = Replicas.join
+
+    def joined(self, *args, **kwargs):
+        received = join(self, *args, **kwargs)
+        should_commit = self.manager.should_commit
+
+        def failing(*a, **k):
+            if self.manager.current_step() == step:
+                self.manager.report_error(RuntimeError(f"injected: commit of step {step} fails"))
+            return should_commit(*a, **k)
+
+        self.manager.should_commit = failing
+        return received
+
+    Replicas.join = joined
+
+
 def data(n: int = 96) -> DataLoader:
     g = torch.Generator().manual_seed(1)
     x = torch.randn(n, 8, generator=g)
@@ -113,9 +135,12 @@ def main() -> None:
     p.add_argument("--announce", default=None, help="a file made when the replica is about to join")
     p.add_argument("--wait-at", type=int, default=None, help="at this step, wait until --wait-for exists")
     p.add_argument("--wait-for", default=None)
+    p.add_argument("--fail-commit-at", type=int, default=None, help="this replica's commit of that step fails")
     args = p.parse_args()
     if args.announce:
         announce_at_the_join(os.path.join(args.out, args.announce))
+    if args.fail_commit_at is not None:
+        fail_commit_at(args.fail_commit_at)
     fw.seed_everything(0)
     if args.ddp:
         strategy = "ddp_gloo"

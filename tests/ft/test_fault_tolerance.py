@@ -202,6 +202,24 @@ def test_groups_of_two_ranks_ddp_inside_survive_a_kill(procs: Procs, tmp_path: P
 
 
 @pytest.mark.timeout(200)
+def test_a_replica_that_could_not_commit_takes_its_peers_state_in_place(procs: Procs, tmp_path: Path) -> None:
+    step = random.Random(SEED + 3).randrange(2, MAX_STEPS - 4)
+    print(f"FW_FT_SEED={SEED}: replica 1's commit of step {step} fails")
+    r0 = procs.start("r0", "--replica", "0", "--max-steps", str(MAX_STEPS))
+    r1 = procs.start("r1", "--replica", "1", "--max-steps", str(MAX_STEPS), "--fail-commit-at", str(step))
+    for proc, name in ((r0, "r0"), (r1, "r1")):
+        assert procs.wait(proc, 150) == 0, _log(tmp_path, name)
+    behind = _log(tmp_path, "r1")
+    assert f"fw: replica 1 took a peer's weights and optimizer state at step {step + 1}" in behind, behind
+    mine, peer = _steps(tmp_path, "1-0"), _steps(tmp_path, "0-0")
+    assert mine[step] == peer[step]  # the same state until then
+    assert mine[step + 1] != peer[step + 1]  # the peer applied the step, this replica did not
+    assert mine[step + 2] == peer[step + 2], "after the heal the two replicas train the same state"
+    assert _same(_params(tmp_path, "0-0"), _params(tmp_path, "1-0"))
+    assert "not trained whole" not in _log(tmp_path, "r0") + behind  # the peer's step had both shares
+
+
+@pytest.mark.timeout(200)
 def test_a_replica_that_never_comes_back(procs: Procs, tmp_path: Path) -> None:
     kill_at = random.Random(SEED + 1).randrange(2, MAX_STEPS - 4)
     print(f"FW_FT_SEED={SEED}: replica 1 killed at step {kill_at}, not restarted")

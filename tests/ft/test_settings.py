@@ -84,3 +84,14 @@ def test_untrained_batches_are_kept_as_runs_and_said_in_one_line():
     copy = Untrained()
     copy.load_state_dict(record.state_dict())
     assert copy == record and copy.since(3).batches == 1
+
+
+@pytest.mark.parametrize(("manual", "on_nonfinite", "message"), [
+    (True, "error", "trainer.strategy=ft averages gradients across replicas in automatic optimization only"),
+    (False, "skip", "trainer.on_nonfinite=skip cannot be agreed across replica groups under trainer.strategy=ft"),
+])
+def test_steps_that_cannot_be_averaged_across_groups_are_refused(manual, on_nonfinite, message):
+    strategy = ft(replica_id=0, num_replica_groups=2)
+    with pytest.raises(ConfigError, match=message):
+        strategy.join_replicas(dict, lambda checkpoint: None, manual, on_nonfinite)
+    assert strategy.replicas is None  # refused before any Manager or Lighthouse is touched

@@ -106,13 +106,17 @@ class FaultTolerantStrategy(DDPStrategy):
                               "other replicas never see; use a first-order optimizer (SGD, Adam)")
 
     # -- the replicas ---------------------------------------------------------------------
-    def join_replicas(self, save: Callable[[], dict], load_in_place: Callable[[dict], None], manual: bool
-                      ) -> str | None:
+    def join_replicas(self, save: Callable[[], dict], load_in_place: Callable[[dict], None], manual: bool,
+                      on_nonfinite: str) -> str | None:
         """Meet the other replica groups (the first quorum). Returns what to restore from when a
         live peer sent its state (``load_checkpoint`` takes it), else None."""
         if manual:
             raise ConfigError("trainer.strategy=ft averages gradients across replicas in automatic optimization only; "
                               "a module with automatic_optimization = False would step without the other replicas")
+        if on_nonfinite == "skip":
+            raise ConfigError("trainer.on_nonfinite=skip cannot be agreed across replica groups under trainer.strategy=ft "
+                              "(the other groups would average in a share that was dropped); use on_nonfinite=error, "
+                              "which stops the group that met the bad loss while the others go on")
         self.replicas = Replicas(self, save, load_in_place, self.untrained, self._manager_state)
         received = self.replicas.join(self.timeout)
         if received is None:
