@@ -100,7 +100,7 @@ def automatic_step_fn(run: Run) -> tuple[Callable[[Any, int, bool], Any], Callab
 
     def train_batch(batch: Any, batch_idx: int, steps_now: bool) -> Any:
         if replicas is not None:
-            replicas.before_batch(state.epoch, batch_idx)
+            replicas.before_batch(state.epoch, batch_idx, state.global_step)
         if not steps_now:  # the batch only accumulates: 1-4, and no gradient all-reduce
             if no_sync is None:
                 return forward_and_backward(batch, batch_idx)[0]

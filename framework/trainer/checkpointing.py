@@ -278,7 +278,7 @@ def join_replicas(run: Run) -> None:
         parts.per_rank = {}
         parts.load(checkpoint, 0, 1, (0, 1))
 
-    peer = run.strategy.join_replicas(save, load_in_place, not run.module.automatic_optimization,
+    peer = run.strategy.join_replicas(save, load_in_place, run.state.global_step, not run.module.automatic_optimization,
                                       run.settings.on_nonfinite)
     if peer is not None:
         restore(run, peer)

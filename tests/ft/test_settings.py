@@ -93,5 +93,5 @@ def test_untrained_batches_are_kept_as_runs_and_said_in_one_line():
 def test_steps_that_cannot_be_averaged_across_groups_are_refused(manual, on_nonfinite, message):
     strategy = ft(replica_id=0, num_replica_groups=2)
     with pytest.raises(ConfigError, match=message):
-        strategy.join_replicas(dict, lambda checkpoint: None, manual, on_nonfinite)
+        strategy.join_replicas(dict, lambda checkpoint: None, 0, manual, on_nonfinite)
     assert strategy.replicas is None  # refused before any Manager or Lighthouse is touched

@@ -73,6 +73,7 @@ class Replicas:
         self._window: list[tuple[int, int]] = []  # the step's (epoch, batch) pairs, until its commit
         self.ids: list[str] = []
         self.position: tuple[int, int] = (0, 0)
+        self.global_step = 0  # fw's (every step trained or not; torchft's counts the committed ones)
         self._lost_at: dict[str, int] = {}  # a replica's id -> len(untrained.entries) when it left
         host, port = _group_store(strategy)
         timeout = datetime.timedelta(seconds=strategy.timeout)
@@ -111,16 +112,16 @@ class Replicas:
                     f"{self.position[1]}: restart this replica; it takes a live peer's state when it joins")
             self._load_in_place(state["fw"])
             rank_zero_info(f"fw: replica {self.replica_id} took a peer's weights and optimizer state at step "
-                           f"{self.manager.current_step()} (it could not commit the step before)")
+                           f"{self.global_step} (it could not commit the step before)")
         self.untrained.load_state_dict(state["untrained"])
 
     # -- the steps -------------------------------------------------------------------------
-    def join(self, wait_s: float) -> dict | None:
+    def join(self, wait_s: float, global_step: int) -> dict | None:
         """The first quorum; a peer's state when this replica is behind the live ones (else None).
         A job that starts (from scratch or from a checkpoint) waits up to ``wait_s`` seconds for
         every replica group, so that all of them train from its first step; a replica that heals
         joins a running job at once."""
-        self._joining = True
+        self._joining, self.global_step = True, global_step
         deadline = time.monotonic() + wait_s
         try:
             while True:
@@ -131,13 +132,15 @@ class Replicas:
         finally:
             self._joining = False
         self._open = True  # this quorum is the first step's
-        rank_zero_info(f"fw: replica {self.replica_id} joined at step {self.manager.current_step()}: participants "
+        if self.received is not None:
+            self.global_step = int(self.received.get("global_step", global_step))
+        rank_zero_info(f"fw: replica {self.replica_id} joined at step {self.global_step}: participants "
                        f"{len(self.ids)} of {self.num_groups} (replicas {', '.join(self.ids)})")
         return self.received
 
-    def before_batch(self, epoch: int, batch_idx: int) -> None:
+    def before_batch(self, epoch: int, batch_idx: int, global_step: int) -> None:
         """At each batch: a step's first batch asks for its quorum."""
-        self.position = (epoch, batch_idx)
+        self.position, self.global_step = (epoch, batch_idx), global_step
         if not self._open:
             self._quorum()
             self._open = True
@@ -193,8 +196,7 @@ class Replicas:
         before, self.ids = self.ids, ids
         if not before or ids == before or self._joining:
             return
-        step = self.manager.current_step()
-        where = f"step {step} (epoch {self.position[0]}, batch {self.position[1]})"
+        where = f"step {self.global_step} (epoch {self.position[0]}, batch {self.position[1]})"
         change = f"participants {len(before)} -> {len(ids)}"
         for lost in (i for i in before if i not in ids):
             self._lost_at[lost] = len(self.untrained.entries)

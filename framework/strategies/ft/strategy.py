@@ -106,8 +106,8 @@ class FaultTolerantStrategy(DDPStrategy):
                               "other replicas never see; use a first-order optimizer (SGD, Adam)")
 
     # -- the replicas ---------------------------------------------------------------------
-    def join_replicas(self, save: Callable[[], dict], load_in_place: Callable[[dict], None], manual: bool,
-                      on_nonfinite: str) -> str | None:
+    def join_replicas(self, save: Callable[[], dict], load_in_place: Callable[[dict], None], global_step: int,
+                      manual: bool, on_nonfinite: str) -> str | None:
         """Meet the other replica groups (the first quorum). Returns what to restore from when a
         live peer sent its state (``load_checkpoint`` takes it), else None."""
         if manual:
@@ -118,7 +118,7 @@ class FaultTolerantStrategy(DDPStrategy):
                               "(the other groups would average in a share that was dropped); use on_nonfinite=error, "
                               "which stops the group that met the bad loss while the others go on")
         self.replicas = Replicas(self, save, load_in_place, self.untrained, self._manager_state)
-        received = self.replicas.join(self.timeout)
+        received = self.replicas.join(self.timeout, global_step)
         if received is None:
             return None
         self._received = received
