@@ -22,6 +22,8 @@ def ft(**options):
 
 
 @pytest.mark.parametrize(("options", "message"), [
+    ({}, "trainer.strategy=ft needs this group's replica_id and the job's num_replica_groups, e.g. "
+         "trainer.strategy={name: ft, replica_id: 0, num_replica_groups: 2, lighthouse: http://HOST:29510}"),
     ({"replica_id": 2, "num_replica_groups": 2}, "trainer.strategy.replica_id=2 must be in 0..1 (num_replica_groups=2)"),
     ({"replica_id": 0, "num_replica_groups": 0}, "trainer.strategy.num_replica_groups=0 must be at least 1"),
     ({"replica_id": 0, "num_replica_groups": 2, "min_replicas": 3}, "trainer.strategy.min_replicas=3 must be in 1..2"),

@@ -59,8 +59,8 @@ class FaultTolerantStrategy(DDPStrategy):
 
     def __init__(
         self,
-        replica_id: int,
-        num_replica_groups: int,
+        replica_id: int | None = None,
+        num_replica_groups: int | None = None,
         lighthouse: str | None = None,
         min_replicas: int = 1,
         quorum_timeout: float | None = None,
@@ -79,6 +79,7 @@ class FaultTolerantStrategy(DDPStrategy):
         _check_ids(replica_id, num_replica_groups, min_replicas)
         import_torchft()  # a missing extra is said when the Trainer is built
         self.name = "ft"
+        assert replica_id is not None and num_replica_groups is not None, "checked by _check_ids"
         self.replica_id, self.num_replica_groups, self.min_replicas = int(replica_id), int(num_replica_groups), int(min_replicas)
         self.lighthouse = lighthouse_address(lighthouse)
         self.quorum_timeout = float(quorum_timeout if quorum_timeout is not None else timeout)
@@ -179,6 +180,10 @@ class FaultTolerantStrategy(DDPStrategy):
 
 
 def _check_ids(replica_id: Any, groups: Any, min_replicas: Any) -> None:
+    if replica_id is None or groups is None:
+        raise ConfigError("trainer.strategy=ft needs this group's replica_id and the job's num_replica_groups, e.g. "
+                          "trainer.strategy={name: ft, replica_id: 0, num_replica_groups: 2, "
+                          "lighthouse: http://HOST:29510}")
     for key, value in (("replica_id", replica_id), ("num_replica_groups", groups), ("min_replicas", min_replicas)):
         if isinstance(value, bool) or not isinstance(value, int):
             raise ConfigError(f"trainer.strategy.{key}={value!r} must be a whole number")
