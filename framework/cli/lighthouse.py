@@ -13,7 +13,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from framework.strategies.ft.lighthouse import DEFAULT_PORT, serve
+#: torchft's default port (``framework.strategies.ft.lighthouse.DEFAULT_PORT``; not imported here: the
+#: parser of every fw command is built without torch)
+DEFAULT_PORT = 29510
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -29,6 +31,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def lighthouse(args: argparse.Namespace) -> int:
     """Serve until stopped; 0 when stopped by a signal."""
+    from framework.strategies.ft.lighthouse import serve
+
     def ready(address: str) -> None:
         sys.stderr.write(f"fw: Lighthouse at {address} (min_replicas {args.min_replicas}): start each replica group "
                          f"with trainer.strategy.lighthouse={address}\n")

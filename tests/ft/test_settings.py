@@ -64,6 +64,10 @@ def test_import_framework_does_not_import_torchft():
     code = "import sys, framework, framework.strategies, framework.cli; print('torchft' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert out.stdout.strip() == "False"
+    # the fw command's parser, `fw lighthouse` in it, is built without torch
+    code = "import sys; from framework.cli import build_parser; build_parser(); print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.strip() == "False"
 
 
 def test_each_group_reads_its_share_and_evaluates_on_the_whole_set():
