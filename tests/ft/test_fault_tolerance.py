@@ -162,7 +162,7 @@ def _kill_and_rejoin(procs: Procs, out: Path, kill_at: int, devices: int = 1) ->
     survivor, healed = _log(out, "r0"), _log(out, "r1-again")
     lost = re.findall(r"fw: replica 1 lost at step (\d+) .*: participants 2 -> 1", survivor)
     assert len(lost) == 1 and int(lost[0]) in (kill_at, kill_at + 1), survivor  # +1: the step under way not committed
-    joined = re.search(r"fw: replica 1 healed from a live peer \(replica 0\), at step (\d+)", healed)
+    joined = re.search(r"fw: replica 1 healed from the state of replica 0 \(a live peer\) at step (\d+)", healed)
     assert joined, healed
     step = int(joined.group(1))
     assert "fw: replica 1 joined at step" in survivor and "participants 1 -> 2" in survivor, survivor

@@ -87,6 +87,7 @@ class Replicas:
             lighthouse_addr=strategy.lighthouse, replica_id=self.replica_id, init_sync=True)
         if manager_state is not None:
             self.manager.load_state_dict(manager_state)
+        _quiet_checkpoint_server(self.manager)
         self._seen = _QuorumSeen(self.manager._client)
         self.manager._client = self._seen  # private, but the only place the quorum's members are known
         self._strategy = strategy
@@ -235,6 +236,14 @@ def _group_store(strategy: FaultTolerantStrategy) -> tuple[str, int]:
     if found[1] is not None:
         raise DistributedSetupError(found[1])
     return host, int(found[0])
+
+
+def _quiet_checkpoint_server(manager: Any) -> None:
+    """torchft's HTTP server that sends a healing peer this replica's state prints an access line
+    for each request on stderr (``http.server``'s default); this one server's handler stays quiet."""
+    server = getattr(manager._checkpoint_transport, "_server", None)
+    if server is not None:
+        server.RequestHandlerClass.log_message = lambda *args: None
 
 
 def _quiet_torchft() -> None:

@@ -36,7 +36,7 @@ from framework.strategies.ft.replicas import Replicas
 from framework.strategies.ft.untrained import Untrained
 
 #: what ``load_checkpoint`` is given for the state a live peer sent at the join
-PEER = "a live peer (replica {}), at step {}"
+PEER = "the state of replica {} (a live peer)"
 
 
 class FaultTolerantStrategy(DDPStrategy):
@@ -123,7 +123,7 @@ class FaultTolerantStrategy(DDPStrategy):
         if received is None:
             return None
         self._received = received
-        self._peer = PEER.format(self.replicas.ids[0] if self.replicas.ids else "?", received.get("global_step"))
+        self._peer = PEER.format(self.replicas.ids[0] if self.replicas.ids else "?")
         return self._peer
 
     def writes_checkpoints(self) -> bool:
@@ -158,7 +158,7 @@ class FaultTolerantStrategy(DDPStrategy):
         if path == self._peer and self._received is not None:
             checkpoint, self._received = self._received, None
             parts.load(checkpoint, 0, 1, (0, 1))
-            rank_zero_info(f"fw: replica {self.replica_id} healed from {path}")
+            rank_zero_info(f"fw: replica {self.replica_id} healed from {path} at step {checkpoint.get('global_step')}")
             return checkpoint
         checkpoint = ckpt.load_checkpoint(path)
         parts.load(checkpoint, self.global_rank, self.world_size, (self.global_rank, self.world_size))
