@@ -136,6 +136,7 @@ def main() -> None:
     p.add_argument("--wait-at", type=int, default=None, help="at this step, wait until --wait-for exists")
     p.add_argument("--wait-for", default=None)
     p.add_argument("--fail-commit-at", type=int, default=None, help="this replica's commit of that step fails")
+    p.add_argument("--accumulate", type=int, default=1, help="accumulate_grad_batches")
     args = p.parse_args()
     if args.announce:
         announce_at_the_join(os.path.join(args.out, args.announce))
@@ -153,7 +154,7 @@ def main() -> None:
                                                       every_n_train_steps=args.every, save_top_k=-1))
     trainer = fw.Trainer(accelerator="cpu", devices=args.devices, strategy=strategy, max_steps=args.max_steps,
                          logger=False, enable_checkpointing=bool(args.every), enable_progress_bar=False,
-                         callbacks=callbacks, num_sanity_val_steps=0,
+                         callbacks=callbacks, num_sanity_val_steps=0, accumulate_grad_batches=args.accumulate,
                          default_root_dir=os.path.join(args.out, f"root-{args.replica}"))
     trainer.fit(Net(), ckpt_path=args.ckpt_path)
     print(f"replica {args.replica} done at step {trainer.global_step}", flush=True)
