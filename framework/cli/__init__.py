@@ -1,5 +1,5 @@
 """``fw``: run a recipe. ``fw fit conf/x.yaml key=value ...``; also validate, test, predict, env, bench,
-checkpoint export.
+checkpoint export, lighthouse.
 
 Examples::
 
@@ -11,10 +11,11 @@ Examples::
     fw env                                                    # what a hanging job needs to know
     fw bench --quick                                          # which backend and settings to use here
     fw checkpoint export runs/ck/last.ckpt model.pt           # a sharded checkpoint as one file
+    fw lighthouse --port 29510                                # where trainer.strategy=ft replica groups meet
 
 The package: this file (arguments, errors), ``run_recipe.py`` (build a run from a recipe and
 execute one stage), ``env_report.py`` (``fw env``), ``checkpoint_export.py`` (``fw checkpoint
-export``), ``__main__.py`` (``python -m framework.cli``).
+export``), ``lighthouse.py`` (``fw lighthouse``), ``__main__.py`` (``python -m framework.cli``).
 
 User mistakes print one line ``fw: error: ...`` and exit with 2 (recipe, arguments) or 1
 (distributed set-up, checkpoints); errors in user code keep their traceback.
@@ -37,7 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     # torch.distributed.launch passes --local-rank=N; the torchrun environment reads it from argv
     parser.add_argument("--local-rank", "--local_rank", type=int, default=None, help=argparse.SUPPRESS)
     sub = parser.add_subparsers(dest="command", required=True,
-                                metavar="{fit,validate,test,predict,env,bench,checkpoint}")
+                                metavar="{fit,validate,test,predict,env,bench,checkpoint,lighthouse}")
     for stage in STAGES:
         p = sub.add_parser(stage, help=f"{stage} the recipe's module", epilog=_CKPT_HELP[stage],
                            formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -52,6 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
     from framework.cli import checkpoint_export
 
     checkpoint_export.add_arguments(sub.add_parser("checkpoint", help="export a checkpoint as one file plain torch loads"))
+    from framework.cli import lighthouse
+
+    lighthouse.add_arguments(sub.add_parser("lighthouse", help="serve the Lighthouse replica groups of strategy=ft meet at"))
     return parser
 
 
@@ -87,6 +91,10 @@ def run(args: argparse.Namespace) -> int:
         from framework.bench import main as bench
 
         return bench(args)
+    if args.command == "lighthouse":
+        from framework.cli.lighthouse import lighthouse
+
+        return lighthouse(args)
     if args.command == "checkpoint":
         from framework.cli.checkpoint_export import export
 

@@ -38,6 +38,8 @@ class LoaderSource:
         seed: the seed of the training data's order (the same on every rank).
         shard: the strategy's ``distributed_sampler_kwargs()`` (None: evaluation loaders are
             read whole, the training loader in its global order by one process).
+        eval_shard: the evaluation loaders' shard (``evaluation_sampler_kwargs()``), where it
+            is not ``shard`` (``ft``: each replica group evaluates on its own).
         overfit: ``overfit_batches`` is set: the training loader does not shuffle.
         ordered: ``use_distributed_sampler``: the training loader reads the global order (else
             the loader's own sampler, and no shard).
@@ -54,6 +56,7 @@ class LoaderSource:
     ordered: bool = True
     profiler: Any = None
     stacks: bool = False
+    eval_shard: dict[str, Any] | None = None
 
     def loaders(self, key: str) -> list:
         """The stage's loaders, ready for this rank ([] when there are none)."""
@@ -82,8 +85,8 @@ class LoaderSource:
         if key == "train" and self.ordered:
             loaders = [in_global_order(dl, seed=self.seed, **(self.shard or {"num_replicas": 1, "rank": 0}))
                        for dl in loaders]
-        elif key != "train" and self.shard:
-            loaders = [shard_dataloader(dl, seed=self.seed, **self.shard) for dl in loaders]
+        elif key != "train" and (self.eval_shard or self.shard):
+            loaders = [shard_dataloader(dl, seed=self.seed, **(self.eval_shard or self.shard or {})) for dl in loaders]
         return [dumping_stacks(dl) for dl in loaders] if self.stacks else loaders
 
     def _request(self, method: str) -> Any:

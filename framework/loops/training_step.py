@@ -96,8 +96,11 @@ def automatic_step_fn(run: Run) -> tuple[Callable[[Any, int, bool], Any], Callab
     default_step = hooks.timed(hook_action(module, "optimizer_step"), step)  # what Lightning's default does
     accumulates = run.settings.accumulate_grad_batches > 1
     no_sync = strategy.no_sync if strategy.multi_process and accumulates else None
+    replicas = strategy.replicas  # ``ft``: each step's quorum at its first batch (strategies/ft/replicas.py)
 
     def train_batch(batch: Any, batch_idx: int, steps_now: bool) -> Any:
+        if replicas is not None:
+            replicas.before_batch(state.epoch, batch_idx, state.global_step)
         if not steps_now:  # the batch only accumulates: 1-4, and no gradient all-reduce
             if no_sync is None:
                 return forward_and_backward(batch, batch_idx)[0]
@@ -200,6 +203,7 @@ def clip_and_step_fn(run: Run, optimizer: torch.optim.Optimizer, zero_after_step
     between = before_step is not None or custom_clip or bool(clip_val)  # anything between 4 and 6
     zero_grad = hooks.timed(hook_action(module, "optimizer_zero_grad"), optimizer.zero_grad)
     step = optimizer.step if scaler is None else functools.partial(precision.step, optimizer)
+    replicas = run.strategy.replicas  # ``ft``: the average across replica groups, and the commit
 
     def before_the_step() -> None:  # 5. on_before_optimizer_step, clipping
         if before_step is not None:
@@ -210,7 +214,9 @@ def clip_and_step_fn(run: Run, optimizer: torch.optim.Optimizer, zero_after_step
             default_clip(optimizer, float(clip_val), clip_algorithm or "norm")
 
     def clip_and_step(loss: Any, closure: Callable[[], Any] | None = None, **kwargs: Any) -> Any:
-        if state.skip_step:  # a non-finite loss in this accumulation window (on_nonfinite=skip)
+        # ``ft``: the gradients averaged over the replica groups; a step not committed is not applied.
+        # A non-finite loss in this accumulation window (on_nonfinite=skip) is not applied either
+        if (replicas is not None and not replicas.commit(optimizer, usable=not state.skip_step)) or state.skip_step:
             state.skip_step = False
             optimizer.zero_grad(set_to_none=True)
             return loss

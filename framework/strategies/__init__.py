@@ -1,5 +1,5 @@
 """Strategies, one registry: ``single``, ``dp``, ``ddp_gloo``, ``ddp_nccl``, ``ddp``, ``fsdp``,
-``model_parallel``, ``mpi``, ``ddp_spawn``, ``ddp_notebook``; Lightning's other names are aliases (``ALIASES``).
+``model_parallel``, ``mpi``, ``ft``, ``ddp_spawn``, ``ddp_notebook``; Lightning's other names are aliases (``ALIASES``).
 
 ``trainer.strategy`` is a name or a mapping ``{name: ..., option: value}``; ``ddp`` means NCCL
 on CUDA and Gloo otherwise.
@@ -17,6 +17,7 @@ from framework.strategies.ddp import DDPStrategy, SpawnDDPStrategy
 from framework.strategies.distributed import DistributedStrategy
 from framework.strategies.dp import DataParallelStrategy
 from framework.strategies.fsdp import FSDPStrategy
+from framework.strategies.ft import FaultTolerantStrategy
 from framework.strategies.model_parallel import ModelParallelStrategy
 from framework.strategies.mpi import MPIStrategy
 from framework.strategies.registry import StrategyRegistry
@@ -31,6 +32,8 @@ STRATEGIES.register("ddp_nccl", functools.partial(DDPStrategy, backend="nccl"), 
 STRATEGIES.register("fsdp", FSDPStrategy, "fully sharded data parallel (FSDP2) over Gloo or NCCL")
 STRATEGIES.register("model_parallel", ModelParallelStrategy,
                     "data parallel x tensor parallel over a 2-D DeviceMesh (configure_model parallelizes)")
+STRATEGIES.register("ft", FaultTolerantStrategy,
+                    "one replica group of a job that survives a lost replica (torchft; DDP inside the group)")
 STRATEGIES.register("mpi", MPIStrategy, "DDP with communication over MPI (mpiexec)")
 STRATEGIES.register("ddp_spawn", functools.partial(SpawnDDPStrategy, start_method="spawn"),
                     "DDP, workers spawned from the call (torch.multiprocessing)")
@@ -81,6 +84,7 @@ def create_strategy(spec: str | Mapping[str, Any] | Strategy, accelerator_name: 
     return strategy
 
 
-__all__ = ["STRATEGIES", "DDPStrategy", "DataParallelStrategy", "DistributedStrategy", "FSDPStrategy", "MPIStrategy",
+__all__ = ["STRATEGIES", "DDPStrategy", "DataParallelStrategy", "DistributedStrategy", "FSDPStrategy",
+           "FaultTolerantStrategy", "MPIStrategy",
            "ModelParallelStrategy", "SingleDeviceStrategy", "StepModule", "Strategy", "StrategyRegistry",
            "create_strategy"]

@@ -23,6 +23,7 @@ from framework.errors import ConfigError
 if TYPE_CHECKING:
     from framework.checkpointing.parts import CheckpointParts
     from framework.module import TrainModule
+    from framework.strategies.ft.replicas import Replicas
     from framework.strategies.launchers import Launcher
 
 
@@ -206,6 +207,21 @@ class Strategy(ABC):
 
     def distributed_sampler_kwargs(self) -> dict[str, int] | None:
         """``num_replicas`` and ``rank`` for samplers, or None when data need no sharding."""
+        return None
+
+    def evaluation_sampler_kwargs(self) -> dict[str, int] | None:
+        """The shard of the evaluation loaders: the training data's, except where replica groups
+        each evaluate on their own (``ft``)."""
+        return self.distributed_sampler_kwargs()
+
+    #: a fault-tolerant run's replica groups (``ft``: ``strategies/ft/replicas.py``), whose quorum
+    #: and commit the training step calls; None elsewhere
+    replicas: Replicas | None = None
+
+    def join_replicas(self, save: Callable[[], dict], load_in_place: Callable[[dict], None], global_step: int,
+                      manual: bool, on_nonfinite: str) -> str | None:
+        """Meet the other replica groups of a fault-tolerant run at the start of a fit: what to
+        restore from when a live peer sent its state (``load_checkpoint`` reads it); None here."""
         return None
 
     @property

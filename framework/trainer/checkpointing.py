@@ -262,6 +262,28 @@ def restore(run: Run, ckpt_path: str | None) -> None:
         state.position.resume_from = resume_point(run, mine, ckpt.ranks_that_wrote(checkpoint), carry[0])
 
 
+def join_replicas(run: Run) -> None:
+    """A fit under ``ft`` meets the other replica groups here, after any checkpoint was loaded; a
+    replica behind its live peers (restarted after a loss) is restored from a peer's state as from
+    a checkpoint: weights, optimizer, progress, data position, bit for bit."""
+    if run.fn != "fit":
+        return
+
+    def save() -> dict:  # this rank's state, as a checkpoint of one rank holds it
+        parts = parts_of(run, for_fit=True)
+        return parts.assemble([parts.rank_states()])
+
+    def load_in_place(checkpoint: dict) -> None:  # in the middle of a fit, at the same batch: no position to move
+        parts = parts_of(run, for_fit=True)
+        parts.per_rank = {}
+        parts.load(checkpoint, 0, 1, (0, 1))
+
+    peer = run.strategy.join_replicas(save, load_in_place, run.state.global_step, not run.module.automatic_optimization,
+                                      run.settings.on_nonfinite)
+    if peer is not None:
+        restore(run, peer)
+
+
 _fits_in_this_process = 0
 
 

@@ -135,6 +135,7 @@ def setup(run: Run, loaders: dict, ckpt_path: Any) -> str | None:
     run.loader_source = LoaderSource(
         given=loaders, source=source, seed=sampler_seed(), overfit=bool(settings.overfit_batches),
         shard=strategy.distributed_sampler_kwargs() if settings.use_distributed_sampler else None,
+        eval_shard=strategy.evaluation_sampler_kwargs() if settings.use_distributed_sampler else None,
         ordered=settings.use_distributed_sampler, profiler=hooks.profiler, stacks=strategy.is_distributed)
     wanted = [key for key, given in loaders.items()
               if given is not None or datamodule is not None or _defines_loader(model, key)]
@@ -163,6 +164,7 @@ def restore(run: Run, resume_path: str | None) -> None:
     is created in the run folder before every check of set-up has passed. Then the notes where fw
     differs from Lightning, which a run refused at set-up does not print before its error."""
     checkpointing.restore(run, resume_path)
+    checkpointing.join_replicas(run)
     run_loggers.log_hyperparameters(run)
     note_differences(run, resume_path)
 
