@@ -1,10 +1,10 @@
 """Jobs killed while they write to an S3 bucket (moto's server on 127.0.0.1), and what their
 restarts find there.
 
-- A sharded (FSDP/DCP) checkpoint: 2 FSDP ranks over Gloo save every 10 steps to
-  ``s3://bucket/ck``; rank 1 is SIGKILLed right after DCP wrote the step-20 folder's shards and
+- A sharded (FSDP/DCP) checkpoint: 2 FSDP ranks over Gloo save every 2 steps to
+  ``s3://bucket/ck``; rank 1 is SIGKILLed right after DCP wrote the step-4 folder's shards and
   ``.metadata``, before fw's ``fw_state.pt`` and ``COMMITTED``. That folder is in the bucket but
-  never loaded nor chosen: ``ckpt_path="last"`` resumes the step-10 one, bit for bit against a run
+  never loaded nor chosen: ``ckpt_path="last"`` resumes the step-2 one, bit for bit against a run
   never stopped, and the resumed run, which removes that folder first, writes it whole.
 - An elastic restart: 2 DDP ranks (Gloo) under fw's launcher with ``max_restarts=1`` save every
   4 steps into the bucket; one rank is SIGKILLed mid-epoch (step 11), the agent restarts the group, and the
@@ -34,7 +34,7 @@ from distributed.helpers import check_ok, run_script, write_script
 from framework.checkpointing.file import read_values
 from framework.errors import CheckpointError
 
-pytestmark = pytest.mark.procs  # a server process per module (conftest.py), forked ranks
+pytestmark = pytest.mark.procs  # the server process (conftest.py), forked ranks
 
 KILLED_IN_SAVE = """
 import os, signal, sys
@@ -49,9 +49,9 @@ strategy = {"name": "fsdp", "auto_wrap_policy": ["Block"]}
 write_shards = dcp.save
 
 
-def save_then_die(state, **kwargs):  # rank 1 dies right after DCP wrote the step-20 folder
+def save_then_die(state, **kwargs):  # rank 1 dies right after DCP wrote the step-4 folder
     write_shards(state, **kwargs)
-    if "step=20" in str(kwargs["storage_writer"].path) and os.environ["RANK"] == "1":
+    if "step=4" in str(kwargs["storage_writer"].path) and os.environ["RANK"] == "1":
         os.kill(os.getpid(), signal.SIGKILL)
 
 
@@ -64,12 +64,12 @@ class Started(fw.Callback):  # where the resumed fit starts from: rank 0 notes i
 
 if mode == "kill":
     dcp.save = save_then_die
-every_10 = lambda: [ModelCheckpoint(dirpath=url, every_n_train_steps=10, save_top_k=-1), Started()]
-common = dict(devices=2, max_steps=30, samples=480, shuffle=True)
+every_2 = lambda: [ModelCheckpoint(dirpath=url, every_n_train_steps=2, save_top_k=-1), Started()]
+common = dict(devices=2, max_steps=6, samples=96, shuffle=True)
 if mode == "kill":
-    sharded.fit(strategy, callbacks=every_10(), root=out, **common)
+    sharded.fit(strategy, callbacks=every_2(), root=out, **common)
 else:
-    resumed = sharded.fit(strategy, callbacks=every_10(), root=out, ckpt_path="last", **common)
+    resumed = sharded.fit(strategy, callbacks=every_2(), root=out, ckpt_path="last", **common)
     straight = sharded.fit(strategy, root=out, **common)
     if resumed["rank"] == 0:
         torch.save({"resumed": resumed, "straight": straight}, out + "/after_kill.pt")
@@ -83,24 +83,24 @@ def test_a_rank_killed_in_a_sharded_save_to_the_bucket_leaves_a_folder_never_cho
     killed = forked.run_script(script, str(tmp_path), url, "kill", nprocs=2, timeout=100)
     assert killed.returncode != 0, killed.output
     fs = s3.filesystem()
-    step_20 = f"{bucket}/ck/epoch=0-step=20.ckpt"
-    written = {key.removeprefix(step_20 + "/") for key in fs.find(step_20)}
+    step_4 = f"{bucket}/ck/epoch=0-step=4.ckpt"
+    written = {key.removeprefix(step_4 + "/") for key in fs.find(step_4)}
     assert {".metadata", "__1_0.distcp"} <= written and "COMMITTED" not in written, written
-    assert fs.exists(f"{bucket}/ck/epoch=0-step=10.ckpt/COMMITTED")
+    assert fs.exists(f"{bucket}/ck/epoch=0-step=2.ckpt/COMMITTED")
     with pytest.raises(CheckpointError, match=r"is incomplete \(no COMMITTED mark"):
-        read_values(f"s3://{step_20}")
+        read_values(f"s3://{step_4}")
 
     resumed = forked.run_script(script, str(tmp_path), url, "resume", nprocs=2, timeout=100)
     check_ok(resumed)
-    assert (tmp_path / "started.txt").read_text() == f"{url}/epoch=0-step=10.ckpt 10"
+    assert (tmp_path / "started.txt").read_text() == f"{url}/epoch=0-step=2.ckpt 2"
     fs.invalidate_cache()
-    assert fs.exists(f"{step_20}/COMMITTED") and fs.exists(f"{bucket}/ck/epoch=0-step=30.ckpt/COMMITTED")
+    assert fs.exists(f"{step_4}/COMMITTED") and fs.exists(f"{bucket}/ck/epoch=0-step=6.ckpt/COMMITTED")
     runs = torch.load(tmp_path / "after_kill.pt")
-    assert runs["resumed"]["global_step"] == runs["straight"]["global_step"] == 30
+    assert runs["resumed"]["global_step"] == runs["straight"]["global_step"] == 6
     for name, tensor in runs["straight"]["weights"].items():
         assert torch.equal(runs["resumed"]["weights"][name], tensor), name
-    saved = torch.load(io.BytesIO(fs.cat_file(f"{bucket}/ck/epoch=0-step=30.ckpt/fw_state.pt")), weights_only=True)
-    assert saved["global_step"] == 30
+    saved = torch.load(io.BytesIO(fs.cat_file(f"{bucket}/ck/epoch=0-step=6.ckpt/fw_state.pt")), weights_only=True)
+    assert saved["global_step"] == 6
 
 
 RESTARTED = """
