@@ -147,11 +147,12 @@ def test_a_restarted_job_resumes_from_its_newest_checkpoint_in_the_bucket(s3, bu
 
 
 KILLED_IN_UPLOAD = """
-import json, os, signal, sys
+import json, os, signal, sys, threading
 import s3fs
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 import framework as fw
+import framework.paths as fw_paths
 from framework.callbacks import ModelCheckpoint
 
 out, root, mode, kill_at = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
@@ -165,11 +166,18 @@ async def in_5_mib_parts(self, path, data, chunksize=None, **kwargs):  # a multi
 async def die_before_completing(self, method, *args, **kwargs):  # the parts are on the server
     if method == "complete_multipart_upload" and kwargs["Key"].endswith("/" + kill_at):
         with open(out + "/killed.txt", "w") as f:
-            f.write(kwargs["Key"])
+            f.write(f"{kwargs['Key']} {uploading_in[-1]}")
         os.kill(os.getpid(), signal.SIGKILL)
     return await call_s3(self, method, *args, **kwargs)
 
 
+def noting_the_thread(url, data):  # fw's upload thread, or the training's (s3fs's calls run in its own)
+    uploading_in.append(threading.current_thread().name)
+    return write_bytes(url, data)
+
+
+uploading_in, write_bytes = [], fw_paths.write_bytes
+fw_paths.write_bytes = noting_the_thread
 s3fs.S3FileSystem._pipe_file, s3fs.S3FileSystem._call_s3 = in_5_mib_parts, die_before_completing
 s3fs.S3FileSystem.clear_instance_cache()  # instances bind these methods when made
 
@@ -222,7 +230,8 @@ def test_a_fit_killed_during_a_checkpoint_upload_leaves_nothing_that_last_picks(
     root, folder = f"s3://{bucket}/run", f"{bucket}/run/ck"
     killed = forked.run_script(script, str(tmp_path), root, mode, killed_in, timeout=60)
     assert killed.returncode == -signal.SIGKILL, killed.output
-    assert (tmp_path / "killed.txt").read_text() == f"run/ck/{killed_in}"
+    uploader = "fw-uploads" if mode == "async" else "MainThread"  # the training went on during the upload, or waited
+    assert (tmp_path / "killed.txt").read_text() == f"run/ck/{killed_in} {uploader}"
 
     # the upload was in flight: its parts are in the bucket, its object is not, nor in the index
     fs = s3.filesystem()
