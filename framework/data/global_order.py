@@ -67,7 +67,9 @@ class GlobalOrderSampler(Sampler[int]):
         return list(range(self.data_len))
 
     def start_at(self, samples: int) -> None:
-        """The next pass over the epoch leaves out the first ``samples`` of its order (a resume)."""
+        """The next pass over this epoch leaves out the first ``samples`` of its order (a resume).
+        Another epoch's pass reads its whole order (``set_epoch``), also where this epoch had nothing
+        left, so that its pass was never read (a checkpoint of the epoch's last batch)."""
         self.start = samples
 
     def __iter__(self) -> Iterator[int]:
@@ -90,6 +92,8 @@ class GlobalOrderSampler(Sampler[int]):
         return max(left, 0) // whole * whole
 
     def set_epoch(self, epoch: int) -> None:
+        if epoch != self.epoch:
+            self.start = 0  # a resume's start is its epoch's alone
         self.epoch = epoch
         if self.base is not None and hasattr(self.base, "set_epoch"):
             self.base.set_epoch(epoch)

@@ -17,10 +17,11 @@ import sys
 import time
 from pathlib import Path
 
+import forked
 import pytest
 from timescale import scaled
 
-from tests.distributed.helpers import REPO, _kill_tree, clean_env, free_port, write_script
+from tests.distributed.helpers import REPO, _kill_tree, check_ok, clean_env, free_port, write_script
 from tests.distributed.test_multinode import two_hosts  # noqa: F401 (the fixture: namespaces A and B)
 
 pytestmark = pytest.mark.cluster  # two network namespaces: two pods on one machine
@@ -144,16 +145,17 @@ def results(out: Path, name: str, world: int) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def one_node(tmp_path_factory) -> dict[int, list[dict]]:
-    """The same program under fw's own launcher on one node (no Kubernetes), with 2 and 4
-    processes: what the pods must reproduce bit for bit."""
+    """The same program on one node (no Kubernetes), 2 and 4 ranks as torchrun starts them
+    (forked copies of this process, tests/forked.py: the ranks' training is the same, their start
+    costs no interpreter; fw's launcher against torchrun is tests/distributed's): what the pods must
+    reproduce bit for bit."""
     out = tmp_path_factory.mktemp("one_node")
     script = write_script(out, SCRIPT)
     found = {}
     for world in (2, 4):
         name = f"local{world}"
-        done = subprocess.run([sys.executable, str(script), str(out), name, str(world), "1", "-", "-1", "-1"],
-                              env=clean_env(), cwd=REPO, capture_output=True, text=True, timeout=scaled(120))
-        assert done.returncode == 0, done.stdout + done.stderr
+        check_ok(forked.run_script(script, str(out), name, str(world), "1", "-", "-1", "-1", nprocs=world,
+                                   timeout=120, cwd=REPO))
         found[world] = results(out, name, world)
     return found
 

@@ -69,6 +69,15 @@ class S3Server:
         return s3fs.S3FileSystem(key=self.env["AWS_ACCESS_KEY_ID"], secret=self.env["AWS_SECRET_ACCESS_KEY"],
                                  endpoint_url=self.endpoint, skip_instance_cache=True)
 
+    def client(self):
+        """A boto3 S3 client of this server with the user's key (what s3fs does not show, such as
+        the multipart uploads that were never completed)."""
+        import boto3
+
+        return boto3.client("s3", endpoint_url=self.endpoint, region_name="us-east-1",
+                            aws_access_key_id=self.env["AWS_ACCESS_KEY_ID"],
+                            aws_secret_access_key=self.env["AWS_SECRET_ACCESS_KEY"])
+
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:
             self.process.kill()

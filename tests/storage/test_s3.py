@@ -18,7 +18,7 @@ from lightning.modules import QUIET, make_regressor, regression_loader
 import framework as fw
 from framework.errors import ConfigError
 
-pytestmark = pytest.mark.procs  # a server process per module (conftest.py)
+pytestmark = pytest.mark.procs  # the server process (conftest.py)
 
 #: digits, short: 3 epochs of 4 batches (its learning rate follows a cosine over max_epochs), no progress bar
 SHORT = ("trainer.max_epochs=3", "trainer.limit_train_batches=4", "trainer.limit_val_batches=2",

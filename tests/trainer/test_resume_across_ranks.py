@@ -157,3 +157,41 @@ def test_a_checkpoint_of_the_loaders_own_order_is_refused_mid_epoch_on_another_s
     last = err.strip().splitlines()[-1]
     assert last.startswith("fw: error: ckpt_path") and "Traceback" not in err, err
     assert "reading the training loader's own order" in last and "use_distributed_sampler=False" in last, last
+
+
+def test_a_resume_with_nothing_left_of_its_epoch_reads_the_next_epoch_whole():
+    """A mid-epoch checkpoint of the epoch's last batch, mapped onto another shape, starts its
+    epoch's pass at the end: that pass is never read, and the next epoch reads its whole order."""
+    from framework.data.global_order import GlobalOrderSampler
+
+    sampler = GlobalOrderSampler(96, seed=0, shuffle=True, batch_size=16)
+    sampler.set_epoch(0)
+    sampler.start_at(96)
+    assert len(sampler) == 0
+    sampler.set_epoch(1)
+    assert len(sampler) == 96 and sorted(sampler) == list(range(96))
+
+
+@pytest.mark.procs  # no process, but two fits: out of the fast tier, which is at its limit
+@pytest.mark.timeout(60)
+def test_a_checkpoint_of_an_epochs_last_batch_resumed_on_another_shape_trains_the_next_epochs(tmp_path):
+    """The checkpoint that the epoch's last ``on_train_batch_end`` writes (mid-epoch: the epoch's end
+    has not run) resumed on another shape (here another batch size; the Ray elastic test found it
+    on 2 ranks resumed on 1) once ended the fit there, every later epoch empty, as if done."""
+    ckpt = tmp_path / "last_batch.ckpt"
+
+    class SaveAfterTheLastBatch(fw.Callback):
+        def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+            if trainer.global_step == 4:  # 96 samples, 24 a batch: the epoch's last
+                trainer.save_checkpoint(ckpt)
+
+    fw.seed_everything(0)
+    first = fw.Trainer(devices=1, max_epochs=1, callbacks=[SaveAfterTheLastBatch()], default_root_dir=str(tmp_path),
+                       **workload.FIT_ARGS)
+    first.fit(workload.Regressor(), DataLoader(workload.regression_data(96), batch_size=24, shuffle=True))
+    saved = load_checkpoint(ckpt)
+    assert saved["loop"]["batches_done"] == 4 and not saved["loop"]["epoch_finished"]
+    resumed = fw.Trainer(devices=1, max_epochs=3, default_root_dir=str(tmp_path), **workload.FIT_ARGS)
+    resumed.fit(workload.Regressor(), DataLoader(workload.regression_data(96), batch_size=12, shuffle=True),
+                ckpt_path=str(ckpt))
+    assert (resumed.global_step, resumed.current_epoch) == (4 + 2 * 8, 3)  # epochs 1 and 2: 8 batches of 12 each
