@@ -103,27 +103,27 @@ def _torchrun_with_restarts(script, tmp_path, name, rank, step, strategy="ddp_gl
 
 
 @pytest.mark.timeout(120)  # a forked job, then a torchrun job that is restarted: 25 s alone
-def test_a_job_restarted_before_its_first_checkpoint_starts_over_not_from_an_earlier_jobs(tmp_path):
+def test_a_job_restarted_before_its_first_checkpoint_starts_over_not_from_an_earlier_jobs(tmp_path, straight):
     """Two jobs in one folder, both with torchrun's run id ``none`` (the first as ranks forked with
     torchrun's variables, the second under torchrun): the second, killed before it wrote a
-    checkpoint, starts over and ends with its own weights (was: it resumed the first job's last
-    checkpoint and ended with that job's weights, exit 0)."""
+    checkpoint, starts over and ends with its own weights, those of its seed's uninterrupted run
+    (``straight``, seed 0; was: it resumed the first job's last checkpoint and ended with that
+    job's weights, exit 0)."""
     from .helpers import clean_env
 
     script = write_script(tmp_path, SCRIPT)
     # only the second job's restart is under test: the first is forked ranks with torchrun's run id
     check_ok(forked.run_script(script, str(tmp_path), "shared", "-1", "-1", "ddp_gloo", nprocs=2, timeout=30,
                                env=clean_env(FW_TEST_SEED="1"), run_id="none"))
-    check_ok(forked.run_script(script, str(tmp_path), "alone", "-1", "-1", nprocs=2, timeout=30,
-                               env=clean_env(FW_TEST_SEED="2")))
-    result = _torchrun_with_restarts(script, tmp_path, "shared", 1, 0, env=clean_env(FW_TEST_SEED="2"))
+    first = [json.loads((tmp_path / f"shared_rank{r}.json").read_text()) for r in (0, 1)]
+    assert first[0]["w"] != straight[0]["w"]  # the seeds differ: resuming the first job would show
+    result = _torchrun_with_restarts(script, tmp_path, "shared", 1, 0, env=clean_env(FW_TEST_SEED="0"))
     check_ok(result)
     assert "workers restarted by the elastic agent (restart 1): no checkpoint of this run was found" in result.output, \
         result.output
     for r in (0, 1):
         got = json.loads((tmp_path / f"shared_rank{r}.json").read_text())
-        alone = json.loads((tmp_path / f"alone_rank{r}.json").read_text())
-        assert got["step"] == STEPS and got["w"] == alone["w"], f"rank {r}:\n{result.output}"
+        assert got["step"] == STEPS and got["w"] == straight[r]["w"], f"rank {r}:\n{result.output}"
 
 
 ALWAYS_FAILS = """

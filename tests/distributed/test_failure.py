@@ -47,12 +47,21 @@ PEER_TIMEOUT_S = 8
 @pytest.fixture(scope="module")
 def rank_0_without_its_peer():
     """``fw fit`` as rank 0 of 2 on node 0, whose other node never comes: run once, with a timeout
-    (8 s) past the first "waiting" line (5 s), for both tests below."""
+    (8 s) past the first "waiting" line (5 s), for both tests below. One process with torchrun's
+    variables and no launcher: a forked copy of this process (tests/forked.py), not a fresh one."""
+    import time
+
+    import forked
+
+    from .helpers import REPO, Result
+
     env = clean_env(RANK="0", WORLD_SIZE="2", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", GROUP_RANK="0",
                     GROUP_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
-    cmd = [FW, "fit", "conf/digits.yaml", "trainer.devices=1", "trainer.num_nodes=2",
-           f"trainer.strategy={{name: ddp_gloo, timeout: {PEER_TIMEOUT_S}}}", "logger=false", "callbacks=[]"]
-    return run_cmd(cmd, timeout=45, env=env)
+    args = ["fit", "conf/digits.yaml", "trainer.devices=1", "trainer.num_nodes=2",
+            f"trainer.strategy={{name: ddp_gloo, timeout: {PEER_TIMEOUT_S}}}", "logger=false", "callbacks=[]"]
+    start = time.monotonic()
+    done = forked.fw_command(*args, cwd=REPO, env=env, timeout=45)
+    return Result(done.returncode, done.stdout + done.stderr, time.monotonic() - start)
 
 
 @pytest.mark.timeout(90)

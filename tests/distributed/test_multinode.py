@@ -122,11 +122,12 @@ class KillOnce(fw.Callback):
         else:
             time.sleep(3)
 
+# node "-": the same 2 ranks on one node (the uninterrupted reference, its ranks forked by the test)
+where = dict(devices=2, strategy={"name": "ddp_gloo", "timeout": 60}) if node == "-" else \
+    dict(devices=1, num_nodes=2, rdzv_endpoint=endpoint, strategy={"name": "ddp_gloo", "socket_ifname": ifname, "timeout": 60})
 fw.seed_everything(0)
 model = Dropout()
-trainer = fw.Trainer(devices=1, num_nodes=2, rdzv_endpoint=endpoint,
-                     strategy={"name": "ddp_gloo", "socket_ifname": ifname, "timeout": 60},
-                     max_epochs=2, accelerator="cpu", logger=False, enable_progress_bar=False,
+trainer = fw.Trainer(**where, max_epochs=2, accelerator="cpu", logger=False, enable_progress_bar=False,
                      num_sanity_val_steps=0, default_root_dir=f"{out}/{name}",
                      max_restarts=0 if kill_rank < 0 else 1,
                      callbacks=[KillOnce(), ModelCheckpoint(every_n_train_steps=1, save_top_k=-1)])
@@ -179,13 +180,20 @@ def _run_on_both(two_hosts, script, tmp_path, *args: str, timeout: float = 120,
 
 
 @pytest.fixture(scope="module")
-def straight(two_hosts, tmp_path_factory) -> list[dict]:
-    """The restart script's run never interrupted, per rank, under fw's launcher: torchrun's
-    ranks are the same, so both launchers' killed runs are held to this one run."""
+def straight(tmp_path_factory) -> list[dict]:
+    """The restart script's run never interrupted, per rank: its 2 ranks on one node, forked from
+    this process as torchrun starts them (tests/forked.py; no launcher is under test in it, and a
+    sum of two ranks' gradients is the same over either transport), so both launchers' killed
+    two-node runs are held to this one run bit for bit."""
     import json
 
+    import forked
+
+    from .helpers import check_ok
+
     out = tmp_path_factory.mktemp("straight")
-    _run_on_both(two_hosts, write_script(out, RESTART_SCRIPT), out, "straight", "-1", "-1")
+    check_ok(forked.run_script(write_script(out, RESTART_SCRIPT), "-", "-", "-", str(out), "straight", "-1", "-1",
+                               nprocs=2, timeout=60))
     return [json.loads((out / f"straight_rank{r}.json").read_text()) for r in (0, 1)]
 
 

@@ -36,6 +36,24 @@ def _mlflow_env(monkeypatch):
         monkeypatch.delenv(name)  # sets there goes again
 
 
+@pytest.fixture(scope="module")
+def _module_server(tmp_path_factory):
+    """One ``mlflow server`` for the module (a start costs about 5 CPU-s and 10 s), reaped at its
+    end; each test's run is its own (the tests read their runs by id)."""
+    with MlflowServer(tmp_path_factory.mktemp("mlflow_server")) as server:
+        yield server
+
+
+@pytest.fixture
+def server(_module_server):
+    """The module's server, up: started again (same port and store) where an earlier test took it
+    away and left it so."""
+    if _module_server.process is None or _module_server.process.poll() is not None:
+        _module_server.kill()  # reaps one killed by a child process (nothing if there is none)
+        _module_server.start()
+    return _module_server
+
+
 @pytest.fixture
 def fast_retries(monkeypatch):
     """MLflow gives up on a server at once (by default it retries for about 4 minutes)."""
@@ -99,70 +117,66 @@ def _fw_warnings(record) -> list[str]:
 
 
 @pytest.mark.timeout(240)
-def test_a_server_that_goes_away_and_comes_back_gets_everything_and_training_never_stops(tmp_path, fast_retries):
+def test_a_server_that_goes_away_and_comes_back_gets_everything_and_training_never_stops(tmp_path, server, fast_retries):
     """fw: one warning; the fit goes on; what was logged while the server was away is sent when it
     is back (the checkpoint saved meanwhile too), and the run ends FINISHED. Lightning's logger, in
     the same case: the fit ends with MLflow's error at the first write after the kill, and no
     checkpoint after that is written."""
-    (tmp_path / "server").mkdir()
-    with MlflowServer(tmp_path / "server") as server:
-        logger = MLFlowLogger(tracking_uri=server.uri, log_model="all")
-        with warnings.catch_warnings(record=True) as record:
-            warnings.simplefilter("always")
-            # away from step 2 to 6 (the checkpoint of epoch 0, at step 4, waits), 3 s at least
-            trainer, _ = _fit(logger, tmp_path / "fw", takes_away(Callback, server, 2, 6, away=3.0))
-        status, history, params, artifacts = _on_server(server.uri, logger.run_id)
-        assert status == "FINISHED" and params["lr"] == "0.05"
-        assert_same(distinct(history), distinct(sent(trainer)))  # every value, at its step
-        assert artifacts == {"epoch=0-step=4", "epoch=1-step=8", "last"}
-        assert _checkpoints(tmp_path / "fw" / "ckpt") == ["epoch=0-step=4.ckpt", "epoch=1-step=8.ckpt", "last.ckpt"]
-        assert not [name for name in os.listdir(tmp_path / "fw" / "ckpt") if name.startswith(".fw-upload-")]
-        said = _fw_warnings(record)
-        assert len(said) == 1, said
-        assert said[0].startswith(f"MLFlowLogger: {server.uri} does not answer (") and "training goes on" in said[0]
+    logger = MLFlowLogger(tracking_uri=server.uri, log_model="all")
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        # away from step 2 to 6 (the checkpoint of epoch 0, at step 4, waits), 3 s at least
+        trainer, _ = _fit(logger, tmp_path / "fw", takes_away(Callback, server, 2, 6, away=3.0))
+    status, history, params, artifacts = _on_server(server.uri, logger.run_id)
+    assert status == "FINISHED" and params["lr"] == "0.05"
+    assert_same(distinct(history), distinct(sent(trainer)))  # every value, at its step
+    assert artifacts == {"epoch=0-step=4", "epoch=1-step=8", "last"}
+    assert _checkpoints(tmp_path / "fw" / "ckpt") == ["epoch=0-step=4.ckpt", "epoch=1-step=8.ckpt", "last.ckpt"]
+    assert not [name for name in os.listdir(tmp_path / "fw" / "ckpt") if name.startswith(".fw-upload-")]
+    said = _fw_warnings(record)
+    assert len(said) == 1, said
+    assert said[0].startswith(f"MLFlowLogger: {server.uri} does not answer (") and "training goes on" in said[0]
 
-        pl = pytest.importorskip("pytorch_lightning")
-        from mlflow.exceptions import MlflowException
-        from pytorch_lightning.loggers import MLFlowLogger as LightningMLFlowLogger
+    pl = pytest.importorskip("pytorch_lightning")
+    from mlflow.exceptions import MlflowException
+    from pytorch_lightning.loggers import MLFlowLogger as LightningMLFlowLogger
 
-        lightning_logger = LightningMLFlowLogger(tracking_uri=server.uri)
-        lightning_checkpoint = pl.callbacks.ModelCheckpoint(dirpath=str(tmp_path / "pl" / "ckpt"), save_top_k=-1)
-        lightning = pl.Trainer(logger=lightning_logger, callbacks=[lightning_checkpoint,
-                               takes_away(pl.Callback, server, 2)], default_root_dir=str(tmp_path / "pl"), **SETTINGS)
-        data = regression_data(32)  # 4 batches an epoch, as ToyData's
-        handler = signal.getsignal(signal.SIGTERM)
-        try:
-            with pytest.raises(MlflowException, match="Connection refused"):
-                lightning.fit(_lightning_module(pl), loader(data), loader(data))
-        finally:
-            signal.signal(signal.SIGTERM, handler)  # Lightning's failed fit leaves its handler there
-        assert not (tmp_path / "pl" / "ckpt" / "epoch=1-step=8.ckpt").exists()
+    lightning_logger = LightningMLFlowLogger(tracking_uri=server.uri)
+    lightning_checkpoint = pl.callbacks.ModelCheckpoint(dirpath=str(tmp_path / "pl" / "ckpt"), save_top_k=-1)
+    lightning = pl.Trainer(logger=lightning_logger, callbacks=[lightning_checkpoint,
+                           takes_away(pl.Callback, server, 2)], default_root_dir=str(tmp_path / "pl"), **SETTINGS)
+    data = regression_data(32)  # 4 batches an epoch, as ToyData's
+    handler = signal.getsignal(signal.SIGTERM)
+    try:
+        with pytest.raises(MlflowException, match="Connection refused"):
+            lightning.fit(_lightning_module(pl), loader(data), loader(data))
+    finally:
+        signal.signal(signal.SIGTERM, handler)  # Lightning's failed fit leaves its handler there
+    assert not (tmp_path / "pl" / "ckpt" / "epoch=1-step=8.ckpt").exists()
 
 
 @pytest.mark.timeout(240)
-def test_a_server_that_never_comes_back_costs_the_fit_flush_timeout_and_one_count(tmp_path, monkeypatch):
+def test_a_server_that_never_comes_back_costs_the_fit_flush_timeout_and_one_count(tmp_path, server, monkeypatch):
     """A server killed at step 2 for good, while MLflow retries each call for about 14 s (2 + 4 + 8;
     by default about 4 minutes, which the fit does not wait out either): every checkpoint is written,
     the fit ends about ``flush_timeout`` after its last step, and one warning counts what was not
     sent; what the server has and what was counted add up to what was logged."""
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "3")
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "2")
-    (tmp_path / "server").mkdir()
-    with MlflowServer(tmp_path / "server") as server:
-        logger = MLFlowLogger(tracking_uri=server.uri, flush_timeout=3)
-        away = takes_away(Callback, server, 2)
-        with warnings.catch_warnings(record=True) as record:
-            warnings.simplefilter("always")
-            trainer, _ = _fit(logger, tmp_path / "fw", away)
-        took = time.monotonic() - away.killed_at
-        assert took < 12, f"the fit ended {took:.0f} s after the server went away"
-        assert _checkpoints(tmp_path / "fw" / "ckpt") == ["epoch=0-step=4.ckpt", "epoch=1-step=8.ckpt", "last.ckpt"]
-        said = _fw_warnings(record)
-        assert len(said) == 1 and said[0].startswith(f"MLFlowLogger: not sent to {server.uri}: "), said
-        counted = dict(part.split(" ", 1)[::-1] for part in said[0].split(": ", 2)[2].split(", "))
-        assert counted.pop("the run's end (FINISHED)") == "1"
-        server.start()  # back, to read what it has
-        status, history, params, _ = _on_server(server.uri, logger.run_id)
+    logger = MLFlowLogger(tracking_uri=server.uri, flush_timeout=3)
+    away = takes_away(Callback, server, 2)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        trainer, _ = _fit(logger, tmp_path / "fw", away)
+    took = time.monotonic() - away.killed_at
+    assert took < 12, f"the fit ended {took:.0f} s after the server went away"
+    assert _checkpoints(tmp_path / "fw" / "ckpt") == ["epoch=0-step=4.ckpt", "epoch=1-step=8.ckpt", "last.ckpt"]
+    said = _fw_warnings(record)
+    assert len(said) == 1 and said[0].startswith(f"MLFlowLogger: not sent to {server.uri}: "), said
+    counted = dict(part.split(" ", 1)[::-1] for part in said[0].split(": ", 2)[2].split(", "))
+    assert counted.pop("the run's end (FINISHED)") == "1"
+    server.start()  # back, to read what it has
+    status, history, params, _ = _on_server(server.uri, logger.run_id)
     assert status == "RUNNING"  # its end was never sent
     logged = sum(len(v) for v in sent(trainer).values())
     assert 0 < int(counted.pop("metric values")) == logged - sum(len(v) for v in history.values())
@@ -246,17 +260,15 @@ if __name__ == "__main__":
 
 
 @pytest.mark.timeout(300)
-def test_a_logger_used_before_a_forked_fit_sends_the_fit(tmp_path):
+def test_a_logger_used_before_a_forked_fit_sends_the_fit(tmp_path, server):
     """ddp_notebook forks the workers after the logger's sender started (a parameter logged in an
     earlier cell): rank 0's child makes its own sender, so the fit's metrics and the run's end reach
     the server. Before, the child queued into the parent's sender, whose thread is not there: the
     run stayed RUNNING with no metric and no warning."""
-    (tmp_path / "server").mkdir()
-    with MlflowServer(tmp_path / "server") as server:
-        done = _child(FORKED_FIT, server.uri, str(tmp_path / "fit"))
-        assert done.returncode == 0, done.stderr[-3000:]
-        run_id, steps = done.stdout.split()[-2:]
-        status, history, params, _ = _on_server(server.uri, run_id)
+    done = _child(FORKED_FIT, server.uri, str(tmp_path / "fit"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    run_id, steps = done.stdout.split()[-2:]
+    status, history, params, _ = _on_server(server.uri, run_id)
     assert status == "FINISHED" and params["note"] == "before the fit" and params["lr"] == "0.05"
     assert [step for step, _ in history["train/loss_step"]] == list(range(int(steps))), history
     assert "not sent" not in done.stderr, done.stderr[-3000:]
@@ -282,24 +294,22 @@ if len(sys.argv) > 2:  # the server goes away before the end: what is left is co
 
 
 @pytest.mark.timeout(300)
-def test_what_is_logged_without_finalize_is_sent_at_exit_or_counted(tmp_path, fast_retries):
+def test_what_is_logged_without_finalize_is_sent_at_exit_or_counted(tmp_path, server, fast_retries):
     """A script that logs and ends without ``finalize``: the sender's daemon thread would die with
     it; at exit what waits is sent (the 20 values are on the server), or, with the server gone,
     counted in one warning after ``flush_timeout``. Before, 0 of 20 arrived and nothing was said."""
-    (tmp_path / "server").mkdir()
-    with MlflowServer(tmp_path / "server") as server:
-        done = _child(NO_FINALIZE, server.uri)
-        assert done.returncode == 0, done.stderr[-3000:]
-        run_id = done.stdout.split()[-1]
-        _, history, _, _ = _on_server(server.uri, run_id)
-        assert history["m"] == [(step, float(step)) for step in range(20)]
-        assert "not sent" not in done.stderr, done.stderr[-3000:]
+    done = _child(NO_FINALIZE, server.uri)
+    assert done.returncode == 0, done.stderr[-3000:]
+    run_id = done.stdout.split()[-1]
+    _, history, _, _ = _on_server(server.uri, run_id)
+    assert history["m"] == [(step, float(step)) for step in range(20)]
+    assert "not sent" not in done.stderr, done.stderr[-3000:]
 
-        start = time.monotonic()
-        done = _child(NO_FINALIZE, server.uri, str(server.process.pid))
-        assert done.returncode == 0, done.stderr[-3000:]
-        assert time.monotonic() - start < 60
-        assert f"MLFlowLogger: not sent to {server.uri}: 5 metric values" in done.stderr, done.stderr[-3000:]
+    start = time.monotonic()
+    done = _child(NO_FINALIZE, server.uri, str(server.process.pid))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert time.monotonic() - start < 60
+    assert f"MLFlowLogger: not sent to {server.uri}: 5 metric values" in done.stderr, done.stderr[-3000:]
 
 
 class _Answers503(http.server.BaseHTTPRequestHandler):
@@ -316,22 +326,20 @@ class _Answers503(http.server.BaseHTTPRequestHandler):
 
 
 @pytest.mark.timeout(240)
-def test_a_server_that_answers_only_503_costs_the_end_flush_timeout(tmp_path, monkeypatch):
+def test_a_server_that_answers_only_503_costs_the_end_flush_timeout(tmp_path, server, monkeypatch):
     """The server is replaced by one that answers every call with 503, which MLflow's client
     retries (here for about 21 s a call, 3 + 6 + 12; by default about 4 minutes): ``finalize``
     gives up after ``flush_timeout`` (the call in flight has been sent that long) and counts what
     was not sent. Before, it waited for MLflow's retries: 248 s with flush_timeout=2 by default."""
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "3")
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "3")
-    (tmp_path / "server").mkdir()
-    with MlflowServer(tmp_path / "server") as server:
-        logger = MLFlowLogger(tracking_uri=server.uri, flush_timeout=2)
-        logger.log_hyperparams({"a": 1})
-        logger.log_metrics({"x": 1.0}, 0)
-        end = time.monotonic() + 60
-        while logger._sender._queue and time.monotonic() < end:
-            time.sleep(0.05)
-        server.kill()
+    logger = MLFlowLogger(tracking_uri=server.uri, flush_timeout=2)
+    logger.log_hyperparams({"a": 1})
+    logger.log_metrics({"x": 1.0}, 0)
+    end = time.monotonic() + 60
+    while logger._sender._queue and time.monotonic() < end:
+        time.sleep(0.05)
+    server.kill()
     http.server.ThreadingHTTPServer.allow_reuse_address = True
     for _ in range(100):
         try:
