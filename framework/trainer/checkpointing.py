@@ -292,8 +292,13 @@ def join_replicas(run: Run) -> None:
                 "max_epochs": float(settings.max_epochs), "accumulate_grad_batches": float(settings.accumulate_grad_batches),
                 "data seed": number(source.seed if source is not None else None)}
 
+    def folders() -> list[str]:  # where this replica writes (``ft`` refuses a folder two replicas share)
+        found = [run.log_dir, *(getattr(logger, "log_dir", None) for logger in run.loggers),
+                 *(getattr(callback, "dirpath", None) for callback in run.callbacks)]
+        return [os.fspath(folder) for folder in found if isinstance(folder, str | os.PathLike)]
+
     peer = run.strategy.join_replicas(save, load_in_place, run.state.global_step, not run.module.automatic_optimization,
-                                      run.settings.on_nonfinite, facts)
+                                      run.settings.on_nonfinite, facts, folders)
     if peer is not None:
         restore(run, peer)
 

@@ -149,12 +149,13 @@ class _Done:
 
 
 def _replicas(who: int, hub: _Hub, *, groups: int = 2, min_replicas: int = 1, facts=dict, buffers=list,
-              participants: int = 2) -> Replicas:
+              folders=list, participants: int = 2) -> Replicas:
     """A Replicas as ``Replicas.__init__`` leaves it once its Manager is up and the quorum holds
     ``participants`` groups."""
     replicas = Replicas.__new__(Replicas)
     replicas.replica_id, replicas.num_groups, replicas.min_replicas = str(who), groups, min_replicas
-    replicas.facts, replicas.buffers, replicas.untrained = facts, buffers, Untrained()
+    replicas.facts, replicas.buffers, replicas.folders, replicas.untrained = facts, buffers, folders, Untrained()
+    replicas._folder_marks, replicas._folder_names = None, {}
     replicas._open, replicas._window, replicas.position, replicas.global_step = False, [(0, 0)], (0, 0), 0
     replicas.ids = [str(i) for i in range(participants)]
     replicas.manager = _Manager(hub, who, participants)
@@ -290,3 +291,21 @@ def test_a_quorum_fw_cannot_read_or_with_one_id_twice_is_refused():
     with pytest.raises(TrainingError, match=r"^torchft .* is not supported \(fw reads its Manager's quorum\): "
                                             r"pip install 'torchft>=0.2,<0.3'$"):
         replicas._quorum()
+
+
+def test_a_folder_two_replicas_write_into_is_refused(tmp_path):
+    hub = _Hub(2)
+
+    def step(who):
+        _model, opt = _tiny()
+        mine = [str(tmp_path / f"root-{who}"), str(tmp_path / "shared" / "version_0")]
+        return _replicas(who, hub, folders=lambda: mine).commit(opt)
+
+    errors = _both(step)
+    assert all(isinstance(e, ConfigError) for e in errors), errors
+    assert str(errors[0]) == (f"replicas 0 and 1 write logs or checkpoints into the same folder {tmp_path}/shared/"
+                              "version_0: give each replica group its own trainer.default_root_dir (and logger "
+                              "save_dir, ModelCheckpoint dirpath), e.g. runs/replica<replica_id>")
+    hub = _Hub(2)
+    assert _both(lambda who: _replicas(who, hub, folders=lambda: [str(tmp_path / f"r{who}")]).commit(_tiny()[1])) == [
+        True, True]

@@ -23,6 +23,7 @@ import logging
 import math
 import os
 import time
+import zlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -36,6 +37,10 @@ from framework.strategies.ft.untrained import Untrained
 
 if TYPE_CHECKING:
     from framework.strategies.ft.strategy import FaultTolerantStrategy
+
+#: how many of a replica's folders are compared with the other replicas' (``Replicas._marks``)
+_FOLDERS = 8
+
 
 class _QuorumSeen:
     """torchft's ManagerClient, keeping the last quorum's result: the Manager keeps only the
@@ -70,14 +75,19 @@ class Replicas:
         facts: the run's settings that must be the same on every replica (name -> number), read at
             each commit (the batches an epoch are known once the training starts).
         buffers: the module's buffers, averaged over the replicas at each commit.
+        folders: where this replica writes logs and checkpoints (read at the first commit): a
+            folder another replica writes too is refused.
     """
 
     def __init__(self, strategy: FaultTolerantStrategy, save: Callable[[], dict], load_in_place: Callable[[dict], None],
                  untrained: Untrained, manager_state: dict | None,
-                 facts: Callable[[], dict[str, float]] = dict, buffers: Callable[[], list[torch.Tensor]] = list) -> None:
+                 facts: Callable[[], dict[str, float]] = dict, buffers: Callable[[], list[torch.Tensor]] = list,
+                 folders: Callable[[], list[str]] = list) -> None:
         torchft = import_torchft()
         self.replica_id, self.num_groups = str(strategy.replica_id), strategy.num_replica_groups
-        self.min_replicas, self.facts, self.buffers = strategy.min_replicas, facts, buffers
+        self.min_replicas, self.facts, self.buffers, self.folders = strategy.min_replicas, facts, buffers, folders
+        self._folder_marks: list[float] | None = None
+        self._folder_names: dict[float, str] = {}
         self.untrained, self._save, self._load_in_place = untrained, save, load_in_place
         self.received: dict | None = None  # a peer's state, taken at the join
         self._joining, self._open = False, False
@@ -218,7 +228,9 @@ class Replicas:
                                   "the same recipe (only trainer.strategy.replica_id differs)")
         everywhere_finite = low[-1] == 1.0
         lrs = [float(group.get("lr", 0.0)) for group in optimizer.param_groups]
-        low, high = self._min_max(lrs + [float(p.grad is not None) for p in params])
+        marks = self._marks()
+        low, high = self._min_max(lrs + marks + [float(p.grad is not None) for p in params])
+        self._refuse_shared_folders(marks, high[len(lrs):len(lrs) + len(marks)])
         for i, (mine, lo, hi) in enumerate(zip(lrs, low, high, strict=False)):
             if lo != hi:
                 other = hi if mine == lo else lo
@@ -227,7 +239,31 @@ class Replicas:
                     f"replica's {other:g} at step {self.global_step + 1}: decisions such as ReduceLROnPlateau or "
                     "EarlyStopping must use metrics that agree across replicas (validation metrics, or metrics "
                     "synced across replicas)")
-        return [h == 1.0 for h in high[len(lrs):]], everywhere_finite
+        return [h == 1.0 for h in high[len(lrs) + len(marks):]], everywhere_finite
+
+    def _marks(self) -> list[float]:
+        """This replica's folders as numbers in its own row of ``num_groups`` x ``_FOLDERS`` slots
+        (zeros elsewhere): after a MAX all-reduce every replica sees every replica's folders."""
+        if self._folder_marks is None:
+            folders = sorted({os.path.abspath(f) for f in self.folders()})[:_FOLDERS]
+            mine = [float(zlib.crc32(f.encode()) + 1) for f in folders] + [0.0] * (_FOLDERS - len(folders))
+            row = int(self.replica_id) if self.replica_id.isdigit() else 0
+            self._folder_marks = [0.0] * (_FOLDERS * row) + mine + [0.0] * (_FOLDERS * (self.num_groups - row - 1))
+            self._folder_names = dict(zip(mine, folders, strict=False))
+        return self._folder_marks
+
+    def _refuse_shared_folders(self, marks: list[float], seen: list[float]) -> None:
+        row = int(self.replica_id) if self.replica_id.isdigit() else 0
+        for other in range(self.num_groups):
+            if other == row:
+                continue
+            theirs = set(seen[other * _FOLDERS:(other + 1) * _FOLDERS]) - {0.0}
+            for mark in marks[row * _FOLDERS:(row + 1) * _FOLDERS]:
+                if mark and mark in theirs:
+                    raise ConfigError(
+                        f"replicas {min(row, other)} and {max(row, other)} write logs or checkpoints into the same folder "
+                        f"{self._folder_names[mark]}: give each replica group its own trainer.default_root_dir (and "
+                        "logger save_dir, ModelCheckpoint dirpath), e.g. runs/replica<replica_id>")
 
     def _min_max(self, values: list[float]) -> tuple[list[float], list[float]]:
         """Each value's smallest and largest over the replicas in the quorum (one all-reduce)."""

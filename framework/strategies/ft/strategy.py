@@ -112,10 +112,12 @@ class FaultTolerantStrategy(DDPStrategy):
 
     # -- the replicas ---------------------------------------------------------------------
     def join_replicas(self, save: Callable[[], dict], load_in_place: Callable[[dict], None], global_step: int,
-                      manual: bool, on_nonfinite: str, facts: Callable[[], dict[str, float]] = dict) -> str | None:
+                      manual: bool, on_nonfinite: str, facts: Callable[[], dict[str, float]] = dict,
+                      folders: Callable[[], list[str]] = list) -> str | None:
         """Meet the other replica groups (the first quorum). Returns what to restore from when a
         live peer sent its state (``load_checkpoint`` takes it), else None. ``facts``: the run's
-        settings that every replica must share, compared at each commit."""
+        settings that every replica must share, compared at each commit; ``folders``: where
+        this replica writes logs and checkpoints, which no other replica may share."""
         if manual:
             raise ConfigError("trainer.strategy=ft averages gradients across replicas in automatic optimization only; "
                               "a module with automatic_optimization = False would step without the other replicas")
@@ -126,7 +128,8 @@ class FaultTolerantStrategy(DDPStrategy):
         def buffers() -> list[torch.Tensor]:
             return list(self.model.buffers()) if self.model is not None else []
 
-        self.replicas = Replicas(self, save, load_in_place, self.untrained, self._manager_state, facts, buffers)
+        self.replicas = Replicas(self, save, load_in_place, self.untrained, self._manager_state, facts, buffers,
+                                 folders)
         received = self.replicas.join(self.timeout, global_step, self.start_alone)
         if received is None:
             return None
