@@ -6,7 +6,11 @@ The loop calls two methods (``loops/training_step.py``): ``before_batch`` at a s
 (the quorum; torchft's ``start_quorum``, run synchronously so that a heal is applied before any
 batch of the step is trained) and ``commit`` before the optimizer's step (the all-reduce across
 the replicas, after DDP's inside the group, then ``should_commit``; a step not committed is not
-applied). ``join`` is the first quorum, at set-up: a replica behind its live peers (restarted
+applied). Each commit first makes the replicas agree, in two small all-reduces: the settings
+that must be the same everywhere, the position, each learning rate, which parameters have a
+gradient somewhere, whether every gradient is finite, and the folders each replica writes; a
+difference is one line on every replica. Then every parameter's gradient and every floating-point
+buffer is averaged, so that all replicas hold the same module. ``join`` is the first quorum, at set-up: a replica behind its live peers (restarted
 after a loss) receives a peer's whole state there, the same parts a checkpoint holds, and the
 Trainer restores it as it restores a checkpoint, so that it continues bit for bit where the peer
 stands. A job that starts waits there until every replica group has come.
