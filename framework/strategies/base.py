@@ -219,7 +219,8 @@ class Strategy(ABC):
     replicas: Replicas | None = None
 
     def join_replicas(self, save: Callable[[], dict], load_in_place: Callable[[dict], None], global_step: int,
-                      manual: bool, on_nonfinite: str) -> str | None:
+                      manual: bool, on_nonfinite: str, facts: Callable[[], dict[str, float]] = dict,
+                      folders: Callable[[], list[str]] = list) -> str | None:
         """Meet the other replica groups of a fault-tolerant run at the start of a fit: what to
         restore from when a live peer sent its state (``load_checkpoint`` reads it); None here."""
         return None

@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sized
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -278,8 +278,27 @@ def join_replicas(run: Run) -> None:
         parts.per_rank = {}
         parts.load(checkpoint, 0, 1, (0, 1))
 
+    def facts() -> dict[str, float]:  # what every replica group must share (``ft`` compares them at each commit)
+        settings, train = run.settings, (run.loaders.get("train") or [None])[0]
+        dataset, source = getattr(train, "dataset", None), run.loader_source
+
+        def number(value: Any) -> float:
+            return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else -1.0
+
+        return {"batch size": number(getattr(train, "batch_size", None)),
+                "dataset length": number(len(dataset)) if isinstance(dataset, Sized) else -1.0,
+                "batches an epoch": number(run.num_training_batches),
+                "limit_train_batches": number(settings.limits["train"]), "max_steps": float(settings.max_steps),
+                "max_epochs": float(settings.max_epochs), "accumulate_grad_batches": float(settings.accumulate_grad_batches),
+                "data seed": number(source.seed if source is not None else None)}
+
+    def folders() -> list[str]:  # where this replica writes (``ft`` refuses a folder two replicas share)
+        found = [run.log_dir, *(getattr(logger, "log_dir", None) for logger in run.loggers),
+                 *(getattr(callback, "dirpath", None) for callback in run.callbacks)]
+        return [os.fspath(folder) for folder in found if isinstance(folder, str | os.PathLike)]
+
     peer = run.strategy.join_replicas(save, load_in_place, run.state.global_step, not run.module.automatic_optimization,
-                                      run.settings.on_nonfinite)
+                                      run.settings.on_nonfinite, facts, folders)
     if peer is not None:
         restore(run, peer)
 

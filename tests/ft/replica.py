@@ -55,6 +55,22 @@ class Net(fw.TrainModule):
         return data()
 
 
+class RoutedNet(Net):
+    """``--model routed``: a BatchNorm (buffers that each replica updates from its own share) and
+    two heads, one chosen per batch by its first sample: a head unused on one replica at a step
+    gets no gradient there."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.net = nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.Tanh())
+        self.heads = nn.ModuleList([nn.Linear(16, 1), nn.Linear(16, 1)])
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return F.mse_loss(self.heads[int(x[0, 0] > 0)](self.net(x)), y)
+
+
 class Record(fw.Callback):
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
@@ -137,6 +153,8 @@ def main() -> None:
     p.add_argument("--wait-for", default=None)
     p.add_argument("--fail-commit-at", type=int, default=None, help="this replica's commit of that step fails")
     p.add_argument("--accumulate", type=int, default=1, help="accumulate_grad_batches")
+    p.add_argument("--model", choices=["mlp", "routed"], default="mlp")
+    p.add_argument("--timeout", type=float, default=60, help="trainer.strategy.timeout (the start's wait)")
     args = p.parse_args()
     if args.announce:
         announce_at_the_join(os.path.join(args.out, args.announce))
@@ -147,7 +165,8 @@ def main() -> None:
         strategy = "ddp_gloo"
     else:
         strategy = {"name": "ft", "replica_id": args.replica, "num_replica_groups": args.groups,
-                    "lighthouse": os.environ["TORCHFT_LIGHTHOUSE"], "timeout": 60}
+                    "lighthouse": os.environ["TORCHFT_LIGHTHOUSE"], "timeout": args.timeout,
+                    "find_unused_parameters": args.model == "routed"}
     callbacks: list = [Record(args)]
     if args.every:
         callbacks.append(fw.callbacks.ModelCheckpoint(dirpath=os.path.join(args.out, f"ckpt-{args.replica}"),
@@ -156,7 +175,7 @@ def main() -> None:
                          logger=False, enable_checkpointing=bool(args.every), enable_progress_bar=False,
                          callbacks=callbacks, num_sanity_val_steps=0, accumulate_grad_batches=args.accumulate,
                          default_root_dir=os.path.join(args.out, f"root-{args.replica}"))
-    trainer.fit(Net(), ckpt_path=args.ckpt_path)
+    trainer.fit(RoutedNet() if args.model == "routed" else Net(), ckpt_path=args.ckpt_path)
     print(f"replica {args.replica} done at step {trainer.global_step}", flush=True)
 
 

@@ -9,6 +9,8 @@ Lighthouse on 127.0.0.1 (``fw lighthouse``, one for the module).
   optimizer state and position equals the survivor's there), and both end identical; the
   untrained global batches are logged and in the checkpoint;
 - a replica that never comes back: the survivor ends alone at max_steps;
+- a head unused on one replica and BatchNorm's buffers: both replicas end with the same
+  parameters and buffers; a replica alone at its start (no checkpoint) is refused;
 - no Lighthouse: one line and a non-zero exit, soon.
 """
 
@@ -264,3 +266,24 @@ trainer:
                       "trainer.strategy.lighthouse=http://HOST:PORT"], done.stderr
     assert "Traceback" not in done.stderr
     assert took < 60, took
+
+
+@pytest.mark.timeout(200)
+def test_unused_heads_and_batchnorm_buffers_end_identical_and_a_lone_replica_is_refused(procs: Procs,
+                                                                                        tmp_path: Path) -> None:
+    """Each step's head is chosen by the replica's own first sample (a head unused on one replica
+    gets its gradient only from the other), and BatchNorm's running statistics come from each
+    replica's own share: both replicas end with the same parameters and buffers. Then a replica
+    that finds no other at its start (and has no checkpoint) is refused after its start's wait."""
+    steps = "12"
+    r0 = procs.start("r0", "--replica", "0", "--max-steps", steps, "--model", "routed")
+    r1 = procs.start("r1", "--replica", "1", "--max-steps", steps, "--model", "routed")
+    for proc, name in ((r0, "r0"), (r1, "r1")):
+        assert procs.wait(proc, 150) == 0, _log(tmp_path, name)
+    a, b = _params(tmp_path, "0-0"), _params(tmp_path, "1-0")
+    assert any("running_mean" in k for k in a) and _same(a, b), {k: float((a[k] - b[k]).abs().max()) for k in a}
+    alone = procs.start("alone", "--replica", "1", "--max-steps", steps, "--timeout", "2")
+    assert procs.wait(alone, 60) != 0
+    assert ("replica 1 found no other replica group at the Lighthouse within 2 s (trainer.strategy.timeout) and has "
+            "no checkpoint: it would train a model of its own; start the other groups with it, or set "
+            "trainer.strategy.start_alone=true to let it begin alone") in _log(tmp_path, "alone")

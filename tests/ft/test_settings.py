@@ -1,17 +1,23 @@
 """``trainer.strategy=ft`` without processes: its options checked with one line each, torchft
-imported only when the strategy is built, the data split over groups x ranks, and the record of
-untrained global batches."""
+imported only when the strategy is built, the data split over groups x ranks, the record of
+untrained global batches, and each commit's agreement between replicas (every parameter and buffer
+averaged, settings, learning rates and finiteness compared, min_replicas, duplicate ids) with
+torchft's Manager faked at its boundary."""
 
 from __future__ import annotations
 
 import builtins
 import subprocess
 import sys
+import threading
 
 import pytest
+import torch
+from torch.distributed import ReduceOp
 
-from framework.errors import ConfigError
+from framework.errors import ConfigError, TrainingError
 from framework.strategies import create_strategy
+from framework.strategies.ft.replicas import Replicas, _QuorumSeen
 from framework.strategies.ft.untrained import Untrained
 
 LIGHTHOUSE = "http://127.0.0.1:29510"
@@ -101,3 +107,205 @@ def test_steps_that_cannot_be_averaged_across_groups_are_refused(manual, on_nonf
     with pytest.raises(ConfigError, match=message):
         strategy.join_replicas(dict, lambda checkpoint: None, 0, manual, on_nonfinite)
     assert strategy.replicas is None  # refused before any Manager or Lighthouse is touched
+
+
+# -- the commit's agreement, with torchft's Manager faked at its boundary --------------------------
+# Two replicas run in two threads of this process; their "Manager" all-reduces through a barrier
+# (MAX, or the average as torchft's AVG), so that the checks every replica makes at each commit are
+# exercised without processes. The real thing runs in tests/ft/test_fault_tolerance.py.
+
+class _Hub:
+    def __init__(self, n: int) -> None:
+        self.n, self.barrier, self.slots = n, threading.Barrier(n, timeout=20), {}
+
+    def reduce(self, who: int, tensor: torch.Tensor, op: ReduceOp) -> None:
+        self.slots[who] = tensor.clone()
+        self.barrier.wait()
+        stacked = torch.stack([self.slots[k] for k in sorted(self.slots)])
+        result = stacked.max(0).values if op == ReduceOp.MAX else stacked.sum(0) / self.n
+        self.barrier.wait()
+        tensor.copy_(result)
+
+
+class _Manager:
+    def __init__(self, hub: _Hub, who: int, participants: int) -> None:
+        self.hub, self.who, self.participants, self.error = hub, who, participants, None
+
+    def allreduce(self, tensor, reduce_op=ReduceOp.AVG):
+        self.hub.reduce(self.who, tensor, reduce_op)
+        return _Done()
+
+    def report_error(self, err):
+        self.error = err
+
+    def should_commit(self):
+        ok, self.error = self.error is None and self.participants >= 1, None
+        return ok
+
+
+class _Done:
+    def wait(self):
+        return None
+
+
+def _replicas(who: int, hub: _Hub, *, groups: int = 2, min_replicas: int = 1, facts=dict, buffers=list,
+              folders=list, participants: int = 2) -> Replicas:
+    """A Replicas as ``Replicas.__init__`` leaves it once its Manager is up and the quorum holds
+    ``participants`` groups."""
+    replicas = Replicas.__new__(Replicas)
+    replicas.replica_id, replicas.num_groups, replicas.min_replicas = str(who), groups, min_replicas
+    replicas.facts, replicas.buffers, replicas.folders, replicas.untrained = facts, buffers, folders, Untrained()
+    replicas._folder_marks, replicas._folder_names = None, {}
+    replicas._open, replicas._window, replicas.position, replicas.global_step = False, [(0, 0)], (0, 0), 0
+    replicas.ids = [str(i) for i in range(participants)]
+    replicas.manager = _Manager(hub, who, participants)
+    return replicas
+
+
+def _both(step):
+    """``step(who)`` in two threads at once; what each returned or raised."""
+    results: list = [None, None]
+
+    def run(who: int) -> None:
+        try:
+            results[who] = step(who)
+        except Exception as err:
+            results[who] = err
+
+    threads = [threading.Thread(target=run, args=(who,)) for who in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    return results
+
+
+class _Routed(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.norm, self.heads = torch.nn.BatchNorm1d(3), torch.nn.ModuleList([torch.nn.Linear(3, 1) for _ in range(3)])
+
+
+def test_every_parameter_and_buffer_is_averaged_unused_ones_too():
+    """Replica 0 uses head 0, replica 1 head 1, nobody head 2; BatchNorm's statistics come from
+    each replica's own data: after the commit both hold the same gradients (head 2 none, as DDP
+    leaves a parameter no rank used) and the same buffers."""
+    hub, models = _Hub(2), [_Routed(), _Routed()]
+    opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in models]
+
+    def step(who):
+        model = models[who]
+        x = torch.randn(4, 3, generator=torch.Generator().manual_seed(who))
+        model.heads[who](model.norm(x)).sum().backward()
+        replicas = _replicas(who, hub, buffers=lambda: list(model.buffers()))
+        assert replicas.commit(opts[who])
+        opts[who].step()
+
+    assert _both(step) == [None, None]
+    a, b = models[0].state_dict(), models[1].state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert models[0].heads[2].weight.grad is None and models[1].heads[2].weight.grad is None
+    assert not torch.equal(a["heads.0.weight"], _Routed().state_dict()["heads.0.weight"])
+
+
+def _tiny():
+    model = torch.nn.Linear(2, 1)
+    model(torch.ones(1, 2)).sum().backward()
+    return model, torch.optim.SGD(model.parameters(), lr=0.1)
+
+
+def test_settings_that_differ_between_replicas_are_refused_on_both():
+    hub = _Hub(2)
+
+    def step(who):
+        _model, opt = _tiny()
+        facts = {"batch size": 4.0, "max_steps": 30.0 if who == 0 else 20.0}
+        return _replicas(who, hub, facts=lambda: facts).commit(opt)
+
+    errors = _both(step)
+    assert all(isinstance(e, ConfigError) for e in errors), errors
+    assert str(errors[1]) == ("replica 1's max_steps 20 differs from another replica's 30 at step 1: every replica "
+                              "group must run the same recipe (only trainer.strategy.replica_id differs)")
+
+
+def test_a_learning_rate_that_differs_between_replicas_is_refused_on_both():
+    hub = _Hub(2)
+
+    def step(who):
+        _model, opt = _tiny()
+        opt.param_groups[0]["lr"] = 0.03 if who == 0 else 0.0003
+        return _replicas(who, hub).commit(opt)
+
+    errors = _both(step)
+    assert all(isinstance(e, TrainingError) for e in errors), errors
+    assert str(errors[1]).startswith("replica 1's learning rate 0.0003 (param group 0) differs from another "
+                                     "replica's 0.03 at step 1: decisions such as ReduceLROnPlateau or EarlyStopping "
+                                     "must use metrics that agree across replicas")
+
+
+def test_a_non_finite_gradient_on_one_replica_reaches_none():
+    hub = _Hub(2)
+    models: list = [None, None]
+
+    def step(who):
+        model, opt = _tiny()
+        if who == 1:
+            model.weight.grad[0, 0] = float("nan")
+        models[who] = model
+        replicas = _replicas(who, hub)
+        return replicas.commit(opt), replicas.untrained.describe()
+
+    survivor, stopped = _both(step)
+    assert survivor == (False, "1 global batch (epoch 0 batch 0 without replicas 0, 1: a non-finite loss on a replica)")
+    assert isinstance(stopped, TrainingError) and "a non-finite loss or gradient at step 1" in str(stopped)
+    assert torch.isfinite(models[0].weight.grad).all()  # the NaN was never averaged in
+
+
+def test_a_step_below_min_replicas_is_refused_not_skipped():
+    hub = _Hub(1)
+    _model, opt = _tiny()
+    replicas = _replicas(0, hub, min_replicas=2, participants=1)
+    replicas.manager.should_commit = lambda: False  # torchft: fewer than min_replica_size participants
+    with pytest.raises(TrainingError, match=r"^replica 0: step 1 cannot be committed: 1 replica group\(s\) in the "
+                                            r"quorum, trainer.strategy.min_replicas=2; start the Lighthouse with "
+                                            r"--min-replicas 2 so that a step waits for them, or lower min_replicas$"):
+        replicas.commit(opt)
+
+
+def test_a_quorum_fw_cannot_read_or_with_one_id_twice_is_refused():
+    class Client:
+        def __init__(self, ids):
+            self.ids = ids
+
+        def _quorum(self, **kwargs):
+            return type("Quorum", (), {"replica_ids": self.ids})()
+
+    seen = _QuorumSeen(Client(["0:a", "1:b", "0:c"]), 2)
+    with pytest.raises(ConfigError, match=r"^two replica groups have trainer.strategy.replica_id=0: give each group "
+                                          r"its own id, 0..1$"):
+        seen._quorum(step=0)
+    replicas = _replicas(0, _Hub(1))
+    replicas.manager.start_quorum, replicas._seen = lambda: None, _QuorumSeen(Client([]), 2)  # torchft renamed it
+    replicas._joining = False
+    with pytest.raises(TrainingError, match=r"^torchft .* is not supported \(fw reads its Manager's quorum\): "
+                                            r"pip install 'torchft>=0.2,<0.3'$"):
+        replicas._quorum()
+
+
+def test_a_folder_two_replicas_write_into_is_refused(tmp_path):
+    hub = _Hub(2)
+
+    def step(who):
+        _model, opt = _tiny()
+        mine = [str(tmp_path / f"root-{who}"), str(tmp_path / "shared" / "version_0")]
+        return _replicas(who, hub, folders=lambda: mine).commit(opt)
+
+    errors = _both(step)
+    assert all(isinstance(e, ConfigError) for e in errors), errors
+    assert str(errors[0]) == (f"replicas 0 and 1 write logs or checkpoints into the same folder {tmp_path}/shared/"
+                              "version_0: give each replica group its own trainer.default_root_dir (and logger "
+                              "save_dir, ModelCheckpoint dirpath), e.g. runs/replica<replica_id>")
+    hub = _Hub(2)
+    assert _both(lambda who: _replicas(who, hub, folders=lambda: [str(tmp_path / f"r{who}")]).commit(_tiny()[1])) == [
+        True, True]

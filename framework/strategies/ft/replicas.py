@@ -6,7 +6,11 @@ The loop calls two methods (``loops/training_step.py``): ``before_batch`` at a s
 (the quorum; torchft's ``start_quorum``, run synchronously so that a heal is applied before any
 batch of the step is trained) and ``commit`` before the optimizer's step (the all-reduce across
 the replicas, after DDP's inside the group, then ``should_commit``; a step not committed is not
-applied). ``join`` is the first quorum, at set-up: a replica behind its live peers (restarted
+applied). Each commit first makes the replicas agree, in two small all-reduces: the settings
+that must be the same everywhere, the position, each learning rate, which parameters have a
+gradient somewhere, whether every gradient is finite, and the folders each replica writes; a
+difference is one line on every replica. Then every parameter's gradient and every floating-point
+buffer is averaged, so that all replicas hold the same module. ``join`` is the first quorum, at set-up: a replica behind its live peers (restarted
 after a loss) receives a peer's whole state there, the same parts a checkpoint holds, and the
 Trainer restores it as it restores a checkpoint, so that it continues bit for bit where the peer
 stands. A job that starts waits there until every replica group has come.
@@ -20,15 +24,17 @@ from __future__ import annotations
 
 import datetime
 import logging
+import math
 import os
 import time
+import zlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 
-from framework.errors import DistributedSetupError, TrainingError
+from framework.errors import ConfigError, DistributedSetupError, TrainingError
 from framework.rank_zero import rank_zero_info
 from framework.strategies.ft.lighthouse import check_reachable, import_torchft
 from framework.strategies.ft.untrained import Untrained
@@ -36,15 +42,24 @@ from framework.strategies.ft.untrained import Untrained
 if TYPE_CHECKING:
     from framework.strategies.ft.strategy import FaultTolerantStrategy
 
+#: how many of a replica's folders are compared with the other replicas' (``Replicas._marks``)
+_FOLDERS = 8
+
+
 class _QuorumSeen:
     """torchft's ManagerClient, keeping the last quorum's result: the Manager keeps only the
     counts, and the line about a lost replica needs its id."""
 
-    def __init__(self, client: Any) -> None:
-        self._client, self.last = client, None
+    def __init__(self, client: Any, num_groups: int) -> None:
+        self._client, self.last, self._num_groups = client, None, num_groups
 
     def _quorum(self, *args: Any, **kwargs: Any) -> Any:
+        """The quorum, refused before torchft acts on it (a heal) when two members share an id."""
         self.last = self._client._quorum(*args, **kwargs)
+        members = [str(member).split(":")[0] for member in getattr(self.last, "replica_ids", [])]
+        for twice in sorted({m for m in members if members.count(m) > 1}, key=_by_number):
+            raise ConfigError(f"two replica groups have trainer.strategy.replica_id={twice}: give each group its own "
+                              f"id, 0..{self._num_groups - 1}")
         return self.last
 
     def __getattr__(self, name: str) -> Any:
@@ -61,12 +76,22 @@ class Replicas:
             a step it could not commit, at the same batch as the peer).
         untrained: the record of untrained global batches, part of the state.
         manager_state: torchft's step count, from a checkpoint (None: a fresh job).
+        facts: the run's settings that must be the same on every replica (name -> number), read at
+            each commit (the batches an epoch are known once the training starts).
+        buffers: the module's buffers, averaged over the replicas at each commit.
+        folders: where this replica writes logs and checkpoints (read at the first commit): a
+            folder another replica writes too is refused.
     """
 
     def __init__(self, strategy: FaultTolerantStrategy, save: Callable[[], dict], load_in_place: Callable[[dict], None],
-                 untrained: Untrained, manager_state: dict | None) -> None:
+                 untrained: Untrained, manager_state: dict | None,
+                 facts: Callable[[], dict[str, float]] = dict, buffers: Callable[[], list[torch.Tensor]] = list,
+                 folders: Callable[[], list[str]] = list) -> None:
         torchft = import_torchft()
         self.replica_id, self.num_groups = str(strategy.replica_id), strategy.num_replica_groups
+        self.min_replicas, self.facts, self.buffers, self.folders = strategy.min_replicas, facts, buffers, folders
+        self._folder_marks: list[float] | None = None
+        self._folder_names: dict[float, str] = {}
         self.untrained, self._save, self._load_in_place = untrained, save, load_in_place
         self.received: dict | None = None  # a peer's state, taken at the join
         self._joining, self._open = False, False
@@ -88,7 +113,7 @@ class Replicas:
         if manager_state is not None:
             self.manager.load_state_dict(manager_state)
         _quiet_checkpoint_server(self.manager)
-        self._seen = _QuorumSeen(self.manager._client)
+        self._seen = _QuorumSeen(self.manager._client, self.num_groups)
         self.manager._client = self._seen  # private, but the only place the quorum's members are known
         self._strategy = strategy
 
@@ -117,11 +142,12 @@ class Replicas:
         self.untrained.load_state_dict(state["untrained"])
 
     # -- the steps -------------------------------------------------------------------------
-    def join(self, wait_s: float, global_step: int) -> dict | None:
+    def join(self, wait_s: float, global_step: int, start_alone: bool = False) -> dict | None:
         """The first quorum; a peer's state when this replica is behind the live ones (else None).
         A job that starts (from scratch or from a checkpoint) waits up to ``wait_s`` seconds for
         every replica group, so that all of them train from its first step; a replica that heals
-        joins a running job at once."""
+        joins a running job at once. A replica still alone after the wait, with no checkpoint and
+        nothing to heal from, is refused unless ``start_alone`` (it would train a model of its own)."""
         self._joining, self.global_step = True, global_step
         deadline = time.monotonic() + wait_s
         try:
@@ -133,6 +159,11 @@ class Replicas:
         finally:
             self._joining = False
         self._open = True  # this quorum is the first step's
+        if self.received is None and global_step == 0 and len(self.ids) < 2 <= self.num_groups and not start_alone:
+            raise DistributedSetupError(
+                f"replica {self.replica_id} found no other replica group at the Lighthouse within {wait_s:g} s "
+                "(trainer.strategy.timeout) and has no checkpoint: it would train a model of its own; start the "
+                "other groups with it, or set trainer.strategy.start_alone=true to let it begin alone")
         if self.received is not None:
             self.global_step = int(self.received.get("global_step", global_step))
         rank_zero_info(f"fw: replica {self.replica_id} joined at step {self.global_step}: participants "
@@ -148,52 +179,161 @@ class Replicas:
         self._window.append((epoch, batch_idx))
 
     def commit(self, optimizer: torch.optim.Optimizer, usable: bool = True) -> bool:
-        """Average the gradients over the replicas in the quorum, then ask whether the step may
-        be applied (torchft's ``should_commit``: False when an all-reduce failed, or when fewer
-        than ``min_replicas`` replicas are in it). ``usable=False`` (a non-finite loss skipped
-        here): this replica adds zeros and does not commit."""
+        """Check that the replicas agree (``_agree``), average the gradients of every parameter
+        of the optimizer's groups and the module's floating-point buffers over the replicas in the
+        quorum, then ask whether the step may be applied (torchft's ``should_commit``: False when
+        an all-reduce failed, or when fewer than ``min_replicas`` replicas are in it).
+
+        A non-finite loss or gradient on any replica (``usable=False``: a loss found non-finite
+        here) is known to every replica from the agreement: no replica applies the step, the
+        replica that met it stops with an error and the others go on without it."""
         self._open, window, self._window = False, self._window, []
-        self._all_reduce(optimizer, zero=not usable)  # the peers wait for this replica's part, zeros or not
-        if not usable:
-            self.manager.report_error(RuntimeError("a non-finite loss: this replica's gradients were dropped"))
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        finite = usable and _finite(params)
+        any_grad, everywhere_finite = self._agree(optimizer, params, finite)
+        if everywhere_finite:
+            self._all_reduce(params, any_grad)
+            self._average_buffers()
+        else:
+            self.manager.report_error(RuntimeError("a non-finite loss on a replica: the step is dropped everywhere"))
         committed = self.manager.should_commit()
+        if not finite:
+            raise TrainingError(
+                f"replica {self.replica_id}: a non-finite loss or gradient at step {self.global_step + 1} (epoch "
+                f"{self.position[0]}, batch {self.position[1]}): this replica stops (trainer.on_nonfinite=error); "
+                "no replica applied the step and the others go on without this one")
         if not committed:
-            self.untrained.record(window, [str(i) for i in range(self.num_groups)], "step not committed")
+            self._refuse_below_min_replicas()
+            reason = "step not committed" if everywhere_finite else "a non-finite loss on a replica"
+            self.untrained.record(window, [str(i) for i in range(self.num_groups)], reason)
         elif len(self.ids) < self.num_groups:
             missing = [i for i in map(str, range(self.num_groups)) if i not in self.ids]
             self.untrained.record(window, missing, "replica missing")
         return committed
 
-    def _all_reduce(self, optimizer: torch.optim.Optimizer, zero: bool) -> None:
+    def _agree(self, optimizer: torch.optim.Optimizer, params: list[torch.Tensor],
+               finite: bool) -> tuple[list[bool], bool]:
+        """Two small all-reduces (MAX of each value and of its negation: every replica learns the
+        largest and the smallest): first the run's settings (``facts``), the position and the
+        sizes of what follows (a fixed length, so that replicas built differently still meet),
+        then each parameter group's learning rate and which parameters have a gradient on some
+        replica. A value that differs between replicas is refused in one line on every replica.
+        Returns which parameters have a gradient on some replica, and whether every replica's
+        loss and gradients are finite."""
+        facts = {**self.facts(), "num_replica_groups": float(self.num_groups), "epoch": float(self.position[0]),
+                 "batch": float(self.position[1]), "number of param groups": float(len(optimizer.param_groups)),
+                 "number of parameters": float(len(params)), "finite": float(finite)}
+        low, high = self._min_max(list(facts.values()))
+        for (key, mine), lo, hi in zip(facts.items(), low, high, strict=True):
+            if lo != hi and key != "finite":
+                other = hi if mine == lo else lo
+                raise ConfigError(f"replica {self.replica_id}'s {key} {_number(mine)} differs from another replica's "
+                                  f"{_number(other)} at step {self.global_step + 1}: every replica group must run "
+                                  "the same recipe (only trainer.strategy.replica_id differs)")
+        everywhere_finite = low[-1] == 1.0
+        lrs = [float(group.get("lr", 0.0)) for group in optimizer.param_groups]
+        marks = self._marks()
+        low, high = self._min_max(lrs + marks + [float(p.grad is not None) for p in params])
+        self._refuse_shared_folders(marks, high[len(lrs):len(lrs) + len(marks)])
+        for i, (mine, lo, hi) in enumerate(zip(lrs, low, high, strict=False)):
+            if lo != hi:
+                other = hi if mine == lo else lo
+                raise TrainingError(
+                    f"replica {self.replica_id}'s learning rate {mine:g} (param group {i}) differs from another "
+                    f"replica's {other:g} at step {self.global_step + 1}: decisions such as ReduceLROnPlateau or "
+                    "EarlyStopping must use metrics that agree across replicas (validation metrics, or metrics "
+                    "synced across replicas)")
+        return [h == 1.0 for h in high[len(lrs) + len(marks):]], everywhere_finite
+
+    def _marks(self) -> list[float]:
+        """This replica's folders as numbers in its own row of ``num_groups`` x ``_FOLDERS`` slots
+        (zeros elsewhere): after a MAX all-reduce every replica sees every replica's folders."""
+        if self._folder_marks is None:
+            folders = sorted({os.path.abspath(f) for f in self.folders()})[:_FOLDERS]
+            mine = [float(zlib.crc32(f.encode()) + 1) for f in folders] + [0.0] * (_FOLDERS - len(folders))
+            row = int(self.replica_id) if self.replica_id.isdigit() else 0
+            self._folder_marks = [0.0] * (_FOLDERS * row) + mine + [0.0] * (_FOLDERS * (self.num_groups - row - 1))
+            self._folder_names = dict(zip(mine, folders, strict=False))
+        return self._folder_marks
+
+    def _refuse_shared_folders(self, marks: list[float], seen: list[float]) -> None:
+        row = int(self.replica_id) if self.replica_id.isdigit() else 0
+        for other in range(self.num_groups):
+            if other == row:
+                continue
+            theirs = set(seen[other * _FOLDERS:(other + 1) * _FOLDERS]) - {0.0}
+            for mark in marks[row * _FOLDERS:(row + 1) * _FOLDERS]:
+                if mark and mark in theirs:
+                    raise ConfigError(
+                        f"replicas {min(row, other)} and {max(row, other)} write logs or checkpoints into the same folder "
+                        f"{self._folder_names[mark]}: give each replica group its own trainer.default_root_dir (and "
+                        "logger save_dir, ModelCheckpoint dirpath), e.g. runs/replica<replica_id>")
+
+    def _min_max(self, values: list[float]) -> tuple[list[float], list[float]]:
+        """Each value's smallest and largest over the replicas in the quorum (one all-reduce)."""
+        from torch.distributed import ReduceOp
+
+        n = len(values)
+        both = torch.tensor(values + [-v for v in values], dtype=torch.float64)
+        self.manager.allreduce(both, reduce_op=ReduceOp.MAX).wait()
+        return [-v for v in both[n:].tolist()], both[:n].tolist()
+
+    def _all_reduce(self, params: list[torch.Tensor], any_grad: list[bool]) -> None:
         """One flat all-reduce per dtype through the Manager (the average over the quorum's
-        replicas; torchft skips it after an error, and the commit then fails)."""
-        groups: dict[torch.dtype, list[torch.Tensor]] = {}
-        for group in optimizer.param_groups:
-            for p in group["params"]:
-                if p.grad is not None:
-                    groups.setdefault(p.grad.dtype, []).append(p.grad)
-        for grads in groups.values():
+        replicas; torchft skips it after an error, and the commit then fails). Every parameter
+        that has a gradient on some replica takes part, with zeros where it has none here (as
+        DDP does for an unused parameter); one without a gradient anywhere keeps none."""
+        groups: dict[torch.dtype, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+        for p, used in zip(params, any_grad, strict=True):
+            if used:
+                grad = p.grad if p.grad is not None else torch.zeros_like(p)
+                groups.setdefault(grad.dtype, []).append((p, grad))
+        for pairs in groups.values():
+            grads = [grad for _, grad in pairs]
             flat = torch._utils._flatten_dense_tensors(grads)
-            if zero:
-                flat.zero_()
             self.manager.allreduce(flat).wait()
-            for grad, averaged in zip(grads, torch._utils._unflatten_dense_tensors(flat, grads), strict=True):
+            for (p, grad), averaged in zip(pairs, torch._utils._unflatten_dense_tensors(flat, grads), strict=True):
                 grad.copy_(averaged)
+                if p.grad is None:
+                    p.grad = grad
+
+    def _average_buffers(self) -> None:
+        """The module's floating-point buffers (BatchNorm's running statistics) averaged over the
+        replicas in the quorum, so that every replica evaluates and saves the same module."""
+        buffers = [b for b in self.buffers() if torch.is_floating_point(b)]
+        by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+        for b in buffers:
+            by_dtype.setdefault(b.dtype, []).append(b)
+        for tensors in by_dtype.values():
+            flat = torch._utils._flatten_dense_tensors([t.detach() for t in tensors])
+            self.manager.allreduce(flat).wait()
+            with torch.no_grad():
+                for t, averaged in zip(tensors, torch._utils._unflatten_dense_tensors(flat, tensors), strict=True):
+                    t.copy_(averaged)
+
+    def _refuse_below_min_replicas(self) -> None:
+        if len(self.ids) < self.min_replicas:
+            raise TrainingError(
+                f"replica {self.replica_id}: step {self.global_step + 1} cannot be committed: {len(self.ids)} replica "
+                f"group(s) in the quorum, trainer.strategy.min_replicas={self.min_replicas}; start the Lighthouse "
+                f"with --min-replicas {self.min_replicas} so that a step waits for them, or lower min_replicas")
 
     def _quorum(self) -> None:
         """torchft's ``start_quorum``, then the line when the replicas in it changed."""
         try:
             self.manager.start_quorum()
-        except TrainingError:
+        except (TrainingError, ConfigError):
             raise
         except Exception as err:
             raise DistributedSetupError(
                 f"replica {self.replica_id} got no quorum from the Lighthouse at {self._strategy.lighthouse} "
                 f"({str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__}): is it still "
                 "running? (trainer.strategy.quorum_timeout)") from None
-        result = self._seen.last
-        members: list[str] = list(result.replica_ids) if result is not None else []
-        ids = sorted({member.split(":")[0] for member in members}, key=_by_number)
+        result, self._seen.last = self._seen.last, None
+        if result is None:
+            raise TrainingError(f"torchft {_torchft_version()} is not supported (fw reads its Manager's quorum): "
+                                "pip install 'torchft>=0.2,<0.3'")
+        ids = sorted({str(member).split(":")[0] for member in result.replica_ids}, key=_by_number)
         before, self.ids = self.ids, ids
         if not before or ids == before or self._joining:
             return
@@ -213,6 +353,25 @@ class Replicas:
 
     def shutdown(self) -> None:
         self.manager.shutdown(wait=False)
+
+
+def _torchft_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("torchft")
+    except PackageNotFoundError:
+        return "(version unknown)"
+
+
+def _finite(params: list[torch.Tensor]) -> bool:
+    """Every gradient finite (one read for all)."""
+    flags = [torch.isfinite(p.grad).all() for p in params if p.grad is not None]
+    return not flags or bool(torch.stack(flags).all())
+
+
+def _number(value: float) -> str:
+    return str(int(value)) if math.isfinite(value) and value == int(value) else f"{value:g}"
 
 
 def _by_number(replica_id: str) -> tuple[int, str]:

@@ -52,6 +52,8 @@ class FaultTolerantStrategy(DDPStrategy):
             waited for; default: ``timeout``).
         lighthouse_wait: seconds a replica waits at its start for the Lighthouse to answer before
             it refuses to start.
+        start_alone: a replica group that finds no other at its start (after ``timeout``) and has
+            no checkpoint begins alone, the others to heal from it later (default: refused).
         backend, init_method, timeout, socket_ifname, find_unused_parameters, bucket_cap_mb,
             static_graph, gradient_as_bucket_view: DDP's inside the group (``ddp_gloo``); ``timeout``
             is also the cross-replica all-reduce's and a fresh job's wait for every group.
@@ -65,6 +67,7 @@ class FaultTolerantStrategy(DDPStrategy):
         min_replicas: int = 1,
         quorum_timeout: float | None = None,
         lighthouse_wait: float = 30.0,
+        start_alone: bool = False,
         backend: str = "gloo",
         init_method: str = "env://",
         timeout: float = DEFAULT_TIMEOUT_S,
@@ -84,6 +87,7 @@ class FaultTolerantStrategy(DDPStrategy):
         self.lighthouse = lighthouse_address(lighthouse)
         self.quorum_timeout = float(quorum_timeout if quorum_timeout is not None else timeout)
         self.lighthouse_wait = float(lighthouse_wait)
+        self.start_alone = bool(start_alone)
         self.untrained = Untrained()
         self.replicas: Replicas | None = None
         self._manager_store: Any = None  # group rank 0's TCPStore for the Manager (replicas.py)
@@ -108,9 +112,12 @@ class FaultTolerantStrategy(DDPStrategy):
 
     # -- the replicas ---------------------------------------------------------------------
     def join_replicas(self, save: Callable[[], dict], load_in_place: Callable[[dict], None], global_step: int,
-                      manual: bool, on_nonfinite: str) -> str | None:
+                      manual: bool, on_nonfinite: str, facts: Callable[[], dict[str, float]] = dict,
+                      folders: Callable[[], list[str]] = list) -> str | None:
         """Meet the other replica groups (the first quorum). Returns what to restore from when a
-        live peer sent its state (``load_checkpoint`` takes it), else None."""
+        live peer sent its state (``load_checkpoint`` takes it), else None. ``facts``: the run's
+        settings that every replica must share, compared at each commit; ``folders``: where
+        this replica writes logs and checkpoints, which no other replica may share."""
         if manual:
             raise ConfigError("trainer.strategy=ft averages gradients across replicas in automatic optimization only; "
                               "a module with automatic_optimization = False would step without the other replicas")
@@ -118,8 +125,12 @@ class FaultTolerantStrategy(DDPStrategy):
             raise ConfigError("trainer.on_nonfinite=skip cannot be agreed across replica groups under trainer.strategy=ft "
                               "(the other groups would average in a share that was dropped); use on_nonfinite=error, "
                               "which stops the group that met the bad loss while the others go on")
-        self.replicas = Replicas(self, save, load_in_place, self.untrained, self._manager_state)
-        received = self.replicas.join(self.timeout, global_step)
+        def buffers() -> list[torch.Tensor]:
+            return list(self.model.buffers()) if self.model is not None else []
+
+        self.replicas = Replicas(self, save, load_in_place, self.untrained, self._manager_state, facts, buffers,
+                                 folders)
+        received = self.replicas.join(self.timeout, global_step, self.start_alone)
         if received is None:
             return None
         self._received = received
