@@ -36,10 +36,10 @@ class LoaderSource:
         given: per stage key, the loader(s) passed to the call, or None.
         source: the DataModule, or the module, asked for the others.
         seed: the seed of the training data's order (the same on every rank).
-        shard: the strategy's ``distributed_sampler_kwargs()`` (None: evaluation loaders are
-            read whole, the training loader in its global order by one process).
-        eval_shard: the evaluation loaders' shard (``evaluation_sampler_kwargs()``), where it
-            is not ``shard`` (``ft``: each replica group evaluates on its own).
+        shard: the strategy's ``distributed_sampler_kwargs()`` (None: the training loader is
+            read in its global order by one process).
+        eval_shard: the strategy's ``evaluation_sampler_kwargs()``: ``shard``, except under ``ft``
+            where each replica group evaluates on its own (None: evaluation loaders are read whole).
         overfit: ``overfit_batches`` is set: the training loader does not shuffle.
         ordered: ``use_distributed_sampler``: the training loader reads the global order (else
             the loader's own sampler, and no shard).
@@ -85,8 +85,8 @@ class LoaderSource:
         if key == "train" and self.ordered:
             loaders = [in_global_order(dl, seed=self.seed, **(self.shard or {"num_replicas": 1, "rank": 0}))
                        for dl in loaders]
-        elif key != "train" and (self.eval_shard or self.shard):
-            loaders = [shard_dataloader(dl, seed=self.seed, **(self.eval_shard or self.shard or {})) for dl in loaders]
+        elif key != "train" and self.eval_shard:
+            loaders = [shard_dataloader(dl, seed=self.seed, **self.eval_shard) for dl in loaders]
         return [dumping_stacks(dl) for dl in loaders] if self.stacks else loaders
 
     def _request(self, method: str) -> Any:
