@@ -36,7 +36,7 @@ SUITES = ("comm", "train", "knobs")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--quick", action="store_true", help="fewer sizes, steps and repeats: a shorter, coarser run")
+    parser.add_argument("--quick", action="store_true", help="fewer sizes, steps and repeats, the DDP settings on the GPT alone: a shorter, coarser run")
     parser.add_argument("--suite", choices=(*SUITES, "all"), default="all", help="which suite to run (default all)")
     parser.add_argument("--out", type=Path, default=Path("fw-bench"), help="folder for the JSON, Markdown and plots")
     parser.add_argument("--max-world", type=int, default=None, help="largest world size to try (default: the cores)")

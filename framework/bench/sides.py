@@ -109,17 +109,18 @@ def run_fw(job: Job, module, data, steps: int, clock: Clock, precision: Precisio
 
 
 def lightning_missing(job: Job, dp: bool = False) -> str | None:
-    """Why Lightning cannot run in this job (None: it can)."""
-    try:
-        import pytorch_lightning  # noqa: F401
-    except ImportError:
-        return "pytorch_lightning is not installed"
+    """Why Lightning cannot run in this job (None: it can). The reasons that need no import come
+    first: a job that will not run Lightning does not import it (a few CPU-seconds in each rank)."""
     if dp:
         return "Lightning 2.x has no DataParallel strategy"
     if job.kind == "mpi":
         return "Lightning has no MPI backend without a torch built with MPI: not run under mpiexec"
     if job.world > 1 and launched_by() == "slurm":
         return "not run under srun (its SLURM environment would start its own rendezvous)"
+    try:
+        import pytorch_lightning  # noqa: F401
+    except ImportError:
+        return "pytorch_lightning is not installed"
     return None
 
 

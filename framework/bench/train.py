@@ -32,6 +32,7 @@ from framework.bench.sides import SIDES, lightning_missing, run_raw
 from framework.bench.workload import (
     FSDP_UNITS,
     KNOB_WORKLOADS,
+    QUICK_KNOB_WORKLOADS,
     WORKLOADS,
     Clock,
     Precision,
@@ -171,12 +172,12 @@ def knob_configs(quick: bool) -> list[dict]:
 
 
 def run_knobs(job: Job, quick: bool) -> dict:
-    """fw under the job's DDP strategy with each DDP setting, on the CNN and the GPT."""
+    """fw under the job's DDP strategy with each DDP setting, on the CNN and the GPT (--quick: the GPT)."""
     _quiet()
     steps = Steps(quick)
     configs = knob_configs(quick)
     runs = []
-    for workload in KNOB_WORKLOADS:
+    for workload in QUICK_KNOB_WORKLOADS if quick else KNOB_WORKLOADS:
         warm_up(job, workload, steps)
         for r in range(steps.knob_repeats):
             for config in configs[r % len(configs):] + configs[: r % len(configs)]:

@@ -15,6 +15,8 @@ from framework.callbacks.step_breakdown import StepTimeBreakdown
 
 WORKLOADS = ("digits_mlp", "cnn", "gpt")
 KNOB_WORKLOADS = ("cnn", "gpt")
+#: --quick tries the DDP settings on the GPT alone (its recommendation is the one the quick run says)
+QUICK_KNOB_WORKLOADS = ("gpt",)
 #: the workloads trained under fsdp too, and the block classes each shards as units (besides the root)
 FSDP_UNITS = {"gpt": ("_TransformerBlock",)}
 PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
