@@ -11,6 +11,7 @@ continues the data module's prompt and returns the text. Recipes: ``conf/gpt/*.y
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 import os
@@ -29,10 +30,17 @@ VOCAB = 256  # bytes
 
 
 # -- data ---------------------------------------------------------------------------------------
+@functools.cache
 def stdlib_files() -> list[Path]:
-    """The standard library's ``.py`` files, in a fixed order (installed packages left out)."""
+    """The standard library's ``.py`` files, in a fixed order (installed packages left out: their
+    folders are not walked, which took most of the time where they are many); listed once a
+    process (prepare_data and setup both read the corpus)."""
     root = Path(sysconfig.get_paths()["stdlib"])
-    files = sorted(p for p in root.rglob("*.py") if "site-packages" not in p.parts and "dist-packages" not in p.parts)
+    found = []
+    for folder, subfolders, names in os.walk(root):
+        subfolders[:] = [d for d in subfolders if d not in ("site-packages", "dist-packages")]
+        found += [Path(folder, name) for name in names if name.endswith(".py")]
+    files = sorted(found)
     if not files:
         raise fw.ConfigError(f"data: no .py files under {root} (this Python's standard library ships compiled "
                              "files only); point data.source at a folder of text files")

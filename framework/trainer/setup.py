@@ -256,7 +256,8 @@ def _restore_process_settings(saved: tuple | None) -> None:
     if saved is None:
         return
     deterministic, cublas, benchmark = saved
-    torch.use_deterministic_algorithms(deterministic)
+    if torch.are_deterministic_algorithms_enabled() != deterministic:  # only if changed: the call imports
+        torch.use_deterministic_algorithms(deterministic)  # torch._inductor (3 CPU-s a process, TorchDynamo's import)
     torch.backends.cudnn.benchmark = benchmark
     if cublas is None:
         os.environ.pop("CUBLAS_WORKSPACE_CONFIG", None)
