@@ -282,30 +282,37 @@ class Replicas:
         """One flat all-reduce per dtype through the Manager (the average over the quorum's
         replicas; torchft skips it after an error, and the commit then fails). Every parameter
         that has a gradient on some replica takes part, with zeros where it has none here (as
-        DDP does for an unused parameter); one without a gradient anywhere keeps none."""
-        groups: dict[torch.dtype, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+        DDP does for an unused parameter); one without a gradient anywhere keeps none. Under
+        FSDP each rank's gradient is its local shard (a DTensor's): the Manager joins rank r of
+        every group, whose shards have the same layout (``fsdp.py`` checks the groups' shape)."""
+        groups: dict[torch.dtype, list[torch.Tensor]] = {}
         for p, used in zip(params, any_grad, strict=True):
             if used:
-                grad = p.grad if p.grad is not None else torch.zeros_like(p)
-                groups.setdefault(grad.dtype, []).append((p, grad))
-        for pairs in groups.values():
-            grads = [grad for _, grad in pairs]
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+                grad = _local(p.grad)
+                groups.setdefault(grad.dtype, []).append(grad)
+        for grads in groups.values():
             flat = torch._utils._flatten_dense_tensors(grads)
             self.manager.allreduce(flat).wait()
-            for (p, grad), averaged in zip(pairs, torch._utils._unflatten_dense_tensors(flat, grads), strict=True):
+            for grad, averaged in zip(grads, torch._utils._unflatten_dense_tensors(flat, grads), strict=True):
                 grad.copy_(averaged)
-                if p.grad is None:
-                    p.grad = grad
 
     def _average_buffers(self) -> None:
         """The module's floating-point buffers (BatchNorm's running statistics) averaged over the
-        replicas in the quorum, so that every replica evaluates and saves the same module."""
-        buffers = [b for b in self.buffers() if torch.is_floating_point(b)]
+        replicas in the quorum, so that every replica evaluates and saves the same module. Where
+        the group's ranks hold buffers of their own (FSDP keeps them per rank), they are first
+        averaged inside the group, so that every rank of every group ends with the same."""
+        buffers = [_local(b) for b in self.buffers() if torch.is_floating_point(b)]
         by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
         for b in buffers:
             by_dtype.setdefault(b.dtype, []).append(b)
+        in_group = getattr(self._strategy, "buffers_per_rank", False) and self._strategy.world_size > 1
         for tensors in by_dtype.values():
             flat = torch._utils._flatten_dense_tensors([t.detach() for t in tensors])
+            if in_group:
+                dist.all_reduce(flat)
+                flat /= self._strategy.world_size
             self.manager.allreduce(flat).wait()
             with torch.no_grad():
                 for t, averaged in zip(tensors, torch._utils._unflatten_dense_tensors(flat, tensors), strict=True):
@@ -362,6 +369,11 @@ def _torchft_version() -> str:
         return version("torchft")
     except PackageNotFoundError:
         return "(version unknown)"
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    """A DTensor's local shard (the same storage), or the tensor itself."""
+    return tensor._local_tensor if hasattr(tensor, "_local_tensor") else tensor
 
 
 def _finite(params: list[torch.Tensor]) -> bool:

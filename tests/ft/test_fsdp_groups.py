@@ -1,0 +1,95 @@
+"""``trainer.strategy=ft_fsdp`` for real: 2 replica groups x 2 ranks with FSDP inside each, over
+Gloo, meeting at a Lighthouse on 127.0.0.1 (``fw lighthouse``, one for the module).
+
+- no failure: every rank of both groups ends with the same parameters (gathered whole), and
+  they equal plain ``fsdp`` on 4 ranks over the same global batch within 1e-6 (the sum over
+  the 4 ranks' gradients is made in another order: reduce-scatter over 2, then the Manager's
+  all-reduce over 2, against one reduce-scatter over 4);
+- SIGKILL of group 1 at a step, restarted under torchrun (``python -m torch.distributed.run``):
+  rank r of the restarted group takes rank r of the survivor's shards, so the hash of each
+  rank's local shards of weights and optimizer state and of the position equals the survivor's
+  same rank at the step it joins, and every rank ends with the same parameters; only group 0
+  writes checkpoints (FSDP's sharded folders), and its last one resumes by ``ckpt_path``.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.ft.test_fault_tolerance import (  # noqa: F401 (lighthouse, procs: the fixtures)
+    REPLICA,
+    Procs,
+    _env,
+    _log,
+    _params,
+    _steps,
+    lighthouse,
+    procs,
+)
+
+STEPS = "8"  # 6 global batches an epoch (96 samples, 4 a rank, 4 ranks): the run crosses an epoch
+
+
+def _start_torchrun(procs: Procs, name: str, *args: str) -> subprocess.Popen:  # noqa: F811 (the fixture's name)
+    """One replica group of 2 ranks started by torchrun, its output in ``NAME.log``."""
+    path = procs.out / f"{name}.log"
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", REPLICA,
+               str(procs.out), *args]
+    with open(path, "w") as log:
+        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=procs.out, start_new_session=True,
+                                env=_env(TORCHFT_LIGHTHOUSE=procs.lighthouse))
+    procs.started.append((proc, path))
+    return proc
+
+
+def _same_everywhere(out: Path, names: list[str]) -> dict[str, torch.Tensor]:
+    first = _params(out, names[0])
+    for name in names[1:]:
+        other = _params(out, name)
+        assert first.keys() == other.keys() and all(torch.equal(first[k], other[k]) for k in first), name
+    return first
+
+
+@pytest.mark.timeout(240)
+def test_fsdp_groups_end_identical_and_match_plain_fsdp(procs: Procs, tmp_path: Path) -> None:  # noqa: F811
+    group = ("--fsdp", "--devices", "2", "--max-steps", STEPS)
+    r0 = procs.start("r0", "--replica", "0", *group)
+    r1 = procs.start("r1", "--replica", "1", *group)
+    plain = procs.start("plain", "--ddp", "--fsdp", "--devices", "4", "--max-steps", STEPS, "--replica", "9")
+    for proc, name in ((r0, "r0"), (r1, "r1"), (plain, "plain")):
+        assert procs.wait(proc, 200) == 0, _log(tmp_path, name)
+    ft = _same_everywhere(tmp_path, ["0-0", "0-1", "1-0", "1-1"])
+    fsdp = _same_everywhere(tmp_path, ["9-0", "9-1", "9-2", "9-3"])
+    gap = max(float((ft[k] - fsdp[k]).abs().max()) for k in ft)
+    assert gap < 1e-6, gap
+    assert "fw: replica 0 joined at step 0: participants 2 of 2" in _log(tmp_path, "r0")
+
+
+@pytest.mark.timeout(300)
+def test_a_killed_fsdp_group_restarted_by_torchrun_heals_rank_by_rank(procs: Procs, tmp_path: Path) -> None:  # noqa: F811
+    kill_at, flag = 3, "restarted"
+    group = ("--fsdp", "--devices", "2", "--max-steps", STEPS, "--every", "4")
+    r0 = procs.start("r0", "--replica", "0", "--wait-at", str(kill_at + 2), "--wait-for", flag, *group)
+    r1 = procs.start("r1", "--replica", "1", "--kill-at", str(kill_at), *group)
+    assert procs.wait(r1, 150) != 0, _log(tmp_path, "r1")
+    again = _start_torchrun(procs, "r1-again", "--replica", "1", "--tag=-again", "--announce", flag, *group)
+    assert procs.wait(again, 150) == 0, _log(tmp_path, "r1-again")
+    assert procs.wait(r0, 150) == 0, _log(tmp_path, "r0")  # the same processes from the first step to the last
+    survivor, healed = _log(tmp_path, "r0"), _log(tmp_path, "r1-again")
+    assert re.search(r"fw: replica 1 lost at step \d+ .*: participants 2 -> 1", survivor), survivor
+    joined = re.search(r"fw: replica 1 healed from the state of replica 0 \(a live peer\) at step (\d+)", healed)
+    assert joined, healed
+    step = int(joined.group(1))
+    for rank in (0, 1):  # each rank's shards at the join are the survivor's same rank's, bit for bit
+        mine, peer = _steps(tmp_path, f"1-{rank}-again"), _steps(tmp_path, f"0-{rank}")
+        assert min(mine) == step and mine[step] == peer[step], (rank, step, mine.get(step), peer.get(step))
+    assert _steps(tmp_path, "0-0")[step] != _steps(tmp_path, "0-1")[step], "ranks hash their own shards"
+    _same_everywhere(tmp_path, ["0-0", "0-1", "1-0-again", "1-1-again"])
+    assert not list((tmp_path / "ckpt-1").glob("*.ckpt")), "only the replica with the lowest id writes checkpoints"
+    assert (tmp_path / "ckpt-0" / "epoch=1-step=8.ckpt" / ".metadata").exists(), "FSDP's sharded folder"
