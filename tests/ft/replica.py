@@ -61,8 +61,10 @@ class Net(fw.TrainModule):
     def configure_optimizers(self):
         return torch.optim.Adam(self.parameters(), lr=0.01)
 
+    batch_size = 4  # --batch-size
+
     def train_dataloader(self):
-        return data()
+        return data(batch_size=self.batch_size)
 
 
 class RoutedNet(Net):
@@ -139,11 +141,11 @@ def fail_commit_at(step: int) -> None:
     Replicas.join = joined
 
 
-def data(n: int = 96) -> DataLoader:
+def data(n: int = 96, batch_size: int = 4) -> DataLoader:
     g = torch.Generator().manual_seed(1)
     x = torch.randn(n, 8, generator=g)
     y = x.sum(dim=1, keepdim=True).sin() + 0.1 * torch.randn(n, 1, generator=g)
-    return DataLoader(TensorDataset(x, y), batch_size=4, shuffle=True)
+    return DataLoader(TensorDataset(x, y), batch_size=batch_size, shuffle=True)
 
 
 def main() -> None:
@@ -156,6 +158,7 @@ def main() -> None:
     p.add_argument("--kill-at", type=int, default=None)
     p.add_argument("--ddp", action="store_true", help="plain DDP over --devices ranks instead")
     p.add_argument("--fsdp", action="store_true", help="FSDP inside the group (ft_fsdp; with --ddp: plain fsdp)")
+    p.add_argument("--batch-size", type=int, default=4, help="per rank")
     p.add_argument("--every", type=int, default=0, help="a checkpoint every N steps")
     p.add_argument("--ckpt-path", default=None)
     p.add_argument("--tag", default="", help="added to the names of the files this run writes")
@@ -189,7 +192,9 @@ def main() -> None:
                          logger=False, enable_checkpointing=bool(args.every), enable_progress_bar=False,
                          callbacks=callbacks, num_sanity_val_steps=0, accumulate_grad_batches=args.accumulate,
                          default_root_dir=os.path.join(args.out, f"root-{args.replica}"))
-    trainer.fit(RoutedNet() if args.model == "routed" else Net(), ckpt_path=args.ckpt_path)
+    module = RoutedNet() if args.model == "routed" else Net()
+    module.batch_size = args.batch_size
+    trainer.fit(module, ckpt_path=args.ckpt_path)
     print(f"replica {args.replica} done at step {trainer.global_step}", flush=True)
 
 
