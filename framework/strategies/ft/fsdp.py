@@ -4,10 +4,12 @@ As torchtitan's torchft integration builds HSDP: inside the group the parameters
 optimizer state are sharded by FSDP2 (``fully_shard`` over the group's ranks; the backward
 reduce-scatters inside the group), and across the groups each rank's local gradient shard is
 averaged with the same rank's of the other groups through torchft's Manager, whose process group
-joins rank r of every group (``replicas.py``). Every group has the same shape, so rank r's shards
-cover the same slices everywhere; the shape (ranks in the group, elements of this rank's shards,
-sharded or not) is part of what the groups agree on at each commit, and a group of another shape
-is refused in one line there.
+joins rank r of every group (``replicas.py``). Every group must have the same shape, so that rank
+r's shards cover the same slices everywhere: a group that heals from a peer of another size is
+refused in one line (the state sent says the sender's size), and the shape (ranks in the group,
+elements of this rank's shards, sharded or not) is part of what the groups agree on at each
+commit (``ReplicaGroup._group_shape``), so groups resumed from checkpoints are checked too. The
+other group's rank r with no counterpart fails its step (torchft's error), which is not committed.
 
 What ``ft`` does holds here too (``strategy.py``'s ``ReplicaGroup``): the quorum, the commit and
 its agreement, the buffers averaged (first inside the group, as FSDP keeps them per rank, then
@@ -94,8 +96,11 @@ class FaultTolerantFSDPStrategy(ReplicaGroup, FSDPStrategy):
                       folders: Callable[[], list[str]] = list) -> str | None:
         """``ft``'s join, with this rank's DTensors sent as their local shards and made DTensors
         again where a peer's state is received."""
-        peer = super().join_replicas(lambda: _to_shards(save()), lambda state: load_in_place(self._from_shards(state)),
-                                     global_step, manual, on_nonfinite, facts, folders)
+        def send() -> dict:
+            return {**_to_shards(save()), _GROUP: {"ranks": self.world_size}}
+
+        peer = super().join_replicas(send, lambda state: load_in_place(self._from_shards(state)), global_step, manual,
+                                     on_nonfinite, facts, folders)
         if self._received is not None:
             self._received = self._from_shards(self._received)
         return peer
@@ -113,11 +118,19 @@ class FaultTolerantFSDPStrategy(ReplicaGroup, FSDPStrategy):
         finally:
             self._group_ranks_only = False
 
-    def _from_shards(self, state: Any) -> Any:
-        """``state`` with every ``_Shard`` a DTensor on this group's mesh again."""
+    def _from_shards(self, state: dict) -> dict:
+        """``state`` with every ``_Shard`` a DTensor on this group's mesh again; a peer's group of
+        another size (its rank r's shards are other slices) is refused."""
         from torch.distributed.tensor import DTensor
         from torch.utils._pytree import tree_map
 
+        state = dict(state)
+        theirs = int((state.pop(_GROUP, None) or {}).get("ranks", -1))
+        if theirs != self.world_size:
+            raise ConfigError(f"replica {self.replica_id} has {self.world_size} rank(s) in its group and the live peer "
+                              f"it heals from has {theirs}: under ft_fsdp rank r's shards line up with rank r's of "
+                              "the other groups only if every group has the same number of ranks (trainer.devices x "
+                              "trainer.num_nodes)")
         assert self.model is not None, "setup_module() first"
         mesh = next(p.device_mesh for p in self.model.parameters() if isinstance(p, DTensor))
 
@@ -131,6 +144,10 @@ class FaultTolerantFSDPStrategy(ReplicaGroup, FSDPStrategy):
         return tree_map(back, state)
 
 
+#: the entry of a state sent to a healing peer that says the sender's group size
+_GROUP = "fw/ft_fsdp_group"
+
+
 @dataclass(frozen=True)
 class _Shard:
     """A DTensor as a healing peer receives it: this rank's local shard and where it sits."""
@@ -142,7 +159,8 @@ class _Shard:
 
 
 def _to_shards(state: Any) -> Any:
-    """``state`` with every DTensor replaced by its local shard (the same storage, no collective)."""
+    """``state`` with every DTensor replaced by a copy of its local shard (no collective; a copy, as
+    ``ReplicaGroup`` copies the rest: torchft serves it while this replica trains on)."""
     from torch.distributed.tensor import DTensor
     from torch.utils._pytree import tree_map
 
@@ -150,6 +168,6 @@ def _to_shards(state: Any) -> Any:
         if not isinstance(value, DTensor):
             return value
         value = value.detach()
-        return _Shard(value.to_local(), value.shape, tuple(value.stride()), tuple(value.placements))
+        return _Shard(value.to_local().clone(), value.shape, tuple(value.stride()), tuple(value.placements))
 
     return tree_map(local, state)

@@ -83,6 +83,9 @@ class Replicas:
             folder another replica writes too is refused.
     """
 
+    #: the group's ranks whose buffers differ (FSDP keeps one per rank): averaged inside the group first
+    buffer_ranks = 1
+
     def __init__(self, strategy: FaultTolerantStrategy, save: Callable[[], dict], load_in_place: Callable[[dict], None],
                  untrained: Untrained, manager_state: dict | None,
                  facts: Callable[[], dict[str, float]] = dict, buffers: Callable[[], list[torch.Tensor]] = list,
@@ -100,6 +103,7 @@ class Replicas:
         self.position: tuple[int, int] = (0, 0)
         self.global_step = 0  # fw's (every step trained or not; torchft's counts the committed ones)
         self._lost_at: dict[str, int] = {}  # a replica's id -> len(untrained.entries) when it left
+        self.buffer_ranks = strategy.world_size if getattr(strategy, "buffers_per_rank", False) else 1
         host, port = _group_store(strategy)
         timeout = datetime.timedelta(seconds=strategy.timeout)
         quorum_timeout = datetime.timedelta(seconds=strategy.quorum_timeout)
@@ -307,12 +311,11 @@ class Replicas:
         by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
         for b in buffers:
             by_dtype.setdefault(b.dtype, []).append(b)
-        in_group = getattr(self._strategy, "buffers_per_rank", False) and self._strategy.world_size > 1
         for tensors in by_dtype.values():
             flat = torch._utils._flatten_dense_tensors([t.detach() for t in tensors])
-            if in_group:
+            if self.buffer_ranks > 1:
                 dist.all_reduce(flat)
-                flat /= self._strategy.world_size
+                flat /= self.buffer_ranks
             self.manager.allreduce(flat).wait()
             with torch.no_grad():
                 for t, averaged in zip(tensors, torch._utils._unflatten_dense_tensors(flat, tensors), strict=True):
