@@ -116,3 +116,41 @@ def test_a_killed_fsdp_group_restarted_by_torchrun_heals_rank_by_rank(procs: Pro
     assert any("running_mean" in k for k in ended)
     assert not list((tmp_path / "ckpt-1").glob("*.ckpt")), "only the replica with the lowest id writes checkpoints"
     assert (tmp_path / "ckpt-0" / "epoch=1-step=8.ckpt" / ".metadata").exists(), "FSDP's sharded folder"
+
+
+# -- without processes: the options, and the refusals ------------------------------------------------
+def _ft_fsdp(**options):
+    from framework.strategies import create_strategy
+
+    return create_strategy({"name": "ft_fsdp", "lighthouse": "http://127.0.0.1:29510", **options}, "cpu")
+
+
+def test_ft_fsdp_takes_ft_and_fsdp_options_and_refuses_hybrid_shard() -> None:
+    from framework.errors import ConfigError
+
+    strategy = _ft_fsdp(replica_id=1, num_replica_groups=2, sharding_strategy="SHARD_GRAD_OP", state_dict_type="full",
+                        min_replicas=2)
+    assert (strategy.name, strategy.replica_id, strategy.min_replicas) == ("ft_fsdp", 1, 2)
+    assert (strategy.sharding_strategy, strategy.state_dict_type, strategy.mesh_shape) == ("SHARD_GRAD_OP", "full", None)
+    assert strategy.distributed_sampler_kwargs() == {"num_replicas": 2, "rank": 1}  # group 1's rank 0 of 1
+    assert strategy.evaluation_sampler_kwargs() == {"num_replicas": 1, "rank": 0}  # inside the group only
+    with pytest.raises(ConfigError) as err:
+        _ft_fsdp(replica_id=0, num_replica_groups=2, sharding_strategy="hybrid_shard")
+    assert str(err.value) == ("trainer.strategy.sharding_strategy=HYBRID_SHARD with strategy ft_fsdp: the replica "
+                              "groups are the replicated dimension already; use FULL_SHARD or SHARD_GRAD_OP")
+    with pytest.raises(ConfigError, match=r"^trainer.strategy=ft_fsdp needs this group's replica_id"):
+        _ft_fsdp()
+    with pytest.raises(ConfigError, match="'ft_fsdp' has no option 'device_mesh'"):
+        _ft_fsdp(replica_id=0, num_replica_groups=2, device_mesh=[2, 1])
+
+
+def test_a_peer_state_from_a_group_of_another_size_is_refused() -> None:
+    from framework.errors import ConfigError
+    from framework.strategies.ft.fsdp import _GROUP
+
+    strategy = _ft_fsdp(replica_id=1, num_replica_groups=2)  # not connected: a group of 1 rank
+    with pytest.raises(ConfigError) as err:
+        strategy._from_shards({"global_step": 5, _GROUP: {"ranks": 2}})
+    assert str(err.value) == ("replica 1 has 1 rank(s) in its group and the live peer it heals from has 2: under "
+                              "ft_fsdp rank r's shards line up with rank r's of the other groups only if every group "
+                              "has the same number of ranks (trainer.devices x trainer.num_nodes)")

@@ -40,7 +40,7 @@ from framework.strategies.ft.lighthouse import check_reachable, import_torchft
 from framework.strategies.ft.untrained import Untrained
 
 if TYPE_CHECKING:
-    from framework.strategies.ft.strategy import FaultTolerantStrategy
+    from framework.strategies.ft.strategy import ReplicaGroup
 
 #: how many of a replica's folders are compared with the other replicas' (``Replicas._marks``)
 _FOLDERS = 8
@@ -86,7 +86,7 @@ class Replicas:
     #: the group's ranks whose buffers differ (FSDP keeps one per rank): averaged inside the group first
     buffer_ranks = 1
 
-    def __init__(self, strategy: FaultTolerantStrategy, save: Callable[[], dict], load_in_place: Callable[[dict], None],
+    def __init__(self, strategy: ReplicaGroup, save: Callable[[], dict], load_in_place: Callable[[dict], None],
                  untrained: Untrained, manager_state: dict | None,
                  facts: Callable[[], dict[str, float]] = dict, buffers: Callable[[], list[torch.Tensor]] = list,
                  folders: Callable[[], list[str]] = list) -> None:
@@ -393,7 +393,7 @@ def _by_number(replica_id: str) -> tuple[int, str]:
     return (int(replica_id), "") if replica_id.isdigit() else (1 << 30, replica_id)
 
 
-def _group_store(strategy: FaultTolerantStrategy) -> tuple[str, int]:
+def _group_store(strategy: ReplicaGroup) -> tuple[str, int]:
     """The store the group's Manager meets on: rank 0 of the group hosts it, and checks that the
     Lighthouse answers; every rank learns the port (or the refusal) in one broadcast."""
     host = os.environ.get("MASTER_ADDR") or strategy.dist.master_addr or "127.0.0.1"

@@ -45,11 +45,14 @@ class ReplicaGroup:
     Mixed in before the group's strategy, whose collectives, checkpoints and model it uses; the
     subclass's ``__init__`` builds that strategy, then calls ``_init_replica_group``."""
 
+    # the group's strategy's (declared for the type checker; the mixin defines none of them)
     name: str
     world_size: int
     global_rank: int
     timeout: float
     model: Any
+    dist: Any
+    broadcast: Callable[..., Any]
 
     def _init_replica_group(self, name: str, replica_id: int | None, num_replica_groups: int | None,
                             lighthouse: str | None, min_replicas: int, quorum_timeout: float | None,
@@ -78,7 +81,7 @@ class ReplicaGroup:
 
     def evaluation_sampler_kwargs(self) -> dict[str, int] | None:
         """Evaluation inside the group: every replica's metrics cover the whole set."""
-        return super().distributed_sampler_kwargs()
+        return super().distributed_sampler_kwargs()  # type: ignore[misc]  # the group's strategy's
 
     def check_optimizers(self, optimizers: list[torch.optim.Optimizer]) -> None:
         if any(isinstance(opt, torch.optim.LBFGS) for opt in optimizers):
