@@ -17,8 +17,9 @@ over the groups), the untrained record, the checkpoint written by one group. A r
 heals rank by rank: rank r receives rank r's pieces of a live peer's state, its DTensors sent as
 their local shards (``_Shard``: the local tensor, the global shape and stride, the placements)
 and made DTensors again on this group's mesh. Checkpoints are FSDP's (``sharded`` or ``full``),
-read back by ``ckpt_path`` on a group of the same size or another (DCP reshards); the data
-position is taken as ``ft`` takes it, rank r of the group from rank r's entry.
+read back by ``ckpt_path`` by every group (tested on groups of the size that wrote it; DCP would
+reshard the tensors for another size, which is not tested); the data position is taken as ``ft``
+takes it, rank r of the group from rank r's entry.
 
 ``HYBRID_SHARD`` is refused: the replica groups are the replicated dimension.
 """
