@@ -1,5 +1,5 @@
 """Strategies, one registry: ``single``, ``dp``, ``ddp_gloo``, ``ddp_nccl``, ``ddp``, ``fsdp``,
-``model_parallel``, ``mpi``, ``ft``, ``ddp_spawn``, ``ddp_notebook``; Lightning's other names are aliases (``ALIASES``).
+``model_parallel``, ``mpi``, ``ft``, ``ft_fsdp``, ``ddp_spawn``, ``ddp_notebook``; Lightning's other names are aliases (``ALIASES``).
 
 ``trainer.strategy`` is a name or a mapping ``{name: ..., option: value}``; ``ddp`` means NCCL
 on CUDA and Gloo otherwise.
@@ -17,7 +17,7 @@ from framework.strategies.ddp import DDPStrategy, SpawnDDPStrategy
 from framework.strategies.distributed import DistributedStrategy
 from framework.strategies.dp import DataParallelStrategy
 from framework.strategies.fsdp import FSDPStrategy
-from framework.strategies.ft import FaultTolerantStrategy
+from framework.strategies.ft import FaultTolerantFSDPStrategy, FaultTolerantStrategy
 from framework.strategies.model_parallel import ModelParallelStrategy
 from framework.strategies.mpi import MPIStrategy
 from framework.strategies.registry import StrategyRegistry
@@ -34,6 +34,8 @@ STRATEGIES.register("model_parallel", ModelParallelStrategy,
                     "data parallel x tensor parallel over a 2-D DeviceMesh (configure_model parallelizes)")
 STRATEGIES.register("ft", FaultTolerantStrategy,
                     "one replica group of a job that survives a lost replica (torchft; DDP inside the group)")
+STRATEGIES.register("ft_fsdp", FaultTolerantFSDPStrategy,
+                    "one replica group of a job that survives a lost replica (torchft; FSDP inside the group)")
 STRATEGIES.register("mpi", MPIStrategy, "DDP with communication over MPI (mpiexec)")
 STRATEGIES.register("ddp_spawn", functools.partial(SpawnDDPStrategy, start_method="spawn"),
                     "DDP, workers spawned from the call (torch.multiprocessing)")
@@ -85,6 +87,6 @@ def create_strategy(spec: str | Mapping[str, Any] | Strategy, accelerator_name: 
 
 
 __all__ = ["STRATEGIES", "DDPStrategy", "DataParallelStrategy", "DistributedStrategy", "FSDPStrategy",
-           "FaultTolerantStrategy", "MPIStrategy",
+           "FaultTolerantFSDPStrategy", "FaultTolerantStrategy", "MPIStrategy",
            "ModelParallelStrategy", "SingleDeviceStrategy", "StepModule", "Strategy", "StrategyRegistry",
            "create_strategy"]

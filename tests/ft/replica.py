@@ -3,8 +3,8 @@ program: ``python replica.py OUT --replica R --groups G [--kill-at STEP] [--ddp]
 
 A small MLP with Adam on a fixed synthetic data set, ``trainer.strategy=ft``. Every batch start
 appends ``global_step epoch batch hash`` to ``OUT/steps-R-RANK.txt`` (the hash covers the weights,
-the optimizer state and the position), so that a test compares a healed replica with its peer at
-the step it joined. At the end the parameters go to ``OUT/params-R-RANK.pt``. ``--kill-at STEP``:
+the optimizer state and the position; under ``--fsdp`` this rank's shards of them), so that a test compares a healed replica with its peer at
+the step it joined. At the end the parameters go to ``OUT/params-R-RANK.pt`` (gathered whole under ``--fsdp``). ``--kill-at STEP``:
 the process SIGKILLs itself (every rank of the group) when that step starts; ``--wait-at STEP
 --wait-for FILE``: a survivor waits at that step until a restarted replica made FILE
 (``--announce FILE``, when its Manager is up and it is about to join), so that it comes back
@@ -31,11 +31,21 @@ import framework as fw
 def state_hash(module: torch.nn.Module, optimizer: torch.optim.Optimizer, *position: int) -> str:
     h = hashlib.sha256(repr(position).encode())
     for tensor in module.state_dict().values():
-        h.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+        h.update(_local(tensor).detach().cpu().contiguous().numpy().tobytes())
     for state in optimizer.state_dict()["state"].values():
         for value in state.values():
-            h.update(value.cpu().contiguous().numpy().tobytes() if torch.is_tensor(value) else repr(value).encode())
+            h.update(_local(value).cpu().contiguous().numpy().tobytes() if torch.is_tensor(value) else repr(value).encode())
     return h.hexdigest()[:16]
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    """--fsdp: this rank's shard of a DTensor (the hash covers each rank's own shards)."""
+    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
+
+
+def _full(tensor: torch.Tensor) -> torch.Tensor:
+    """--fsdp: the whole tensor, gathered from the group's shards."""
+    return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
 
 
 class Net(fw.TrainModule):
@@ -51,8 +61,10 @@ class Net(fw.TrainModule):
     def configure_optimizers(self):
         return torch.optim.Adam(self.parameters(), lr=0.01)
 
+    batch_size = 4  # --batch-size
+
     def train_dataloader(self):
-        return data()
+        return data(batch_size=self.batch_size)
 
 
 class RoutedNet(Net):
@@ -90,7 +102,7 @@ class Record(fw.Callback):
             f.write(f"{step} {trainer.current_epoch} {batch_idx} {digest}\n")
 
     def on_train_end(self, trainer, module):
-        torch.save({k: v.detach().clone() for k, v in module.state_dict().items()}, self._file("params", trainer) + ".pt")
+        torch.save({k: _full(v).detach().clone() for k, v in module.state_dict().items()}, self._file("params", trainer) + ".pt")
 
 
 def announce_at_the_join(path: str) -> None:
@@ -129,11 +141,11 @@ def fail_commit_at(step: int) -> None:
     Replicas.join = joined
 
 
-def data(n: int = 96) -> DataLoader:
+def data(n: int = 96, batch_size: int = 4) -> DataLoader:
     g = torch.Generator().manual_seed(1)
     x = torch.randn(n, 8, generator=g)
     y = x.sum(dim=1, keepdim=True).sin() + 0.1 * torch.randn(n, 1, generator=g)
-    return DataLoader(TensorDataset(x, y), batch_size=4, shuffle=True)
+    return DataLoader(TensorDataset(x, y), batch_size=batch_size, shuffle=True)
 
 
 def main() -> None:
@@ -145,6 +157,8 @@ def main() -> None:
     p.add_argument("--max-steps", type=int, default=30)
     p.add_argument("--kill-at", type=int, default=None)
     p.add_argument("--ddp", action="store_true", help="plain DDP over --devices ranks instead")
+    p.add_argument("--fsdp", action="store_true", help="FSDP inside the group (ft_fsdp; with --ddp: plain fsdp)")
+    p.add_argument("--batch-size", type=int, default=4, help="per rank")
     p.add_argument("--every", type=int, default=0, help="a checkpoint every N steps")
     p.add_argument("--ckpt-path", default=None)
     p.add_argument("--tag", default="", help="added to the names of the files this run writes")
@@ -162,7 +176,10 @@ def main() -> None:
         fail_commit_at(args.fail_commit_at)
     fw.seed_everything(0)
     if args.ddp:
-        strategy = "ddp_gloo"
+        strategy = "fsdp" if args.fsdp else "ddp_gloo"
+    elif args.fsdp:
+        strategy = {"name": "ft_fsdp", "replica_id": args.replica, "num_replica_groups": args.groups,
+                    "lighthouse": os.environ["TORCHFT_LIGHTHOUSE"], "timeout": args.timeout}
     else:
         strategy = {"name": "ft", "replica_id": args.replica, "num_replica_groups": args.groups,
                     "lighthouse": os.environ["TORCHFT_LIGHTHOUSE"], "timeout": args.timeout,
@@ -175,7 +192,9 @@ def main() -> None:
                          logger=False, enable_checkpointing=bool(args.every), enable_progress_bar=False,
                          callbacks=callbacks, num_sanity_val_steps=0, accumulate_grad_batches=args.accumulate,
                          default_root_dir=os.path.join(args.out, f"root-{args.replica}"))
-    trainer.fit(RoutedNet() if args.model == "routed" else Net(), ckpt_path=args.ckpt_path)
+    module = RoutedNet() if args.model == "routed" else Net()
+    module.batch_size = args.batch_size
+    trainer.fit(module, ckpt_path=args.ckpt_path)
     print(f"replica {args.replica} done at step {trainer.global_step}", flush=True)
 
 

@@ -40,7 +40,7 @@ from framework.strategies.ft.lighthouse import check_reachable, import_torchft
 from framework.strategies.ft.untrained import Untrained
 
 if TYPE_CHECKING:
-    from framework.strategies.ft.strategy import FaultTolerantStrategy
+    from framework.strategies.ft.strategy import ReplicaGroup
 
 #: how many of a replica's folders are compared with the other replicas' (``Replicas._marks``)
 _FOLDERS = 8
@@ -83,7 +83,10 @@ class Replicas:
             folder another replica writes too is refused.
     """
 
-    def __init__(self, strategy: FaultTolerantStrategy, save: Callable[[], dict], load_in_place: Callable[[dict], None],
+    #: the group's ranks whose buffers differ (FSDP keeps one per rank): averaged inside the group first
+    buffer_ranks = 1
+
+    def __init__(self, strategy: ReplicaGroup, save: Callable[[], dict], load_in_place: Callable[[dict], None],
                  untrained: Untrained, manager_state: dict | None,
                  facts: Callable[[], dict[str, float]] = dict, buffers: Callable[[], list[torch.Tensor]] = list,
                  folders: Callable[[], list[str]] = list) -> None:
@@ -100,6 +103,7 @@ class Replicas:
         self.position: tuple[int, int] = (0, 0)
         self.global_step = 0  # fw's (every step trained or not; torchft's counts the committed ones)
         self._lost_at: dict[str, int] = {}  # a replica's id -> len(untrained.entries) when it left
+        self.buffer_ranks = strategy.world_size if getattr(strategy, "buffers_per_rank", False) else 1
         host, port = _group_store(strategy)
         timeout = datetime.timedelta(seconds=strategy.timeout)
         quorum_timeout = datetime.timedelta(seconds=strategy.quorum_timeout)
@@ -282,30 +286,36 @@ class Replicas:
         """One flat all-reduce per dtype through the Manager (the average over the quorum's
         replicas; torchft skips it after an error, and the commit then fails). Every parameter
         that has a gradient on some replica takes part, with zeros where it has none here (as
-        DDP does for an unused parameter); one without a gradient anywhere keeps none."""
-        groups: dict[torch.dtype, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+        DDP does for an unused parameter); one without a gradient anywhere keeps none. Under
+        FSDP each rank's gradient is its local shard (a DTensor's): the Manager joins rank r of
+        every group, whose shards have the same layout (``fsdp.py`` checks the groups' shape)."""
+        groups: dict[torch.dtype, list[torch.Tensor]] = {}
         for p, used in zip(params, any_grad, strict=True):
             if used:
-                grad = p.grad if p.grad is not None else torch.zeros_like(p)
-                groups.setdefault(grad.dtype, []).append((p, grad))
-        for pairs in groups.values():
-            grads = [grad for _, grad in pairs]
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+                grad = _local(p.grad)
+                groups.setdefault(grad.dtype, []).append(grad)
+        for grads in groups.values():
             flat = torch._utils._flatten_dense_tensors(grads)
             self.manager.allreduce(flat).wait()
-            for (p, grad), averaged in zip(pairs, torch._utils._unflatten_dense_tensors(flat, grads), strict=True):
+            for grad, averaged in zip(grads, torch._utils._unflatten_dense_tensors(flat, grads), strict=True):
                 grad.copy_(averaged)
-                if p.grad is None:
-                    p.grad = grad
 
     def _average_buffers(self) -> None:
         """The module's floating-point buffers (BatchNorm's running statistics) averaged over the
-        replicas in the quorum, so that every replica evaluates and saves the same module."""
-        buffers = [b for b in self.buffers() if torch.is_floating_point(b)]
+        replicas in the quorum, so that every replica evaluates and saves the same module. Where
+        the group's ranks hold buffers of their own (FSDP keeps them per rank), they are first
+        averaged inside the group, so that every rank of every group ends with the same."""
+        buffers = [_local(b) for b in self.buffers() if torch.is_floating_point(b)]
         by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
         for b in buffers:
             by_dtype.setdefault(b.dtype, []).append(b)
         for tensors in by_dtype.values():
             flat = torch._utils._flatten_dense_tensors([t.detach() for t in tensors])
+            if self.buffer_ranks > 1:
+                dist.all_reduce(flat)
+                flat /= self.buffer_ranks
             self.manager.allreduce(flat).wait()
             with torch.no_grad():
                 for t, averaged in zip(tensors, torch._utils._unflatten_dense_tensors(flat, tensors), strict=True):
@@ -364,6 +374,11 @@ def _torchft_version() -> str:
         return "(version unknown)"
 
 
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    """A DTensor's local shard (the same storage), or the tensor itself."""
+    return tensor._local_tensor if hasattr(tensor, "_local_tensor") else tensor
+
+
 def _finite(params: list[torch.Tensor]) -> bool:
     """Every gradient finite (one read for all)."""
     flags = [torch.isfinite(p.grad).all() for p in params if p.grad is not None]
@@ -378,7 +393,7 @@ def _by_number(replica_id: str) -> tuple[int, str]:
     return (int(replica_id), "") if replica_id.isdigit() else (1 << 30, replica_id)
 
 
-def _group_store(strategy: FaultTolerantStrategy) -> tuple[str, int]:
+def _group_store(strategy: ReplicaGroup) -> tuple[str, int]:
     """The store the group's Manager meets on: rank 0 of the group hosts it, and checks that the
     Lighthouse answers; every rank learns the port (or the refusal) in one broadcast."""
     host = os.environ.get("MASTER_ADDR") or strategy.dist.master_addr or "127.0.0.1"

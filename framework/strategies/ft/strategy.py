@@ -39,7 +39,156 @@ from framework.strategies.ft.untrained import Untrained
 PEER = "the state of replica {} (a live peer)"
 
 
-class FaultTolerantStrategy(DDPStrategy):
+class ReplicaGroup:
+    """What makes a strategy one replica group of a fault-tolerant job, whatever runs inside the
+    group (``FaultTolerantStrategy``: DDP; ``FaultTolerantFSDPStrategy``: FSDP, ``fsdp.py``).
+    Mixed in before the group's strategy, whose collectives, checkpoints and model it uses; the
+    subclass's ``__init__`` builds that strategy, then calls ``_init_replica_group``."""
+
+    # the group's strategy's (declared for the type checker; the mixin defines none of them)
+    name: str
+    world_size: int
+    global_rank: int
+    timeout: float
+    model: Any
+    dist: Any
+    broadcast: Callable[..., Any]
+
+    def _init_replica_group(self, name: str, replica_id: int | None, num_replica_groups: int | None,
+                            lighthouse: str | None, min_replicas: int, quorum_timeout: float | None,
+                            lighthouse_wait: float, start_alone: bool, timeout: float) -> None:
+        _check_ids(replica_id, num_replica_groups, min_replicas, name)
+        import_torchft()  # a missing extra is said when the Trainer is built
+        self.name = name
+        assert replica_id is not None and num_replica_groups is not None, "checked by _check_ids"
+        self.replica_id, self.num_replica_groups, self.min_replicas = int(replica_id), int(num_replica_groups), int(min_replicas)
+        self.lighthouse = lighthouse_address(lighthouse)
+        self.quorum_timeout = float(quorum_timeout if quorum_timeout is not None else timeout)
+        self.lighthouse_wait = float(lighthouse_wait)
+        self.start_alone = bool(start_alone)
+        self.untrained = Untrained()
+        self.replicas: Replicas | None = None
+        self._manager_store: Any = None  # group rank 0's TCPStore for the Manager (replicas.py)
+        self._manager_state: dict | None = None  # torchft's step count, from a checkpoint
+        self._received: dict | None = None
+        self._peer = ""
+
+    # -- the data: a share of every global batch per group and rank ---------------------------
+    def distributed_sampler_kwargs(self) -> dict[str, int] | None:
+        """Training data: rank r of group g reads share ``g * ranks + r`` of each global batch."""
+        return {"num_replicas": self.num_replica_groups * self.world_size,
+                "rank": self.replica_id * self.world_size + self.global_rank}
+
+    def evaluation_sampler_kwargs(self) -> dict[str, int] | None:
+        """Evaluation inside the group: every replica's metrics cover the whole set."""
+        return super().distributed_sampler_kwargs()  # type: ignore[misc]  # the group's strategy's
+
+    def check_optimizers(self, optimizers: list[torch.optim.Optimizer]) -> None:
+        if any(isinstance(opt, torch.optim.LBFGS) for opt in optimizers):
+            raise ConfigError(f"trainer.strategy={self.name} cannot step LBFGS: its step computes new gradients that the "
+                              "other replicas never see; use a first-order optimizer (SGD, Adam)")
+        super().check_optimizers(optimizers)  # type: ignore[misc]  # the group's strategy's (fsdp: sharded parameters)
+
+    # -- the replicas ---------------------------------------------------------------------
+    def join_replicas(self, save: Callable[[], dict], load_in_place: Callable[[dict], None], global_step: int,
+                      manual: bool, on_nonfinite: str, facts: Callable[[], dict[str, float]] = dict,
+                      folders: Callable[[], list[str]] = list) -> str | None:
+        """Meet the other replica groups (the first quorum). Returns what to restore from when a
+        live peer sent its state (``load_checkpoint`` takes it), else None. ``facts``: the run's
+        settings that every replica must share, compared at each commit; ``folders``: where
+        this replica writes logs and checkpoints, which no other replica may share."""
+        if manual:
+            raise ConfigError(f"trainer.strategy={self.name} averages gradients across replicas in automatic optimization only; "
+                              "a module with automatic_optimization = False would step without the other replicas")
+        if on_nonfinite == "skip":
+            raise ConfigError(f"trainer.on_nonfinite=skip cannot be agreed across replica groups under trainer.strategy={self.name} "
+                              "(the other groups would average in a share that was dropped); use on_nonfinite=error, "
+                              "which stops the group that met the bad loss while the others go on")
+        def buffers() -> list[torch.Tensor]:
+            return list(self.model.buffers()) if self.model is not None else []
+
+        def shared() -> dict[str, float]:  # the run's settings and the group's shape (rank r meets rank r)
+            return {**facts(), **self._group_shape()}
+
+        def sent() -> dict:  # a copy: the step's forward changes buffers (BatchNorm's) while a peer downloads it
+            return _copied(save())
+
+        self.replicas = Replicas(self, sent, load_in_place, self.untrained, self._manager_state, shared, buffers,
+                                 folders)
+        received = self.replicas.join(self.timeout, global_step, self.start_alone)
+        if received is None:
+            return None
+        self._received = received
+        self._peer = PEER.format(self.replicas.ids[0] if self.replicas.ids else "?")
+        return self._peer
+
+    def _group_shape(self) -> dict[str, float]:
+        """What must be the same in every group for rank r's gradients to line up with rank r's of
+        the others: the ranks in the group, whether FSDP shards inside it, this rank's elements."""
+        params = list(self.model.parameters()) if self.model is not None else []
+        local = sum((p._local_tensor if hasattr(p, "_local_tensor") else p).numel() for p in params)
+        return {"number of ranks in a replica group": float(self.world_size),
+                "sharding inside the group (fsdp)": float(getattr(self, "buffers_per_rank", False)),
+                "number of parameter elements on this rank": float(local)}
+
+    def writes_checkpoints(self) -> bool:
+        return self.replicas is None or self.replicas.writes_checkpoints()
+
+    def _fault_tolerance_part(self) -> Value:
+        def saved() -> dict:
+            manager = self.replicas.manager.state_dict() if self.replicas is not None else self._manager_state
+            return {"untrained": self.untrained.state_dict(), "untrained_batches": self.untrained.batches,
+                    "replica_groups": self.num_replica_groups, "manager": manager}
+
+        def load(state: dict) -> None:
+            self.untrained.load_state_dict(state.get("untrained") or [])
+            self._manager_state = state.get("manager")
+            if self.replicas is not None and self._manager_state is not None:
+                self.replicas.manager.load_state_dict(self._manager_state)
+
+        return Value(saved, load)
+
+    # -- checkpoints ----------------------------------------------------------------------
+    def save_checkpoint(self, path: str, parts: CheckpointParts) -> None:
+        """One replica writes (the lowest id in the last quorum); the others write nothing."""
+        if not self.writes_checkpoints():
+            return
+        parts.shared["fault_tolerance"] = self._fault_tolerance_part()
+        super().save_checkpoint(path, parts)  # type: ignore[misc]  # the group's strategy's
+
+    def load_checkpoint(self, path: str, parts: CheckpointParts) -> dict[str, Any]:
+        """A checkpoint file, as ``ddp`` reads one (this group's rank r takes rank r's pieces), or
+        the state a live peer sent at the join (its own rank's pieces)."""
+        parts.shared["fault_tolerance"] = self._fault_tolerance_part()
+        if path == self._peer and self._received is not None:
+            checkpoint, self._received = self._received, None
+            parts.load(checkpoint, 0, 1, (0, 1))
+            rank_zero_info(f"fw: replica {self.replica_id} healed from {path} at step {checkpoint.get('global_step')}")
+            return checkpoint
+        return self._load_file(path, parts)
+
+    def _load_file(self, path: str, parts: CheckpointParts) -> dict[str, Any]:
+        """A checkpoint file or folder, this group's rank r taking rank r's pieces."""
+        checkpoint = ckpt.load_checkpoint(path)
+        parts.load(checkpoint, self.global_rank, self.world_size, (self.global_rank, self.world_size))
+        return checkpoint
+
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "replica_id": self.replica_id,  # type: ignore[misc]
+                "replica_groups": self.num_replica_groups, "lighthouse": self.lighthouse}
+
+    def teardown(self) -> None:
+        if self.replicas is not None:
+            if self.untrained.entries:
+                rank_zero_info(f"fw: replica {self.replica_id}: {self.untrained.describe()} were not trained "
+                               "whole (kept in the checkpoints' fault_tolerance entry)")
+            self.replicas.shutdown()
+            self.replicas = None
+        self._manager_store = None
+        super().teardown()  # type: ignore[misc]
+
+
+class FaultTolerantStrategy(ReplicaGroup, DDPStrategy):
     """DDP inside a replica group, torchft's Manager across the groups.
 
     Args:
@@ -77,123 +226,25 @@ class FaultTolerantStrategy(DDPStrategy):
         static_graph: bool = False,
         gradient_as_bucket_view: bool = False,
     ) -> None:
-        super().__init__(backend, init_method, timeout, socket_ifname, find_unused_parameters, bucket_cap_mb,
-                         static_graph, gradient_as_bucket_view)
-        _check_ids(replica_id, num_replica_groups, min_replicas)
-        import_torchft()  # a missing extra is said when the Trainer is built
-        self.name = "ft"
-        assert replica_id is not None and num_replica_groups is not None, "checked by _check_ids"
-        self.replica_id, self.num_replica_groups, self.min_replicas = int(replica_id), int(num_replica_groups), int(min_replicas)
-        self.lighthouse = lighthouse_address(lighthouse)
-        self.quorum_timeout = float(quorum_timeout if quorum_timeout is not None else timeout)
-        self.lighthouse_wait = float(lighthouse_wait)
-        self.start_alone = bool(start_alone)
-        self.untrained = Untrained()
-        self.replicas: Replicas | None = None
-        self._manager_store: Any = None  # group rank 0's TCPStore for the Manager (replicas.py)
-        self._manager_state: dict | None = None  # torchft's step count, from a checkpoint
-        self._received: dict | None = None
-        self._peer = ""
-
-    # -- the data: a share of every global batch per group and rank ---------------------------
-    def distributed_sampler_kwargs(self) -> dict[str, int] | None:
-        """Training data: rank r of group g reads share ``g * ranks + r`` of each global batch."""
-        return {"num_replicas": self.num_replica_groups * self.world_size,
-                "rank": self.replica_id * self.world_size + self.global_rank}
-
-    def evaluation_sampler_kwargs(self) -> dict[str, int] | None:
-        """Evaluation inside the group: every replica's metrics cover the whole set."""
-        return super().distributed_sampler_kwargs()
-
-    def check_optimizers(self, optimizers: list[torch.optim.Optimizer]) -> None:
-        if any(isinstance(opt, torch.optim.LBFGS) for opt in optimizers):
-            raise ConfigError("trainer.strategy=ft cannot step LBFGS: its step computes new gradients that the "
-                              "other replicas never see; use a first-order optimizer (SGD, Adam)")
-
-    # -- the replicas ---------------------------------------------------------------------
-    def join_replicas(self, save: Callable[[], dict], load_in_place: Callable[[dict], None], global_step: int,
-                      manual: bool, on_nonfinite: str, facts: Callable[[], dict[str, float]] = dict,
-                      folders: Callable[[], list[str]] = list) -> str | None:
-        """Meet the other replica groups (the first quorum). Returns what to restore from when a
-        live peer sent its state (``load_checkpoint`` takes it), else None. ``facts``: the run's
-        settings that every replica must share, compared at each commit; ``folders``: where
-        this replica writes logs and checkpoints, which no other replica may share."""
-        if manual:
-            raise ConfigError("trainer.strategy=ft averages gradients across replicas in automatic optimization only; "
-                              "a module with automatic_optimization = False would step without the other replicas")
-        if on_nonfinite == "skip":
-            raise ConfigError("trainer.on_nonfinite=skip cannot be agreed across replica groups under trainer.strategy=ft "
-                              "(the other groups would average in a share that was dropped); use on_nonfinite=error, "
-                              "which stops the group that met the bad loss while the others go on")
-        def buffers() -> list[torch.Tensor]:
-            return list(self.model.buffers()) if self.model is not None else []
-
-        self.replicas = Replicas(self, save, load_in_place, self.untrained, self._manager_state, facts, buffers,
-                                 folders)
-        received = self.replicas.join(self.timeout, global_step, self.start_alone)
-        if received is None:
-            return None
-        self._received = received
-        self._peer = PEER.format(self.replicas.ids[0] if self.replicas.ids else "?")
-        return self._peer
-
-    def writes_checkpoints(self) -> bool:
-        return self.replicas is None or self.replicas.writes_checkpoints()
-
-    def _fault_tolerance_part(self) -> Value:
-        def saved() -> dict:
-            manager = self.replicas.manager.state_dict() if self.replicas is not None else self._manager_state
-            return {"untrained": self.untrained.state_dict(), "untrained_batches": self.untrained.batches,
-                    "replica_groups": self.num_replica_groups, "manager": manager}
-
-        def load(state: dict) -> None:
-            self.untrained.load_state_dict(state.get("untrained") or [])
-            self._manager_state = state.get("manager")
-            if self.replicas is not None and self._manager_state is not None:
-                self.replicas.manager.load_state_dict(self._manager_state)
-
-        return Value(saved, load)
-
-    # -- checkpoints ----------------------------------------------------------------------
-    def save_checkpoint(self, path: str, parts: CheckpointParts) -> None:
-        """One replica writes (the lowest id in the last quorum); the others write nothing."""
-        if not self.writes_checkpoints():
-            return
-        parts.shared["fault_tolerance"] = self._fault_tolerance_part()
-        super().save_checkpoint(path, parts)
-
-    def load_checkpoint(self, path: str, parts: CheckpointParts) -> dict[str, Any]:
-        """A checkpoint file, as ``ddp`` reads one (this group's rank r takes rank r's pieces), or
-        the state a live peer sent at the join (its own rank's pieces)."""
-        parts.shared["fault_tolerance"] = self._fault_tolerance_part()
-        if path == self._peer and self._received is not None:
-            checkpoint, self._received = self._received, None
-            parts.load(checkpoint, 0, 1, (0, 1))
-            rank_zero_info(f"fw: replica {self.replica_id} healed from {path} at step {checkpoint.get('global_step')}")
-            return checkpoint
-        checkpoint = ckpt.load_checkpoint(path)
-        parts.load(checkpoint, self.global_rank, self.world_size, (self.global_rank, self.world_size))
-        return checkpoint
-
-    def describe(self) -> dict[str, Any]:
-        return {**super().describe(), "replica_id": self.replica_id, "replica_groups": self.num_replica_groups,
-                "lighthouse": self.lighthouse}
-
-    def teardown(self) -> None:
-        if self.replicas is not None:
-            if self.untrained.entries:
-                rank_zero_info(f"fw: replica {self.replica_id}: {self.untrained.describe()} were not trained "
-                               "whole (kept in the checkpoints' fault_tolerance entry)")
-            self.replicas.shutdown()
-            self.replicas = None
-        self._manager_store = None
-        super().teardown()
+        DDPStrategy.__init__(self, backend, init_method, timeout, socket_ifname, find_unused_parameters, bucket_cap_mb,
+                             static_graph, gradient_as_bucket_view)
+        self._init_replica_group("ft", replica_id, num_replica_groups, lighthouse, min_replicas, quorum_timeout,
+                                 lighthouse_wait, start_alone, timeout)
 
 
-def _check_ids(replica_id: Any, groups: Any, min_replicas: Any) -> None:
+def _copied(state: dict) -> dict:
+    """``state`` with its tensors copied: torchft serves the state sent to a healing peer while this
+    replica trains its step on, and the step's forward updates buffers in place (the weights and
+    optimizer state change only after the commit, when torchft has stopped serving it)."""
+    from torch.utils._pytree import tree_map
+
+    return tree_map(lambda value: value.detach().clone() if isinstance(value, torch.Tensor) else value, state)
+
+
+def _check_ids(replica_id: Any, groups: Any, min_replicas: Any, name: str = "ft") -> None:
     if replica_id is None or groups is None:
-        raise ConfigError("trainer.strategy=ft needs this group's replica_id and the job's num_replica_groups, e.g. "
-                          "trainer.strategy={name: ft, replica_id: 0, num_replica_groups: 2, "
+        raise ConfigError(f"trainer.strategy={name} needs this group's replica_id and the job's num_replica_groups, e.g. "
+                          f"trainer.strategy={{name: {name}, replica_id: 0, num_replica_groups: 2, "
                           "lighthouse: http://HOST:29510}")
     for key, value in (("replica_id", replica_id), ("num_replica_groups", groups), ("min_replicas", min_replicas)):
         if isinstance(value, bool) or not isinstance(value, int):
