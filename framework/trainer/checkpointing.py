@@ -276,7 +276,9 @@ def join_replicas(run: Run) -> None:
     def load_in_place(checkpoint: dict) -> None:  # in the middle of a fit, at the same batch: no position to move
         parts = parts_of(run, for_fit=True)
         parts.per_rank = {}
+        asked = run.state.should_stop, run.state.stop_reason  # this replica's own stop request stays (``ft`` agrees it)
         parts.load(checkpoint, 0, 1, (0, 1))
+        run.state.should_stop, run.state.stop_reason = asked
 
     def facts() -> dict[str, float]:  # what every replica group must share (``ft`` compares them at each commit)
         settings, train = run.settings, (run.loaders.get("train") or [None])[0]

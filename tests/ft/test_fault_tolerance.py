@@ -222,6 +222,25 @@ def test_a_replica_that_could_not_commit_takes_its_peers_state_in_place(procs: P
 
 
 @pytest.mark.timeout(200)
+def test_a_stop_asked_on_one_replica_stops_both_after_the_same_step_even_where_a_commit_failed(
+        procs: Procs, tmp_path: Path) -> None:
+    """Replica 1 alone sets ``trainer.should_stop`` after step S (as EarlyStopping on its own
+    training metric would); the replicas agree on it at step S+1's commit, which fails on replica
+    0 alone: both stop after step S+1, and replica 0 takes replica 1's state at the last quorum."""
+    stop = random.Random(SEED + 4).randrange(2, MAX_STEPS - 4)
+    print(f"FW_FT_SEED={SEED}: replica 1 asks to stop after step {stop}; replica 0's commit of step {stop + 1} fails")
+    r0 = procs.start("r0", "--replica", "0", "--max-steps", str(MAX_STEPS), "--fail-commit-at", str(stop))
+    r1 = procs.start("r1", "--replica", "1", "--max-steps", str(MAX_STEPS), "--stop-at", str(stop))
+    for proc, name in ((r0, "r0"), (r1, "r1")):
+        assert procs.wait(proc, 150) == 0, _log(tmp_path, name)
+    for r in (0, 1):
+        assert f"replica {r} done at step {stop + 1}" in _log(tmp_path, f"r{r}"), _log(tmp_path, f"r{r}")
+        assert max(_steps(tmp_path, f"{r}-0")) == stop
+    assert f"fw: replica 0 took a peer's weights and optimizer state at step {stop + 1}" in _log(tmp_path, "r0")
+    assert _same(_params(tmp_path, "0-0"), _params(tmp_path, "1-0"))
+
+
+@pytest.mark.timeout(200)
 def test_a_replica_that_never_comes_back(procs: Procs, tmp_path: Path) -> None:
     kill_at = random.Random(SEED + 1).randrange(2, MAX_STEPS - 4)
     print(f"FW_FT_SEED={SEED}: replica 1 killed at step {kill_at}, not restarted")

@@ -99,6 +99,7 @@ class Replicas:
         self.ids: list[str] = []
         self.position: tuple[int, int] = (0, 0)
         self.global_step = 0  # fw's (every step trained or not; torchft's counts the committed ones)
+        self.stop_agreed = False  # some replica asked to stop (``trainer.should_stop``), as a commit's agreement said
         self._lost_at: dict[str, int] = {}  # a replica's id -> len(untrained.entries) when it left
         host, port = _group_store(strategy)
         timeout = datetime.timedelta(seconds=strategy.timeout)
@@ -178,7 +179,7 @@ class Replicas:
             self._open = True
         self._window.append((epoch, batch_idx))
 
-    def commit(self, optimizer: torch.optim.Optimizer, usable: bool = True) -> bool:
+    def commit(self, optimizer: torch.optim.Optimizer, usable: bool = True, stop: bool = False) -> bool:
         """Check that the replicas agree (``_agree``), average the gradients of every parameter
         of the optimizer's groups and the module's floating-point buffers over the replicas in the
         quorum, then ask whether the step may be applied (torchft's ``should_commit``: False when
@@ -186,11 +187,16 @@ class Replicas:
 
         A non-finite loss or gradient on any replica (``usable=False``: a loss found non-finite
         here) is known to every replica from the agreement: no replica applies the step, the
-        replica that met it stops with an error and the others go on without it."""
+        replica that met it stops with an error and the others go on without it.
+
+        ``stop``: this replica asks to stop (``trainer.should_stop``). Once any replica asked, in an
+        agreement every replica completed, ``stop_agreed`` is True on all of them, whether or not
+        this replica's commit then succeeds: every replica stops after this step, and one whose
+        commit failed takes its peers' state at the last quorum (``last_quorum``)."""
         self._open, window, self._window = False, self._window, []
         params = [p for group in optimizer.param_groups for p in group["params"]]
         finite = usable and _finite(params)
-        any_grad, everywhere_finite = self._agree(optimizer, params, finite)
+        any_grad, everywhere_finite = self._agree(optimizer, params, finite, stop)
         if everywhere_finite:
             self._all_reduce(params, any_grad)
             self._average_buffers()
@@ -211,21 +217,32 @@ class Replicas:
             self.untrained.record(window, missing, "replica missing")
         return committed
 
+    def last_quorum(self, epoch: int, batches_done: int, global_step: int) -> None:
+        """After the fit's last step, on every replica (the replicas stop after the same step): a
+        replica whose last commit failed while its peers' succeeded takes their state here, as it
+        would at its next step, so that every replica ends with the same model."""
+        self.position, self.global_step = (epoch, batches_done), global_step
+        self._quorum()
+        self._open = False
+
     def _agree(self, optimizer: torch.optim.Optimizer, params: list[torch.Tensor],
-               finite: bool) -> tuple[list[bool], bool]:
+               finite: bool, stop: bool = False) -> tuple[list[bool], bool]:
         """Two small all-reduces (MAX of each value and of its negation: every replica learns the
         largest and the smallest): first the run's settings (``facts``), the position and the
         sizes of what follows (a fixed length, so that replicas built differently still meet),
         then each parameter group's learning rate and which parameters have a gradient on some
         replica. A value that differs between replicas is refused in one line on every replica.
         Returns which parameters have a gradient on some replica, and whether every replica's
-        loss and gradients are finite."""
+        loss and gradients are finite; sets ``stop_agreed`` when some replica asks to stop (not
+        when the all-reduce failed: a request then waits for the next step's, on every replica)."""
         facts = {**self.facts(), "num_replica_groups": float(self.num_groups), "epoch": float(self.position[0]),
                  "batch": float(self.position[1]), "number of param groups": float(len(optimizer.param_groups)),
-                 "number of parameters": float(len(params)), "finite": float(finite)}
+                 "number of parameters": float(len(params)), "stop": float(stop), "finite": float(finite)}
         low, high = self._min_max(list(facts.values()))
+        if high[-2] == 1.0 and self.manager.errored() is None:
+            self.stop_agreed = True
         for (key, mine), lo, hi in zip(facts.items(), low, high, strict=True):
-            if lo != hi and key != "finite":
+            if lo != hi and key not in ("stop", "finite"):
                 other = hi if mine == lo else lo
                 raise ConfigError(f"replica {self.replica_id}'s {key} {_number(mine)} differs from another replica's "
                                   f"{_number(other)} at step {self.global_step + 1}: every replica group must run "
