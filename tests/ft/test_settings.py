@@ -385,3 +385,25 @@ def test_training_data_the_replicas_cannot_share_is_refused(loader, options, mes
     with pytest.raises(ConfigError) as err:
         _refuse_data_replicas_cannot_share(run)
     assert str(err.value) == message
+
+
+def test_the_state_a_healing_peer_receives_is_a_copy_taken_at_the_quorum():
+    """torchft serves the state when the peer asks, while this replica's forward already changes
+    BatchNorm's buffers in place: what it is given is a copy, made in the quorum thread under
+    no_grad (``on_save_checkpoint`` hooks run there)."""
+    model = torch.nn.BatchNorm1d(3)
+    grad_modes = []
+
+    def save():
+        grad_modes.append(torch.is_grad_enabled())
+        return {"state_dict": model.state_dict(), "loop": {"epoch": 0}, "pieces": [(model.running_mean, 1)]}
+
+    replicas = _replicas(0, _Hub(1))
+    replicas._save = save
+    served = replicas._state()
+    before = model.running_mean.clone()
+    model(torch.randn(8, 3) + 5)  # the step's forward, after the quorum
+    assert not torch.equal(model.running_mean, before)
+    assert torch.equal(served["fw"]["state_dict"]["running_mean"], before)
+    assert torch.equal(served["fw"]["pieces"][0][0], before) and served["fw"]["loop"] == {"epoch": 0}
+    assert grad_modes == [False] and served["untrained"] == []

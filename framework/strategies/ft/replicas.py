@@ -121,8 +121,18 @@ class Replicas:
     # -- the state a healing peer receives ------------------------------------------------
     def _state(self) -> dict:
         """Called in torchft's quorum thread while this rank waits for the quorum (the main thread
-        is blocked in ``start_quorum``): the state as it stands at this step's start."""
-        return {"fw": self._save(), "untrained": self.untrained.state_dict()}
+        is blocked in ``start_quorum``): the state as it stands at this step's start, as a copy.
+
+        torchft's HTTP transport keeps the tensors it is given (``send_checkpoint`` moves only GPU
+        tensors to the CPU) and serializes them when the healing peer's request comes, under a
+        lock that only ``should_commit`` takes back (``disallow_checkpoint``): by then this
+        replica's main thread has left ``start_quorum`` and runs the step's forward, which changes
+        BatchNorm's running statistics (and any state a module updates in place) while they are
+        read. So every tensor is copied here, into CPU memory (where torchft would move it), before
+        the main thread goes on. The ``on_save_checkpoint`` hooks run here too, in torchft's
+        thread while the main thread waits, under ``torch.no_grad()``."""
+        with torch.no_grad():
+            return _copied({"fw": self._save(), "untrained": self.untrained.state_dict()})
 
     def _load(self, state: dict) -> None:
         """A peer's state: kept for the Trainer's restore at the join; during the fit (this replica
@@ -385,6 +395,23 @@ def _finite(params: list[torch.Tensor]) -> bool:
     """Every gradient finite (one read for all)."""
     flags = [torch.isfinite(p.grad).all() for p in params if p.grad is not None]
     return not flags or bool(torch.stack(flags).all())
+
+
+def _copied(state: Any) -> Any:
+    """``state`` with every tensor copied into CPU memory (its dicts, lists and tuples rebuilt)."""
+    if isinstance(state, torch.Tensor):
+        return state.detach().to("cpu", copy=True)
+    if isinstance(state, dict):
+        copy = state.copy()  # the same kind of dict (a module's state_dict is an OrderedDict)
+        for key, value in copy.items():
+            copy[key] = _copied(value)
+        return copy
+    if isinstance(state, list):
+        return [_copied(value) for value in state]
+    if isinstance(state, tuple):
+        values = [_copied(value) for value in state]
+        return type(state)(*values) if hasattr(state, "_fields") else type(state)(values)
+    return state
 
 
 def _number(value: float) -> str:
