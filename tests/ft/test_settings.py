@@ -407,3 +407,27 @@ def test_the_state_a_healing_peer_receives_is_a_copy_taken_at_the_quorum():
     assert torch.equal(served["fw"]["state_dict"]["running_mean"], before)
     assert torch.equal(served["fw"]["pieces"][0][0], before) and served["fw"]["loop"] == {"epoch": 0}
     assert grad_modes == [False] and served["untrained"] == []
+
+
+def test_the_untrained_record_survives_a_full_stop_and_a_resume_on_every_replica(tmp_path):
+    """The record the writer saved is what every replica reads back from the file at a full stop's
+    ``ckpt_path`` resume (through the weights-only loading that every resume uses), and what it
+    records afterwards is added to it, so that the next checkpoint holds both."""
+    from framework.checkpointing import file as ckpt
+    from framework.checkpointing.parts import CheckpointParts
+
+    writer = ft(replica_id=0, num_replica_groups=2)
+    writer.untrained.record([(0, 3), (0, 4)], ["1"], "replica missing")
+    writer.untrained.record([(1, 0)], ["0", "1"], "step not committed")
+    parts = CheckpointParts(shared={"state_dict": torch.nn.Linear(2, 1), "fault_tolerance": writer._fault_tolerance_part()},
+                            values={"global_step": 14})
+    path = tmp_path / "last.ckpt"
+    ckpt.atomic_save(parts.assemble([parts.rank_states()]), path)
+    for replica_id in (0, 1):
+        resumed = ft(replica_id=replica_id, num_replica_groups=2)
+        resumed.load_checkpoint(str(path), CheckpointParts(shared={}, values={}))
+        assert resumed.untrained.entries == writer.untrained.entries
+        resumed.untrained.record([(1, 5)], ["1"], "replica missing")
+        saved = resumed._fault_tolerance_part().state_dict()
+        assert saved["untrained_batches"] == 4 and saved["untrained"][:2] == writer.untrained.entries
+    assert ckpt.load_checkpoint(path)["fault_tolerance"]["untrained_batches"] == 3
