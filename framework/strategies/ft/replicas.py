@@ -2,18 +2,21 @@
 for a quorum at the step's start, averages the gradients over the replicas in it, and commits the
 step (or not) before the optimizer steps.
 
-The loop calls two methods (``loops/training_step.py``): ``before_batch`` at a step's first batch
+The loop calls two methods at each step (``loops/training_step.py``): ``before_batch`` at a step's first batch
 (the quorum; torchft's ``start_quorum``, run synchronously so that a heal is applied before any
 batch of the step is trained) and ``commit`` before the optimizer's step (the all-reduce across
 the replicas, after DDP's inside the group, then ``should_commit``; a step not committed is not
 applied). Each commit first makes the replicas agree, in two small all-reduces: the settings
 that must be the same everywhere, the position, each learning rate, which parameters have a
-gradient somewhere, whether every gradient is finite, and the folders each replica writes; a
-difference is one line on every replica. Then every parameter's gradient and every floating-point
+gradient somewhere, whether every gradient is finite, whether some replica asks to stop
+(``trainer.should_stop``: every replica then stops after this step), and the folders each
+replica writes; a difference is one line on every replica. Then every parameter's gradient and every floating-point
 buffer is averaged, so that all replicas hold the same module. ``join`` is the first quorum, at set-up: a replica behind its live peers (restarted
 after a loss) receives a peer's whole state there, the same parts a checkpoint holds, and the
 Trainer restores it as it restores a checkpoint, so that it continues bit for bit where the peer
-stands. A job that starts waits there until every replica group has come.
+stands. A job that starts waits there until every replica group has come. After the fit's last
+step the replicas meet once more (``last_quorum``), so that one whose last commit failed takes its
+peers' state there.
 
 Every quorum is compared with the one before: a replica that left or came back is said in one
 line with the number of participants; each step trained without some replica's share is recorded
