@@ -7,8 +7,9 @@ groups of 1 rank under ``ft``); the failure table: seconds from the SIGKILL of o
 step the survivors begin after it ends (``ft``: the survivor, with the Lighthouse's heartbeat timeout at
 5 s, torchft's default, and at 1 s), and to the first step of the job restarted by fw's launcher
 (``max_restarts=1``) from its last checkpoint, with the steps it trains again.
-Time: about 7 minutes on 2 cores (3 rounds); ``--quick`` about 2.5 minutes.
-Run: ``python benchmarks/run.py fault_tolerance [--quick]``.
+Time: about 7 minutes on 2 cores (3 rounds); ``--quick`` about 2.5 minutes; ``--no-failure`` (the
+step table alone) about 3 minutes.
+Run: ``python benchmarks/run.py fault_tolerance [--quick] [--no-failure]``.
 
 Every job is a fresh ``Trainer.fit`` in its own processes (fw's launcher for DDP, one process
 per replica group for ``ft``, a ``fw lighthouse`` for the Lighthouse), side by side in rounds
@@ -188,6 +189,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer steps and rounds (about a minute)")
     parser.add_argument("--rounds", type=int, default=None)
+    parser.add_argument("--no-failure", action="store_true", help="the step with no failure alone (no kills)")
     parser.add_argument("--out", default=None, help="the JSON results file (default: benchmarks/results/...)")
     args = parser.parse_args()
     rounds = args.rounds or (1 if args.quick else 3)
@@ -205,6 +207,10 @@ def main() -> int:
                 order = ["ddp", "ft"] if r % 2 == 0 else ["ft", "ddp"]
                 for mode, step in no_failure_round(job, work, steps, lighthouse, order).items():
                     results["step_s"][mode].append(step)
+                if args.no_failure:
+                    print(f"round {r + 1} of {rounds}: ddp {results['step_s']['ddp'][-1] * 1e3:.2f} ms, "
+                          f"ft {results['step_s']['ft'][-1] * 1e3:.2f} ms", flush=True)
+                    continue
                 results["failure"].append({
                     "ft_heartbeat_5s": failure_ft(job, work, steps, kill_at, lighthouse),
                     "ft_heartbeat_1s": failure_ft(job, work, steps, kill_at, quick_lighthouse),
@@ -219,14 +225,16 @@ def main() -> int:
                 [["ddp_gloo, 2 ranks", f"{ddp * 1e3:.2f} ms", "1.00x"],
                  ["ft, 2 replica groups x 1 rank", f"{ft * 1e3:.2f} ms", f"{ft / ddp:.2f}x"]])
     rows = []
-    for key, name in (("ft_heartbeat_5s", "ft, Lighthouse heartbeat timeout 5 s"),
+    for key, name in [] if args.no_failure else (("ft_heartbeat_5s", "ft, Lighthouse heartbeat timeout 5 s"),
                       ("ft_heartbeat_1s", "ft, Lighthouse heartbeat timeout 1 s"),
                       ("restart", f"restart (max_restarts=1, checkpoint every {every} steps)")):
         runs = [f[key] for f in results["failure"]]
         again = f"{median([x['steps_again'] for x in runs]):.0f}" if key == "restart" else "0"
         rows.append([name, f"{median([x['next_step_s'] for x in runs]):.2f} s", again])
-    print_table("kill -9 of one process", ["after the kill", "to the next finished step", "steps trained again"], rows)
-    path = Path(args.out) if args.out else result_path("fault_tolerance")
+    if rows:
+        print_table("kill -9 of one process", ["after the kill", "to the next finished step", "steps trained again"],
+                    rows)
+    path = Path(args.out) if args.out else result_path("fault_tolerance_steps" if args.no_failure else "fault_tolerance")
     write_json(path, results)
     print(f"results: {path}")
     return 0

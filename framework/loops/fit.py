@@ -14,7 +14,7 @@ from framework.errors import ConfigError, TrainingError
 from framework.intervals import every
 from framework.loops.batches import num_batches
 from framework.loops.evaluation import run_evaluation
-from framework.loops.training_epoch import run_train_epoch
+from framework.loops.training_epoch import run_train_epoch, stop_asked
 from framework.module.manual_optimization import ManualOptimization, check_manual_settings
 from framework.rank_zero import rank_zero_warn
 from framework.seed import isolated_rng
@@ -104,7 +104,7 @@ def _fit_done(run: Run) -> bool:
         return True
     if state.stop_reason == "preempted":
         return True
-    if state.should_stop and run.settings.may_stop(state):
+    if stop_asked(run):  # under ``ft``, as the replica groups agreed
         state.stop("should_stop")
         return True
     return False

@@ -59,6 +59,7 @@ def run_train_epoch(run: Run, loader, stops: StopCheck) -> None:  # noqa: C901 (
     to_device = batch_transfer_fn(run, 0)
     accumulate, val_every = run.settings.accumulate_grad_batches, _val_check_batches(run, limit)
     schedulers, metrics = bool(run.lr_scheduler_configs), run.metrics
+    replicas = run.strategy.replicas  # ``ft``: the replica groups (strategies/ft/replicas.py)
 
     # batches whose training_step returned a loss; on_train_batch_start gave -1; the last batch validated after
     trained, rest_skipped, validated_after = 0, False, -1
@@ -91,7 +92,10 @@ def run_train_epoch(run: Run, loader, stops: StopCheck) -> None:  # noqa: C901 (
             validated_after = batch_idx
         if schedulers and steps_now:
             step_schedulers(run, "step", plateau=True, batch_idx=batch_idx)
-        if _stops_here(run, stops, batch_idx):
+        stopping = _stops_here(run, stops, batch_idx)
+        if replicas is not None and (stopping or (last and _last_epoch(run))) and state.stop_reason not in _ALONE:
+            replicas.last_quorum(state.epoch, position.batches, state.global_step)  # ``ft``: one behind catches up
+        if stopping:
             break
     flush_checks()
     if not trained and not rest_skipped:
@@ -102,11 +106,29 @@ def run_train_epoch(run: Run, loader, stops: StopCheck) -> None:  # noqa: C901 (
     _end_train_epoch(run, collector, validate=not rest_skipped and validated_after != position.batches - 1)
 
 
+#: stops that one ``ft`` replica group takes alone (its own clock, a signal to its ranks): it leaves as a lost one
+_ALONE = ("preempted", "max_time")
+
+
+def stop_asked(run: Run) -> bool:
+    """``trainer.should_stop`` is taken now: once ``min_epochs`` epochs and ``min_steps`` steps are
+    done (Lightning's rule). Under ``ft`` a stop asked for on one replica group is taken when the
+    replicas agreed on it, at the next step's commit (``Replicas.commit``), so that every replica
+    stops after the same step; asked for at an epoch's end, after the next epoch's first step."""
+    state, replicas = run.state, run.strategy.replicas
+    asked = state.should_stop if replicas is None else replicas.stop_agreed
+    return asked and run.settings.may_stop(state)
+
+
+def _last_epoch(run: Run) -> bool:
+    return 0 <= run.settings.max_epochs <= run.state.epoch + 1
+
+
 def _stops_here(run: Run, stops: StopCheck, batch_idx: int) -> bool:
-    """After a batch: a stop asked for (by a callback, max_time) once ``min_epochs`` epochs and
-    ``min_steps`` steps are done (Lightning's rule), ``max_steps`` reached, or a stop signal on any rank (at once)."""
+    """After a batch: a stop asked for (by a callback, max_time: ``stop_asked``), ``max_steps``
+    reached, or a stop signal on any rank (at once)."""
     state, settings = run.state, run.settings
-    if state.should_stop and settings.may_stop(state):
+    if stop_asked(run):
         return True
     if settings.max_steps >= 0 and state.global_step >= settings.max_steps:
         return True
@@ -218,9 +240,9 @@ def _stops_early(run: Run) -> bool:
     """Lightning validates after the batch at which a stop was asked for (``trainer.should_stop``,
     once it may stop), in an epoch that validates (the caller skips it where a validation has
     just run after that batch)."""
-    state, settings = run.state, run.settings
-    return state.should_stop and settings.may_stop(state) and (
-        settings.check_val_every_n_epoch is None or every(settings.check_val_every_n_epoch, state.epoch + 1))
+    settings = run.settings
+    return stop_asked(run) and (
+        settings.check_val_every_n_epoch is None or every(settings.check_val_every_n_epoch, run.state.epoch + 1))
 
 
 def _stopped_early_by_steps(run: Run) -> bool:

@@ -203,7 +203,7 @@ def clip_and_step_fn(run: Run, optimizer: torch.optim.Optimizer, zero_after_step
     between = before_step is not None or custom_clip or bool(clip_val)  # anything between 4 and 6
     zero_grad = hooks.timed(hook_action(module, "optimizer_zero_grad"), optimizer.zero_grad)
     step = optimizer.step if scaler is None else functools.partial(precision.step, optimizer)
-    replicas = run.strategy.replicas  # ``ft``: the average across replica groups, and the commit
+    commit = _replicas_commit_fn(run, optimizer)  # ``ft``: the average across replica groups, and the commit
 
     def before_the_step() -> None:  # 5. on_before_optimizer_step, clipping
         if before_step is not None:
@@ -216,7 +216,7 @@ def clip_and_step_fn(run: Run, optimizer: torch.optim.Optimizer, zero_after_step
     def clip_and_step(loss: Any, closure: Callable[[], Any] | None = None, **kwargs: Any) -> Any:
         # ``ft``: the gradients averaged over the replica groups; a step not committed is not applied.
         # A non-finite loss in this accumulation window (on_nonfinite=skip) is not applied either
-        if (replicas is not None and not replicas.commit(optimizer, usable=not state.skip_step)) or state.skip_step:
+        if (commit is not None and not commit()) or state.skip_step:
             state.skip_step = False
             optimizer.zero_grad(set_to_none=True)
             return loss
@@ -234,6 +234,22 @@ def clip_and_step_fn(run: Run, optimizer: torch.optim.Optimizer, zero_after_step
         return result
 
     return clip_and_step
+
+
+def _replicas_commit_fn(run: Run, optimizer: torch.optim.Optimizer) -> Callable[[], bool] | None:
+    """``ft``: ``() -> committed``, the gradients averaged over the replica groups and the step
+    committed or not (``Replicas.commit``); a stop asked for on any group (``trainer.should_stop``)
+    is agreed there too, so that every group stops after the same step. None without replicas."""
+    replicas, state = run.strategy.replicas, run.state
+    if replicas is None:
+        return None
+
+    def commit() -> bool:
+        committed = replicas.commit(optimizer, usable=not state.skip_step, stop=state.should_stop)
+        state.should_stop = state.should_stop or replicas.stop_agreed
+        return committed
+
+    return commit
 
 
 def _again(loss: Any, closure: Callable[[], Any], before_the_step: Callable[[], None]) -> Callable[[], Any]:

@@ -28,10 +28,12 @@ from framework.checkpointing.optimizer_keys import numbered
 from framework.checkpointing.parts import Callbacks, CheckpointParts, Each, OnLoad, Stateful, Value
 from framework.checkpointing.single_file import is_live
 from framework.checkpointing.weights_only import refuse_to_resume_from_weights_only, weights_only_parts
+from framework.data.global_order import GlobalOrderSampler
 from framework.environments.ray import RayTrainEnvironment
 from framework.errors import CheckpointError, ConfigError, TrainingError
 from framework.paths import storage_path
 from framework.rank_zero import rank_zero_info, rank_zero_warn
+from framework.strategies.base import Strategy
 from framework.strategies.launchers.rendezvous import elastic_job_id
 from framework.trainer import end_of_fit, position_mapping
 from framework.trainer.resume import position_parts, progress_part, resume_point
@@ -268,6 +270,8 @@ def join_replicas(run: Run) -> None:
     a checkpoint: weights, optimizer, progress, data position, bit for bit."""
     if run.fn != "fit":
         return
+    if type(run.strategy).join_replicas is not Strategy.join_replicas:  # a strategy of replica groups (``ft``)
+        _refuse_data_replicas_cannot_share(run)
 
     def save() -> dict:  # this rank's state, as a checkpoint of one rank holds it
         parts = parts_of(run, for_fit=True)
@@ -276,7 +280,9 @@ def join_replicas(run: Run) -> None:
     def load_in_place(checkpoint: dict) -> None:  # in the middle of a fit, at the same batch: no position to move
         parts = parts_of(run, for_fit=True)
         parts.per_rank = {}
+        asked = run.state.should_stop, run.state.stop_reason  # this replica's own stop request stays (``ft`` agrees it)
         parts.load(checkpoint, 0, 1, (0, 1))
+        run.state.should_stop, run.state.stop_reason = asked
 
     def facts() -> dict[str, float]:  # what every replica group must share (``ft`` compares them at each commit)
         settings, train = run.settings, (run.loaders.get("train") or [None])[0]
@@ -301,6 +307,41 @@ def join_replicas(run: Run) -> None:
                                       run.settings.on_nonfinite, facts, folders)
     if peer is not None:
         restore(run, peer)
+
+
+def _refuse_data_replicas_cannot_share(run: Run) -> None:
+    """Under ``ft`` every replica group reads its share of fw's one global order, so that the data
+    position (epoch, global batches done) is the same on every replica and a checkpoint's is every
+    replica's. A training loader fw does not put in that order (``use_distributed_sampler=False``,
+    an iterable data set, a custom batch sampler or DistributedSampler, which would shard it inside
+    the group only), or one with its own state (``state_dict``: each replica's would be its own,
+    and a checkpoint holds the writer group's alone), cannot be kept so: refused."""
+    loader = (run.loaders.get("train") or [None])[0]
+    if loader is None:
+        return
+    if not run.settings.use_distributed_sampler:
+        raise ConfigError("trainer.use_distributed_sampler=false cannot be used with trainer.strategy=ft: every "
+                          "replica group would read the whole training loader; leave it true (each group reads its "
+                          "share of fw's global order)")
+    if callable(getattr(loader, "state_dict", None)):
+        raise ConfigError(f"trainer.strategy=ft cannot keep the position of a stateful training loader "
+                          f"({type(loader).__name__} has state_dict()): each replica group's state would be its own and "
+                          "a checkpoint holds one group's; use a torch DataLoader over a map-style data set (fw keeps "
+                          "its position in its global order, the same on every group)")
+    if not isinstance(getattr(loader, "sampler", None), GlobalOrderSampler):
+        raise ConfigError(f"trainer.strategy=ft needs a training loader fw can split over the replica groups: "
+                          f"{_what_loader(loader)} is read as it is, the same on every group; use a torch DataLoader "
+                          "over a map-style data set with its own batch_size (no batch_sampler or DistributedSampler)")
+
+
+def _what_loader(loader: Any) -> str:
+    dataset = getattr(loader, "dataset", None)
+    if isinstance(dataset, torch.utils.data.IterableDataset):
+        return f"a loader over an iterable data set ({type(dataset).__name__})"
+    batches, sampler = getattr(loader, "batch_sampler", None), getattr(loader, "sampler", None)
+    if batches is not None and type(batches) is not torch.utils.data.BatchSampler:
+        sampler = batches
+    return f"{type(loader).__name__} with {type(sampler).__name__}" if sampler is not None else type(loader).__name__
 
 
 _fits_in_this_process = 0

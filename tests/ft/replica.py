@@ -105,6 +105,17 @@ class Record(fw.Callback):
         torch.save({k: _full(v).detach().clone() for k, v in module.state_dict().items()}, self._file("params", trainer) + ".pt")
 
 
+class StopAt(fw.Callback):
+    """``--stop-at STEP``: this replica alone asks to stop (``trainer.should_stop``) once STEP steps are done."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        if trainer.global_step == self.step:
+            trainer.should_stop = True
+
+
 def announce_at_the_join(path: str) -> None:
     """Make ``path`` when this replica's Manager is up (it heartbeats to the Lighthouse, so that the
     survivor's next quorum waits for it) and its first quorum is about to be asked for."""
@@ -169,6 +180,7 @@ def main() -> None:
     p.add_argument("--accumulate", type=int, default=1, help="accumulate_grad_batches")
     p.add_argument("--model", choices=["mlp", "routed"], default="mlp")
     p.add_argument("--timeout", type=float, default=60, help="trainer.strategy.timeout (the start's wait)")
+    p.add_argument("--stop-at", type=int, default=None, help="this replica alone asks to stop after that step")
     args = p.parse_args()
     if args.announce:
         announce_at_the_join(os.path.join(args.out, args.announce))
@@ -185,6 +197,7 @@ def main() -> None:
                     "lighthouse": os.environ["TORCHFT_LIGHTHOUSE"], "timeout": args.timeout,
                     "find_unused_parameters": args.model == "routed"}
     callbacks: list = [Record(args)]
+    callbacks += [StopAt(args.stop_at)] if args.stop_at is not None else []
     if args.every:
         callbacks.append(fw.callbacks.ModelCheckpoint(dirpath=os.path.join(args.out, f"ckpt-{args.replica}"),
                                                       every_n_train_steps=args.every, save_top_k=-1))

@@ -10,8 +10,12 @@ Lighthouse on 127.0.0.1 (``fw lighthouse``, one for the module).
   untrained global batches are logged and in the checkpoint;
 - a replica that never comes back: the survivor ends alone at max_steps;
 - a head unused on one replica and BatchNorm's buffers: both replicas end with the same
-  parameters and buffers; a replica alone at its start (no checkpoint) is refused;
-- no Lighthouse: one line and a non-zero exit, soon.
+  parameters and buffers (a healed one's equal its peer's at the join: the kill test's model);
+  a replica alone at its start (no checkpoint) is refused;
+- a replica whose commit failed takes its peer's state at its next step; a stop asked for on one
+  replica stops both after the same step, even where that step's commit failed on the other;
+- no Lighthouse: one line and a non-zero exit, soon; the Lighthouse killed mid-run: every
+  replica exits with one line, soon, its checkpoints whole.
 """
 
 from __future__ import annotations
@@ -146,10 +150,10 @@ def test_two_replicas_end_identical_equal_plain_ddp_and_resume_exactly(procs: Pr
     assert "fw: replica 1 joined at step 20: participants 2 of 2" in _log(tmp_path, "resumed1")
 
 
-def _kill_and_rejoin(procs: Procs, out: Path, kill_at: int, devices: int = 1) -> None:
+def _kill_and_rejoin(procs: Procs, out: Path, kill_at: int, devices: int = 1, model: str = "mlp") -> None:
     """Replica 1 (``devices`` ranks) dies at ``kill_at``; the survivor waits 3 steps later for it
     to be restarted."""
-    flag, group = f"restarted-{kill_at}", ("--devices", str(devices))
+    flag, group = f"restarted-{kill_at}", ("--devices", str(devices), "--model", model)
     batches = 96 // (4 * 2 * devices)  # global batches an epoch (replica.py: 96 samples, 4 a rank)
     r0 = procs.start("r0", "--replica", "0", "--max-steps", str(MAX_STEPS), "--every", "4",
                      "--wait-at", str(kill_at + 3), "--wait-for", flag, *group)
@@ -193,7 +197,7 @@ def test_a_killed_replica_rejoins_healed_from_its_peer(procs: Procs, tmp_path: P
         out = tmp_path / f"kill{n}"
         out.mkdir()
         procs.out = out
-        _kill_and_rejoin(procs, out, kill_at)
+        _kill_and_rejoin(procs, out, kill_at, model="routed")  # BatchNorm: its buffers change in the forward
 
 
 @pytest.mark.timeout(400)
@@ -204,11 +208,20 @@ def test_groups_of_two_ranks_ddp_inside_survive_a_kill(procs: Procs, tmp_path: P
 
 
 @pytest.mark.timeout(200)
-def test_a_replica_that_could_not_commit_takes_its_peers_state_in_place(procs: Procs, tmp_path: Path) -> None:
-    step = random.Random(SEED + 3).randrange(2, MAX_STEPS - 4)
-    print(f"FW_FT_SEED={SEED}: replica 1's commit of step {step} fails")
-    r0 = procs.start("r0", "--replica", "0", "--max-steps", str(MAX_STEPS))
-    r1 = procs.start("r1", "--replica", "1", "--max-steps", str(MAX_STEPS), "--fail-commit-at", str(step))
+def test_a_replica_that_could_not_commit_takes_its_peers_state_in_place_and_a_stop_asked_on_one_stops_both(
+        procs: Procs, tmp_path: Path) -> None:
+    """Replica 1's commit of a step fails while replica 0's succeeds: it takes replica 0's state at
+    its next step. Later replica 1 alone asks to stop (``trainer.should_stop`` after step S, as
+    EarlyStopping on its own training metric would); the replicas agree on it at step S+1's
+    commit, which fails on replica 0 alone: both stop after step S+1, and replica 0 takes replica
+    1's state at the last quorum."""
+    step = random.Random(SEED + 3).randrange(2, MAX_STEPS - 8)
+    stop = step + 3
+    print(f"FW_FT_SEED={SEED}: replica 1's commit of step {step} fails; replica 1 asks to stop after step {stop}, "
+          f"and replica 0's commit of step {stop + 1} fails")
+    r0 = procs.start("r0", "--replica", "0", "--max-steps", str(MAX_STEPS), "--fail-commit-at", str(stop))
+    r1 = procs.start("r1", "--replica", "1", "--max-steps", str(MAX_STEPS), "--fail-commit-at", str(step),
+                     "--stop-at", str(stop))
     for proc, name in ((r0, "r0"), (r1, "r1")):
         assert procs.wait(proc, 150) == 0, _log(tmp_path, name)
     behind = _log(tmp_path, "r1")
@@ -217,6 +230,11 @@ def test_a_replica_that_could_not_commit_takes_its_peers_state_in_place(procs: P
     assert mine[step] == peer[step]  # the same state until then
     assert mine[step + 1] != peer[step + 1]  # the peer applied the step, this replica did not
     assert mine[step + 2] == peer[step + 2], "after the heal the two replicas train the same state"
+    # the stop: after the same step on both, and the replica that could not commit it caught up
+    for r in (0, 1):
+        assert f"replica {r} done at step {stop + 1}" in _log(tmp_path, f"r{r}"), _log(tmp_path, f"r{r}")
+        assert max(_steps(tmp_path, f"{r}-0")) == stop
+    assert f"fw: replica 0 took a peer's weights and optimizer state at step {stop + 1}" in _log(tmp_path, "r0")
     assert _same(_params(tmp_path, "0-0"), _params(tmp_path, "1-0"))
     assert "not trained whole" not in _log(tmp_path, "r0") + behind  # the peer's step had both shares
 
@@ -266,6 +284,72 @@ trainer:
                       "trainer.strategy.lighthouse=http://HOST:PORT"], done.stderr
     assert "Traceback" not in done.stderr
     assert took < 60, took
+
+
+def _start_lighthouse() -> tuple[subprocess.Popen, str]:
+    proc = subprocess.Popen([FW, "lighthouse", "--port", "0", "--heartbeat-timeout-ms", "1500", "--join-timeout-ms",
+                             "30000"], stderr=subprocess.PIPE, text=True, env=_env(), start_new_session=True)
+    line = proc.stderr.readline() if proc.stderr else ""
+    found = re.search(r"Lighthouse at http://[^:]+:(\d+)", line)
+    assert found, f"fw lighthouse said: {line!r}"
+    return proc, f"http://127.0.0.1:{found.group(1)}"
+
+
+@pytest.mark.timeout(150)
+def test_the_lighthouse_lost_mid_run_stops_every_replica_with_one_line_and_keeps_its_checkpoints(tmp_path: Path) -> None:
+    """The Lighthouse is the job's single point of failure: killed in the middle of the run, every
+    replica exits non-zero soon, with one line naming it, and the checkpoints written before are
+    whole (no temporary file left)."""
+    from framework.checkpointing.file import load_checkpoint
+
+    lighthouse, address = _start_lighthouse()
+    started: list[subprocess.Popen] = []
+    try:
+        for r in (0, 1):
+            recipe = tmp_path / f"ft{r}.yaml"
+            recipe.write_text(f"""
+seed: 0
+logger: false
+module:
+  _target_: replica.Net
+callbacks:
+  - _target_: framework.callbacks.ModelCheckpoint
+    dirpath: {tmp_path}/ckpt-{r}
+    every_n_train_steps: 4
+    save_top_k: -1
+trainer:
+  max_steps: 100000
+  accelerator: cpu
+  enable_progress_bar: false
+  default_root_dir: {tmp_path}/root-{r}
+  strategy: {{name: ft, replica_id: {r}, num_replica_groups: 2, lighthouse: "{address}", quorum_timeout: 10}}
+""")
+            with open(tmp_path / f"r{r}.log", "w") as log:
+                started.append(subprocess.Popen([FW, "fit", str(recipe)], stdout=log, stderr=subprocess.STDOUT,
+                                                env=_env(), cwd=HERE, start_new_session=True))
+        deadline = time.monotonic() + 90
+        while not list((tmp_path / "ckpt-0").glob("*step=8.ckpt")) and time.monotonic() < deadline:
+            assert all(p.poll() is None for p in started), _log(tmp_path, "r0") + _log(tmp_path, "r1")
+            time.sleep(0.05)
+        lighthouse.kill()
+        killed = time.monotonic()
+        codes = [p.wait(timeout=90) for p in started]
+        took = time.monotonic() - killed
+    finally:
+        for p in [*started, lighthouse]:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+            p.wait(timeout=10)
+    for r, code in enumerate(codes):
+        log = _log(tmp_path, f"r{r}")
+        errors = [line for line in log.splitlines() if line.startswith("fw: error:")]
+        assert code == 1 and len(errors) == 1 and "Traceback" not in log, log
+        assert errors[0].startswith(f"fw: error: replica {r} got no quorum from the Lighthouse at {address} "), log
+    print(f"both replicas exited {took:.1f} s after the Lighthouse was killed")
+    assert took < 60, took
+    saved = sorted((tmp_path / "ckpt-0").glob("*.ckpt"))
+    assert saved and not list((tmp_path / "ckpt-0").glob(".*.tmp")), sorted((tmp_path / "ckpt-0").iterdir())
+    assert all(load_checkpoint(path)["global_step"] % 4 == 0 for path in saved)
 
 
 @pytest.mark.timeout(200)

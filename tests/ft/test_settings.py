@@ -1,8 +1,9 @@
 """``trainer.strategy=ft`` without processes: its options checked with one line each, torchft
 imported only when the strategy is built, the data split over groups x ranks, the record of
 untrained global batches, and each commit's agreement between replicas (every parameter and buffer
-averaged, settings, learning rates and finiteness compared, min_replicas, duplicate ids) with
-torchft's Manager faked at its boundary."""
+averaged, settings, learning rates and finiteness compared, a stop request agreed, min_replicas,
+duplicate ids) with torchft's Manager faked at its boundary; training data the replica groups
+cannot share refused."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import pytest
 import torch
 from torch.distributed import ReduceOp
 
+from framework.data.sampler_injection import in_global_order
 from framework.errors import ConfigError, TrainingError
 from framework.strategies import create_strategy
 from framework.strategies.ft.replicas import Replicas, _QuorumSeen
@@ -138,6 +140,9 @@ class _Manager:
     def report_error(self, err):
         self.error = err
 
+    def errored(self):
+        return self.error
+
     def should_commit(self):
         ok, self.error = self.error is None and self.participants >= 1, None
         return ok
@@ -157,6 +162,7 @@ def _replicas(who: int, hub: _Hub, *, groups: int = 2, min_replicas: int = 1, fa
     replicas.facts, replicas.buffers, replicas.folders, replicas.untrained = facts, buffers, folders, Untrained()
     replicas._folder_marks, replicas._folder_names = None, {}
     replicas._open, replicas._window, replicas.position, replicas.global_step = False, [(0, 0)], (0, 0), 0
+    replicas.stop_agreed = False
     replicas.ids = [str(i) for i in range(participants)]
     replicas.manager = _Manager(hub, who, participants)
     return replicas
@@ -262,6 +268,18 @@ def test_a_non_finite_gradient_on_one_replica_reaches_none():
     assert torch.isfinite(models[0].weight.grad).all()  # the NaN was never averaged in
 
 
+def test_a_stop_asked_on_one_replica_is_agreed_by_both_at_the_commit():
+    hub = _Hub(2)
+
+    def step(who):
+        _model, opt = _tiny()
+        replicas = _replicas(who, hub)
+        committed = replicas.commit(opt, stop=who == 1)
+        return committed, replicas.stop_agreed
+
+    assert _both(step) == [(True, True), (True, True)]
+
+
 def test_a_step_below_min_replicas_is_refused_not_skipped():
     hub = _Hub(1)
     _model, opt = _tiny()
@@ -309,3 +327,107 @@ def test_a_folder_two_replicas_write_into_is_refused(tmp_path):
     hub = _Hub(2)
     assert _both(lambda who: _replicas(who, hub, folders=lambda: [str(tmp_path / f"r{who}")]).commit(_tiny()[1])) == [
         True, True]
+
+
+class _Stateful:
+    """A loader of its own with a position (as torchdata's StatefulDataLoader over a stream)."""
+
+    def __iter__(self):
+        return iter([(torch.zeros(4, 8), torch.zeros(4, 1))] * 4)
+
+    def __len__(self):
+        return 4
+
+    def state_dict(self):
+        return {"read": 0}
+
+
+class _Stream(torch.utils.data.IterableDataset):
+    def __iter__(self):
+        return iter([(torch.zeros(8), torch.zeros(1))] * 8)
+
+
+_DATA = torch.utils.data.TensorDataset(torch.randn(16, 8), torch.randn(16, 1))
+
+
+@pytest.mark.parametrize(("loader", "options", "message"), [
+    (torch.utils.data.DataLoader(_DATA, batch_size=4), {"use_distributed_sampler": False},
+     "trainer.use_distributed_sampler=false cannot be used with trainer.strategy=ft: every replica group would read "
+     "the whole training loader; leave it true (each group reads its share of fw's global order)"),
+    (_Stateful(), {},
+     "trainer.strategy=ft cannot keep the position of a stateful training loader (_Stateful has state_dict()): each "
+     "replica group's state would be its own and a checkpoint holds one group's; use a torch DataLoader over a "
+     "map-style data set (fw keeps its position in its global order, the same on every group)"),
+    (torch.utils.data.DataLoader(_Stream(), batch_size=4), {},
+     "trainer.strategy=ft needs a training loader fw can split over the replica groups: a loader over an iterable "
+     "data set (_Stream) is read as it is, the same on every group; use a torch DataLoader over a map-style data set "
+     "with its own batch_size (no batch_sampler or DistributedSampler)"),
+    (torch.utils.data.DataLoader(_DATA, batch_size=4, sampler=torch.utils.data.DistributedSampler(_DATA, 2, 0)), {},
+     "trainer.strategy=ft needs a training loader fw can split over the replica groups: DataLoader with "
+     "DistributedSampler is read as it is, the same on every group; use a torch DataLoader over a map-style data set "
+     "with its own batch_size (no batch_sampler or DistributedSampler)"),
+    (in_global_order(torch.utils.data.DataLoader(_DATA, batch_size=4, shuffle=True), 4, 1, 0), {}, None),
+])
+def test_training_data_the_replicas_cannot_share_is_refused(loader, options, message):
+    """What each group's training loader is once fw built it (the last: fw's share of its global
+    order, kept): a position that would differ between groups, or shares that are not shares, are
+    refused in one line at the start. (The checks run after set-up, which in one process would
+    leave a process group behind: here they are given the run's loaders and settings.)"""
+    from types import SimpleNamespace
+
+    from framework.trainer.checkpointing import _refuse_data_replicas_cannot_share
+
+    run = SimpleNamespace(loaders={"train": [loader]},
+                          settings=SimpleNamespace(use_distributed_sampler=options.get("use_distributed_sampler", True)))
+    if message is None:
+        _refuse_data_replicas_cannot_share(run)
+        return
+    with pytest.raises(ConfigError) as err:
+        _refuse_data_replicas_cannot_share(run)
+    assert str(err.value) == message
+
+
+def test_the_state_a_healing_peer_receives_is_a_copy_taken_at_the_quorum():
+    """torchft serves the state when the peer asks, while this replica's forward already changes
+    BatchNorm's buffers in place: what it is given is a copy, made in the quorum thread under
+    no_grad (``on_save_checkpoint`` hooks run there)."""
+    model = torch.nn.BatchNorm1d(3)
+    grad_modes = []
+
+    def save():
+        grad_modes.append(torch.is_grad_enabled())
+        return {"state_dict": model.state_dict(), "loop": {"epoch": 0}, "pieces": [(model.running_mean, 1)]}
+
+    replicas = _replicas(0, _Hub(1))
+    replicas._save = save
+    served = replicas._state()
+    before = model.running_mean.clone()
+    model(torch.randn(8, 3) + 5)  # the step's forward, after the quorum
+    assert not torch.equal(model.running_mean, before)
+    assert torch.equal(served["fw"]["state_dict"]["running_mean"], before)
+    assert torch.equal(served["fw"]["pieces"][0][0], before) and served["fw"]["loop"] == {"epoch": 0}
+    assert grad_modes == [False] and served["untrained"] == []
+
+
+def test_the_untrained_record_survives_a_full_stop_and_a_resume_on_every_replica(tmp_path):
+    """The record the writer saved is what every replica reads back from the file at a full stop's
+    ``ckpt_path`` resume (through the weights-only loading that every resume uses), and what it
+    records afterwards is added to it, so that the next checkpoint holds both."""
+    from framework.checkpointing import file as ckpt
+    from framework.checkpointing.parts import CheckpointParts
+
+    writer = ft(replica_id=0, num_replica_groups=2)
+    writer.untrained.record([(0, 3), (0, 4)], ["1"], "replica missing")
+    writer.untrained.record([(1, 0)], ["0", "1"], "step not committed")
+    parts = CheckpointParts(shared={"state_dict": torch.nn.Linear(2, 1), "fault_tolerance": writer._fault_tolerance_part()},
+                            values={"global_step": 14})
+    path = tmp_path / "last.ckpt"
+    ckpt.atomic_save(parts.assemble([parts.rank_states()]), path)
+    for replica_id in (0, 1):
+        resumed = ft(replica_id=replica_id, num_replica_groups=2)
+        resumed.load_checkpoint(str(path), CheckpointParts(shared={}, values={}))
+        assert resumed.untrained.entries == writer.untrained.entries
+        resumed.untrained.record([(1, 5)], ["1"], "replica missing")
+        saved = resumed._fault_tolerance_part().state_dict()
+        assert saved["untrained_batches"] == 4 and saved["untrained"][:2] == writer.untrained.entries
+    assert ckpt.load_checkpoint(path)["fault_tolerance"]["untrained_batches"] == 3

@@ -2,18 +2,21 @@
 for a quorum at the step's start, averages the gradients over the replicas in it, and commits the
 step (or not) before the optimizer steps.
 
-The loop calls two methods (``loops/training_step.py``): ``before_batch`` at a step's first batch
+The loop calls two methods at each step (``loops/training_step.py``): ``before_batch`` at a step's first batch
 (the quorum; torchft's ``start_quorum``, run synchronously so that a heal is applied before any
 batch of the step is trained) and ``commit`` before the optimizer's step (the all-reduce across
 the replicas, after DDP's inside the group, then ``should_commit``; a step not committed is not
 applied). Each commit first makes the replicas agree, in two small all-reduces: the settings
 that must be the same everywhere, the position, each learning rate, which parameters have a
-gradient somewhere, whether every gradient is finite, and the folders each replica writes; a
-difference is one line on every replica. Then every parameter's gradient and every floating-point
+gradient somewhere, whether every gradient is finite, whether some replica asks to stop
+(``trainer.should_stop``: every replica then stops after this step), and the folders each
+replica writes; a difference is one line on every replica. Then every parameter's gradient and every floating-point
 buffer is averaged, so that all replicas hold the same module. ``join`` is the first quorum, at set-up: a replica behind its live peers (restarted
 after a loss) receives a peer's whole state there, the same parts a checkpoint holds, and the
 Trainer restores it as it restores a checkpoint, so that it continues bit for bit where the peer
-stands. A job that starts waits there until every replica group has come.
+stands. A job that starts waits there until every replica group has come. After the fit's last
+step the replicas meet once more (``last_quorum``), so that one whose last commit failed takes its
+peers' state there.
 
 Every quorum is compared with the one before: a replica that left or came back is said in one
 line with the number of participants; each step trained without some replica's share is recorded
@@ -102,6 +105,7 @@ class Replicas:
         self.ids: list[str] = []
         self.position: tuple[int, int] = (0, 0)
         self.global_step = 0  # fw's (every step trained or not; torchft's counts the committed ones)
+        self.stop_agreed = False  # some replica asked to stop (``trainer.should_stop``), as a commit's agreement said
         self._lost_at: dict[str, int] = {}  # a replica's id -> len(untrained.entries) when it left
         self.buffer_ranks = strategy.world_size if getattr(strategy, "buffers_per_rank", False) else 1
         host, port = _group_store(strategy)
@@ -124,8 +128,18 @@ class Replicas:
     # -- the state a healing peer receives ------------------------------------------------
     def _state(self) -> dict:
         """Called in torchft's quorum thread while this rank waits for the quorum (the main thread
-        is blocked in ``start_quorum``): the state as it stands at this step's start."""
-        return {"fw": self._save(), "untrained": self.untrained.state_dict()}
+        is blocked in ``start_quorum``): the state as it stands at this step's start, as a copy.
+
+        torchft's HTTP transport keeps the tensors it is given (``send_checkpoint`` moves only GPU
+        tensors to the CPU) and serializes them when the healing peer's request comes, under a
+        lock that only ``should_commit`` takes back (``disallow_checkpoint``): by then this
+        replica's main thread has left ``start_quorum`` and runs the step's forward, which changes
+        BatchNorm's running statistics (and any state a module updates in place) while they are
+        read. So every tensor is copied here, into CPU memory (where torchft would move it), before
+        the main thread goes on. The ``on_save_checkpoint`` hooks run here too, in torchft's
+        thread while the main thread waits, under ``torch.no_grad()``."""
+        with torch.no_grad():
+            return _copied({"fw": self._save(), "untrained": self.untrained.state_dict()})
 
     def _load(self, state: dict) -> None:
         """A peer's state: kept for the Trainer's restore at the join; during the fit (this replica
@@ -182,7 +196,7 @@ class Replicas:
             self._open = True
         self._window.append((epoch, batch_idx))
 
-    def commit(self, optimizer: torch.optim.Optimizer, usable: bool = True) -> bool:
+    def commit(self, optimizer: torch.optim.Optimizer, usable: bool = True, stop: bool = False) -> bool:
         """Check that the replicas agree (``_agree``), average the gradients of every parameter
         of the optimizer's groups and the module's floating-point buffers over the replicas in the
         quorum, then ask whether the step may be applied (torchft's ``should_commit``: False when
@@ -190,11 +204,16 @@ class Replicas:
 
         A non-finite loss or gradient on any replica (``usable=False``: a loss found non-finite
         here) is known to every replica from the agreement: no replica applies the step, the
-        replica that met it stops with an error and the others go on without it."""
+        replica that met it stops with an error and the others go on without it.
+
+        ``stop``: this replica asks to stop (``trainer.should_stop``). Once any replica asked, in an
+        agreement every replica completed, ``stop_agreed`` is True on all of them, whether or not
+        this replica's commit then succeeds: every replica stops after this step, and one whose
+        commit failed takes its peers' state at the last quorum (``last_quorum``)."""
         self._open, window, self._window = False, self._window, []
         params = [p for group in optimizer.param_groups for p in group["params"]]
         finite = usable and _finite(params)
-        any_grad, everywhere_finite = self._agree(optimizer, params, finite)
+        any_grad, everywhere_finite = self._agree(optimizer, params, finite, stop)
         if everywhere_finite:
             self._all_reduce(params, any_grad)
             self._average_buffers()
@@ -215,21 +234,32 @@ class Replicas:
             self.untrained.record(window, missing, "replica missing")
         return committed
 
+    def last_quorum(self, epoch: int, batches_done: int, global_step: int) -> None:
+        """After the fit's last step, on every replica (the replicas stop after the same step): a
+        replica whose last commit failed while its peers' succeeded takes their state here, as it
+        would at its next step, so that every replica ends with the same model."""
+        self.position, self.global_step = (epoch, batches_done), global_step
+        self._quorum()
+        self._open = False
+
     def _agree(self, optimizer: torch.optim.Optimizer, params: list[torch.Tensor],
-               finite: bool) -> tuple[list[bool], bool]:
+               finite: bool, stop: bool = False) -> tuple[list[bool], bool]:
         """Two small all-reduces (MAX of each value and of its negation: every replica learns the
         largest and the smallest): first the run's settings (``facts``), the position and the
         sizes of what follows (a fixed length, so that replicas built differently still meet),
         then each parameter group's learning rate and which parameters have a gradient on some
         replica. A value that differs between replicas is refused in one line on every replica.
         Returns which parameters have a gradient on some replica, and whether every replica's
-        loss and gradients are finite."""
+        loss and gradients are finite; sets ``stop_agreed`` when some replica asks to stop (not
+        when the all-reduce failed: a request then waits for the next step's, on every replica)."""
         facts = {**self.facts(), "num_replica_groups": float(self.num_groups), "epoch": float(self.position[0]),
                  "batch": float(self.position[1]), "number of param groups": float(len(optimizer.param_groups)),
-                 "number of parameters": float(len(params)), "finite": float(finite)}
+                 "number of parameters": float(len(params)), "stop": float(stop), "finite": float(finite)}
         low, high = self._min_max(list(facts.values()))
+        if high[-2] == 1.0 and self.manager.errored() is None:
+            self.stop_agreed = True
         for (key, mine), lo, hi in zip(facts.items(), low, high, strict=True):
-            if lo != hi and key != "finite":
+            if lo != hi and key not in ("stop", "finite"):
                 other = hi if mine == lo else lo
                 raise ConfigError(f"replica {self.replica_id}'s {key} {_number(mine)} differs from another replica's "
                                   f"{_number(other)} at step {self.global_step + 1}: every replica group must run "
@@ -383,6 +413,23 @@ def _finite(params: list[torch.Tensor]) -> bool:
     """Every gradient finite (one read for all)."""
     flags = [torch.isfinite(p.grad).all() for p in params if p.grad is not None]
     return not flags or bool(torch.stack(flags).all())
+
+
+def _copied(state: Any) -> Any:
+    """``state`` with every tensor copied into CPU memory (its dicts, lists and tuples rebuilt)."""
+    if isinstance(state, torch.Tensor):
+        return state.detach().to("cpu", copy=True)
+    if isinstance(state, dict):
+        copy = state.copy()  # the same kind of dict (a module's state_dict is an OrderedDict)
+        for key, value in copy.items():
+            copy[key] = _copied(value)
+        return copy
+    if isinstance(state, list):
+        return [_copied(value) for value in state]
+    if isinstance(state, tuple):
+        values = [_copied(value) for value in state]
+        return type(state)(*values) if hasattr(state, "_fields") else type(state)(values)
+    return state
 
 
 def _number(value: float) -> str:
