@@ -160,8 +160,9 @@ class _Shard:
 
 
 def _to_shards(state: Any) -> Any:
-    """``state`` with every DTensor replaced by a copy of its local shard (no collective; a copy, as
-    ``ReplicaGroup`` copies the rest: torchft serves it while this replica trains on)."""
+    """``state`` with every DTensor replaced by a copy of its local shard in CPU memory (no
+    collective; a copy, as ``Replicas._state`` copies the rest: torchft serves it while this
+    replica trains on)."""
     from torch.distributed.tensor import DTensor
     from torch.utils._pytree import tree_map
 
@@ -169,6 +170,6 @@ def _to_shards(state: Any) -> Any:
         if not isinstance(value, DTensor):
             return value
         value = value.detach()
-        return _Shard(value.to_local().clone(), value.shape, tuple(value.stride()), tuple(value.placements))
+        return _Shard(value.to_local().to("cpu", copy=True), value.shape, tuple(value.stride()), tuple(value.placements))
 
     return tree_map(local, state)

@@ -110,10 +110,7 @@ class ReplicaGroup:
         def shared() -> dict[str, float]:  # the run's settings and the group's shape (rank r meets rank r)
             return {**facts(), **self._group_shape()}
 
-        def sent() -> dict:  # a copy: the step's forward changes buffers (BatchNorm's) while a peer downloads it
-            return _copied(save())
-
-        self.replicas = Replicas(self, sent, load_in_place, self.untrained, self._manager_state, shared, buffers,
+        self.replicas = Replicas(self, save, load_in_place, self.untrained, self._manager_state, shared, buffers,
                                  folders)
         received = self.replicas.join(self.timeout, global_step, self.start_alone)
         if received is None:
@@ -230,15 +227,6 @@ class FaultTolerantStrategy(ReplicaGroup, DDPStrategy):
                              static_graph, gradient_as_bucket_view)
         self._init_replica_group("ft", replica_id, num_replica_groups, lighthouse, min_replicas, quorum_timeout,
                                  lighthouse_wait, start_alone, timeout)
-
-
-def _copied(state: dict) -> dict:
-    """``state`` with its tensors copied: torchft serves the state sent to a healing peer while this
-    replica trains its step on, and the step's forward updates buffers in place (the weights and
-    optimizer state change only after the commit, when torchft has stopped serving it)."""
-    from torch.utils._pytree import tree_map
-
-    return tree_map(lambda value: value.detach().clone() if isinstance(value, torch.Tensor) else value, state)
 
 
 def _check_ids(replica_id: Any, groups: Any, min_replicas: Any, name: str = "ft") -> None:
