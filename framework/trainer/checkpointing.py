@@ -320,16 +320,17 @@ def _refuse_data_replicas_cannot_share(run: Run) -> None:
     if loader is None:
         return
     if not run.settings.use_distributed_sampler:
-        raise ConfigError("trainer.use_distributed_sampler=false cannot be used with trainer.strategy=ft: every "
+        raise ConfigError("trainer.use_distributed_sampler=false cannot be used with trainer.strategy="
+                          f"{run.strategy.name}: every "
                           "replica group would read the whole training loader; leave it true (each group reads its "
                           "share of fw's global order)")
     if callable(getattr(loader, "state_dict", None)):
-        raise ConfigError(f"trainer.strategy=ft cannot keep the position of a stateful training loader "
+        raise ConfigError(f"trainer.strategy={run.strategy.name} cannot keep the position of a stateful training loader "
                           f"({type(loader).__name__} has state_dict()): each replica group's state would be its own and "
                           "a checkpoint holds one group's; use a torch DataLoader over a map-style data set (fw keeps "
                           "its position in its global order, the same on every group)")
     if not isinstance(getattr(loader, "sampler", None), GlobalOrderSampler):
-        raise ConfigError(f"trainer.strategy=ft needs a training loader fw can split over the replica groups: "
+        raise ConfigError(f"trainer.strategy={run.strategy.name} needs a training loader fw can split over the replica groups: "
                           f"{_what_loader(loader)} is read as it is, the same on every group; use a torch DataLoader "
                           "over a map-style data set with its own batch_size (no batch_sampler or DistributedSampler)")
 

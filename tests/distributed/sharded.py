@@ -94,6 +94,19 @@ class MetricBlocks(Blocks):
         self.log("val_mae", self.val_mae)
 
 
+class RoutedBlocks(Blocks):
+    """A second head, and each rank's steps through one head only (rank r: head r), so that at
+    every step each head is used on one rank and unused on the other (a routed model)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.other_head = nn.Linear(16, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        head = self.other_head if self.trainer.global_rank == 1 and self.training else self.head
+        return head(self.blocks(self.inp(x))).squeeze(-1)
+
+
 def data(n: int = STEPS * GLOBAL_BATCH) -> TensorDataset:
     g = torch.Generator().manual_seed(1)
     x = torch.randn(n, 8, generator=g)
@@ -124,20 +137,20 @@ class FullWeights(fw.Callback):
 def fit(strategy: Any, devices: int, max_steps: int = STEPS, callbacks: list | None = None,
         ckpt_path: str | None = None, root: str = ".", manual: bool = False, predict: bool = False,
         samples: int = STEPS * GLOBAL_BATCH, shuffle: bool = False, meta: bool = False, metric: bool = False,
-        **trainer_args: Any) -> dict:
+        routed: bool = False, **trainer_args: Any) -> dict:
     """One fit on ``devices`` ranks with the global batch split over them (``manual``: with
     manual optimization); the full weights, the epoch's validation loss, the trainer's step, and
     with ``predict`` this rank's predictions on the validation data (rows: inputs, output).
     ``shuffle``: the training loader shuffles (fw's one order: the same on any number of ranks);
     ``meta``: the model is built under ``trainer.init_module()``; ``metric``: with a torchmetrics
-    metric (``val_mae``)."""
+    metric (``val_mae``); ``routed``: ``RoutedBlocks`` (its run depends on the ranks)."""
     weights = FullWeights()
     trainer = fw.Trainer(**{**QUIET, "enable_checkpointing": bool(callbacks), **trainer_args}, strategy=strategy,
                          devices=devices, max_steps=max_steps, callbacks=[weights, *(callbacks or [])],
                          default_root_dir=root)
     per_rank = GLOBAL_BATCH // devices
     with trainer.init_module() if meta else contextlib.nullcontext():  # fsdp: on the meta device
-        model = ManualBlocks() if manual else MetricBlocks() if metric else Blocks()
+        model = ManualBlocks() if manual else MetricBlocks() if metric else RoutedBlocks() if routed else Blocks()
     built_on_meta = all(p.is_meta for p in model.parameters())
     if meta:
         torch.rand(3)  # a draw between building and fitting: the initialisation is not made from it

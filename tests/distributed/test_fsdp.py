@@ -74,11 +74,13 @@ CASES = [  # DDP first: an fsdp fit keeps its group up until the process ends
     {"tag": "clip", "trainer": {"gradient_clip_val": 0.05}},
     {"tag": "manual", "trainer": {"manual": True, "predict": True}},
     {"tag": "bf16", "trainer": {"precision": "bf16-mixed"}},
+    {"tag": "ddp_routed", "plain": {"name": "ddp_gloo", "find_unused_parameters": True}, "trainer": {"routed": True}},
+    {"tag": "routed", "trainer": {"routed": True}},
 ]
 
 
 #: the fsdp cases in float32 that start from scratch: each ends where one process ends
-LIKE_ONE_PROCESS = [c for c in CASES if not {"resume", "plain"} & c.keys() and c["tag"] != "bf16"]
+LIKE_ONE_PROCESS = [c for c in CASES if not {"resume", "plain"} & c.keys() and c["tag"] not in ("bf16", "routed")]
 
 
 @pytest.fixture(scope="module")
@@ -134,6 +136,21 @@ def test_fsdp_ends_where_ddp_ends_on_the_same_ranks_and_data(job):
     ddp_bf16, fsdp_bf16 = torch.load(out / "ddp_bf16.pt"), torch.load(out / "bf16.pt")
     assert close(ddp_bf16["weights"], fsdp_bf16["weights"]) < 5e-3  # bf16 moves a run 1.9e-3 from float32
     assert close(ddp_bf16["weights"], torch.load(out / "grad_op.pt")["weights"]) > 1e-4  # not the float32 run
+
+
+@pytest.mark.timeout(200)
+def test_a_parameter_unused_on_one_rank_gets_the_gradient_ddp_gives_it(job):
+    """A routed model (rank r steps through head r only: each head unused on one rank at every
+    step) under fsdp ends where ddp with find_unused_parameters ends. FSDP2 left a parameter
+    without a local gradient out of its reduce-scatter, so each rank received the sum of the two
+    heads' gradients (measured 0.085 apart without the fix; 0.0 with it)."""
+    result, out = job
+    check_ok(result)
+    ddp, fsdp = torch.load(out / "ddp_routed.pt"), torch.load(out / "routed.pt")
+    assert fsdp["sharded"] and fsdp["global_step"] == ddp["global_step"] == sharded.STEPS
+    assert close(ddp["weights"], fsdp["weights"]) < TOLERANCE
+    common = {name: w for name, w in ddp["weights"].items() if not name.startswith("other_head")}
+    assert close(common, torch.load(out / "grad_op.pt")["weights"]) > 1e-3  # the second head mattered
 
 
 @pytest.mark.timeout(200)

@@ -377,7 +377,7 @@ def test_training_data_the_replicas_cannot_share_is_refused(loader, options, mes
 
     from framework.trainer.checkpointing import _refuse_data_replicas_cannot_share
 
-    run = SimpleNamespace(loaders={"train": [loader]},
+    run = SimpleNamespace(loaders={"train": [loader]}, strategy=SimpleNamespace(name="ft"),
                           settings=SimpleNamespace(use_distributed_sampler=options.get("use_distributed_sampler", True)))
     if message is None:
         _refuse_data_replicas_cannot_share(run)

@@ -11,7 +11,10 @@ after it, so the optimizers see the sharded parameters (an optimizer over the un
 step tensors that no longer train: it is refused). ``HYBRID_SHARD`` shards over one dimension of a
 2-D mesh and replicates over the other (HSDP); ``bf16-mixed`` gathers and computes in bfloat16 and
 reduces in float32 into float32 shards. Evaluation runs under ``no_grad``, never ``inference_mode``
-(FSDP's buffers made there could not be written by the training step after it).
+(FSDP's buffers made there could not be written by the training step after it). A parameter a
+rank did not use at a step (a routed head) is reduced with a zero gradient there, as under DDP's
+``find_unused_parameters``; one no rank used gets a zero gradient, where DDP leaves it ``None``
+(an optimizer with momentum or weight decay then still moves it).
 
 After a call the module stays sharded and its group up (until the process ends) for the next
 call on it (``fit`` then ``test``), as in Lightning; sharding it another way is refused. A model
@@ -123,7 +126,7 @@ class FSDPStrategy(DDPStrategy):
 
     def setup_module(self, module: TrainModule) -> nn.Module:
         from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
+        from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, fully_shard
 
         trainer = getattr(module, "trainer", None)
         policy = precision_policy(trainer.precision if trainer is not None else "32-true")
@@ -147,6 +150,11 @@ class FSDPStrategy(DDPStrategy):
             root = StepModule(module)
             keep = None if self.reshard_after_forward else False  # None: the root keeps them for backward (resharding.py)
             fully_shard(root, **{**shard, "reshard_after_forward": keep})
+            # a parameter unused on this rank (a routed head) is reduce-scattered as zeros, as DDP's
+            # find_unused_parameters does: without it FSDP2 leaves it out of the flat buffer, which then
+            # lines up with another rank's different parameters and adds their gradients together
+            assert isinstance(root, FSDPModule), "fully_shard makes it one"
+            root.set_reduce_scatter_unused_params(True)  # recurses into every unit
             materialize(module, self.root_device, self._init_rng)  # meta-built: shard by shard
             module.__dict__[_SHARDED] = (root, layout)  # not a submodule: the root holds the module
         self.model, self.module = root, module

@@ -21,19 +21,24 @@ writes them. A full stop and ``ckpt_path=...`` resume as with ``ddp``.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from framework.checkpointing import file as ckpt
 from framework.checkpointing.parts import CheckpointParts, Value
-from framework.errors import ConfigError
+from framework.errors import ConfigError, raised_alike_on_every_rank
 from framework.rank_zero import rank_zero_info
 from framework.strategies.ddp.strategy import DDPStrategy
 from framework.strategies.distributed import DEFAULT_TIMEOUT_S
 from framework.strategies.ft.lighthouse import import_torchft, lighthouse_address
 from framework.strategies.ft.replicas import Replicas
 from framework.strategies.ft.untrained import Untrained
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from framework.module import TrainModule
 
 #: what ``load_checkpoint`` is given for the state a live peer sent at the join
 PEER = "the state of replica {} (a live peer)"
@@ -82,6 +87,11 @@ class ReplicaGroup:
     def evaluation_sampler_kwargs(self) -> dict[str, int] | None:
         """Evaluation inside the group: every replica's metrics cover the whole set."""
         return super().distributed_sampler_kwargs()  # type: ignore[misc]  # the group's strategy's
+
+    def setup_module(self, module: TrainModule) -> nn.Module:
+        trainer = getattr(module, "trainer", None)
+        _refuse_scaled_precision(trainer.precision if trainer is not None else "32-true", self.name)
+        return super().setup_module(module)  # type: ignore[misc]  # the group's strategy's
 
     def check_optimizers(self, optimizers: list[torch.optim.Optimizer]) -> None:
         if any(isinstance(opt, torch.optim.LBFGS) for opt in optimizers):
@@ -227,6 +237,17 @@ class FaultTolerantStrategy(ReplicaGroup, DDPStrategy):
                              static_graph, gradient_as_bucket_view)
         self._init_replica_group("ft", replica_id, num_replica_groups, lighthouse, min_replicas, quorum_timeout,
                                  lighthouse_wait, start_alone, timeout)
+
+
+@raised_alike_on_every_rank()  # the recipe alone
+def _refuse_scaled_precision(precision: str, name: str) -> None:
+    """16-mixed's GradScaler overflows as a matter of course (it skips that step and lowers its
+    scale), but the replicas check the gradients before it unscales them: the overflow would stop
+    the replica as a non-finite loss (under ft_fsdp on the ranks whose shard overflowed only)."""
+    if precision == "16-mixed":
+        raise ConfigError(f"trainer.precision=16-mixed cannot be used with trainer.strategy={name}: the gradient "
+                          "scaler's normal overflow steps would stop a replica as a non-finite loss; use "
+                          "trainer.precision=bf16-mixed (no scaler) or 32-true")
 
 
 def _check_ids(replica_id: Any, groups: Any, min_replicas: Any, name: str = "ft") -> None:
