@@ -16,7 +16,10 @@ after a loss) receives a peer's whole state there, the same parts a checkpoint h
 Trainer restores it as it restores a checkpoint, so that it continues bit for bit where the peer
 stands. A job that starts waits there until every replica group has come. After the fit's last
 step the replicas meet once more (``last_quorum``), so that one whose last commit failed takes its
-peers' state there.
+peers' state there. A heal that fails stops the replica with one line. fw's own decisions that
+read one rank's view (a finite gradient in its FSDP shard, a stop, a heal's success, the join's
+end) are agreed among the group's ranks, so that they all take the same branch around the
+collectives that follow.
 
 Every quorum is compared with the one before: a replica that left or came back is said in one
 line with the number of participants; each step trained without some replica's share is recorded
