@@ -36,6 +36,7 @@ import torch
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 REPLICA = str(HERE / "replica.py")
+SLOW_HEAL = str(HERE / "slow_heal.py")  # replica.py whose download of a peer's state takes FW_FT_SLOW_HEAL s
 FW = str(Path(sys.executable).parent / "fw")
 MAX_STEPS = 36  # 12 global batches an epoch: the kills land in any of 3 epochs
 #: how many kills the repeat test makes (FW_FT_KILLS=10 for the full count)
@@ -57,11 +58,12 @@ class Procs:
         self.out, self.lighthouse = out, lighthouse
         self.started: list[tuple[subprocess.Popen, Path]] = []
 
-    def start(self, name: str, *args: str) -> subprocess.Popen:
+    def start(self, name: str, *args: str, script: str = REPLICA, **env: str) -> subprocess.Popen:
         path = self.out / f"{name}.log"
         with open(path, "w") as log:
-            proc = subprocess.Popen([sys.executable, REPLICA, str(self.out), *args], stdout=log, stderr=subprocess.STDOUT,
-                                    env=_env(TORCHFT_LIGHTHOUSE=self.lighthouse), cwd=self.out, start_new_session=True)
+            proc = subprocess.Popen([sys.executable, script, str(self.out), *args], stdout=log, stderr=subprocess.STDOUT,
+                                    env=_env(TORCHFT_LIGHTHOUSE=self.lighthouse, **env), cwd=self.out,
+                                    start_new_session=True)
         self.started.append((proc, path))
         return proc
 
@@ -214,12 +216,14 @@ def test_a_replica_that_could_not_commit_takes_its_peers_state_in_place_and_a_st
     its next step. Later replica 1 alone asks to stop (``trainer.should_stop`` after step S, as
     EarlyStopping on its own training metric would); the replicas agree on it at step S+1's
     commit, which fails on replica 0 alone: both stop after step S+1, and replica 0 takes replica
-    1's state at the last quorum."""
+    1's state at the last quorum, whose download takes 3 s there: replica 1 waits for it (it left at
+    once before, and replica 0 ended a step behind with exit 0)."""
     step = random.Random(SEED + 3).randrange(2, MAX_STEPS - 8)
     stop = step + 3
     print(f"FW_FT_SEED={SEED}: replica 1's commit of step {step} fails; replica 1 asks to stop after step {stop}, "
           f"and replica 0's commit of step {stop + 1} fails")
-    r0 = procs.start("r0", "--replica", "0", "--max-steps", str(MAX_STEPS), "--fail-commit-at", str(stop))
+    r0 = procs.start("r0", "--replica", "0", "--max-steps", str(MAX_STEPS), "--fail-commit-at", str(stop),
+                     script=SLOW_HEAL, FW_FT_SLOW_HEAL="3")
     r1 = procs.start("r1", "--replica", "1", "--max-steps", str(MAX_STEPS), "--fail-commit-at", str(step),
                      "--stop-at", str(stop))
     for proc, name in ((r0, "r0"), (r1, "r1")):

@@ -16,7 +16,10 @@ after a loss) receives a peer's whole state there, the same parts a checkpoint h
 Trainer restores it as it restores a checkpoint, so that it continues bit for bit where the peer
 stands. A job that starts waits there until every replica group has come. After the fit's last
 step the replicas meet once more (``last_quorum``), so that one whose last commit failed takes its
-peers' state there.
+peers' state there. A heal that fails stops the replica with one line. fw's own decisions that
+read one rank's view (a finite gradient in its FSDP shard, a stop, a heal's success, the join's
+end) are agreed among the group's ranks, so that they all take the same branch around the
+collectives that follow.
 
 Every quorum is compared with the one before: a replica that left or came back is said in one
 line with the number of participants; each step trained without some replica's share is recorded
@@ -32,7 +35,7 @@ import os
 import time
 import zlib
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 import torch.distributed as dist
@@ -43,6 +46,7 @@ from framework.strategies.ft.lighthouse import check_reachable, import_torchft
 from framework.strategies.ft.untrained import Untrained
 
 if TYPE_CHECKING:
+    from framework.strategies.distributed import DistributedStrategy
     from framework.strategies.ft.strategy import ReplicaGroup
 
 #: how many of a replica's folders are compared with the other replicas' (``Replicas._marks``)
@@ -88,6 +92,8 @@ class Replicas:
 
     #: the group's ranks whose buffers differ (FSDP keeps one per rank): averaged inside the group first
     buffer_ranks = 1
+    #: the group's ranks: fw's own decisions (finiteness, a stop, a heal's success, the join's end) are agreed among them
+    group_ranks = 1
 
     def __init__(self, strategy: ReplicaGroup, save: Callable[[], dict], load_in_place: Callable[[dict], None],
                  untrained: Untrained, manager_state: dict | None,
@@ -108,6 +114,7 @@ class Replicas:
         self.stop_agreed = False  # some replica asked to stop (``trainer.should_stop``), as a commit's agreement said
         self._lost_at: dict[str, int] = {}  # a replica's id -> len(untrained.entries) when it left
         self.buffer_ranks = strategy.world_size if getattr(strategy, "buffers_per_rank", False) else 1
+        self.group_ranks = strategy.world_size
         host, port = _group_store(strategy)
         timeout = datetime.timedelta(seconds=strategy.timeout)
         quorum_timeout = datetime.timedelta(seconds=strategy.quorum_timeout)
@@ -171,7 +178,10 @@ class Replicas:
         try:
             while True:
                 self._quorum()
-                if self.received is not None or len(self.ids) >= self.num_groups or time.monotonic() >= deadline:
+                done = self.received is not None or len(self.ids) >= self.num_groups or time.monotonic() >= deadline
+                if self.group_ranks > 1:  # each quorum is a barrier of the group's ranks: rank 0's clock decides
+                    done = self._strategy.broadcast(done)
+                if done:
                     break
                 time.sleep(0.2)
         finally:
@@ -213,6 +223,8 @@ class Replicas:
         self._open, window, self._window = False, self._window, []
         params = [p for group in optimizer.param_groups for p in group["params"]]
         finite = usable and _finite(params)
+        if self.group_ranks > 1:  # under FSDP each rank sees its own shard: the group stops or goes on as one
+            finite = self._in_group(finite, every=True)
         any_grad, everywhere_finite = self._agree(optimizer, params, finite, stop)
         if everywhere_finite:
             self._all_reduce(params, any_grad)
@@ -237,10 +249,14 @@ class Replicas:
     def last_quorum(self, epoch: int, batches_done: int, global_step: int) -> None:
         """After the fit's last step, on every replica (the replicas stop after the same step): a
         replica whose last commit failed while its peers' succeeded takes their state here, as it
-        would at its next step, so that every replica ends with the same model."""
+        would at its next step, so that every replica ends with the same model. The quorum ends
+        with one small all-reduce across the replicas: a replica that heals reaches it only once
+        its peer's state is in place, so that the peer serving it cannot leave (and stop serving)
+        before."""
         self.position, self.global_step = (epoch, batches_done), global_step
         self._quorum()
         self._open = False
+        self.manager.allreduce(torch.zeros(1)).wait()
 
     def _agree(self, optimizer: torch.optim.Optimizer, params: list[torch.Tensor],
                finite: bool, stop: bool = False) -> tuple[list[bool], bool]:
@@ -256,8 +272,10 @@ class Replicas:
                  "batch": float(self.position[1]), "number of param groups": float(len(optimizer.param_groups)),
                  "number of parameters": float(len(params)), "stop": float(stop), "finite": float(finite)}
         low, high = self._min_max(list(facts.values()))
-        if high[-2] == 1.0 and self.manager.errored() is None:
-            self.stop_agreed = True
+        seen = high[-2] == 1.0 and self.manager.errored() is None  # errored() is this rank's: agreed in the group
+        if self.group_ranks > 1:
+            seen = self._in_group(seen, every=False)
+        self.stop_agreed = self.stop_agreed or seen
         for (key, mine), lo, hi in zip(facts.items(), low, high, strict=True):
             if lo != hi and key not in ("stop", "finite"):
                 other = hi if mine == lo else lo
@@ -373,6 +391,7 @@ class Replicas:
         if result is None:
             raise TrainingError(f"torchft {_torchft_version()} is not supported (fw reads its Manager's quorum): "
                                 "pip install 'torchft>=0.2,<0.3'")
+        self._refuse_failed_heal(bool(getattr(result, "heal", False)))
         ids = sorted({str(member).split(":")[0] for member in result.replica_ids}, key=_by_number)
         before, self.ids = self.ids, ids
         if not before or ids == before or self._joining:
@@ -387,12 +406,40 @@ class Replicas:
             away = f"; while it was away {since.describe()} were not trained whole" if since.entries else ""
             rank_zero_info(f"fw: replica {back} joined at {where}: {change}{away}")
 
+    def _refuse_failed_heal(self, heal: bool) -> None:
+        """A heal torchft could not complete (the peer's state did not arrive: torchft records the
+        error and goes on with this replica's own state) stops the replica on every rank of its
+        group: its state is not its peers', and under FSDP a group would mix a peer's shards
+        with its own."""
+        error = self.manager.errored() if heal else None
+        failed = error is not None
+        if self.group_ranks > 1:
+            failed = self._in_group(failed, every=False)
+        if not failed:
+            return
+        why = _first_line(error) if error is not None else "on another rank of this group"
+        kind = DistributedSetupError if self._joining else TrainingError
+        raise kind(f"replica {self.replica_id} could not take its peers' state at step {self.global_step} (the heal "
+                   f"failed: {why}): its weights are not its peers'; restart this replica, it heals when it joins")
+
+    def _in_group(self, flag: bool, every: bool) -> bool:
+        """``flag`` agreed by the group's ranks (one small all-reduce): on all of them (``every``)
+        or on any. The ``ReplicaGroup`` mixin always sits on a distributed strategy."""
+        return bool(cast("DistributedStrategy", self._strategy).reduce_boolean_decision(flag, all=every))
+
     def writes_checkpoints(self) -> bool:
         """The replica with the lowest id in the last quorum writes the checkpoints."""
         return not self.ids or self.ids[0] == self.replica_id
 
     def shutdown(self) -> None:
         self.manager.shutdown(wait=False)
+
+
+def _first_line(error: Any) -> str:
+    """An error's first line (torchft's ``ExceptionWithTraceback`` keeps the exception in ``original_exception``)."""
+    err = getattr(error, "original_exception", error)
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
 
 
 def _torchft_version() -> str:
