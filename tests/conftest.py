@@ -8,6 +8,7 @@ The tiers: ``pytest -m "not procs and not cluster"`` (the fast tier, one process
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -26,9 +27,19 @@ import timescale  # noqa: E402
 def pytest_configure(config: pytest.Config) -> None:
     guards.watch_process_starts()
     one_torch_thread()
+    python_s_own_interrupt()
     if not os.environ.get("PYTEST_XDIST_WORKER"):  # once, before the workers start: they inherit it
         timescale.measure()
         write_bytecode()
+
+
+def python_s_own_interrupt() -> None:
+    """Ctrl-C handled as in a terminal: a suite started in the background by a shell without job
+    control (``cmd &`` in a script) inherits SIGINT ignored, and Python then installs no handler
+    of its own; the tests that check signal handlers (tests/test_stacks.py, the guard's check
+    that a test restored them) expect Python's."""
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def one_torch_thread() -> None:
