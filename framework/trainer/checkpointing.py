@@ -33,7 +33,7 @@ from framework.environments.ray import RayTrainEnvironment
 from framework.errors import CheckpointError, ConfigError, TrainingError
 from framework.paths import storage_path
 from framework.rank_zero import rank_zero_info, rank_zero_warn
-from framework.strategies.base import Strategy
+from framework.strategies.ft.strategy import ReplicaGroup
 from framework.strategies.launchers.rendezvous import elastic_job_id
 from framework.trainer import end_of_fit, position_mapping
 from framework.trainer.resume import position_parts, progress_part, resume_point
@@ -270,7 +270,7 @@ def join_replicas(run: Run) -> None:
     a checkpoint: weights, optimizer, progress, data position, bit for bit."""
     if run.fn != "fit":
         return
-    if type(run.strategy).join_replicas is not Strategy.join_replicas:  # a strategy of replica groups (``ft``)
+    if isinstance(run.strategy, ReplicaGroup):  # ``ft``, ``ft_fsdp``
         _refuse_data_replicas_cannot_share(run)
 
     def save() -> dict:  # this rank's state, as a checkpoint of one rank holds it

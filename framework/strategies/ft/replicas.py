@@ -342,7 +342,7 @@ class Replicas:
             if used:
                 if p.grad is None:
                     p.grad = torch.zeros_like(p)
-                grad = _local(p.grad)
+                grad = local_shard(p.grad)
                 groups.setdefault(grad.dtype, []).append(grad)
         for grads in groups.values():
             flat = torch._utils._flatten_dense_tensors(grads)
@@ -355,7 +355,7 @@ class Replicas:
         replicas in the quorum, so that every replica evaluates and saves the same module. Where
         the group's ranks hold buffers of their own (FSDP keeps them per rank), they are first
         averaged inside the group, so that every rank of every group ends with the same."""
-        buffers = [_local(b) for b in self.buffers() if torch.is_floating_point(b)]
+        buffers = [local_shard(b) for b in self.buffers() if torch.is_floating_point(b)]
         by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
         for b in buffers:
             by_dtype.setdefault(b.dtype, []).append(b)
@@ -451,7 +451,7 @@ def _torchft_version() -> str:
         return "(version unknown)"
 
 
-def _local(tensor: torch.Tensor) -> torch.Tensor:
+def local_shard(tensor: torch.Tensor) -> torch.Tensor:
     """A DTensor's local shard (the same storage), or the tensor itself."""
     return tensor._local_tensor if hasattr(tensor, "_local_tensor") else tensor
 

@@ -32,7 +32,7 @@ from framework.rank_zero import rank_zero_info
 from framework.strategies.ddp.strategy import DDPStrategy
 from framework.strategies.distributed import DEFAULT_TIMEOUT_S
 from framework.strategies.ft.lighthouse import import_torchft, lighthouse_address
-from framework.strategies.ft.replicas import Replicas
+from framework.strategies.ft.replicas import Replicas, local_shard
 from framework.strategies.ft.untrained import Untrained
 
 if TYPE_CHECKING:
@@ -133,7 +133,7 @@ class ReplicaGroup:
         """What must be the same in every group for rank r's gradients to line up with rank r's of
         the others: the ranks in the group, whether FSDP shards inside it, this rank's elements."""
         params = list(self.model.parameters()) if self.model is not None else []
-        local = sum((p._local_tensor if hasattr(p, "_local_tensor") else p).numel() for p in params)
+        local = sum(local_shard(p).numel() for p in params)
         return {"number of ranks in a replica group": float(self.world_size),
                 "sharding inside the group (fsdp)": float(getattr(self, "buffers_per_rank", False)),
                 "number of parameter elements on this rank": float(local)}
